@@ -1,0 +1,166 @@
+//! Element types and encodings in QNN's fixed-point convention.
+
+use serde::{Deserialize, Serialize};
+
+/// The element type of a tensor, as QNN names them.
+///
+/// `U8`/`U16`/`I8`/`I16` are fixed point (`QNN_DATATYPE_UFIXED_POINT_8/16`,
+/// `QNN_DATATYPE_SFIXED_POINT_8/16`); `F16`/`F32` are IEEE floats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataType {
+    U8,
+    U16,
+    I8,
+    I16,
+    F16,
+    F32,
+}
+
+impl DataType {
+    /// Every data type, in a stable order.
+    pub const ALL: [DataType; 6] = [
+        DataType::U8,
+        DataType::U16,
+        DataType::I8,
+        DataType::I16,
+        DataType::F16,
+        DataType::F32,
+    ];
+
+    /// Size of one element in bytes.
+    pub const fn size_bytes(self) -> usize {
+        match self {
+            DataType::U8 | DataType::I8 => 1,
+            DataType::U16 | DataType::I16 | DataType::F16 => 2,
+            DataType::F32 => 4,
+        }
+    }
+
+    /// True for the fixed-point types, which need a [`ScaleOffset`] to mean a real number.
+    pub const fn is_fixed_point(self) -> bool {
+        matches!(
+            self,
+            DataType::U8 | DataType::U16 | DataType::I8 | DataType::I16
+        )
+    }
+
+    /// Bit width of one element.
+    pub const fn bits(self) -> u32 {
+        (self.size_bytes() * 8) as u32
+    }
+
+    /// Smallest and largest stored integer of a fixed-point type; `None` for floats.
+    pub const fn integer_range(self) -> Option<(i32, i32)> {
+        match self {
+            DataType::U8 => Some((0, u8::MAX as i32)),
+            DataType::U16 => Some((0, u16::MAX as i32)),
+            DataType::I8 => Some((i8::MIN as i32, i8::MAX as i32)),
+            DataType::I16 => Some((i16::MIN as i32, i16::MAX as i32)),
+            DataType::F16 | DataType::F32 => None,
+        }
+    }
+
+    /// The lowercase name used in configs and on the command line (`u8`, `f16`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DataType::U8 => "u8",
+            DataType::U16 => "u16",
+            DataType::I8 => "i8",
+            DataType::I16 => "i16",
+            DataType::F16 => "f16",
+            DataType::F32 => "f32",
+        }
+    }
+}
+
+impl std::fmt::Display for DataType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DataType {
+    type Err = crate::QuantError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        DataType::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| crate::QuantError::UnknownDataType {
+                name: s.to_string(),
+            })
+    }
+}
+
+/// One QNN scale/offset pair: `real = (q + offset) * scale`, with `scale > 0` and
+/// `offset = -zero_point` (u8 with zero point 128 has offset -128).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ScaleOffset {
+    pub scale: f32,
+    pub offset: i32,
+}
+
+impl ScaleOffset {
+    /// Builds a scale/offset pair, rejecting a scale that is not finite and positive.
+    pub fn new(scale: f32, offset: i32) -> Result<Self, crate::QuantError> {
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(crate::QuantError::InvalidScale { scale });
+        }
+        Ok(ScaleOffset { scale, offset })
+    }
+
+    /// The zero point (`-offset`).
+    pub const fn zero_point(self) -> i32 {
+        -self.offset
+    }
+}
+
+/// How the values of one tensor are encoded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Encoding {
+    /// Float tensors (`f16`/`f32`) carry no quantization parameters.
+    Float,
+    /// One scale/offset for the whole tensor.
+    PerTensor(ScaleOffset),
+    /// One scale/offset per index along `axis`.
+    PerAxis { axis: usize, params: Vec<ScaleOffset> },
+}
+
+/// A tensor's element type together with its encoding: what two tensors must share
+/// for a byte copy between them to be exact (no requantization).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuantSpec {
+    pub dtype: DataType,
+    pub encoding: Encoding,
+}
+
+impl QuantSpec {
+    /// A float tensor of `dtype` (must be `F16` or `F32`).
+    pub fn float(dtype: DataType) -> Result<Self, crate::QuantError> {
+        if dtype.is_fixed_point() {
+            return Err(crate::QuantError::EncodingMismatch {
+                dtype,
+                reason: "a fixed-point type needs a scale/offset encoding",
+            });
+        }
+        Ok(QuantSpec {
+            dtype,
+            encoding: Encoding::Float,
+        })
+    }
+
+    /// A fixed-point tensor of `dtype` with one scale/offset.
+    pub fn per_tensor(dtype: DataType, params: ScaleOffset) -> Result<Self, crate::QuantError> {
+        if !dtype.is_fixed_point() {
+            return Err(crate::QuantError::EncodingMismatch {
+                dtype,
+                reason: "a float type carries no scale/offset",
+            });
+        }
+        Ok(QuantSpec {
+            dtype,
+            encoding: Encoding::PerTensor(params),
+        })
+    }
+}

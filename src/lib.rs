@@ -1,0 +1,9 @@
+//! htpkv: run large language models as static-shape graphs on Qualcomm HTP with the
+//! KV cache managed by the application.
+//!
+//! This root crate re-exports the building blocks:
+//! - [`quant`]: QNN fixed-point quantization math and calibration observers;
+//! - [`kv_manager`]: the KV cache region, its update strategies and IO binding plans.
+
+pub use kv_manager;
+pub use quant;
