@@ -1,1 +1,54 @@
-//! placeholder
+//! kv_manager: an application-managed KV cache for static-shape LLM graphs (Qualcomm HTP and the
+//! reference backend).
+//!
+//! A static AR-n graph takes, per layer and kv-head, a left-padded past window `[S - n, D]` of K and
+//! of V and writes n new rows. This crate keeps every K/V buffer in **one contiguous region**, builds
+//! the **IO binding plan** of each step (where each past/new tensor lives in the region, the attention
+//! mask, the positions), and updates the cache after the step with one of four strategies:
+//!
+//! | strategy | region (B buffers) | per step |
+//! |---|---|---|
+//! | `shift` | B x R rows (R = 2(S-1) for `ar: [1]`) | pointer shift; a rebase (copy) when R is smaller |
+//! | `conveyor` | (B - 1) x S + (S - min ar) + (S - 1) rows | pointer shift, never a copy |
+//! | `smart_mask` | B x (S - min ar + max ar) rows | copy the new rows into slots |
+//! | `naive` | same as `smart_mask` | slide the whole window left, append |
+//!
+//! ## Contracts shared by all strategies
+//! - Capacity: the cache holds at most S - 1 tokens; an AR-n step needs `len + n <= S - 1`, else
+//!   [`KvError::ContextFull`]. (A context of S tokens is S - 1 processed tokens plus the last one,
+//!   sampled from the final logits.)
+//! - The mask is `[n, S]`: column `j < S - n` is row j of every past window, column `S - n + i` is new
+//!   token i; new tokens are causal, so padded tail tokens of a partial prefill chunk are never seen by
+//!   real ones. Positions are `len + i`.
+//! - Past and new tensors of a buffer share one encoding ([`encodings_from_graphs`] refuses graphs
+//!   where they differ): updating is a byte copy or a pointer shift, never a requantization.
+//! - Bytes outside visible rows (padding) are unspecified but always hold data the cache once held or
+//!   zeros, so they are finite.
+//!
+//! ## The conveyor invariant
+//! Let W_max = S - min(ar). Buffer b's token t lives at row `b*S + W_max + t` and never moves. At
+//! length `len` an AR-n step binds buffer b's past window to rows `[b*S + len + n - min_ar,
+//! b*S + W_max + len)` and its n outputs to `[b*S + W_max + len, b*S + W_max + len + n)`: together
+//! exactly the S rows `[b*S + len + n - min_ar, (b+1)*S + len + n - min_ar)`, so the spans of
+//! consecutive buffers tile without overlap. Besides b's own tokens, b's window covers only slots
+//! `t >= len + n` of buffer b - 1, which hold no valid token (they are masked padding); b's outputs land
+//! in its own slots `[len, len + n)`, which no window reads and no valid token occupies (`len + n <=
+//! S - 1`). Hence no step overwrites a valid row or a row being read, with zero copies for any mix of AR
+//! variants, partial commits, rollbacks and resets; the property tests check exactly this. The region
+//! ends after the last buffer's last possible output: `(B - 1)*S + W_max + (S - 1)` rows.
+
+mod cache;
+mod counters;
+mod error;
+mod geometry;
+mod plan;
+mod region;
+
+pub use cache::KvCache;
+pub use counters::{Counters, StepStats};
+pub use error::KvError;
+pub use geometry::{
+    encodings_from_graphs, CacheSpec, Geometry, Granularity, KLayout, Reserve, Strategy, TensorKind,
+};
+pub use plan::{Plan, TensorBinding, TensorId};
+pub use region::{HostAllocator, Region, RegionAllocator, RegionMemory, REGION_ALIGN};

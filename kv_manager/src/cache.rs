@@ -1,0 +1,580 @@
+//! The cache: one region, one strategy, and the step protocol `plan` -> (graph runs) -> `commit`.
+
+use crate::counters::HandleTracker;
+use crate::geometry::Layout;
+use crate::plan::TensorId;
+use crate::{
+    CacheSpec, Counters, Granularity, KLayout, KvError, Plan, Region, RegionAllocator, StepStats,
+    Strategy, TensorKind,
+};
+use quant::QuantSpec;
+
+/// Per-strategy state.
+#[derive(Debug, Clone)]
+enum State {
+    /// `shift`: R rows per buffer; every buffer of a layer shares one window end `v1` (row index
+    /// inside the buffer). Valid rows are `[v1 - len, v1)`.
+    Shift {
+        reserve: usize,
+        start: Vec<usize>,
+        v1: Vec<usize>,
+    },
+    /// `conveyor`: buffer b's window ends at row `b*S + W_max + len`; rows never move.
+    Conveyor,
+    /// `smart_mask` / `naive`: fixed slots. `stride` is the window length the data is laid out for;
+    /// `fixed` layouts (per_head, K rows) serve every variant from one layout (stride = W_max),
+    /// strided ones (per_layer or transposed K) are relaid out when the variant's window changes.
+    Slots { fixed: bool, stride: usize },
+}
+
+/// A location of one token's row: `start` byte, then `step` bytes between consecutive channels.
+#[derive(Debug, Clone, Copy)]
+struct RowRef {
+    start: usize,
+    step: usize,
+}
+
+/// An application-managed KV cache for static-shape graphs.
+///
+/// Protocol for every step on the AR-n graph:
+/// 1. [`KvCache::plan`] (may move data: rebases, relayouts) returns the IO binding plan;
+/// 2. the graph runs, reading the past windows and writing n new rows into the new-row bindings;
+/// 3. [`KvCache::commit`]`(k)`, `k <= n`, keeps the first k new tokens.
+///
+/// [`KvCache::rollback`] truncates to an earlier length and [`KvCache::reset`] empties the cache.
+/// The cache holds at most S - 1 tokens ([`crate::Geometry::capacity`]).
+#[derive(Debug)]
+pub struct KvCache {
+    spec: CacheSpec,
+    layout: Layout,
+    region: Region,
+    len: usize,
+    state: State,
+    plan: Plan,
+    pending: Option<usize>,
+    counters: Counters,
+    step: StepStats,
+    handles: HandleTracker,
+}
+
+impl KvCache {
+    /// Validates `spec` (every refusal names its reason) and allocates the region.
+    pub fn new(spec: CacheSpec, allocator: &dyn RegionAllocator) -> Result<KvCache, KvError> {
+        let layout = spec.layout()?;
+        let region_bytes = spec.region_bytes()?;
+        let region = Region::allocate(allocator, region_bytes)?;
+        let g = &spec.geometry;
+        let variants = g.ar_variants.len();
+        let (state, handles) = match spec.strategy {
+            Strategy::Shift { stagger, .. } => {
+                let r = layout.buffer_stride_rows;
+                let w_max = g.max_window();
+                // Stagger: spread the layers' starting offsets over the slack that the largest step
+                // still fits in, so their rebases fall on different steps.
+                let slack = r - w_max - g.max_ar();
+                let start: Vec<usize> = (0..g.layers)
+                    .map(|l| {
+                        if stagger {
+                            w_max + l * slack / g.layers.max(1)
+                        } else {
+                            w_max
+                        }
+                    })
+                    .collect();
+                (
+                    State::Shift {
+                        reserve: r,
+                        v1: start.clone(),
+                        start,
+                    },
+                    HandleTracker::new(g.layers, r + 1, variants),
+                )
+            }
+            Strategy::Conveyor => (State::Conveyor, HandleTracker::new(1, g.context, variants)),
+            Strategy::SmartMask | Strategy::Naive => {
+                let fixed =
+                    g.granularity == Granularity::PerHead && g.k_layout == KLayout::Rows;
+                (
+                    State::Slots {
+                        fixed,
+                        stride: g.max_window(),
+                    },
+                    HandleTracker::new(1, 1, variants),
+                )
+            }
+        };
+        let tensors = tensor_ids(g.layers, g.kv_heads, g.granularity);
+        let plan = Plan {
+            heads_per_tensor: heads_per_tensor(g.kv_heads, g.granularity),
+            head_dim: g.head_dim,
+            elem_bytes: g.dtype.size_bytes(),
+            k_transposed: g.k_layout == KLayout::Transposed,
+            context: g.context,
+            left_padded: spec.strategy.left_padded(),
+            past_offsets: Vec::with_capacity(tensors.len()),
+            new_offsets: Vec::with_capacity(tensors.len()),
+            tensors,
+            ..Plan::default()
+        };
+        let counters = Counters {
+            region_bytes,
+            ..Counters::default()
+        };
+        Ok(KvCache {
+            spec,
+            layout,
+            region,
+            len: 0,
+            state,
+            plan,
+            pending: None,
+            counters,
+            step: StepStats::default(),
+            handles,
+        })
+    }
+
+    /// The spec the cache was built from.
+    pub fn spec(&self) -> &CacheSpec {
+        &self.spec
+    }
+
+    /// Tokens cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when no token is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The encoding of a buffer (shared by its past input and new output).
+    pub fn encoding(&self, buffer: usize) -> &QuantSpec {
+        &self.spec.encodings[buffer]
+    }
+
+    /// The region.
+    pub fn region(&self) -> &Region {
+        &self.region
+    }
+
+    /// Totals since construction.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Counters of the current (or last) step.
+    pub fn last_step(&self) -> &StepStats {
+        &self.step
+    }
+
+    /// The plan of the step in progress (planned and not yet committed), if any.
+    pub fn pending_plan(&self) -> Option<&Plan> {
+        self.pending.map(|_| &self.plan)
+    }
+
+    /// The pending plan together with the region bytes, for running a graph on the host: the graph
+    /// reads the past bindings and writes the new ones.
+    pub fn pending_io(&mut self) -> Option<(&Plan, &mut [u8])> {
+        self.pending?;
+        Some((&self.plan, self.region.as_mut_slice()))
+    }
+
+    /// Plans a step on the AR-`ar` graph: moves data when the strategy must (rebase, relayout) and
+    /// returns the binding plan. Planning again before committing discards the earlier plan.
+    pub fn plan(&mut self, ar: usize) -> Result<&Plan, KvError> {
+        let g = &self.spec.geometry;
+        let variant = g
+            .ar_variants
+            .iter()
+            .position(|&n| n == ar)
+            .ok_or_else(|| KvError::UnknownVariant {
+                ar,
+                variants: g.ar_variants.clone(),
+            })?;
+        if self.len + ar > g.capacity() {
+            return Err(KvError::ContextFull {
+                len: self.len,
+                ar,
+                capacity: g.capacity(),
+                context: g.context,
+            });
+        }
+        self.step = StepStats::default();
+        self.counters.steps += 1;
+        self.prepare(ar);
+        self.fill_offsets(ar, variant);
+        self.plan.ar = ar;
+        self.plan.past_len = self.len;
+        self.plan.fill_mask_and_positions();
+        self.pending = Some(ar);
+        Ok(&self.plan)
+    }
+
+    /// Keeps the first `accepted` new tokens of the planned step (`accepted <= n`; fewer for
+    /// speculative decoding, 0 to drop the step).
+    pub fn commit(&mut self, accepted: usize) -> Result<(), KvError> {
+        let Some(ar) = self.pending else {
+            return Err(KvError::InvalidCommit {
+                requested: accepted,
+                reason: "no step is planned".into(),
+            });
+        };
+        if accepted > ar {
+            return Err(KvError::InvalidCommit {
+                requested: accepted,
+                reason: format!("the planned AR-{ar} step computed only {ar} tokens"),
+            });
+        }
+        self.pending = None;
+        let strategy = self.spec.strategy;
+        match &mut self.state {
+            State::Shift { v1, .. } => v1.iter_mut().for_each(|v| *v += accepted),
+            State::Conveyor => {}
+            State::Slots { stride, fixed } => {
+                let (mut stride, fixed) = (*stride, *fixed);
+                let w_max = self.spec.geometry.max_window();
+                if !fixed && self.len + accepted > stride {
+                    // The tokens no longer fit the window this variant laid the data out for: go to
+                    // the largest window, which holds the whole capacity.
+                    self.relayout(w_max);
+                    stride = w_max;
+                }
+                if accepted > 0 {
+                    self.commit_slots(ar, accepted, stride, strategy == Strategy::Naive);
+                }
+            }
+        }
+        self.len += accepted;
+        self.counters.tokens_committed += accepted;
+        Ok(())
+    }
+
+    /// Truncates the cache to its first `len` tokens. Discards a pending plan.
+    pub fn rollback(&mut self, len: usize) -> Result<(), KvError> {
+        if len > self.len {
+            return Err(KvError::InvalidRollback {
+                requested: len,
+                len: self.len,
+            });
+        }
+        self.pending = None;
+        let dropped = self.len - len;
+        match &mut self.state {
+            State::Shift { v1, .. } => v1.iter_mut().for_each(|v| *v -= dropped),
+            State::Conveyor => {}
+            State::Slots { stride, .. } => {
+                if self.spec.strategy == Strategy::Naive && dropped > 0 && len > 0 {
+                    // Right-aligned rows: the kept ones move right by the dropped count.
+                    let stride = *stride;
+                    let old_len = self.len;
+                    self.move_slot_tokens(len, |t| stride - old_len + t, |t| stride - len + t, stride, stride);
+                }
+            }
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Empties the cache (counters keep their totals).
+    pub fn reset(&mut self) {
+        self.pending = None;
+        self.len = 0;
+        if let State::Shift { start, v1, .. } = &mut self.state {
+            v1.copy_from_slice(start);
+        }
+    }
+
+    fn add_copy(&mut self, bytes: usize) {
+        self.step.bytes_copied += bytes;
+        self.counters.bytes_copied += bytes;
+        self.counters.worst_step_bytes_copied = self
+            .counters
+            .worst_step_bytes_copied
+            .max(self.step.bytes_copied);
+    }
+
+    fn add_rebase(&mut self) {
+        self.step.rebases += 1;
+        self.counters.rebases += 1;
+    }
+
+    /// Data movement a strategy needs before the AR-`ar` step.
+    fn prepare(&mut self, ar: usize) {
+        let g = &self.spec.geometry;
+        let (w, w_max, len, row_bytes) = (g.window(ar), g.max_window(), self.len, g.row_bytes());
+        let (layers, kv_heads) = (g.layers, g.kv_heads);
+        match &mut self.state {
+            State::Shift { reserve, v1, .. } => {
+                let r = *reserve;
+                let mut moved = Vec::new();
+                for (layer, end) in v1.iter_mut().enumerate() {
+                    if *end + ar <= r && *end >= w {
+                        continue;
+                    }
+                    // Rebase: move the valid rows [end - len, end) to [w_max - len, w_max).
+                    let bytes = self.region.as_mut_slice();
+                    for b in layer * kv_heads * 2..(layer + 1) * kv_heads * 2 {
+                        let base = b * r;
+                        let src = (base + *end - len) * row_bytes;
+                        let dst = (base + w_max - len) * row_bytes;
+                        bytes.copy_within(src..src + len * row_bytes, dst);
+                    }
+                    *end = w_max;
+                    moved.push(layer);
+                }
+                debug_assert!(moved.len() <= layers);
+                for _ in &moved {
+                    self.add_rebase();
+                    self.add_copy(2 * kv_heads * len * row_bytes);
+                }
+            }
+            State::Conveyor => {}
+            State::Slots { fixed, stride } => {
+                if !*fixed && *stride != w {
+                    self.relayout(w);
+                }
+            }
+        }
+    }
+
+    /// Lays the slot tensors out for a window of `new_stride` rows (strided layouts only): token t sits
+    /// in slot t (`smart_mask`) or right-aligned in slot `stride - len + t` (`naive`).
+    fn relayout(&mut self, new_stride: usize) {
+        let State::Slots { stride, .. } = &mut self.state else {
+            return;
+        };
+        let old = std::mem::replace(stride, new_stride);
+        let len = self.len;
+        if len > 0 {
+            let naive = self.spec.strategy == Strategy::Naive;
+            let slot = move |s: usize, t: usize| if naive { s - len + t } else { t };
+            self.move_slot_tokens(len, |t| slot(old, t), |t| slot(new_stride, t), old, new_stride);
+        }
+        self.add_rebase();
+    }
+
+    /// Where token slot `j` of head `h` of slot tensor `t` lives, for a layout of window `stride`.
+    fn slot_row(&self, t: usize, h: usize, j: usize, stride: usize) -> RowRef {
+        let g = &self.spec.geometry;
+        let (d, e) = (g.head_dim, g.dtype.size_bytes());
+        let heads = self.plan.heads_per_tensor;
+        let base = t * heads * self.layout.buffer_stride_rows * d * e;
+        if self.transposed(t) {
+            RowRef {
+                start: base + (h * d * stride + j) * e,
+                step: stride * e,
+            }
+        } else {
+            RowRef {
+                start: base + (h * stride + j) * d * e,
+                step: e,
+            }
+        }
+    }
+
+    /// Where new token `i` of head `h` of output tensor `t` lives in an AR-`ar` step.
+    fn out_row(&self, t: usize, h: usize, i: usize, ar: usize) -> RowRef {
+        let g = &self.spec.geometry;
+        let (d, e) = (g.head_dim, g.dtype.size_bytes());
+        let heads = self.plan.heads_per_tensor;
+        let base = (g.buffers() * self.layout.buffer_stride_rows + t * heads * g.max_ar()) * d * e;
+        if self.transposed(t) {
+            RowRef {
+                start: base + (h * d * ar + i) * e,
+                step: ar * e,
+            }
+        } else {
+            RowRef {
+                start: base + (h * ar + i) * d * e,
+                step: e,
+            }
+        }
+    }
+
+    fn transposed(&self, t: usize) -> bool {
+        self.plan.k_transposed && self.plan.tensors[t].kind == TensorKind::Key
+    }
+
+    /// Copies the new rows of a step into their slots (`smart_mask`), or slides every window left by
+    /// `accepted` rows and appends them (`naive`).
+    fn commit_slots(&mut self, ar: usize, accepted: usize, stride: usize, naive: bool) {
+        let g = &self.spec.geometry;
+        let (d, e, rb) = (g.head_dim, g.dtype.size_bytes(), g.row_bytes());
+        let heads = self.plan.heads_per_tensor;
+        let mut copied = 0;
+        for t in 0..self.plan.tensors.len() {
+            for h in 0..heads {
+                if naive {
+                    let first = self.slot_row(t, h, 0, stride);
+                    let shifted = self.slot_row(t, h, accepted, stride);
+                    let bytes = self.region.as_mut_slice();
+                    let keep = stride - accepted;
+                    if first.step == e {
+                        bytes.copy_within(shifted.start..shifted.start + keep * rb, first.start);
+                    } else {
+                        // Transposed: each channel is a contiguous run of `stride` elements.
+                        for c in 0..d {
+                            let src = shifted.start + c * shifted.step;
+                            bytes.copy_within(src..src + keep * e, first.start + c * first.step);
+                        }
+                    }
+                    copied += keep * rb;
+                }
+                for i in 0..accepted {
+                    let slot = if naive { stride - accepted + i } else { self.len + i };
+                    let dst = self.slot_row(t, h, slot, stride);
+                    let src = self.out_row(t, h, i, ar);
+                    copy_row(self.region.as_mut_slice(), src, dst, d, e);
+                }
+                copied += accepted * rb;
+            }
+        }
+        self.add_copy(copied);
+    }
+
+    /// Moves tokens `0..count` of every slot tensor from slot `from(t)` in a layout of window
+    /// `from_stride` to slot `to(t)` in a layout of window `to_stride` (through a scratch copy, so
+    /// overlapping moves are safe).
+    fn move_slot_tokens(
+        &mut self,
+        count: usize,
+        from: impl Fn(usize) -> usize,
+        to: impl Fn(usize) -> usize,
+        from_stride: usize,
+        to_stride: usize,
+    ) {
+        let g = &self.spec.geometry;
+        let (d, e, rb) = (g.head_dim, g.dtype.size_bytes(), g.row_bytes());
+        let heads = self.plan.heads_per_tensor;
+        let mut scratch = vec![0u8; heads * count * rb];
+        for t in 0..self.plan.tensors.len() {
+            for h in 0..heads {
+                for tok in 0..count {
+                    let src = self.slot_row(t, h, from(tok), from_stride);
+                    let bytes = self.region.as_slice();
+                    let out = &mut scratch[(h * count + tok) * rb..][..rb];
+                    for c in 0..d {
+                        let at = src.start + c * src.step;
+                        out[c * e..(c + 1) * e].copy_from_slice(&bytes[at..at + e]);
+                    }
+                }
+            }
+            for h in 0..heads {
+                for tok in 0..count {
+                    let dst = self.slot_row(t, h, to(tok), to_stride);
+                    let row = &scratch[(h * count + tok) * rb..][..rb];
+                    let bytes = self.region.as_mut_slice();
+                    for c in 0..d {
+                        let at = dst.start + c * dst.step;
+                        bytes[at..at + e].copy_from_slice(&row[c * e..(c + 1) * e]);
+                    }
+                }
+            }
+        }
+        self.add_copy(self.plan.tensors.len() * heads * count * rb);
+    }
+
+    fn fill_offsets(&mut self, ar: usize, variant: usize) {
+        let g = &self.spec.geometry;
+        let (w, w_max, rb, s) = (g.window(ar), g.max_window(), g.row_bytes(), g.context);
+        let kv_heads = g.kv_heads;
+        let plan = &mut self.plan;
+        plan.past_offsets.clear();
+        plan.new_offsets.clear();
+        let mut new_keys = 0usize;
+        match &self.state {
+            State::Shift { reserve, v1, .. } => {
+                let r = *reserve;
+                for (layer, &end) in v1.iter().enumerate() {
+                    if self.handles.mark(layer, end, variant) {
+                        new_keys += 2 * kv_heads * 2;
+                    }
+                    for b in layer * kv_heads * 2..(layer + 1) * kv_heads * 2 {
+                        let row = b * r + end;
+                        plan.past_offsets.push((row - w) * rb);
+                        plan.new_offsets.push(row * rb);
+                    }
+                }
+            }
+            State::Conveyor => {
+                if self.handles.mark(0, self.len, variant) {
+                    new_keys += 2 * g.buffers();
+                }
+                for b in 0..g.buffers() {
+                    let row = b * s + w_max + self.len;
+                    plan.past_offsets.push((row - w) * rb);
+                    plan.new_offsets.push(row * rb);
+                }
+            }
+            State::Slots { fixed, .. } => {
+                let tensors = plan.tensors.len();
+                if self.handles.mark(0, 0, variant) {
+                    new_keys += 2 * tensors;
+                }
+                let h = plan.heads_per_tensor;
+                let origin = if *fixed && plan.left_padded { w_max - w } else { 0 };
+                let out_base = g.buffers() * w_max * rb;
+                for t in 0..tensors {
+                    plan.past_offsets.push((t * h * w_max + origin) * rb);
+                    plan.new_offsets.push(out_base + t * h * g.max_ar() * rb);
+                }
+            }
+        }
+        let h = plan.heads_per_tensor;
+        let past_end = plan.past_offsets.iter().max().map_or(0, |o| o + h * w * rb);
+        let new_end = plan.new_offsets.iter().max().map_or(0, |o| o + h * ar * rb);
+        self.counters.peak_bytes_in_use = self.counters.peak_bytes_in_use.max(past_end).max(new_end);
+        self.step.new_handles += new_keys;
+        self.counters.handles += new_keys;
+        self.counters.max_window_offsets_per_buffer = self.handles.max_distinct();
+    }
+}
+
+fn copy_row(bytes: &mut [u8], src: RowRef, dst: RowRef, d: usize, e: usize) {
+    if src.step == e && dst.step == e {
+        bytes.copy_within(src.start..src.start + d * e, dst.start);
+    } else {
+        for c in 0..d {
+            let at = src.start + c * src.step;
+            bytes.copy_within(at..at + e, dst.start + c * dst.step);
+        }
+    }
+}
+
+fn heads_per_tensor(kv_heads: usize, granularity: Granularity) -> usize {
+    match granularity {
+        Granularity::PerHead => 1,
+        Granularity::PerLayer => kv_heads,
+    }
+}
+
+fn tensor_ids(layers: usize, kv_heads: usize, granularity: Granularity) -> Vec<TensorId> {
+    let mut ids = Vec::new();
+    for layer in 0..layers {
+        match granularity {
+            Granularity::PerHead => {
+                for head in 0..kv_heads {
+                    for kind in [TensorKind::Key, TensorKind::Value] {
+                        ids.push(TensorId {
+                            layer,
+                            head: Some(head),
+                            kind,
+                        });
+                    }
+                }
+            }
+            Granularity::PerLayer => {
+                for kind in [TensorKind::Key, TensorKind::Value] {
+                    ids.push(TensorId {
+                        layer,
+                        head: None,
+                        kind,
+                    });
+                }
+            }
+        }
+    }
+    ids
+}

@@ -1,0 +1,104 @@
+//! Errors of the KV manager.
+
+use crate::TensorKind;
+
+/// Everything the KV manager can refuse, with the facts needed to fix it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum KvError {
+    /// A geometry field is out of range.
+    #[error("invalid geometry: `{field}` {reason}")]
+    InvalidGeometry {
+        field: &'static str,
+        reason: String,
+    },
+    /// The strategy cannot serve this geometry (e.g. `shift` with `per_layer` tensors).
+    #[error("strategy `{strategy}` cannot serve this cache: {reason}")]
+    UnsupportedCombination {
+        strategy: &'static str,
+        reason: String,
+    },
+    /// The `shift` reservation is too small to rebase into.
+    #[error(
+        "shift reservation of {reserve} rows per buffer is too small: it needs at least {minimum} rows \
+         (largest window S - min(ar) = {max_window} plus the largest AR variant {max_ar})"
+    )]
+    ReserveTooSmall {
+        reserve: usize,
+        minimum: usize,
+        max_window: usize,
+        max_ar: usize,
+    },
+    /// The number of buffer encodings differs from the number of buffers.
+    #[error("expected one encoding per (layer, kv-head, K|V) buffer: {expected}, got {found}")]
+    EncodingCount { expected: usize, found: usize },
+    /// A buffer's encoding does not match the cache's element type.
+    #[error(
+        "encoding of layer {layer} head {head} {kind} has data type {found}, but the cache stores {expected}"
+    )]
+    EncodingDataType {
+        layer: usize,
+        head: usize,
+        kind: TensorKind,
+        expected: quant::DataType,
+        found: quant::DataType,
+    },
+    /// The past input and the new output of one buffer are encoded differently: appending would need a
+    /// requantization, which the manager never does.
+    #[error(
+        "AR-{ar} graph: past and new {kind} of layer {layer} head {head} have different encodings \
+         ({past} vs {new}); past and new K/V must share one encoding so appending is a byte copy"
+    )]
+    EncodingMismatch {
+        ar: usize,
+        layer: usize,
+        head: usize,
+        kind: TensorKind,
+        past: String,
+        new: String,
+    },
+    /// A step was planned for an AR variant the cache was not built for.
+    #[error("AR-{ar} is not one of this cache's graph variants {variants:?}")]
+    UnknownVariant { ar: usize, variants: Vec<usize> },
+    /// The context is full: the step would exceed the cache's capacity.
+    #[error(
+        "context full: {len} tokens cached + AR-{ar} step exceeds the capacity of {capacity} tokens \
+         (context {context} - 1)"
+    )]
+    ContextFull {
+        len: usize,
+        ar: usize,
+        capacity: usize,
+        context: usize,
+    },
+    /// `commit` without a planned step, or with more tokens than the step computed.
+    #[error("cannot commit {requested} tokens: {reason}")]
+    InvalidCommit { requested: usize, reason: String },
+    /// `rollback` to a length longer than what is cached.
+    #[error("cannot roll back to {requested} tokens: only {len} are cached")]
+    InvalidRollback { requested: usize, len: usize },
+    /// The region size overflows `usize`.
+    #[error("region size overflows: {what}")]
+    SizeOverflow { what: &'static str },
+    /// The allocator could not provide the region.
+    #[error("could not allocate a region of {bytes} bytes (alignment {align}): {reason}")]
+    Allocation {
+        bytes: usize,
+        align: usize,
+        reason: String,
+    },
+    /// A mask encoding cannot represent the visible value 0.0 exactly.
+    #[error("mask encoding {dtype} scale {scale} offset {offset}: {reason}")]
+    MaskEncoding {
+        dtype: quant::DataType,
+        scale: f32,
+        offset: i32,
+        reason: &'static str,
+    },
+    /// An output buffer has the wrong size.
+    #[error("{what}: expected {expected} bytes, got {found}")]
+    BufferSize {
+        what: &'static str,
+        expected: usize,
+        found: usize,
+    },
+}

@@ -1,0 +1,474 @@
+//! What a cache holds (geometry), how it is updated (strategy), and the exact region it needs.
+
+use crate::KvError;
+use quant::{DataType, QuantSpec};
+
+/// Key or value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TensorKind {
+    Key,
+    Value,
+}
+
+impl std::fmt::Display for TensorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TensorKind::Key => "K",
+            TensorKind::Value => "V",
+        })
+    }
+}
+
+/// Layout of the K tensors (V is always `rows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KLayout {
+    /// `past_key [.., S-n, D]`: one row of D elements per token.
+    Rows,
+    /// `past_key [.., D, S-n]`: one row per channel, a token is a column.
+    Transposed,
+}
+
+/// How K/V tensors are grouped into graph inputs/outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Granularity {
+    /// One tensor per (layer, kv-head, K|V): `[1, 1, S-n, D]`.
+    PerHead,
+    /// One tensor per (layer, K|V) holding every kv-head: `[n_kv, 1, S-n, D]`.
+    PerLayer,
+}
+
+/// The shape of a model's KV cache and of its static graphs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Geometry {
+    pub layers: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Context length S: the mask of every graph is `[n, S]`.
+    pub context: usize,
+    /// The AR variants n (tokens per step) of the graphs that share this cache, e.g. `[1, 32]`.
+    pub ar_variants: Vec<usize>,
+    /// Element type of every K/V buffer.
+    pub dtype: DataType,
+    pub k_layout: KLayout,
+    pub granularity: Granularity,
+}
+
+impl Geometry {
+    /// A per-head, rows-layout geometry (the seed layout).
+    pub fn new(
+        layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        context: usize,
+        ar_variants: &[usize],
+        dtype: DataType,
+    ) -> Geometry {
+        Geometry {
+            layers,
+            kv_heads,
+            head_dim,
+            context,
+            ar_variants: ar_variants.to_vec(),
+            dtype,
+            k_layout: KLayout::Rows,
+            granularity: Granularity::PerHead,
+        }
+    }
+
+    /// Checks every field; the error names the field.
+    pub fn validate(&self) -> Result<(), KvError> {
+        let bad = |field: &'static str, reason: String| KvError::InvalidGeometry { field, reason };
+        for (field, value) in [
+            ("layers", self.layers),
+            ("kv_heads", self.kv_heads),
+            ("head_dim", self.head_dim),
+        ] {
+            if value == 0 {
+                return Err(bad(field, "must be at least 1".into()));
+            }
+        }
+        if self.context < 2 {
+            return Err(bad(
+                "context",
+                format!("must be at least 2, got {}", self.context),
+            ));
+        }
+        if self.ar_variants.is_empty() {
+            return Err(bad("ar", "needs at least one AR variant".into()));
+        }
+        let mut seen = Vec::new();
+        for &n in &self.ar_variants {
+            if n == 0 || n >= self.context {
+                return Err(bad(
+                    "ar",
+                    format!(
+                        "AR-{n} must be between 1 and context - 1 = {}",
+                        self.context - 1
+                    ),
+                ));
+            }
+            if seen.contains(&n) {
+                return Err(bad("ar", format!("AR-{n} is listed twice")));
+            }
+            seen.push(n);
+        }
+        let (min_ar, max_ar) = (self.min_ar(), self.max_ar());
+        if min_ar + max_ar > self.context {
+            return Err(bad(
+                "ar",
+                format!(
+                    "AR-{max_ar} never fits: with AR-{min_ar} as the smallest variant the cache holds \
+                     context - {min_ar} = {} tokens, so context must be at least {}",
+                    self.context - min_ar,
+                    min_ar + max_ar
+                ),
+            ));
+        }
+        self.buffers()
+            .checked_mul(self.row_bytes())
+            .and_then(|b| b.checked_mul(self.context))
+            .and_then(|b| b.checked_mul(2))
+            .ok_or(KvError::SizeOverflow {
+                what: "buffers x rows x row bytes",
+            })?;
+        Ok(())
+    }
+
+    /// Number of K/V buffers B = layers x kv_heads x 2.
+    pub fn buffers(&self) -> usize {
+        self.layers * self.kv_heads * 2
+    }
+
+    /// Index of the buffer of (layer, head, kind): `(layer * kv_heads + head) * 2 + (K=0 | V=1)`.
+    pub fn buffer_index(&self, layer: usize, head: usize, kind: TensorKind) -> usize {
+        (layer * self.kv_heads + head) * 2 + usize::from(kind == TensorKind::Value)
+    }
+
+    /// (layer, head, kind) of a buffer index.
+    pub fn buffer_coords(&self, buffer: usize) -> (usize, usize, TensorKind) {
+        let kind = if buffer % 2 == 0 {
+            TensorKind::Key
+        } else {
+            TensorKind::Value
+        };
+        let lh = buffer / 2;
+        (lh / self.kv_heads, lh % self.kv_heads, kind)
+    }
+
+    /// Bytes of one token's row in one buffer: head_dim x element size.
+    pub fn row_bytes(&self) -> usize {
+        self.head_dim * self.dtype.size_bytes()
+    }
+
+    /// Bytes of K and V for one token over the whole model.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.buffers() * self.row_bytes()
+    }
+
+    /// Smallest AR variant.
+    pub fn min_ar(&self) -> usize {
+        self.ar_variants.iter().copied().min().unwrap_or(1)
+    }
+
+    /// Largest AR variant.
+    pub fn max_ar(&self) -> usize {
+        self.ar_variants.iter().copied().max().unwrap_or(1)
+    }
+
+    /// The past window W = S - n of the AR-n graph.
+    pub fn window(&self, ar: usize) -> usize {
+        self.context - ar
+    }
+
+    /// The largest past window, S - min(ar).
+    pub fn max_window(&self) -> usize {
+        self.context - self.min_ar()
+    }
+
+    /// How many tokens the cache holds at most: S - min(ar), the largest past window (S - 1 with an
+    /// AR-1 graph). An AR-n step needs `len + n <= capacity`. With AR-1 a context of S tokens is S - 1
+    /// processed tokens plus the last one, sampled from the final step's logits and never fed back.
+    pub fn capacity(&self) -> usize {
+        self.context - self.min_ar()
+    }
+}
+
+/// The `shift` reservation: R rows per buffer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Reserve {
+    /// `f` times the largest window W = S - min(ar): R = W + floor((f - 1) * W).
+    /// `2x` (R = 2W) never rebases within a context; for `ar: [1]` it is exactly 2(S - 1).
+    Factor(f64),
+    /// R = (S - min ar) + K: K spare rows after the largest window.
+    Spare(usize),
+    /// An explicit row count.
+    Rows(usize),
+}
+
+impl Reserve {
+    /// R for a geometry.
+    pub fn rows(&self, geometry: &Geometry) -> usize {
+        let w_max = geometry.max_window();
+        match *self {
+            Reserve::Factor(f) => {
+                let extra = ((f - 1.0).max(0.0) * (geometry.capacity() as f64)).floor();
+                w_max + extra as usize
+            }
+            Reserve::Spare(k) => w_max + k,
+            Reserve::Rows(r) => r,
+        }
+    }
+}
+
+impl std::fmt::Display for Reserve {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reserve::Factor(x) => write!(f, "{x}x"),
+            Reserve::Spare(k) => write!(f, "+{k}"),
+            Reserve::Rows(r) => write!(f, "{r} rows"),
+        }
+    }
+}
+
+/// How the cache is updated after each step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Strategy {
+    /// ShiftPointer: each buffer reserves R rows; outputs are bound right after the window and
+    /// committing moves the window (a pointer shift). When the next output would pass R the valid rows
+    /// are moved back (a rebase). `stagger` gives each layer a different starting offset so layers rebase
+    /// on different steps.
+    Shift { reserve: Reserve, stagger: bool },
+    /// All buffers share one span with stride S; every window slides right together. Zero copies,
+    /// about half the memory of `shift` 2x.
+    Conveyor,
+    /// Fixed slots; new rows are copied from the graph's output buffers into slots; the mask marks
+    /// valid slots.
+    SmartMask,
+    /// The baseline: the whole window slides left by the committed rows every step.
+    Naive,
+}
+
+impl Strategy {
+    /// `shift` with the 2x reservation, no staggering.
+    pub const SHIFT_2X: Strategy = Strategy::Shift {
+        reserve: Reserve::Factor(2.0),
+        stagger: false,
+    };
+
+    /// The strategy's name as used in configs (`shift`, `conveyor`, `smart_mask`, `naive`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Strategy::Shift { .. } => "shift",
+            Strategy::Conveyor => "conveyor",
+            Strategy::SmartMask => "smart_mask",
+            Strategy::Naive => "naive",
+        }
+    }
+
+    /// True when past windows are left-padded (valid rows right-aligned), false when valid rows fill
+    /// slots from the start of the window (`smart_mask`).
+    pub fn left_padded(&self) -> bool {
+        !matches!(self, Strategy::SmartMask)
+    }
+}
+
+/// Everything needed to build a cache: geometry, strategy and one encoding per buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheSpec {
+    pub geometry: Geometry,
+    pub strategy: Strategy,
+    /// One encoding per buffer, indexed by [`Geometry::buffer_index`]; shared by the past input and the
+    /// new output of that buffer in every graph variant.
+    pub encodings: Vec<QuantSpec>,
+}
+
+/// The derived layout of a validated spec: where everything lives in the region, in rows.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Layout {
+    /// Rows in the region.
+    pub region_rows: usize,
+    /// `shift`: rows per buffer (R). `conveyor`: stride S. Slot strategies: W_max.
+    pub buffer_stride_rows: usize,
+}
+
+impl CacheSpec {
+    /// A spec whose buffers all share one encoding (float types: [`QuantSpec::float`]).
+    pub fn uniform(geometry: Geometry, strategy: Strategy, encoding: QuantSpec) -> CacheSpec {
+        let encodings = vec![encoding; geometry.buffers()];
+        CacheSpec {
+            geometry,
+            strategy,
+            encodings,
+        }
+    }
+
+    /// A float (f16/f32) or uniformly-encoded spec built from the geometry's data type: fixed-point
+    /// types get scale 1, offset 0 (for simulations that only move bytes, like the budget tool).
+    pub fn for_simulation(geometry: Geometry, strategy: Strategy) -> CacheSpec {
+        let encoding = if geometry.dtype.is_fixed_point() {
+            QuantSpec {
+                dtype: geometry.dtype,
+                encoding: quant::Encoding::PerTensor(quant::ScaleOffset {
+                    scale: 1.0,
+                    offset: 0,
+                }),
+            }
+        } else {
+            QuantSpec {
+                dtype: geometry.dtype,
+                encoding: quant::Encoding::Float,
+            }
+        };
+        CacheSpec::uniform(geometry, strategy, encoding)
+    }
+
+    /// Validates the spec and derives its layout; every refusal names its reason.
+    pub(crate) fn layout(&self) -> Result<Layout, KvError> {
+        let g = &self.geometry;
+        g.validate()?;
+        if self.encodings.len() != g.buffers() {
+            return Err(KvError::EncodingCount {
+                expected: g.buffers(),
+                found: self.encodings.len(),
+            });
+        }
+        for (b, enc) in self.encodings.iter().enumerate() {
+            if enc.dtype != g.dtype {
+                let (layer, head, kind) = g.buffer_coords(b);
+                return Err(KvError::EncodingDataType {
+                    layer,
+                    head,
+                    kind,
+                    expected: g.dtype,
+                    found: enc.dtype,
+                });
+            }
+        }
+        let b = g.buffers();
+        let w_max = g.max_window();
+        let name = self.strategy.name();
+        let in_place = |what: &str| -> Result<(), KvError> {
+            if g.granularity == Granularity::PerLayer {
+                return Err(KvError::UnsupportedCombination {
+                    strategy: name,
+                    reason: format!(
+                        "{what} needs per_head tensors: a per_layer tensor [n_kv, 1, S-n, D] keeps its heads' \
+                         windows adjacent, so no head can slide its own window or write its outputs in place"
+                    ),
+                });
+            }
+            if g.k_layout == KLayout::Transposed {
+                return Err(KvError::UnsupportedCombination {
+                    strategy: name,
+                    reason: format!(
+                        "{what} needs k_layout rows: in a transposed K [D, S-n] a new token's D values lie S-n \
+                         elements apart, so the graph's new_key output cannot be bound in place"
+                    ),
+                });
+            }
+            Ok(())
+        };
+        let overflow = KvError::SizeOverflow {
+            what: "region rows",
+        };
+        match self.strategy {
+            Strategy::Shift { reserve, .. } => {
+                in_place("shift")?;
+                let r = reserve.rows(g);
+                let minimum = w_max + g.max_ar();
+                if r < minimum {
+                    return Err(KvError::ReserveTooSmall {
+                        reserve: r,
+                        minimum,
+                        max_window: w_max,
+                        max_ar: g.max_ar(),
+                    });
+                }
+                Ok(Layout {
+                    region_rows: b.checked_mul(r).ok_or(overflow)?,
+                    buffer_stride_rows: r,
+                })
+            }
+            Strategy::Conveyor => {
+                in_place("conveyor")?;
+                // Buffer b's rows end at b*S + W_max + capacity at the latest.
+                let rows = (b - 1)
+                    .checked_mul(g.context)
+                    .and_then(|x| x.checked_add(w_max + g.capacity()))
+                    .ok_or(overflow)?;
+                Ok(Layout {
+                    region_rows: rows,
+                    buffer_stride_rows: g.context,
+                })
+            }
+            Strategy::SmartMask | Strategy::Naive => Ok(Layout {
+                region_rows: b.checked_mul(w_max + g.max_ar()).ok_or(overflow)?,
+                buffer_stride_rows: w_max,
+            }),
+        }
+    }
+
+    /// The exact number of bytes the cache allocates for its region, computed without allocating.
+    pub fn region_bytes(&self) -> Result<usize, KvError> {
+        let layout = self.layout()?;
+        layout
+            .region_rows
+            .checked_mul(self.geometry.row_bytes())
+            .ok_or(KvError::SizeOverflow {
+                what: "region bytes",
+            })
+    }
+
+    /// `shift`'s reservation R in rows per buffer (None for other strategies).
+    pub fn reserve_rows(&self) -> Option<usize> {
+        match self.strategy {
+            Strategy::Shift { reserve, .. } => Some(reserve.rows(&self.geometry)),
+            _ => None,
+        }
+    }
+}
+
+/// Builds the per-buffer encodings from a compiled model's graph descriptions: for every AR variant,
+/// the encodings of its past inputs and new outputs, indexed by [`Geometry::buffer_index`]. Fails when
+/// past and new of a buffer differ in any variant, or when two variants disagree: the manager copies
+/// bytes and never requantizes.
+pub fn encodings_from_graphs(
+    geometry: &Geometry,
+    variants: &[(usize, Vec<QuantSpec>, Vec<QuantSpec>)],
+) -> Result<Vec<QuantSpec>, KvError> {
+    let b = geometry.buffers();
+    let mut out: Option<Vec<QuantSpec>> = None;
+    for (ar, past, new) in variants {
+        for list in [past, new] {
+            if list.len() != b {
+                return Err(KvError::EncodingCount {
+                    expected: b,
+                    found: list.len(),
+                });
+            }
+        }
+        for i in 0..b {
+            let reference = out.as_ref().map_or(&past[i], |o| &o[i]);
+            for candidate in [&past[i], &new[i]] {
+                if candidate != reference {
+                    let (layer, head, kind) = geometry.buffer_coords(i);
+                    return Err(KvError::EncodingMismatch {
+                        ar: *ar,
+                        layer,
+                        head,
+                        kind,
+                        past: format!("{reference:?}"),
+                        new: format!("{candidate:?}"),
+                    });
+                }
+            }
+        }
+        if out.is_none() {
+            out = Some(past.clone());
+        }
+    }
+    out.ok_or(KvError::InvalidGeometry {
+        field: "ar",
+        reason: "no graph variants given".into(),
+    })
+}
