@@ -92,8 +92,7 @@ impl KvCache {
             }
             Strategy::Conveyor => (State::Conveyor, HandleTracker::new(1, g.context, variants)),
             Strategy::SmartMask | Strategy::Naive => {
-                let fixed =
-                    g.granularity == Granularity::PerHead && g.k_layout == KLayout::Rows;
+                let fixed = g.granularity == Granularity::PerHead && g.k_layout == KLayout::Rows;
                 (
                     State::Slots {
                         fixed,
@@ -185,14 +184,14 @@ impl KvCache {
     /// returns the binding plan. Planning again before committing discards the earlier plan.
     pub fn plan(&mut self, ar: usize) -> Result<&Plan, KvError> {
         let g = &self.spec.geometry;
-        let variant = g
-            .ar_variants
-            .iter()
-            .position(|&n| n == ar)
-            .ok_or_else(|| KvError::UnknownVariant {
-                ar,
-                variants: g.ar_variants.clone(),
-            })?;
+        let variant =
+            g.ar_variants
+                .iter()
+                .position(|&n| n == ar)
+                .ok_or_else(|| KvError::UnknownVariant {
+                    ar,
+                    variants: g.ar_variants.clone(),
+                })?;
         if self.len + ar > g.capacity() {
             return Err(KvError::ContextFull {
                 len: self.len,
@@ -269,7 +268,13 @@ impl KvCache {
                     // Right-aligned rows: the kept ones move right by the dropped count.
                     let stride = *stride;
                     let old_len = self.len;
-                    self.move_slot_tokens(len, |t| stride - old_len + t, |t| stride - len + t, stride, stride);
+                    self.move_slot_tokens(
+                        len,
+                        |t| stride - old_len + t,
+                        |t| stride - len + t,
+                        stride,
+                        stride,
+                    );
                 }
             }
         }
@@ -350,7 +355,13 @@ impl KvCache {
         if len > 0 {
             let naive = self.spec.strategy == Strategy::Naive;
             let slot = move |s: usize, t: usize| if naive { s - len + t } else { t };
-            self.move_slot_tokens(len, |t| slot(old, t), |t| slot(new_stride, t), old, new_stride);
+            self.move_slot_tokens(
+                len,
+                |t| slot(old, t),
+                |t| slot(new_stride, t),
+                old,
+                new_stride,
+            );
         }
         self.add_rebase();
     }
@@ -423,7 +434,11 @@ impl KvCache {
                     copied += keep * rb;
                 }
                 for i in 0..accepted {
-                    let slot = if naive { stride - accepted + i } else { self.len + i };
+                    let slot = if naive {
+                        stride - accepted + i
+                    } else {
+                        self.len + i
+                    };
                     let dst = self.slot_row(t, h, slot, stride);
                     let src = self.out_row(t, h, i, ar);
                     copy_row(self.region.as_mut_slice(), src, dst, d, e);
@@ -514,7 +529,11 @@ impl KvCache {
                     new_keys += 2 * tensors;
                 }
                 let h = plan.heads_per_tensor;
-                let origin = if *fixed && plan.left_padded { w_max - w } else { 0 };
+                let origin = if *fixed && plan.left_padded {
+                    w_max - w
+                } else {
+                    0
+                };
                 let out_base = g.buffers() * w_max * rb;
                 for t in 0..tensors {
                     plan.past_offsets.push((t * h * w_max + origin) * rb);
@@ -525,7 +544,8 @@ impl KvCache {
         let h = plan.heads_per_tensor;
         let past_end = plan.past_offsets.iter().max().map_or(0, |o| o + h * w * rb);
         let new_end = plan.new_offsets.iter().max().map_or(0, |o| o + h * ar * rb);
-        self.counters.peak_bytes_in_use = self.counters.peak_bytes_in_use.max(past_end).max(new_end);
+        self.counters.peak_bytes_in_use =
+            self.counters.peak_bytes_in_use.max(past_end).max(new_end);
         self.step.new_handles += new_keys;
         self.counters.handles += new_keys;
         self.counters.max_window_offsets_per_buffer = self.handles.max_distinct();
@@ -577,4 +597,158 @@ fn tensor_ids(layers: usize, kv_heads: usize, granularity: Granularity) -> Vec<T
         }
     }
     ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Geometry, HostAllocator, Reserve};
+    use quant::DataType;
+
+    fn cache(g: Geometry, s: Strategy) -> KvCache {
+        KvCache::new(CacheSpec::for_simulation(g, s), &HostAllocator::default()).unwrap()
+    }
+
+    #[test]
+    fn protocol_errors_are_typed() {
+        let mut c = cache(
+            Geometry::new(1, 1, 2, 8, &[1, 4], DataType::U8),
+            Strategy::SHIFT_2X,
+        );
+        assert!(matches!(c.commit(1), Err(KvError::InvalidCommit { .. })));
+        assert!(matches!(
+            c.plan(2),
+            Err(KvError::UnknownVariant { ar: 2, .. })
+        ));
+        c.plan(4).unwrap();
+        assert!(matches!(
+            c.commit(5),
+            Err(KvError::InvalidCommit { requested: 5, .. })
+        ));
+        c.commit(4).unwrap();
+        assert!(matches!(
+            c.rollback(5),
+            Err(KvError::InvalidRollback {
+                requested: 5,
+                len: 4
+            })
+        ));
+        // Capacity is S - 1 = 7: 4 + 4 does not fit, 4 + 1 three times does.
+        assert_eq!(
+            c.plan(4).unwrap_err(),
+            KvError::ContextFull {
+                len: 4,
+                ar: 4,
+                capacity: 7,
+                context: 8
+            }
+        );
+        for _ in 0..3 {
+            c.plan(1).unwrap();
+            c.commit(1).unwrap();
+        }
+        assert_eq!(c.len(), 7);
+        assert!(matches!(
+            c.plan(1),
+            Err(KvError::ContextFull { len: 7, .. })
+        ));
+        c.reset();
+        assert!(c.is_empty());
+        c.plan(4).unwrap();
+    }
+
+    #[test]
+    fn shift_2x_fills_a_context_without_a_copy_and_1_5x_rebases() {
+        let g = Geometry::new(2, 2, 4, 64, &[1], DataType::U16);
+        let mut full = cache(g.clone(), Strategy::SHIFT_2X);
+        let mut small = cache(
+            g,
+            Strategy::Shift {
+                reserve: Reserve::Factor(1.5),
+                stagger: false,
+            },
+        );
+        for c in [&mut full, &mut small] {
+            while c.plan(1).is_ok() {
+                c.commit(1).unwrap();
+            }
+        }
+        assert_eq!(full.counters().bytes_copied, 0);
+        assert_eq!(full.counters().rebases, 0);
+        // One window position per step: 63 distinct offsets for 63 steps.
+        assert_eq!(full.counters().max_window_offsets_per_buffer, 63);
+        assert_eq!(
+            full.counters().peak_bytes_in_use,
+            full.counters().region_bytes
+        );
+        // R = 63 + 31: the first rebase comes at len 31 and moves 31 rows of each of the 2 layers' 4 buffers.
+        let c = small.counters();
+        assert_eq!(c.rebases, 2 * 2);
+        assert_eq!(c.bytes_copied, 2 * 4 * (31 + 62) * 8);
+    }
+
+    #[test]
+    fn staggered_layers_rebase_on_different_steps() {
+        let g = Geometry::new(4, 1, 4, 64, &[1], DataType::U8);
+        let mut c = cache(
+            g,
+            Strategy::Shift {
+                reserve: Reserve::Factor(1.5),
+                stagger: true,
+            },
+        );
+        let mut rebasing_steps = Vec::new();
+        while c.plan(1).is_ok() {
+            let rebases = c.last_step().rebases;
+            assert!(rebases <= 1, "two layers rebased on one step");
+            if rebases == 1 {
+                rebasing_steps.push(c.len());
+            }
+            c.commit(1).unwrap();
+        }
+        assert!(rebasing_steps.len() >= 4, "{rebasing_steps:?}");
+    }
+
+    #[test]
+    fn quantized_mask_uses_the_zero_point_and_the_minimum() {
+        let mut c = cache(
+            Geometry::new(1, 1, 2, 4, &[1], DataType::U16),
+            Strategy::Naive,
+        );
+        c.plan(1).unwrap();
+        c.commit(1).unwrap();
+        let plan = c.plan(1).unwrap().clone();
+        // Left-padded window of 3 with one valid row: [-inf, -inf, 0, 0(new)].
+        assert_eq!(
+            plan.mask,
+            vec![f32::NEG_INFINITY, f32::NEG_INFINITY, 0.0, 0.0]
+        );
+        let u16_spec = QuantSpec {
+            dtype: DataType::U16,
+            encoding: quant::Encoding::PerTensor(quant::ScaleOffset {
+                scale: 100.0 / 65535.0,
+                offset: -65535,
+            }),
+        };
+        let mut out = vec![0u8; 8];
+        plan.mask_quantized(&u16_spec, &mut out).unwrap();
+        assert_eq!(out, [0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]);
+        let u8_spec = QuantSpec {
+            dtype: DataType::U8,
+            encoding: quant::Encoding::PerTensor(quant::ScaleOffset {
+                scale: 0.5,
+                offset: 0,
+            }),
+        };
+        let mut out = vec![0u8; 4];
+        assert!(matches!(
+            plan.mask_quantized(&u8_spec, &mut out),
+            Err(KvError::MaskEncoding { .. })
+        ));
+        let mut short = vec![0u8; 3];
+        assert!(matches!(
+            plan.mask_quantized(&u16_spec, &mut short),
+            Err(KvError::BufferSize { .. })
+        ));
+    }
 }

@@ -7,10 +7,7 @@ use crate::TensorKind;
 pub enum KvError {
     /// A geometry field is out of range.
     #[error("invalid geometry: `{field}` {reason}")]
-    InvalidGeometry {
-        field: &'static str,
-        reason: String,
-    },
+    InvalidGeometry { field: &'static str, reason: String },
     /// The strategy cannot serve this geometry (e.g. `shift` with `per_layer` tensors).
     #[error("strategy `{strategy}` cannot serve this cache: {reason}")]
     UnsupportedCombination {

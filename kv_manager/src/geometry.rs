@@ -146,7 +146,7 @@ impl Geometry {
 
     /// (layer, head, kind) of a buffer index.
     pub fn buffer_coords(&self, buffer: usize) -> (usize, usize, TensorKind) {
-        let kind = if buffer % 2 == 0 {
+        let kind = if buffer.is_multiple_of(2) {
             TensorKind::Key
         } else {
             TensorKind::Value
@@ -471,4 +471,171 @@ pub fn encodings_from_graphs(
         field: "ar",
         reason: "no graph variants given".into(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama2_7b() -> Geometry {
+        Geometry::new(32, 32, 128, 2048, &[1], DataType::U16)
+    }
+
+    fn spec(g: Geometry, s: Strategy) -> CacheSpec {
+        CacheSpec::for_simulation(g, s)
+    }
+
+    #[test]
+    fn seed_region_is_exact() {
+        // 2048 buffers x 2(S-1) rows x 256 bytes.
+        let bytes = spec(llama2_7b(), Strategy::SHIFT_2X)
+            .region_bytes()
+            .unwrap();
+        assert_eq!(bytes, 2_146_435_072);
+        assert_eq!(bytes, 2048 * 2 * 2047 * 256);
+    }
+
+    #[test]
+    fn reserve_rows_follow_the_formula() {
+        let g = llama2_7b();
+        assert_eq!(Reserve::Factor(2.0).rows(&g), 4094);
+        assert_eq!(Reserve::Factor(1.5).rows(&g), 2047 + 1023);
+        assert_eq!(Reserve::Spare(64).rows(&g), 2047 + 64);
+        assert_eq!(Reserve::Rows(3000).rows(&g), 3000);
+        // With a prefill variant the window is still S - min(ar).
+        let g2 = Geometry::new(2, 2, 8, 512, &[1, 32], DataType::U8);
+        assert_eq!(Reserve::Factor(2.0).rows(&g2), 2 * 511);
+    }
+
+    #[test]
+    fn conveyor_is_about_half_of_shift_2x() {
+        let shift = spec(llama2_7b(), Strategy::SHIFT_2X)
+            .region_bytes()
+            .unwrap();
+        let conveyor = spec(llama2_7b(), Strategy::Conveyor)
+            .region_bytes()
+            .unwrap();
+        // (B - 1) * S + 2 * (S - 1) rows.
+        assert_eq!(conveyor, (2047 * 2048 + 2 * 2047) * 256);
+        let ratio = conveyor as f64 / shift as f64;
+        assert!(ratio < 0.51 && ratio > 0.49, "{ratio}");
+    }
+
+    #[test]
+    fn in_place_strategies_refuse_per_layer_and_transposed() {
+        for strategy in [Strategy::SHIFT_2X, Strategy::Conveyor] {
+            let mut g = llama2_7b();
+            g.granularity = Granularity::PerLayer;
+            let err = spec(g, strategy).region_bytes().unwrap_err();
+            assert!(
+                matches!(&err, KvError::UnsupportedCombination { reason, .. } if reason.contains("per_head")),
+                "{err}"
+            );
+            let mut g = llama2_7b();
+            g.k_layout = KLayout::Transposed;
+            let err = spec(g, strategy).region_bytes().unwrap_err();
+            assert!(
+                matches!(&err, KvError::UnsupportedCombination { reason, .. } if reason.contains("rows")),
+                "{err}"
+            );
+        }
+        let mut g = llama2_7b();
+        g.granularity = Granularity::PerLayer;
+        g.k_layout = KLayout::Transposed;
+        assert!(spec(g.clone(), Strategy::SmartMask).region_bytes().is_ok());
+        assert!(spec(g, Strategy::Naive).region_bytes().is_ok());
+    }
+
+    #[test]
+    fn small_reserve_is_refused_with_the_minimum() {
+        let g = Geometry::new(1, 1, 4, 64, &[1, 16], DataType::U8);
+        let s = Strategy::Shift {
+            reserve: Reserve::Spare(15),
+            stagger: false,
+        };
+        let err = spec(g, s).region_bytes().unwrap_err();
+        assert_eq!(
+            err,
+            KvError::ReserveTooSmall {
+                reserve: 63 + 15,
+                minimum: 63 + 16,
+                max_window: 63,
+                max_ar: 16
+            }
+        );
+    }
+
+    #[test]
+    fn geometry_errors_name_the_field() {
+        let cases = [
+            (Geometry::new(0, 1, 4, 8, &[1], DataType::U8), "layers"),
+            (Geometry::new(1, 0, 4, 8, &[1], DataType::U8), "kv_heads"),
+            (Geometry::new(1, 1, 0, 8, &[1], DataType::U8), "head_dim"),
+            (Geometry::new(1, 1, 4, 1, &[1], DataType::U8), "context"),
+            (Geometry::new(1, 1, 4, 8, &[], DataType::U8), "ar"),
+            (Geometry::new(1, 1, 4, 8, &[8], DataType::U8), "ar"),
+            (Geometry::new(1, 1, 4, 8, &[1, 1], DataType::U8), "ar"),
+            (Geometry::new(1, 1, 4, 8, &[2, 7], DataType::U8), "ar"),
+        ];
+        for (g, field) in cases {
+            match g.validate() {
+                Err(KvError::InvalidGeometry { field: f, .. }) => assert_eq!(f, field, "{g:?}"),
+                other => panic!("{g:?}: expected an error on `{field}`, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn encodings_must_agree_between_past_and_new() {
+        let g = Geometry::new(1, 2, 4, 16, &[1, 4], DataType::U8);
+        let enc = |scale: f32| QuantSpec {
+            dtype: DataType::U8,
+            encoding: quant::Encoding::PerTensor(quant::ScaleOffset {
+                scale,
+                offset: -128,
+            }),
+        };
+        let same = vec![enc(0.1); 4];
+        let ok = encodings_from_graphs(
+            &g,
+            &[
+                (1, same.clone(), same.clone()),
+                (4, same.clone(), same.clone()),
+            ],
+        );
+        assert_eq!(ok.unwrap(), same);
+        let mut differ = same.clone();
+        differ[3] = enc(0.2);
+        let err = encodings_from_graphs(
+            &g,
+            &[(1, same.clone(), same.clone()), (4, same.clone(), differ)],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                KvError::EncodingMismatch {
+                    ar: 4,
+                    layer: 0,
+                    head: 1,
+                    kind: TensorKind::Value,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // A cache whose encodings are of another data type is refused too.
+        let wrong = CacheSpec::uniform(
+            g,
+            Strategy::Naive,
+            QuantSpec {
+                dtype: DataType::U16,
+                ..enc(0.1)
+            },
+        );
+        assert!(matches!(
+            wrong.region_bytes(),
+            Err(KvError::EncodingDataType { .. })
+        ));
+    }
 }

@@ -43,12 +43,13 @@ mod error;
 mod geometry;
 mod plan;
 mod region;
+pub mod workload;
 
 pub use cache::KvCache;
 pub use counters::{Counters, StepStats};
 pub use error::KvError;
 pub use geometry::{
-    encodings_from_graphs, CacheSpec, Geometry, Granularity, KLayout, Reserve, Strategy, TensorKind,
+    CacheSpec, Geometry, Granularity, KLayout, Reserve, Strategy, TensorKind, encodings_from_graphs,
 };
 pub use plan::{Plan, TensorBinding, TensorId};
-pub use region::{HostAllocator, Region, RegionAllocator, RegionMemory, REGION_ALIGN};
+pub use region::{HostAllocator, REGION_ALIGN, Region, RegionAllocator, RegionMemory};

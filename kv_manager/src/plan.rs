@@ -25,7 +25,13 @@ pub struct TensorBinding {
 impl TensorBinding {
     /// Byte offset, inside this tensor, of element (head, row, channel); `row` indexes the window (past)
     /// or the new tokens (new), `head` the head within a per_layer tensor (0 for per_head).
-    pub fn element_offset(&self, head: usize, row: usize, channel: usize, elem_bytes: usize) -> usize {
+    pub fn element_offset(
+        &self,
+        head: usize,
+        row: usize,
+        channel: usize,
+        elem_bytes: usize,
+    ) -> usize {
         let [_, _, a, b] = self.shape;
         let index = if self.transposed {
             // [heads, 1, D, rows]: a = D, b = rows
@@ -185,10 +191,14 @@ impl Plan {
                     reason,
                 };
                 if zero < qmin as i64 || zero > qmax as i64 {
-                    return Err(err("0.0 is not representable (zero point outside the type's range)"));
+                    return Err(err(
+                        "0.0 is not representable (zero point outside the type's range)",
+                    ));
                 }
                 if zero == qmin as i64 {
-                    return Err(err("no integer below the zero point is left to mean `masked`"));
+                    return Err(err(
+                        "no integer below the zero point is left to mean `masked`",
+                    ));
                 }
                 (zero, qmin as i64)
             }

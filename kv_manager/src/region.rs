@@ -84,7 +84,8 @@ impl RegionAllocator for HostAllocator {
             align,
             reason,
         };
-        let layout = Layout::from_size_align(bytes.max(1), align).map_err(|e| fail(e.to_string()))?;
+        let layout =
+            Layout::from_size_align(bytes.max(1), align).map_err(|e| fail(e.to_string()))?;
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = std::ptr::NonNull::new(raw).ok_or_else(|| fail("out of memory".into()))?;
@@ -114,7 +115,7 @@ impl Region {
     /// Allocates `bytes` bytes with `allocator`, aligned to [`REGION_ALIGN`].
     pub fn allocate(allocator: &dyn RegionAllocator, bytes: usize) -> Result<Region, KvError> {
         let memory = allocator.allocate(bytes, REGION_ALIGN)?;
-        if memory.len() < bytes || (memory.as_ptr() as usize) % REGION_ALIGN != 0 {
+        if memory.len() < bytes || !(memory.as_ptr() as usize).is_multiple_of(REGION_ALIGN) {
             return Err(KvError::Allocation {
                 bytes,
                 align: REGION_ALIGN,

@@ -120,11 +120,7 @@ fn check_plan(
     for i in 0..n {
         for j in 0..s {
             let visible = if j < w {
-                if left_padded {
-                    j >= w - len
-                } else {
-                    j < len
-                }
+                if left_padded { j >= w - len } else { j < len }
             } else {
                 j - w <= i
             };
@@ -173,11 +169,18 @@ fn check_plan(
         if new.offset + new.bytes > region.len() {
             return Err(format!("new binding {t} ends past the region"));
         }
-        if let Some(k) = marks[new.offset..new.offset + new.bytes].iter().position(|&m| m != 0) {
+        if let Some(k) = marks[new.offset..new.offset + new.bytes]
+            .iter()
+            .position(|&m| m != 0)
+        {
             return Err(format!(
                 "output {t} byte {} overlaps a {} (plan {plan:?})",
                 new.offset + k,
-                if marks[new.offset + k] == 1 { "visible past row" } else { "another output" }
+                if marks[new.offset + k] == 1 {
+                    "visible past row"
+                } else {
+                    "another output"
+                }
             ));
         }
         marks[new.offset..new.offset + new.bytes].fill(2);
@@ -185,11 +188,23 @@ fn check_plan(
     Ok(())
 }
 
-fn run(case: &Case, strategy: Strategy, k_layout: KLayout, granularity: Granularity) -> Result<(), TestCaseError> {
+fn run(
+    case: &Case,
+    strategy: Strategy,
+    k_layout: KLayout,
+    granularity: Granularity,
+) -> Result<(), TestCaseError> {
     let geometry = Geometry {
         k_layout,
         granularity,
-        ..Geometry::new(case.layers, case.heads, case.head_dim, case.context, &case.ar, case.dtype)
+        ..Geometry::new(
+            case.layers,
+            case.heads,
+            case.head_dim,
+            case.context,
+            &case.ar,
+            case.dtype,
+        )
     };
     let spec = CacheSpec::for_simulation(geometry.clone(), strategy);
     let mut cache = KvCache::new(spec, &HostAllocator::default())
@@ -201,7 +216,11 @@ fn run(case: &Case, strategy: Strategy, k_layout: KLayout, granularity: Granular
     let mut reference: Vec<Vec<Vec<u8>>> = vec![Vec::new(); b_count];
     for (step, op) in case.ops.iter().enumerate() {
         match op {
-            Op::Step { ar_pick, accept, seed } => {
+            Op::Step {
+                ar_pick,
+                accept,
+                seed,
+            } => {
                 let n = geometry.ar_variants[ar_pick % geometry.ar_variants.len()];
                 let len = reference[0].len();
                 if len + n > geometry.capacity() {
@@ -211,11 +230,14 @@ fn run(case: &Case, strategy: Strategy, k_layout: KLayout, granularity: Granular
                 }
                 let mut rng = Rng(seed | 1);
                 let (plan, region) = {
-                    cache.plan(n).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    cache
+                        .plan(n)
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
                     cache.pending_io().expect("planned")
                 };
-                check_plan(plan, &geometry, left_padded, region, &reference)
-                    .map_err(|m| TestCaseError::fail(format!("step {step} (AR-{n}, len {len}): {m}")))?;
+                check_plan(plan, &geometry, left_padded, region, &reference).map_err(|m| {
+                    TestCaseError::fail(format!("step {step} (AR-{n}, len {len}): {m}"))
+                })?;
                 // The graph writes n new rows into every output binding.
                 let mut new_rows = vec![Vec::new(); b_count];
                 for t in 0..plan.tensor_count() {
@@ -237,7 +259,9 @@ fn run(case: &Case, strategy: Strategy, k_layout: KLayout, granularity: Granular
                 }
                 if let Some(accept) = accept {
                     let k = accept % (n + 1);
-                    cache.commit(k).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    cache
+                        .commit(k)
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
                     for (rows, new) in reference.iter_mut().zip(new_rows) {
                         rows.extend(new.into_iter().take(k));
                     }
@@ -246,7 +270,9 @@ fn run(case: &Case, strategy: Strategy, k_layout: KLayout, granularity: Granular
             Op::Rollback(pick) => {
                 let len = reference[0].len();
                 let to = pick % (len + 1);
-                cache.rollback(to).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                cache
+                    .rollback(to)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 reference.iter_mut().for_each(|r| r.truncate(to));
             }
             Op::Reset => {

@@ -1,0 +1,44 @@
+//! The `htpkv` command line.
+
+use clap::{Parser, Subcommand};
+
+mod budget;
+mod compile;
+mod generate;
+
+/// htpkv: LLMs as static-shape graphs with an application-managed KV cache.
+#[derive(Debug, Parser)]
+#[command(name = "htpkv", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Memory budget of a model's KV cache for each update strategy.
+    Budget(budget::BudgetArgs),
+    /// Simulate a generation with the real kv_manager and print per-step counters.
+    Plan(budget::PlanArgs),
+    /// Compile a llama2.c checkpoint into a reference-backend context binary.
+    Compile(compile::CompileArgs),
+    /// Generate text with a compiled model (compiled and cached on first use).
+    Generate(generate::GenerateArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Budget(args) => budget::run_budget(args),
+        Command::Plan(args) => budget::run_plan(args),
+        Command::Compile(args) => compile::run(args),
+        Command::Generate(args) => generate::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
