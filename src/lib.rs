@@ -7,3 +7,7 @@
 
 pub use kv_manager;
 pub use quant;
+
+pub mod backend;
+pub mod sampler;
+pub mod session;

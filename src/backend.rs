@@ -1,0 +1,134 @@
+//! What the runtime needs from a backend: graph descriptions and graph execution on raw buffers.
+//!
+//! Two backends implement [`Backend`]: the in-process reference executor ([`crate::reference`]) and,
+//! through the QNN C ABI, any QNN backend library (`libQnnHtp.so` on a phone, the reference backend's
+//! own shared library on a desktop).
+
+use quant::{DataType, QuantSpec};
+
+/// The role of a graph input or output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IoRole {
+    InputIds,
+    Positions,
+    Mask,
+    PastKey,
+    PastValue,
+    NewKey,
+    NewValue,
+    Logits,
+}
+
+/// Element type of a graph tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IoDType {
+    I32,
+    Quant(DataType),
+}
+
+impl IoDType {
+    /// Bytes of one element.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            IoDType::I32 => 4,
+            IoDType::Quant(t) => t.size_bytes(),
+        }
+    }
+}
+
+/// One input or output tensor of a graph.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IoTensor {
+    pub name: String,
+    pub role: IoRole,
+    /// Layer of a K/V tensor.
+    pub layer: Option<usize>,
+    /// KV head of a per-head K/V tensor (`None` for per-layer tensors and non-K/V tensors).
+    pub head: Option<usize>,
+    pub shape: Vec<usize>,
+    pub dtype: IoDType,
+    /// Encoding of quantized/float tensors (`None` for i32 tensors).
+    pub quant: Option<QuantSpec>,
+}
+
+impl IoTensor {
+    /// Byte size of the whole tensor.
+    pub fn byte_size(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.size_bytes()
+    }
+}
+
+/// One static graph: an AR-n variant of the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphDesc {
+    pub name: String,
+    pub inputs: Vec<IoTensor>,
+    pub outputs: Vec<IoTensor>,
+}
+
+impl GraphDesc {
+    /// n: tokens per step (the second dimension of `input_ids`).
+    pub fn ar(&self) -> Option<usize> {
+        self.inputs
+            .iter()
+            .find(|t| t.role == IoRole::InputIds)
+            .and_then(|t| t.shape.last().copied())
+    }
+}
+
+/// A raw input buffer of one execution.
+#[derive(Debug, Clone, Copy)]
+pub struct InputBuffer {
+    pub ptr: *const u8,
+    pub len: usize,
+}
+
+/// A raw output buffer of one execution.
+#[derive(Debug, Clone, Copy)]
+pub struct OutputBuffer {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+/// Errors a backend reports.
+#[derive(Debug, thiserror::Error)]
+#[error("{backend} backend: {message}")]
+pub struct BackendError {
+    pub backend: &'static str,
+    pub message: String,
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// A backend that executes static graphs.
+pub trait Backend {
+    /// Short name for messages (`reference`, `qnn`).
+    fn name(&self) -> &'static str;
+
+    /// The graphs of the loaded model.
+    fn graphs(&self) -> &[GraphDesc];
+
+    /// Called once before any execution with the KV region every K/V binding will point into, so a
+    /// backend can register it (QNN memory handles). The region outlives the backend's use of it.
+    fn attach_region(
+        &mut self,
+        base: *mut u8,
+        len: usize,
+        fd: Option<i32>,
+    ) -> Result<(), BackendError> {
+        let _ = (base, len, fd);
+        Ok(())
+    }
+
+    /// Executes graph `graph` (an index into [`Backend::graphs`]).
+    ///
+    /// # Safety
+    /// Every buffer is valid for its length and stays so for the call; buffers are in the graph's
+    /// description order and sized as described; no output overlaps another output or any input.
+    unsafe fn execute(
+        &mut self,
+        graph: usize,
+        inputs: &[InputBuffer],
+        outputs: &[OutputBuffer],
+    ) -> Result<(), BackendError>;
+}

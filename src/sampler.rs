@@ -1,0 +1,212 @@
+//! Token sampling: greedy, temperature and top-p (nucleus), reproducible from a seed.
+
+/// How the next token is chosen from the logits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplerOptions {
+    /// 0.0 means greedy (argmax); otherwise logits are divided by it before the softmax.
+    pub temperature: f32,
+    /// Nucleus sampling: keep the smallest set of tokens whose probability adds up to `top_p`
+    /// (1.0 or more disables it).
+    pub top_p: f32,
+    /// Seed of the random number generator.
+    pub seed: u64,
+}
+
+impl Default for SamplerOptions {
+    fn default() -> Self {
+        SamplerOptions {
+            temperature: 0.0,
+            top_p: 0.9,
+            seed: 42,
+        }
+    }
+}
+
+/// Errors of sampler options.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplerError {
+    #[error("temperature must be a finite number >= 0, got {0}")]
+    Temperature(f32),
+    #[error("top_p must be in (0, 1], got {0}")]
+    TopP(f32),
+    #[error("cannot sample from empty logits")]
+    Empty,
+}
+
+/// A sampler with its own random state.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    options: SamplerOptions,
+    state: u64,
+    probs: Vec<(f32, u32)>,
+}
+
+impl Sampler {
+    /// Validates the options and seeds the generator.
+    pub fn new(options: SamplerOptions) -> Result<Sampler, SamplerError> {
+        if !(options.temperature.is_finite() && options.temperature >= 0.0) {
+            return Err(SamplerError::Temperature(options.temperature));
+        }
+        if !(options.top_p > 0.0 && options.top_p <= 1.0) {
+            return Err(SamplerError::TopP(options.top_p));
+        }
+        Ok(Sampler {
+            options,
+            // xorshift must not start at zero
+            state: options.seed.max(1),
+            probs: Vec::new(),
+        })
+    }
+
+    /// The options in use.
+    pub fn options(&self) -> &SamplerOptions {
+        &self.options
+    }
+
+    fn next_f32(&mut self) -> f32 {
+        // xorshift64*: 24 random bits mapped to [0, 1)
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        let r = self.state.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        (r >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Chooses the next token. Greedy picks the first maximum; NaN logits are never chosen.
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplerError> {
+        if logits.is_empty() {
+            return Err(SamplerError::Empty);
+        }
+        if self.options.temperature == 0.0 {
+            return Ok(argmax(logits));
+        }
+        let t = self.options.temperature;
+        let max = logits
+            .iter()
+            .copied()
+            .filter(|x| !x.is_nan())
+            .fold(f32::NEG_INFINITY, f32::max);
+        self.probs.clear();
+        let mut sum = 0.0f32;
+        for (i, &l) in logits.iter().enumerate() {
+            let p = if l.is_nan() {
+                0.0
+            } else {
+                ((l - max) / t).exp()
+            };
+            sum += p;
+            self.probs.push((p, i as u32));
+        }
+        if sum.is_nan() || sum <= 0.0 {
+            return Ok(argmax(logits));
+        }
+        for p in &mut self.probs {
+            p.0 /= sum;
+        }
+        let r = self.next_f32();
+        if self.options.top_p < 1.0 {
+            self.probs
+                .sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let mut cumulative = 0.0;
+            let mut last = self.probs.len() - 1;
+            for (i, p) in self.probs.iter().enumerate() {
+                cumulative += p.0;
+                if cumulative >= self.options.top_p {
+                    last = i;
+                    break;
+                }
+            }
+            let kept = &self.probs[..=last];
+            let total: f32 = kept.iter().map(|p| p.0).sum();
+            return Ok(pick(kept, r * total));
+        }
+        Ok(pick(&self.probs, r))
+    }
+}
+
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] || logits[best].is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn pick(probs: &[(f32, u32)], target: f32) -> u32 {
+    let mut cumulative = 0.0;
+    for p in probs {
+        cumulative += p.0;
+        if target < cumulative {
+            return p.1;
+        }
+    }
+    probs.last().map_or(0, |p| p.1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_takes_the_first_maximum_and_skips_nan() {
+        let mut s = Sampler::new(SamplerOptions::default()).unwrap();
+        assert_eq!(s.sample(&[0.1, 3.0, 3.0, -1.0]).unwrap(), 1);
+        assert_eq!(s.sample(&[f32::NAN, 0.5, 0.2]).unwrap(), 1);
+        assert_eq!(s.sample(&[]), Err(SamplerError::Empty));
+    }
+
+    #[test]
+    fn sampling_is_reproducible_and_follows_the_distribution() {
+        let opts = SamplerOptions {
+            temperature: 1.0,
+            top_p: 1.0,
+            seed: 7,
+        };
+        let logits = [0.0f32, (3.0f32).ln(), f32::NEG_INFINITY];
+        let draw = |opts| {
+            let mut s = Sampler::new(opts).unwrap();
+            (0..4000)
+                .map(|_| s.sample(&logits).unwrap())
+                .collect::<Vec<_>>()
+        };
+        let a = draw(opts);
+        assert_eq!(a, draw(opts));
+        let ones = a.iter().filter(|&&t| t == 1).count() as f64 / a.len() as f64;
+        assert!((ones - 0.75).abs() < 0.03, "token 1 drawn {ones}");
+        assert!(!a.contains(&2), "a -inf logit was drawn");
+    }
+
+    #[test]
+    fn top_p_cuts_the_tail() {
+        // Probabilities 0.6, 0.3, 0.1: top_p 0.8 keeps only the first two.
+        let logits = [0.6f32.ln(), 0.3f32.ln(), 0.1f32.ln()];
+        let mut s = Sampler::new(SamplerOptions {
+            temperature: 1.0,
+            top_p: 0.8,
+            seed: 3,
+        })
+        .unwrap();
+        let draws: Vec<u32> = (0..3000).map(|_| s.sample(&logits).unwrap()).collect();
+        assert!(!draws.contains(&2));
+        assert!(draws.contains(&1));
+    }
+
+    #[test]
+    fn bad_options_are_refused() {
+        let bad_t = SamplerOptions {
+            temperature: -1.0,
+            ..Default::default()
+        };
+        assert_eq!(
+            Sampler::new(bad_t).unwrap_err(),
+            SamplerError::Temperature(-1.0)
+        );
+        let bad_p = SamplerOptions {
+            top_p: 0.0,
+            ..Default::default()
+        };
+        assert_eq!(Sampler::new(bad_p).unwrap_err(), SamplerError::TopP(0.0));
+    }
+}
