@@ -113,6 +113,34 @@ impl ScaleOffset {
     pub const fn zero_point(self) -> i32 {
         -self.offset
     }
+
+    /// Checks that the scale is finite and positive (a struct literal can bypass [`Self::new`]).
+    ///
+    /// Every function of this crate that returns a `Result` calls this; the infallible ones
+    /// ([`crate::quantize`], [`crate::quantize_array`], ...) assume a valid scale and, given an
+    /// invalid one, return saturated or meaningless values without panicking.
+    pub fn validate(self) -> Result<Self, crate::QuantError> {
+        if self.scale.is_finite() && self.scale > 0.0 {
+            Ok(self)
+        } else {
+            Err(crate::QuantError::InvalidScale { scale: self.scale })
+        }
+    }
+
+    /// The real value of the stored integer `q`: `(q + offset) * scale`.
+    ///
+    /// Computed in `f64` (the sum cannot overflow) and rounded once to `f32`. `q` is not checked
+    /// against any type's range.
+    pub fn dequantize_i32(self, q: i32) -> f32 {
+        ((i64::from(q) + i64::from(self.offset)) as f64 * f64::from(self.scale)) as f32
+    }
+
+    /// The smallest and largest real values `dtype` can represent with this encoding:
+    /// `((qmin + offset) * scale, (qmax + offset) * scale)`; `None` for float types.
+    pub fn representable_range(self, dtype: DataType) -> Option<(f32, f32)> {
+        let (qmin, qmax) = dtype.integer_range()?;
+        Some((self.dequantize_i32(qmin), self.dequantize_i32(qmax)))
+    }
 }
 
 /// How the values of one tensor are encoded.
@@ -124,7 +152,10 @@ pub enum Encoding {
     /// One scale/offset for the whole tensor.
     PerTensor(ScaleOffset),
     /// One scale/offset per index along `axis`.
-    PerAxis { axis: usize, params: Vec<ScaleOffset> },
+    PerAxis {
+        axis: usize,
+        params: Vec<ScaleOffset>,
+    },
 }
 
 /// A tensor's element type together with its encoding: what two tensors must share
