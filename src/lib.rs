@@ -9,5 +9,7 @@ pub use kv_manager;
 pub use quant;
 
 pub mod backend;
+pub mod budget;
+pub mod config;
 pub mod sampler;
 pub mod session;

@@ -1,17 +1,692 @@
-//! `htpkv budget` and `htpkv plan` (owned by the budget work; placeholder until it lands).
+//! `htpkv budget` (memory budget and predicted update costs per strategy) and `htpkv plan` (a
+//! simulated generation on a real `KvCache`, checked against the budget's predictions).
+
+use crate::svg::{Chart, LegendItem, Marker, Series, write_atomic};
+use anyhow::{Context as _, bail};
+use htpkv::budget::{
+    BudgetReport, Prediction, Run, fit_context, human_bytes, min_context, parse_byte_size, predict,
+    region_at, report,
+};
+use htpkv::config::{Config, KvDtype, ReserveConfig, Update};
+use htpkv::kv_manager::{Granularity, HostAllocator, KvCache, workload};
+use serde_json::json;
+use std::path::PathBuf;
+
+/// Command-line overrides of config fields, shared by `budget` and `plan`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Overrides {
+    /// Override graph.context (S).
+    #[arg(long, value_name = "S")]
+    context: Option<usize>,
+    /// Override kv.reserve (`2x`, `1.5x`, a row count, or `+K`).
+    #[arg(long, value_name = "R")]
+    reserve: Option<ReserveConfig>,
+    /// Override kv.dtype (u8, u16, i8, i16, f16, f32).
+    #[arg(long, value_name = "T")]
+    dtype: Option<KvDtype>,
+    /// Only this update strategy (shift, conveyor, smart_mask, naive); budget shows all by default.
+    #[arg(long, value_name = "U")]
+    update: Option<Update>,
+    /// Stagger the layers' rebases (shift).
+    #[arg(long)]
+    stagger: bool,
+}
+
+impl Overrides {
+    /// Loads a config and applies the overrides, then validates again.
+    fn load(&self, path: &PathBuf) -> anyhow::Result<Config> {
+        let mut config = Config::load(path)?;
+        if let Some(s) = self.context {
+            config.graph.context = s;
+        }
+        if let Some(r) = self.reserve {
+            config.kv.reserve = r;
+        }
+        if let Some(t) = self.dtype {
+            config.kv.dtype = t;
+        }
+        if let Some(u) = self.update {
+            config.kv.update = u;
+        }
+        if self.stagger {
+            config.kv.stagger = true;
+        }
+        config
+            .validate()
+            .context("the config is invalid with the command-line overrides")?;
+        Ok(config)
+    }
+}
 
 /// Arguments of `htpkv budget`.
 #[derive(Debug, clap::Args)]
-pub struct BudgetArgs {}
+pub struct BudgetArgs {
+    /// Model configs (YAML, see configs/).
+    #[arg(required = true, value_name = "CONFIG")]
+    configs: Vec<PathBuf>,
+    #[command(flatten)]
+    overrides: Overrides,
+    /// Prefill this many tokens (in max-AR chunks) before the decode steps of the predicted run.
+    #[arg(long, default_value_t = 0, value_name = "P")]
+    prefill: usize,
+    /// Print one JSON document (an array, one object per config and strategy).
+    #[arg(long)]
+    json: bool,
+    /// Answer the largest context whose region fits in BYTES (e.g. 512MiB, 2GB, 1073741824).
+    #[arg(long, value_name = "BYTES")]
+    fit: Option<String>,
+    /// Draw region bytes against context length for each strategy into an SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+}
 
 /// Arguments of `htpkv plan`.
 #[derive(Debug, clap::Args)]
-pub struct PlanArgs {}
-
-pub fn run_budget(_args: BudgetArgs) -> anyhow::Result<()> {
-    anyhow::bail!("`htpkv budget` is not available in this build yet")
+pub struct PlanArgs {
+    /// Model config (YAML).
+    #[arg(value_name = "CONFIG")]
+    config: PathBuf,
+    /// Decode steps (on the smallest AR variant, one token each).
+    #[arg(long, value_name = "N")]
+    steps: usize,
+    /// Prompt tokens prefilled first, in chunks of the largest AR variant.
+    #[arg(long, default_value_t = 0, value_name = "P")]
+    prefill: usize,
+    #[command(flatten)]
+    overrides: Overrides,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
-pub fn run_plan(_args: PlanArgs) -> anyhow::Result<()> {
-    anyhow::bail!("`htpkv plan` is not available in this build yet")
+fn strategies(config: &Config, only: Option<Update>) -> Vec<Update> {
+    match only {
+        Some(u) => vec![u],
+        None => Update::ALL.to_vec(),
+    }
+    .into_iter()
+    .filter(|&u| {
+        // shift and conveyor write outputs in place: they need per_head tensors and K rows.
+        !matches!(u, Update::Shift | Update::Conveyor)
+            || (config.kv.tensors == htpkv::config::TensorsConfig::PerHead
+                && config.kv.k_layout == htpkv::config::KLayoutConfig::Rows)
+            || only.is_some()
+    })
+    .collect()
+}
+
+fn thousands(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A rows-per-token figure: an integer with separators when whole, else two decimals.
+fn per_token(v: f64) -> String {
+    if v.fract() == 0.0 && (0.0..1e18).contains(&v) {
+        thousands(v as usize)
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+pub fn run_budget(args: BudgetArgs) -> anyhow::Result<()> {
+    let mut configs = Vec::new();
+    for path in &args.configs {
+        configs.push(args.overrides.load(path)?);
+    }
+    if let Some(fit) = &args.fit {
+        let budget = parse_byte_size(fit)?;
+        return run_fit(&configs, args.overrides.update, budget, args.json);
+    }
+    let mut reports: Vec<BudgetReport> = Vec::new();
+    let mut skipped = Vec::new();
+    for config in &configs {
+        for update in Update::ALL {
+            if args.overrides.update.is_some_and(|u| u != update) {
+                continue;
+            }
+            if !strategies(config, args.overrides.update).contains(&update) {
+                skipped.push(format!(
+                    "{}: {update} skipped: it needs tensors: per_head and k_layout: rows",
+                    config.origin.display()
+                ));
+                continue;
+            }
+            let r = report(config, update, args.prefill)
+                .with_context(|| format!("{}: update {update}", config.origin.display()))?;
+            reports.push(r);
+        }
+    }
+    for s in &skipped {
+        eprintln!("note: {s}");
+    }
+    if let Some(plot) = &args.plot {
+        plot_regions(&configs, args.overrides.update, plot)?;
+        eprintln!("wrote {}", plot.display());
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+        return Ok(());
+    }
+    for config in &configs {
+        print_config(config, &reports);
+    }
+    Ok(())
+}
+
+fn print_config(config: &Config, reports: &[BudgetReport]) {
+    let origin = config.origin.display().to_string();
+    let rows: Vec<&BudgetReport> = reports.iter().filter(|r| r.config == origin).collect();
+    let Some(first) = rows.first() else {
+        return;
+    };
+    let g = config.geometry();
+    println!(
+        "{} ({origin}): {} layers x {} kv heads x head_dim {} ({} heads), {}, S = {}, AR {:?}, {}, K {}",
+        config.model.name,
+        g.layers,
+        g.kv_heads,
+        g.head_dim,
+        config.model.heads,
+        g.dtype,
+        g.context,
+        g.ar_variants,
+        if g.granularity == Granularity::PerHead {
+            "per_head"
+        } else {
+            "per_layer"
+        },
+        match config.kv.k_layout {
+            htpkv::config::KLayoutConfig::Rows => "rows",
+            htpkv::config::KLayoutConfig::Transposed => "transposed",
+        }
+    );
+    println!(
+        "  KV bytes per token: {} ({} buffers x {} B rows); the cache holds {} tokens",
+        thousands(first.kv_bytes_per_token),
+        thousands(first.buffers),
+        first.row_bytes,
+        thousands(first.capacity_tokens)
+    );
+    for io in &first.graph_io {
+        println!(
+            "  graph IO AR-{}: input_ids {} + positions {} + mask {} + logits {} = {} B",
+            io.ar,
+            thousands(io.input_ids_bytes),
+            thousands(io.positions_bytes),
+            thousands(io.mask_bytes),
+            thousands(io.logits_bytes),
+            thousands(io.total_bytes)
+        );
+    }
+    println!(
+        "  run: prefill {} + {} decode steps on AR-{} (fills the context)",
+        first.run.prefill,
+        thousands(first.run.decode_steps),
+        g.min_ar()
+    );
+    let header = [
+        "update",
+        "reserve",
+        "rows/buffer",
+        "bytes/buffer",
+        "region bytes",
+        "region",
+        "with graph IO",
+        "rows copied/token",
+        "worst step rows",
+        "rebases",
+        "handles",
+    ];
+    let table: Vec<[String; 11]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.update.clone(),
+                r.reserve.clone().map_or("-".into(), |res| {
+                    if r.stagger {
+                        format!("{res} staggered")
+                    } else {
+                        res
+                    }
+                }),
+                thousands(r.reserve_rows),
+                thousands(r.buffer_bytes),
+                thousands(r.region_bytes),
+                human_bytes(r.region_bytes),
+                human_bytes(r.total_bytes),
+                per_token(r.rows_copied_per_token),
+                thousands(r.worst_step_rows_copied),
+                thousands(r.rebases_per_context),
+                thousands(r.handles),
+            ]
+        })
+        .collect();
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            table
+                .iter()
+                .map(|row| row[i].len())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: Vec<&str>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i < 2 {
+                    format!("{c:<w$}", w = widths[i])
+                } else {
+                    format!("{c:>w$}", w = widths[i])
+                }
+            })
+            .collect();
+        println!("  {}", parts.join("  "));
+    };
+    line(header.to_vec());
+    for row in &table {
+        line(row.iter().map(String::as_str).collect());
+    }
+    println!();
+}
+
+fn run_fit(
+    configs: &[Config],
+    only: Option<Update>,
+    budget: usize,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mut out = Vec::new();
+    for config in configs {
+        let mut per = Vec::new();
+        for update in strategies(config, only) {
+            let fit = fit_context(config, update, budget);
+            per.push((update, fit));
+        }
+        let best = per.iter().filter_map(|(_, f)| f.map(|f| f.0)).max();
+        let winners: Vec<&str> = per
+            .iter()
+            .filter(|(_, f)| f.map(|f| f.0) == best && best.is_some())
+            .map(|(u, _)| u.name())
+            .collect();
+        if json {
+            out.push(json!({
+                "config": config.origin.display().to_string(),
+                "model": config.model.name,
+                "budget_bytes": budget,
+                "largest_context": best,
+                "best_updates": winners,
+                "strategies": per.iter().map(|(u, f)| json!({
+                    "update": u.name(),
+                    "reserve": (*u == Update::Shift).then(|| config.kv.reserve.to_string()),
+                    "context": f.map(|f| f.0),
+                    "region_bytes": f.map(|f| f.1),
+                })).collect::<Vec<_>>(),
+            }));
+            continue;
+        }
+        println!(
+            "{} ({}), AR {:?}, {}: budget {} bytes ({})",
+            config.model.name,
+            config.origin.display(),
+            config.graph.ar,
+            config.kv.dtype.data_type(),
+            thousands(budget),
+            human_bytes(budget)
+        );
+        match best {
+            Some(s) => println!(
+                "  largest context that fits: S = {} with {}",
+                thousands(s),
+                winners.join(", ")
+            ),
+            None => println!(
+                "  nothing fits: even the smallest context ({}) needs more",
+                min_context(config)
+            ),
+        }
+        for (u, f) in &per {
+            let name = if *u == Update::Shift {
+                format!("shift {}", config.kv.reserve)
+            } else {
+                u.name().to_string()
+            };
+            match f {
+                Some((s, bytes)) => println!(
+                    "  {name:<14} S = {:>9}  region {:>17} bytes ({})",
+                    thousands(*s),
+                    thousands(*bytes),
+                    human_bytes(*bytes)
+                ),
+                None => println!("  {name:<14} does not fit"),
+            }
+        }
+        println!();
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    }
+    Ok(())
+}
+
+const COLORS: [&str; 10] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+    "#7f7f7f", "#bcbd22",
+];
+
+/// Line style of a strategy in a multi-model plot (colour = model) and stroke width in a single-model
+/// plot (colour = strategy; coinciding lines stay visible because wider ones are drawn first).
+fn strategy_style(update: Update) -> (Option<String>, f64) {
+    match update {
+        Update::Shift => (None, 2.2),
+        Update::Conveyor => (Some("10 5".into()), 6.0),
+        Update::SmartMask => (Some("2 4".into()), 3.5),
+        Update::Naive => (Some("10 4 2 4".into()), 1.8),
+    }
+}
+
+fn shift_name(config: &Config) -> String {
+    format!(
+        "shift {}{}",
+        config.kv.reserve,
+        if config.kv.stagger { " staggered" } else { "" }
+    )
+}
+
+fn plot_regions(
+    configs: &[Config],
+    only: Option<Update>,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    let lo = configs.iter().map(min_context).min().unwrap_or(2);
+    let hi = configs
+        .iter()
+        .map(|c| c.graph.context * 2)
+        .max()
+        .unwrap_or(4)
+        .max(lo + 1);
+    const SAMPLES: usize = 120;
+    let xs: Vec<usize> = (0..=SAMPLES)
+        .map(|i| lo + (hi - lo) * i / SAMPLES)
+        .collect();
+    let single = configs.len() == 1;
+    let mut series = Vec::new();
+    let mut legend = Vec::new();
+    let mut contexts: Vec<usize> = configs.iter().map(|c| c.graph.context).collect();
+    contexts.sort_unstable();
+    contexts.dedup();
+    let markers = contexts
+        .iter()
+        .map(|&s| Marker {
+            x: s as f64,
+            label: format!("S = {s}"),
+        })
+        .collect();
+    legend.push(LegendItem::Heading(if single {
+        "update strategy".into()
+    } else {
+        "model (colour)".into()
+    }));
+    for (ci, config) in configs.iter().enumerate() {
+        let updates = strategies(config, only);
+        if !single {
+            legend.push(LegendItem::Line {
+                label: config.model.name.clone(),
+                color: COLORS[ci % COLORS.len()].into(),
+                dash: None,
+                width: 3.0,
+            });
+        }
+        for (ui, update) in updates.into_iter().enumerate() {
+            let name = if update == Update::Shift {
+                shift_name(config)
+            } else {
+                update.name().to_string()
+            };
+            let (dash, width) = strategy_style(update);
+            let s = Series {
+                label: name,
+                color: COLORS[if single { ui } else { ci } % COLORS.len()].to_string(),
+                dash: if single { None } else { dash },
+                width: if single { width } else { 2.0 },
+                points: xs
+                    .iter()
+                    .map(|&s| (s as f64, region_at(config, update, s).map(|b| b as f64)))
+                    .collect(),
+            };
+            if single {
+                legend.push(LegendItem::of(&s));
+            }
+            series.push(s);
+        }
+    }
+    if !single {
+        legend.push(LegendItem::Heading("update (line style)".into()));
+        for update in Update::ALL {
+            if only.is_some_and(|u| u != update) {
+                continue;
+            }
+            let (dash, _) = strategy_style(update);
+            let label = if update == Update::Shift {
+                shift_name(&configs[0])
+            } else {
+                update.name().to_string()
+            };
+            legend.push(LegendItem::Line {
+                label,
+                color: "#333333".into(),
+                dash,
+                width: 2.0,
+            });
+        }
+    }
+    let title = if single {
+        let c = &configs[0];
+        format!(
+            "KV region vs context: {} ({}, AR {:?})",
+            c.model.name,
+            c.kv.dtype.data_type(),
+            c.graph.ar
+        )
+    } else {
+        format!("KV region vs context: {} models", configs.len())
+    };
+    let chart = Chart {
+        title,
+        x_label: "context length S (tokens)".into(),
+        series,
+        markers,
+        legend,
+    };
+    write_atomic(path, chart.render().as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// One simulated step, as printed.
+#[derive(Debug)]
+struct StepRecord {
+    step: usize,
+    phase: &'static str,
+    ar: usize,
+    len_before: usize,
+    committed: usize,
+    /// Per layer: the past binding offset of the layer's first tensor, in bytes.
+    window_start_bytes: Vec<usize>,
+    rows_copied: usize,
+    bytes_copied: usize,
+    rebases: usize,
+    new_handles: usize,
+}
+
+impl StepRecord {
+    fn to_json(&self) -> serde_json::Value {
+        json!({
+            "step": self.step,
+            "phase": self.phase,
+            "ar": self.ar,
+            "len_before": self.len_before,
+            "committed": self.committed,
+            "window_start_bytes": self.window_start_bytes,
+            "rows_copied": self.rows_copied,
+            "bytes_copied": self.bytes_copied,
+            "rebases": self.rebases,
+            "new_handles": self.new_handles,
+        })
+    }
+}
+
+pub fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
+    let config = args.overrides.load(&args.config)?;
+    let spec = config.cache_spec();
+    let g = spec.geometry.clone();
+    let run = Run {
+        prefill: args.prefill,
+        decode_steps: args.steps,
+    };
+    run.check(&g)?;
+    let prediction: Prediction = predict(&spec, &run)?;
+    let mut cache = KvCache::new(spec, &HostAllocator::default())?;
+    let tensors_per_layer = match g.granularity {
+        Granularity::PerHead => 2 * g.kv_heads,
+        Granularity::PerLayer => 2,
+    };
+    let rb = g.row_bytes();
+    let mut records = Vec::new();
+    for (i, step) in run.schedule(&g).into_iter().enumerate() {
+        let len_before = cache.len();
+        let plan = cache.plan(step.ar)?;
+        let window_start_bytes: Vec<usize> = (0..g.layers)
+            .map(|l| plan.past_offsets[l * tensors_per_layer])
+            .collect();
+        let (plan, region) = cache
+            .pending_io()
+            .context("the cache lost the step it just planned")?;
+        workload::graph_write(plan, region, (i % 251) as u8 + 1);
+        cache.commit(step.commit)?;
+        let s = *cache.last_step();
+        records.push(StepRecord {
+            step: i,
+            phase: if step.decode { "decode" } else { "prefill" },
+            ar: step.ar,
+            len_before,
+            committed: step.commit,
+            window_start_bytes,
+            rows_copied: s.bytes_copied / rb,
+            bytes_copied: s.bytes_copied,
+            rebases: s.rebases,
+            new_handles: s.new_handles,
+        });
+    }
+    let c = *cache.counters();
+    let mismatches = prediction.mismatches(&c);
+    let strategy = config.strategy();
+    let totals = json!({
+        "steps": c.steps,
+        "tokens_committed": c.tokens_committed,
+        "bytes_copied": c.bytes_copied,
+        "rows_copied": c.bytes_copied / rb,
+        "worst_step_bytes_copied": c.worst_step_bytes_copied,
+        "worst_step_rows_copied": c.worst_step_bytes_copied / rb,
+        "rebases": c.rebases,
+        "handles": c.handles,
+        "max_window_offsets_per_buffer": c.max_window_offsets_per_buffer,
+        "peak_bytes_in_use": c.peak_bytes_in_use,
+        "region_bytes": c.region_bytes,
+    });
+    if args.json {
+        let doc = json!({
+            "config": config.origin.display().to_string(),
+            "model": config.model.name,
+            "update": strategy.name(),
+            "reserve": (config.kv.update == Update::Shift).then(|| config.kv.reserve.to_string()),
+            "stagger": config.kv.update == Update::Shift && config.kv.stagger,
+            "context": g.context,
+            "ar": g.ar_variants,
+            "row_bytes": rb,
+            "run": run,
+            "steps": records.iter().map(StepRecord::to_json).collect::<Vec<_>>(),
+            "totals": totals,
+            "prediction": prediction,
+            "prediction_matches": mismatches.is_empty(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        println!(
+            "{} ({}): {} update{}, S = {}, AR {:?}, region {} bytes ({}); prefill {} + {} decode steps",
+            config.model.name,
+            config.origin.display(),
+            strategy.name(),
+            if config.kv.update == Update::Shift {
+                format!(
+                    " (reserve {}{})",
+                    config.kv.reserve,
+                    if config.kv.stagger { ", staggered" } else { "" }
+                )
+            } else {
+                String::new()
+            },
+            g.context,
+            g.ar_variants,
+            thousands(c.region_bytes),
+            human_bytes(c.region_bytes),
+            run.prefill,
+            run.decode_steps
+        );
+        println!(
+            "  window start = row of the layer's first past binding (offset / {rb} B); one column per layer"
+        );
+        println!(
+            "  {:>6} {:<7} {:>4} {:>6} {:>4} {:>10} {:>7} {:>7}  window start per layer",
+            "step", "phase", "ar", "len", "keep", "rows copied", "rebases", "handles"
+        );
+        for r in &records {
+            let starts: Vec<String> = r
+                .window_start_bytes
+                .iter()
+                .map(|o| (o / rb).to_string())
+                .collect();
+            println!(
+                "  {:>6} {:<7} {:>4} {:>6} {:>4} {:>10} {:>7} {:>7}  {}",
+                r.step,
+                r.phase,
+                r.ar,
+                r.len_before,
+                r.committed,
+                r.rows_copied,
+                r.rebases,
+                r.new_handles,
+                starts.join(" ")
+            );
+        }
+        println!(
+            "  totals: {} steps, {} tokens, {} rows ({} bytes) copied, worst step {} rows, {} rebases, {} handles",
+            c.steps,
+            c.tokens_committed,
+            thousands(c.bytes_copied / rb),
+            thousands(c.bytes_copied),
+            thousands(c.worst_step_bytes_copied / rb),
+            c.rebases,
+            thousands(c.handles)
+        );
+        if mismatches.is_empty() {
+            println!("  budget prediction for this run: equal");
+        }
+    }
+    if !mismatches.is_empty() {
+        bail!(
+            "the simulation differs from the budget prediction: {}",
+            mismatches.join("; ")
+        );
+    }
+    Ok(())
 }

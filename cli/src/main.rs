@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod budget;
 mod compile;
 mod generate;
+mod svg;
 
 /// htpkv: LLMs as static-shape graphs with an application-managed KV cache.
 #[derive(Debug, Parser)]

@@ -42,7 +42,7 @@ struct RowRef {
 /// 3. [`KvCache::commit`]`(k)`, `k <= n`, keeps the first k new tokens.
 ///
 /// [`KvCache::rollback`] truncates to an earlier length and [`KvCache::reset`] empties the cache.
-/// The cache holds at most S - 1 tokens ([`crate::Geometry::capacity`]).
+/// The cache holds at most S - min(ar) tokens ([`crate::Geometry::capacity`]; S - 1 with an AR-1 graph).
 #[derive(Debug)]
 pub struct KvCache {
     spec: CacheSpec,

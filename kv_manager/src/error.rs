@@ -59,7 +59,7 @@ pub enum KvError {
     /// The context is full: the step would exceed the cache's capacity.
     #[error(
         "context full: {len} tokens cached + AR-{ar} step exceeds the capacity of {capacity} tokens \
-         (context {context} - 1)"
+         (context {context} minus the smallest AR variant)"
     )]
     ContextFull {
         len: usize,

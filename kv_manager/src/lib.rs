@@ -14,9 +14,9 @@
 //! | `naive` | same as `smart_mask` | slide the whole window left, append |
 //!
 //! ## Contracts shared by all strategies
-//! - Capacity: the cache holds at most S - 1 tokens; an AR-n step needs `len + n <= S - 1`, else
-//!   [`KvError::ContextFull`]. (A context of S tokens is S - 1 processed tokens plus the last one,
-//!   sampled from the final logits.)
+//! - Capacity: the cache holds at most S - min(ar) tokens (S - 1 with an AR-1 graph); an AR-n step
+//!   needs `len + n <= capacity`, else [`KvError::ContextFull`]. (With AR-1, a context of S tokens is
+//!   S - 1 processed tokens plus the last one, sampled from the final logits.)
 //! - The mask is `[n, S]`: column `j < S - n` is row j of every past window, column `S - n + i` is new
 //!   token i; new tokens are causal, so padded tail tokens of a partial prefill chunk are never seen by
 //!   real ones. Positions are `len + i`.

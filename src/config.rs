@@ -1,0 +1,778 @@
+//! The model configuration schema: one YAML file describes a model, its static graphs and how its KV
+//! cache is stored and updated. `htpkv budget`, `htpkv plan` and the runtime all read this one schema.
+//!
+//! ```yaml
+//! model: { name: llama-2-7b, layers: 32, heads: 32, kv_heads: 32, head_dim: 128, vocab: 32000 }
+//! graph: { context: 2048, ar: [1] }
+//! kv:    { dtype: u16, k_layout: rows, tensors: per_head, update: shift, reserve: 2x }
+//! ```
+//!
+//! | field | type | meaning |
+//! |---|---|---|
+//! | `model.name` | string | shown in reports |
+//! | `model.layers`, `model.heads`, `model.kv_heads`, `model.head_dim` | integer >= 1 | attention geometry; `heads` must be a multiple of `kv_heads` (GQA) |
+//! | `model.vocab` | integer >= 1 | vocabulary size (logits are `[n, vocab]`) |
+//! | `model.dim` | integer, optional | hidden size; when given it must equal `heads x head_dim` |
+//! | `model.sliding_window` | integer, optional | the model's attention window (informational: a static graph of context S only ever sees S tokens, so the cache is bounded by S anyway) |
+//! | `graph.context` | integer | S, the context length of every static graph (the mask is `[n, S]`) |
+//! | `graph.ar` | list of integers | the AR variants n sharing the cache, e.g. `[1, 128]`; each must be smaller than S |
+//! | `kv.dtype` | `u8` `u16` `i8` `i16` `f16` `f32` | element type of the K/V tensors |
+//! | `kv.k_layout` | `rows` (default) or `transposed` | layout of the K tensors |
+//! | `kv.tensors` | `per_head` (default) or `per_layer` | tensor granularity |
+//! | `kv.update` | `shift` `conveyor` `smart_mask` `naive` | update strategy |
+//! | `kv.reserve` | `2x` (default), `1.5x`, a row count, or `+K` | `shift` only: rows per buffer, see [`ReserveConfig`] |
+//! | `kv.stagger` | bool (default false) | `shift` only: stagger the layers' rebases |
+//!
+//! Unknown fields are rejected. Every error names the file, the field path (`model.heads`,
+//! `graph.ar[1]`, ...) and what was expected; syntax and type errors also give the line and column.
+
+use kv_manager::{CacheSpec, Geometry, Granularity, KLayout, KvError, Reserve, Strategy};
+use quant::DataType;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+/// A config that could not be read, parsed or validated.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{}: cannot read the config: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A field is missing, unknown, of the wrong type, or has a value the schema or the KV manager
+    /// refuses.
+    #[error("{}{}: field `{field}`: {problem}; expected {expected}", .path.display(), location(*.line, *.column))]
+    Field {
+        /// The config file (`<string>` for text not read from a file).
+        path: PathBuf,
+        /// Dotted field path, e.g. `model.heads` or `graph.ar[1]`.
+        field: String,
+        /// What is wrong.
+        problem: String,
+        /// What the schema expects there.
+        expected: String,
+        /// 1-based line of the offending text, when known.
+        line: Option<u32>,
+        /// 1-based column of the offending text, when known.
+        column: Option<u32>,
+    },
+}
+
+fn location(line: Option<u32>, column: Option<u32>) -> String {
+    match (line, column) {
+        (Some(l), Some(c)) => format!(":{l}:{c}"),
+        (Some(l), None) => format!(":{l}"),
+        _ => String::new(),
+    }
+}
+
+impl ConfigError {
+    /// The dotted path of the offending field, if the error is about one.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ConfigError::Field { field, .. } => Some(field),
+            ConfigError::Read { .. } => None,
+        }
+    }
+
+    fn field_error(
+        path: &Path,
+        field: impl Into<String>,
+        problem: impl Into<String>,
+        expected: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::Field {
+            path: path.to_path_buf(),
+            field: field.into(),
+            problem: problem.into(),
+            expected: expected.into(),
+            line: None,
+            column: None,
+        }
+    }
+}
+
+/// A model config: the model, its static graphs and its KV cache.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub model: ModelConfig,
+    pub graph: GraphConfig,
+    pub kv: KvConfig,
+    /// The file the config was loaded from (`<string>` otherwise); named in every error.
+    #[serde(skip)]
+    pub origin: PathBuf,
+}
+
+/// `model:` the transformer's attention geometry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub name: String,
+    pub layers: usize,
+    /// Attention (query) heads.
+    pub heads: usize,
+    /// Key/value heads (== heads for MHA, fewer for GQA/MQA).
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Hidden size (informational; checked against heads x head_dim).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dim: Option<usize>,
+    /// The model's sliding attention window, if it has one (informational).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<usize>,
+}
+
+/// `graph:` the static graphs sharing the cache.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GraphConfig {
+    /// Context length S.
+    pub context: usize,
+    /// AR variants (tokens per step), e.g. `[1, 128]`.
+    pub ar: Vec<usize>,
+}
+
+/// `kv:` how the cache is stored and updated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvConfig {
+    pub dtype: KvDtype,
+    #[serde(default)]
+    pub k_layout: KLayoutConfig,
+    #[serde(default)]
+    pub tensors: TensorsConfig,
+    pub update: Update,
+    #[serde(default)]
+    pub reserve: ReserveConfig,
+    #[serde(default)]
+    pub stagger: bool,
+}
+
+/// Element type of the K/V tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvDtype {
+    U8,
+    U16,
+    I8,
+    I16,
+    F16,
+    F32,
+}
+
+impl KvDtype {
+    /// The quant data type.
+    pub fn data_type(self) -> DataType {
+        match self {
+            KvDtype::U8 => DataType::U8,
+            KvDtype::U16 => DataType::U16,
+            KvDtype::I8 => DataType::I8,
+            KvDtype::I16 => DataType::I16,
+            KvDtype::F16 => DataType::F16,
+            KvDtype::F32 => DataType::F32,
+        }
+    }
+}
+
+impl FromStr for KvDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "u8" => KvDtype::U8,
+            "u16" => KvDtype::U16,
+            "i8" => KvDtype::I8,
+            "i16" => KvDtype::I16,
+            "f16" => KvDtype::F16,
+            "f32" => KvDtype::F32,
+            other => return Err(format!("unknown dtype `{other}`; expected {EXPECT_DTYPE}")),
+        })
+    }
+}
+
+/// K layout (`rows` by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KLayoutConfig {
+    #[default]
+    Rows,
+    Transposed,
+}
+
+/// Tensor granularity (`per_head` by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorsConfig {
+    #[default]
+    PerHead,
+    PerLayer,
+}
+
+/// The KV update strategy named in a config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Update {
+    Shift,
+    Conveyor,
+    SmartMask,
+    Naive,
+}
+
+impl Update {
+    /// Every strategy, in report order.
+    pub const ALL: [Update; 4] = [
+        Update::Shift,
+        Update::Conveyor,
+        Update::SmartMask,
+        Update::Naive,
+    ];
+
+    /// The config name (`shift`, `conveyor`, `smart_mask`, `naive`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Update::Shift => "shift",
+            Update::Conveyor => "conveyor",
+            Update::SmartMask => "smart_mask",
+            Update::Naive => "naive",
+        }
+    }
+}
+
+impl fmt::Display for Update {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Update {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Update::ALL
+            .into_iter()
+            .find(|u| u.name() == s)
+            .ok_or_else(|| format!("unknown update strategy `{s}`; expected {EXPECT_UPDATE}"))
+    }
+}
+
+/// `kv.reserve`: the `shift` reservation.
+///
+/// - `Fx` (e.g. `2x`, `1.5x`, F >= 1): [`Reserve::Factor`]; with W = S - min(ar) the buffer has
+///   R = W + floor((F - 1) x W) rows (`2x` = 2W: never rebases within a context; `1.5x` for S = 2048,
+///   `ar: [1]` is 2047 + floor(0.5 x 2047) = 2047 + 1023 = 3070 rows);
+/// - a bare integer N: [`Reserve::Rows`], exactly N rows;
+/// - `+K`: [`Reserve::Spare`], W + K rows.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "ReserveRepr", into = "String")]
+pub struct ReserveConfig(pub Reserve);
+
+impl Default for ReserveConfig {
+    fn default() -> Self {
+        ReserveConfig(Reserve::Factor(2.0))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ReserveRepr {
+    Rows(u64),
+    Text(String),
+}
+
+impl TryFrom<ReserveRepr> for ReserveConfig {
+    type Error = String;
+    fn try_from(r: ReserveRepr) -> Result<Self, String> {
+        match r {
+            ReserveRepr::Rows(n) => usize::try_from(n)
+                .map(|n| ReserveConfig(Reserve::Rows(n)))
+                .map_err(|_| format!("{n} rows is too large")),
+            ReserveRepr::Text(s) => s.parse(),
+        }
+    }
+}
+
+impl FromStr for ReserveConfig {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let bad = || format!("invalid reserve `{s}`; expected {EXPECT_RESERVE}");
+        if let Some(f) = t.strip_suffix(['x', 'X']) {
+            let f: f64 = f.trim().parse().map_err(|_| bad())?;
+            if !f.is_finite() || f < 1.0 {
+                return Err(bad());
+            }
+            return Ok(ReserveConfig(Reserve::Factor(f)));
+        }
+        if let Some(k) = t.strip_prefix('+') {
+            return k
+                .trim()
+                .parse()
+                .map(|k| ReserveConfig(Reserve::Spare(k)))
+                .map_err(|_| bad());
+        }
+        t.parse()
+            .map(|n| ReserveConfig(Reserve::Rows(n)))
+            .map_err(|_| bad())
+    }
+}
+
+impl fmt::Display for ReserveConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Reserve::Factor(x) => write!(f, "{x}x"),
+            Reserve::Spare(k) => write!(f, "+{k}"),
+            Reserve::Rows(r) => write!(f, "{r}"),
+        }
+    }
+}
+
+impl From<ReserveConfig> for String {
+    fn from(r: ReserveConfig) -> String {
+        r.to_string()
+    }
+}
+
+const EXPECT_DTYPE: &str = "one of u8, u16, i8, i16, f16, f32";
+const EXPECT_UPDATE: &str = "one of shift, conveyor, smart_mask, naive";
+const EXPECT_RESERVE: &str =
+    "`2x`, `1.5x` (a factor >= 1 followed by x), a row count such as 3070, or `+K` spare rows";
+const EXPECT_POSITIVE: &str = "a positive integer";
+
+/// What the schema expects at a field path (for error messages).
+fn expected_at(field: &str) -> String {
+    let leaf = field.rsplit('.').next().unwrap_or(field);
+    let leaf = leaf.split('[').next().unwrap_or(leaf);
+    let top = field.split(['.', '[']).next().unwrap_or(field);
+    match (top, leaf) {
+        ("", _) | (".", _) => "a mapping with the sections model, graph and kv".into(),
+        ("model", "model") => {
+            "a mapping with name, layers, heads, kv_heads, head_dim, vocab (dim and sliding_window optional)"
+                .into()
+        }
+        ("graph", "graph") => "a mapping with context and ar, e.g. { context: 2048, ar: [1] }".into(),
+        ("kv", "kv") => {
+            "a mapping with dtype and update (k_layout, tensors, reserve, stagger optional)".into()
+        }
+        ("model", "name") => "a string".into(),
+        ("graph", "context") => "a positive integer, the context length S".into(),
+        ("graph", "ar") if !field.ends_with(']') => {
+            "a list of AR variants (tokens per step), e.g. [1, 128]".into()
+        }
+        ("kv", "dtype") => EXPECT_DTYPE.into(),
+        ("kv", "k_layout") => "rows or transposed".into(),
+        ("kv", "tensors") => "per_head or per_layer".into(),
+        ("kv", "update") => EXPECT_UPDATE.into(),
+        ("kv", "reserve") => EXPECT_RESERVE.into(),
+        ("kv", "stagger") => "true or false".into(),
+        _ => EXPECT_POSITIVE.into(),
+    }
+}
+
+/// Turns a parse error into a [`ConfigError::Field`] naming the field path (`at`, as tracked while
+/// deserializing; `None` when the YAML itself could not be parsed).
+fn parse_error(path: &Path, at: Option<String>, err: &serde_saphyr::Error) -> ConfigError {
+    let at = at.unwrap_or_default();
+    let message =
+        serde_saphyr::MessageFormatter::format_message(&serde_saphyr::UserMessageFormatter, err)
+            .into_owned();
+    let (line, column) = err.location().map_or((None, None), |l| {
+        (Some(l.line() as u32), Some(l.column() as u32))
+    });
+    let join = |parent: &str, child: &str| {
+        if parent.is_empty() || parent == "." {
+            child.to_string()
+        } else {
+            format!("{parent}.{child}")
+        }
+    };
+    // `missing field `x`` is reported at the parent mapping: name the missing field itself.
+    let (field, problem, expected) = if let Some(rest) = message.strip_prefix("missing field `") {
+        let name = rest.split('`').next().unwrap_or(rest);
+        let field = join(&at, name);
+        let expected = expected_at(&field);
+        (field, "missing".to_string(), expected)
+    } else if let Some((problem, expected)) = message
+        .starts_with("unknown field")
+        .then(|| message.split_once(", expected "))
+        .flatten()
+    {
+        (at.clone(), problem.to_string(), expected.to_string())
+    } else {
+        let expected = expected_at(&at);
+        (at, message, expected)
+    };
+    ConfigError::Field {
+        path: path.to_path_buf(),
+        field: if field.is_empty() || field == "." {
+            "(document)".into()
+        } else {
+            field
+        },
+        problem,
+        expected,
+        line,
+        column,
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::from_yaml(&text, path)
+    }
+
+    /// Parses and validates YAML text; `origin` names it in errors.
+    pub fn from_yaml(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        let mut at = None;
+        let mut config: Config = serde_saphyr::with_deserializer_from_str(text, |de| {
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                at = Some(e.path().to_string());
+                e.into_inner()
+            })
+        })
+        .map_err(|e| parse_error(origin, at.take(), &e))?;
+        config.origin = origin.to_path_buf();
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the values: every count >= 1, `heads` a multiple of `kv_heads`, `dim` (if given) equal to
+    /// `heads x head_dim`, a context larger than every AR variant, then the KV manager's own checks of
+    /// the geometry and of the configured strategy (e.g. a `shift` reserve too small for the largest
+    /// step). Call again after changing fields (command-line overrides).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let path = self.origin.as_path();
+        let err = |field: &str, problem: String, expected: String| {
+            Err(ConfigError::field_error(path, field, problem, expected))
+        };
+        let m = &self.model;
+        if m.name.trim().is_empty() {
+            return err("model.name", "is empty".into(), "a model name".into());
+        }
+        for (field, value) in [
+            ("model.layers", m.layers),
+            ("model.heads", m.heads),
+            ("model.kv_heads", m.kv_heads),
+            ("model.head_dim", m.head_dim),
+            ("model.vocab", m.vocab),
+        ] {
+            if value == 0 {
+                return err(field, "is 0".into(), EXPECT_POSITIVE.into());
+            }
+        }
+        if !m.heads.is_multiple_of(m.kv_heads) {
+            return err(
+                "model.kv_heads",
+                format!(
+                    "{} heads are not a multiple of {} kv heads",
+                    m.heads, m.kv_heads
+                ),
+                "a divisor of model.heads (heads = kv_heads x queries per kv head)".into(),
+            );
+        }
+        if let Some(dim) = m.dim
+            && dim != m.heads * m.head_dim
+        {
+            return err(
+                "model.head_dim",
+                format!(
+                    "head_dim mismatch: dim {dim} != heads {} x head_dim {} = {}",
+                    m.heads,
+                    m.head_dim,
+                    m.heads * m.head_dim
+                ),
+                format!(
+                    "head_dim = dim / heads{}",
+                    if dim.is_multiple_of(m.heads) {
+                        format!(" = {}", dim / m.heads)
+                    } else {
+                        String::new()
+                    }
+                ),
+            );
+        }
+        if m.sliding_window == Some(0) {
+            return err(
+                "model.sliding_window",
+                "is 0".into(),
+                "a positive integer, or no sliding_window field".into(),
+            );
+        }
+        let g = &self.graph;
+        if g.ar.is_empty() {
+            return err("graph.ar", "is empty".into(), expected_at("graph.ar"));
+        }
+        for (i, &n) in g.ar.iter().enumerate() {
+            if n == 0 {
+                return err(
+                    &format!("graph.ar[{i}]"),
+                    "is 0".into(),
+                    EXPECT_POSITIVE.into(),
+                );
+            }
+            if n >= g.context {
+                return err(
+                    "graph.context",
+                    format!(
+                        "context {} is not larger than the AR-{n} variant (graph.ar[{i}])",
+                        g.context
+                    ),
+                    format!(
+                        "a context larger than every AR variant (at least {})",
+                        n + 1
+                    ),
+                );
+            }
+        }
+        let geometry = self.geometry();
+        geometry
+            .validate()
+            .map_err(|e| self.kv_error(e, Update::Shift))?;
+        self.cache_spec()
+            .region_bytes()
+            .map_err(|e| self.kv_error(e, self.kv.update))?;
+        Ok(())
+    }
+
+    /// Maps a KV manager refusal to the config field it is about.
+    pub fn kv_error(&self, e: KvError, update: Update) -> ConfigError {
+        let path = self.origin.as_path();
+        match &e {
+            KvError::InvalidGeometry { field, reason } => {
+                let field = match *field {
+                    "layers" | "kv_heads" | "head_dim" => format!("model.{field}"),
+                    "context" => "graph.context".into(),
+                    "ar" => "graph.ar".into(),
+                    other => other.to_string(),
+                };
+                let expected = expected_at(&field);
+                ConfigError::field_error(path, field, reason.clone(), expected)
+            }
+            KvError::ReserveTooSmall { minimum, .. } => ConfigError::field_error(
+                path,
+                "kv.reserve",
+                e.to_string(),
+                format!("a reservation of at least {minimum} rows"),
+            ),
+            KvError::UnsupportedCombination { .. } => ConfigError::field_error(
+                path,
+                "kv.update",
+                e.to_string(),
+                format!(
+                    "an update strategy that serves tensors: {} and k_layout: {} (smart_mask or naive)",
+                    match self.kv.tensors {
+                        TensorsConfig::PerHead => "per_head",
+                        TensorsConfig::PerLayer => "per_layer",
+                    },
+                    match self.kv.k_layout {
+                        KLayoutConfig::Rows => "rows",
+                        KLayoutConfig::Transposed => "transposed",
+                    }
+                ),
+            ),
+            KvError::SizeOverflow { .. } => ConfigError::field_error(
+                path,
+                "graph.context",
+                format!("{e} (update {update})"),
+                "a context whose region fits in memory addresses".to_string(),
+            ),
+            _ => ConfigError::field_error(
+                path,
+                "kv",
+                e.to_string(),
+                "a cache the KV manager can build",
+            ),
+        }
+    }
+
+    /// The KV manager geometry of this config.
+    pub fn geometry(&self) -> Geometry {
+        Geometry {
+            layers: self.model.layers,
+            kv_heads: self.model.kv_heads,
+            head_dim: self.model.head_dim,
+            context: self.graph.context,
+            ar_variants: self.graph.ar.clone(),
+            dtype: self.kv.dtype.data_type(),
+            k_layout: match self.kv.k_layout {
+                KLayoutConfig::Rows => KLayout::Rows,
+                KLayoutConfig::Transposed => KLayout::Transposed,
+            },
+            granularity: match self.kv.tensors {
+                TensorsConfig::PerHead => Granularity::PerHead,
+                TensorsConfig::PerLayer => Granularity::PerLayer,
+            },
+        }
+    }
+
+    /// The configured strategy (`kv.update`, with `kv.reserve` and `kv.stagger` for `shift`).
+    pub fn strategy(&self) -> Strategy {
+        self.strategy_for(self.kv.update)
+    }
+
+    /// The strategy `update` with this config's `shift` parameters.
+    pub fn strategy_for(&self, update: Update) -> Strategy {
+        match update {
+            Update::Shift => Strategy::Shift {
+                reserve: self.kv.reserve.0,
+                stagger: self.kv.stagger,
+            },
+            Update::Conveyor => Strategy::Conveyor,
+            Update::SmartMask => Strategy::SmartMask,
+            Update::Naive => Strategy::Naive,
+        }
+    }
+
+    /// A cache spec for the configured strategy, with simulation encodings
+    /// ([`CacheSpec::for_simulation`]); the runtime takes real encodings from the model's graphs.
+    pub fn cache_spec(&self) -> CacheSpec {
+        self.cache_spec_for(self.kv.update)
+    }
+
+    /// A simulation cache spec for strategy `update`.
+    pub fn cache_spec_for(&self, update: Update) -> CacheSpec {
+        CacheSpec::for_simulation(self.geometry(), self.strategy_for(update))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEED: &str = "model: { name: llama-2-7b, layers: 32, heads: 32, kv_heads: 32, head_dim: 128, vocab: 32000 }
+graph: { context: 2048, ar: [1] }
+kv: { dtype: u16, k_layout: rows, tensors: per_head, update: shift, reserve: 2x }
+";
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_yaml(text, Path::new("test.yaml"))
+    }
+
+    #[test]
+    fn seed_parses_to_the_seed_geometry() {
+        let c = parse(SEED).unwrap();
+        let g = c.geometry();
+        assert_eq!(
+            g,
+            Geometry::new(32, 32, 128, 2048, &[1], DataType::U16),
+            "{c:?}"
+        );
+        assert_eq!(c.strategy(), Strategy::SHIFT_2X);
+        assert_eq!(c.cache_spec().region_bytes().unwrap(), 2_146_435_072);
+    }
+
+    #[test]
+    fn reserve_forms() {
+        for (text, reserve) in [
+            ("2x", Reserve::Factor(2.0)),
+            ("1.5x", Reserve::Factor(1.5)),
+            ("3070", Reserve::Rows(3070)),
+            ("+64", Reserve::Spare(64)),
+        ] {
+            let c = parse(&SEED.replace("reserve: 2x", &format!("reserve: \"{text}\""))).unwrap();
+            assert_eq!(c.kv.reserve.0, reserve, "{text}");
+            assert_eq!(text.parse::<ReserveConfig>().unwrap().to_string(), text);
+        }
+        // A bare YAML integer is a row count too.
+        let c = parse(&SEED.replace("reserve: 2x", "reserve: 3070, stagger: true")).unwrap();
+        assert_eq!(c.kv.reserve.0, Reserve::Rows(3070));
+        assert!(c.kv.stagger);
+        for bad in ["0.5x", "x", "+", "2y", "-3"] {
+            assert!(bad.parse::<ReserveConfig>().is_err(), "{bad}");
+        }
+        let e = parse(&SEED.replace("reserve: 2x", "reserve: 2y")).unwrap_err();
+        assert_eq!(e.field(), Some("kv.reserve"), "{e}");
+    }
+
+    #[test]
+    fn errors_name_file_field_and_expectation() {
+        let e = parse(&SEED.replace("heads: 32, kv_heads", "kv_heads")).unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(e.field(), Some("model.heads"), "{msg}");
+        assert!(msg.starts_with("test.yaml"), "{msg}");
+        assert!(
+            msg.contains("missing") && msg.contains("positive integer"),
+            "{msg}"
+        );
+
+        let e = parse(&SEED.replace("layers: 32", "layers: many")).unwrap_err();
+        assert_eq!(e.field(), Some("model.layers"), "{e}");
+        assert!(e.to_string().contains("test.yaml:1:"), "{e}");
+
+        let e = parse(&SEED.replace("vocab: 32000", "vocab: 32000, colour: red")).unwrap_err();
+        assert_eq!(e.field(), Some("model.colour"), "{e}");
+        assert!(e.to_string().contains("head_dim"), "{e}");
+
+        let e = parse(&SEED.replace("update: shift", "update: rotate")).unwrap_err();
+        assert_eq!(e.field(), Some("kv.update"), "{e}");
+        assert!(e.to_string().contains("smart_mask"), "{e}");
+
+        let e = parse(&SEED.replace("ar: [1]", "ar: [1, x]")).unwrap_err();
+        assert_eq!(e.field(), Some("graph.ar[1]"), "{e}");
+    }
+
+    #[test]
+    fn semantic_errors() {
+        let cases = [
+            (
+                SEED.replace("heads: 32, kv", "heads: 0, kv"),
+                "model.heads",
+                "is 0",
+            ),
+            (
+                SEED.replace("kv_heads: 32", "kv_heads: 0"),
+                "model.kv_heads",
+                "is 0",
+            ),
+            (
+                SEED.replace("kv_heads: 32", "kv_heads: 5"),
+                "model.kv_heads",
+                "multiple",
+            ),
+            (
+                SEED.replace("vocab: 32000", "vocab: 32000, dim: 4000"),
+                "model.head_dim",
+                "head_dim mismatch",
+            ),
+            (
+                SEED.replace("ar: [1]", "ar: [1, 4096]"),
+                "graph.context",
+                "AR-4096",
+            ),
+            (SEED.replace("ar: [1]", "ar: [1, 1]"), "graph.ar", "twice"),
+            (
+                SEED.replace("reserve: 2x", "reserve: 100"),
+                "kv.reserve",
+                "too small",
+            ),
+            (
+                SEED.replace("tensors: per_head", "tensors: per_layer"),
+                "kv.update",
+                "per_head",
+            ),
+        ];
+        for (text, field, needle) in cases {
+            let e = parse(&text).unwrap_err();
+            assert_eq!(e.field(), Some(field), "{e}");
+            assert!(e.to_string().contains(needle), "{e}");
+        }
+        // dim that agrees is fine, and per_layer works with a slot strategy.
+        parse(&SEED.replace("vocab: 32000", "vocab: 32000, dim: 4096")).unwrap();
+        parse(
+            &SEED
+                .replace("tensors: per_head", "tensors: per_layer")
+                .replace("update: shift", "update: smart_mask"),
+        )
+        .unwrap();
+    }
+}
