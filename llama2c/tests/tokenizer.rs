@@ -1,0 +1,201 @@
+//! Tokenizer tests against the real tok512.bin (skipped when absent).
+
+mod common;
+
+use llama2c::{ModelError, TOK512_BYTES, TOK512_SHA256, Tokenizer, sha256_hex};
+
+fn real(test: &str) -> Option<(Vec<u8>, Tokenizer)> {
+    let files = common::model_files(test)?;
+    let bytes = std::fs::read(&files.tokenizer).expect("tokenizer readable");
+    let tok = Tokenizer::load(&files.tokenizer, 512).expect("tokenizer loads");
+    Some((bytes, tok))
+}
+
+/// An independent, deliberately naive implementation of llama2.c's encoder (linear scans over
+/// the vocabulary, merged pieces rebuilt every round) to cross-check the real one.
+fn reference_encode(t: &Tokenizer, text: &str) -> Vec<u32> {
+    let vocab: Vec<(Vec<u8>, f32)> = (0..t.vocab_size() as u32)
+        .map(|i| (t.piece(i).unwrap().to_vec(), t.score(i).unwrap()))
+        .collect();
+    let find = |s: &[u8]| vocab.iter().position(|(p, _)| p == s);
+    let mut toks: Vec<usize> = Vec::new();
+    if !text.is_empty() {
+        toks.push(find(b" ").unwrap());
+    }
+    for ch in text.chars() {
+        let s = ch.to_string();
+        match find(s.as_bytes()) {
+            Some(i) => toks.push(i),
+            None => toks.extend(s.bytes().map(|b| b as usize + 3)),
+        }
+    }
+    loop {
+        let mut best: Option<(usize, usize)> = None;
+        for i in 0..toks.len().saturating_sub(1) {
+            let merged = [vocab[toks[i]].0.clone(), vocab[toks[i + 1]].0.clone()].concat();
+            if let Some(j) = find(&merged)
+                && (best.is_none() || vocab[j].1 > vocab[best.unwrap().1].1)
+            {
+                best = Some((i, j));
+            }
+        }
+        let Some((i, j)) = best else { break };
+        toks.splice(i..i + 2, [j]);
+    }
+    toks.into_iter().map(|i| i as u32).collect()
+}
+
+const SAMPLES: &[&str] = &[
+    "Once upon a time",
+    "Once upon a time, there was a little girl named Lily.",
+    "Hello, World! 123",
+    "  leading and trailing spaces  ",
+    "line one\nline two\ttab",
+    "héllo wörld, ça va?",
+    "日本語のテキスト",
+    "emoji 🎉🦀 and math ∑∞",
+    "a",
+    " ",
+    "\u{0}nul\u{7f}",
+];
+
+#[test]
+fn file_identity_and_special_pieces() {
+    let Some((bytes, t)) = real("file_identity_and_special_pieces") else {
+        return;
+    };
+    assert_eq!(bytes.len() as u64, TOK512_BYTES);
+    assert_eq!(sha256_hex(&bytes), TOK512_SHA256);
+    assert_eq!(t.vocab_size(), 512);
+    assert_eq!(t.piece(Tokenizer::BOS), Some(&b"\n<s>\n"[..]));
+    assert_eq!(t.piece(Tokenizer::EOS), Some(&b"\n</s>\n"[..]));
+    assert_eq!(t.piece(3), Some(&b"<0x00>"[..]));
+    assert_eq!(t.piece(258), Some(&b"<0xFF>"[..]));
+    assert_eq!(t.piece(512), None);
+    let longest = (0..512).map(|i| t.piece(i).unwrap().len()).max().unwrap();
+    assert_eq!(longest, t.max_token_length());
+}
+
+#[test]
+fn once_upon_a_time_encodes_as_traced() {
+    let Some((_, t)) = real("once_upon_a_time_encodes_as_traced") else {
+        return;
+    };
+    // Hand-traced with the llama2.c algorithm over tok512.bin: after the dummy prefix the
+    // merges by score are " t"(0) " a"(-2) "im"(-29) "on"(-30) " u"(-59) " O"(-60) " On"(-62)
+    // "ce"(-72) " up"(-91) "ime"(-110) " time"(-119) " Once"(-144) " upon"(-148).
+    let ids = t.encode("Once upon a time", true, false);
+    assert_eq!(ids, vec![1, 403, 407, 261, 378]);
+    let pieces: Vec<&[u8]> = ids[1..].iter().map(|&i| t.piece(i).unwrap()).collect();
+    assert_eq!(pieces, [&b" Once"[..], b" upon", b" a", b" time"]);
+    assert_eq!(t.score(403), Some(-144.0));
+    assert_eq!(
+        t.encode("Once upon a time", true, true).last(),
+        Some(&Tokenizer::EOS)
+    );
+}
+
+#[test]
+fn encode_matches_naive_reference_and_is_merge_complete() {
+    let Some((_, t)) = real("encode_matches_naive_reference_and_is_merge_complete") else {
+        return;
+    };
+    for s in SAMPLES {
+        let ids = t.encode(s, false, false);
+        assert_eq!(ids, reference_encode(&t, s), "{s:?}");
+        // No adjacent pair is left that the vocabulary could merge.
+        for w in ids.windows(2) {
+            let m = [t.piece(w[0]).unwrap(), t.piece(w[1]).unwrap()].concat();
+            assert_eq!(
+                t.lookup(&m),
+                None,
+                "{s:?}: unmerged pair {:?}",
+                String::from_utf8_lossy(&m)
+            );
+        }
+    }
+    assert_eq!(
+        t.encode("", true, true),
+        vec![Tokenizer::BOS, Tokenizer::EOS]
+    );
+}
+
+#[test]
+fn decode_inverts_encode() {
+    let Some((_, t)) = real("decode_inverts_encode") else {
+        return;
+    };
+    for s in SAMPLES {
+        let ids = t.encode(s, true, true);
+        assert_eq!(t.decode(&ids), s.as_bytes(), "{s:?} -> {ids:?}");
+        // Without BOS the dummy-prefix space stays.
+        let no_bos = t.encode(s, false, false);
+        assert_eq!(t.decode(&no_bos), format!(" {s}").as_bytes(), "{s:?}");
+        // Piece by piece, the way a streaming printer calls it.
+        let mut out = Vec::new();
+        for w in ids.windows(2) {
+            if w[1] != Tokenizer::EOS {
+                out.extend(t.decode_piece(w[0], w[1]));
+            }
+        }
+        assert_eq!(out, s.as_bytes(), "{s:?}");
+    }
+    // Non-ASCII goes through byte fallback tokens (ids 3..=258).
+    let ids = t.encode("日本", false, false);
+    assert!(ids.iter().any(|&i| (3..=258).contains(&i)), "{ids:?}");
+    assert_eq!(t.decode_piece(Tokenizer::BOS, 0xE6 + 3), vec![0xE6]);
+}
+
+#[test]
+fn malformed_files_are_rejected() {
+    let Some((bytes, _)) = real("malformed_files_are_rejected") else {
+        return;
+    };
+    assert!(matches!(
+        Tokenizer::from_bytes(&bytes, 511, "t"),
+        Err(ModelError::VocabMismatch {
+            expected: 511,
+            found: 512,
+            ..
+        })
+    ));
+    assert!(matches!(
+        Tokenizer::from_bytes(&bytes, 600, "t"),
+        Err(ModelError::VocabMismatch {
+            expected: 600,
+            found: 512,
+            ..
+        })
+    ));
+    // Cut inside the last entry's bytes.
+    let cut = &bytes[..bytes.len() - 2];
+    match Tokenizer::from_bytes(cut, 512, "cut.bin") {
+        Err(e @ ModelError::Truncated { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("entry 511") && msg.contains("cut.bin"),
+                "{msg}"
+            );
+            assert!(msg.contains(&bytes.len().to_string()), "{msg}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Cut inside an entry's length field: entry 0 starts at 4, its length at 8.
+    assert!(matches!(
+        Tokenizer::from_bytes(&bytes[..10], 512, "t"),
+        Err(ModelError::Truncated { ref what, expected: 12, found: 10, .. }) if what.contains("entry 0")
+    ));
+    // Negative length in entry 1 (entry 0 "<unk>" occupies bytes 4..17).
+    let mut neg = bytes.clone();
+    neg[21..25].copy_from_slice(&(-3i32).to_le_bytes());
+    assert!(matches!(
+        Tokenizer::from_bytes(&neg, 512, "t"),
+        Err(ModelError::BadTokenizer { index: 1, .. })
+    ));
+    let mut neg_max = bytes.clone();
+    neg_max[..4].copy_from_slice(&(-1i32).to_le_bytes());
+    assert!(matches!(
+        Tokenizer::from_bytes(&neg_max, 512, "t"),
+        Err(ModelError::BadTokenizer { .. })
+    ));
+}
