@@ -11,5 +11,8 @@ pub use quant;
 pub mod backend;
 pub mod budget;
 pub mod config;
+pub mod engine;
+pub mod qnn;
+pub mod reference;
 pub mod sampler;
 pub mod session;

@@ -623,6 +623,15 @@ pub trait TextCodec {
     fn decode_piece(&self, prev: u32, token: u32) -> Vec<u8>;
 }
 
+impl TextCodec for llama2c::Tokenizer {
+    fn encode(&self, text: &str, bos: bool) -> Vec<u32> {
+        llama2c::Tokenizer::encode(self, text, bos, false)
+    }
+    fn decode_piece(&self, prev: u32, token: u32) -> Vec<u8> {
+        llama2c::Tokenizer::decode_piece(self, prev, token)
+    }
+}
+
 /// BOS and EOS ids of llama2.c tokenizers.
 pub const BOS: u32 = 1;
 pub const EOS: u32 = 2;

@@ -1,0 +1,388 @@
+//! The high-level entry point: find a model, compile it on first use (cached), load it on a backend
+//! and serve generations. The CLI's `generate` and the JNI bridge both use it.
+
+use crate::backend::Backend;
+use crate::reference::ReferenceBackend;
+use crate::sampler::SamplerError;
+use crate::session::{GenerateOptions, Generation, Session, SessionError, SessionStats, TextCodec};
+use kv_manager::{HostAllocator, Reserve, Strategy};
+use llama2c::{Checkpoint, ModelFiles, Tokenizer};
+use quant::DataType;
+use ref_backend::{CompileOptions, CompiledModel, WeightType};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Which backend runs the graphs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The reference executor, in this process.
+    Reference,
+    /// A QNN backend library loaded at run time (`libQnnHtp.so` on a device; the reference backend's
+    /// QNN library on a desktop) and its system library (for the binary's tensor descriptions).
+    Qnn {
+        backend_lib: PathBuf,
+        system_lib: Option<PathBuf>,
+    },
+}
+
+/// How to open an [`Engine`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineOptions {
+    /// Model directory; `None` searches `$HTPKV_MODEL_DIR`, `./models/stories260K`,
+    /// `../shared/models/stories260K`.
+    pub model_dir: Option<PathBuf>,
+    /// A compiled model file to load instead of compiling (the tokenizer still comes from the model
+    /// directory).
+    pub compiled: Option<PathBuf>,
+    pub backend: BackendChoice,
+    pub strategy: Strategy,
+    /// KV cache element type: u8, u16, f16 or f32.
+    pub kv_dtype: DataType,
+    /// Weights: "i8", "f16" or "f32".
+    pub weights: String,
+    /// Context length S; `None` uses the model's `seq_len`.
+    pub context: Option<usize>,
+    /// AR variants of the compiled graphs (prefill and decode).
+    pub ar: Vec<usize>,
+    /// Where compiled models are cached; `None` uses `$HTPKV_CACHE_DIR`, `$XDG_CACHE_HOME/htpkv`,
+    /// `$HOME/.cache/htpkv`, then `./.htpkv-cache`.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for EngineOptions {
+    /// The reference backend, model discovery, `shift` 2x, u16 KV with i8 weights (W8A16, the usual
+    /// HTP configuration), the model's context, AR [1, 32].
+    fn default() -> Self {
+        EngineOptions {
+            model_dir: None,
+            compiled: None,
+            backend: BackendChoice::Reference,
+            strategy: Strategy::SHIFT_2X,
+            kv_dtype: DataType::U16,
+            weights: "i8".into(),
+            context: None,
+            ar: vec![1, 32],
+            cache_dir: None,
+        }
+    }
+}
+
+impl EngineOptions {
+    /// Parses an update strategy name: `shift` (2x), `conveyor`, `smart_mask`, `naive`.
+    pub fn parse_strategy(name: &str) -> Result<Strategy, EngineError> {
+        Ok(match name {
+            "shift" => Strategy::SHIFT_2X,
+            "shift-1.5x" => Strategy::Shift {
+                reserve: Reserve::Factor(1.5),
+                stagger: true,
+            },
+            "conveyor" => Strategy::Conveyor,
+            "smart_mask" => Strategy::SmartMask,
+            "naive" => Strategy::Naive,
+            other => {
+                return Err(EngineError::BadOption(format!(
+                    "unknown update strategy `{other}` (expected shift, conveyor, smart_mask or naive)"
+                )));
+            }
+        })
+    }
+}
+
+/// Errors of the engine, each with a stable [`EngineError::kind`].
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] llama2c::ModelError),
+    #[error("compiling the model: {0}")]
+    Compile(#[from] ref_backend::CompileError),
+    #[error("compiled model: {0}")]
+    Format(#[from] ref_backend::FormatError),
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error("{0}")]
+    BadOption(String),
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("QNN backend: {0}")]
+    Qnn(String),
+    #[error("budget: {0}")]
+    Budget(String),
+}
+
+impl From<SamplerError> for EngineError {
+    fn from(e: SamplerError) -> Self {
+        EngineError::Session(SessionError::Sampler(e))
+    }
+}
+
+impl EngineError {
+    /// A short, stable name of the error's kind (`model_not_found`, `bad_model`, `compile`,
+    /// `bad_option`, `context_full`, `kv`, `backend`, `io`, `qnn`, `budget`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EngineError::Model(llama2c::ModelError::ModelNotFound { .. }) => "model_not_found",
+            EngineError::Model(llama2c::ModelError::Io { .. }) => "io",
+            EngineError::Model(_) => "bad_model",
+            EngineError::Compile(_) => "compile",
+            EngineError::Format(_) => "bad_model",
+            EngineError::Session(SessionError::Kv(kv_manager::KvError::ContextFull { .. })) => {
+                "context_full"
+            }
+            EngineError::Session(SessionError::Kv(_)) => "kv",
+            EngineError::Session(SessionError::Backend(_)) => "backend",
+            EngineError::Session(SessionError::Sampler(_)) => "bad_option",
+            EngineError::Session(SessionError::Input(_)) => "bad_option",
+            EngineError::Session(SessionError::Token { .. }) => "bad_option",
+            EngineError::Session(SessionError::Graphs(_)) => "bad_model",
+            EngineError::BadOption(_) => "bad_option",
+            EngineError::Io { .. } => "io",
+            EngineError::Qnn(_) => "qnn",
+            EngineError::Budget(_) => "budget",
+        }
+    }
+}
+
+/// Where compiled models are cached.
+pub fn default_cache_dir() -> PathBuf {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    env("HTPKV_CACHE_DIR")
+        .or_else(|| env("XDG_CACHE_HOME").map(|p| p.join("htpkv")))
+        .or_else(|| env("HOME").map(|p| p.join(".cache").join("htpkv")))
+        .unwrap_or_else(|| PathBuf::from(".htpkv-cache"))
+}
+
+/// The compile options an [`EngineOptions`] asks for, for a checkpoint and its tokenizer.
+pub fn compile_options(
+    options: &EngineOptions,
+    checkpoint: &Checkpoint,
+    tokenizer: &Tokenizer,
+) -> Result<CompileOptions, EngineError> {
+    let context = options.context.unwrap_or(checkpoint.config.seq_len);
+    let mut opts = CompileOptions::new(context, options.ar.clone());
+    opts.kv_dtype = options.kv_dtype;
+    opts.weights = options
+        .weights
+        .parse::<WeightType>()
+        .map_err(EngineError::BadOption)?;
+    opts.calibration_prompts = ref_backend::DEFAULT_CALIBRATION_PROMPTS
+        .iter()
+        .map(|text| tokenizer.encode(text, true, false))
+        .collect();
+    Ok(opts)
+}
+
+/// Loads the compiled model for `checkpoint_path` and `opts` from `cache_dir`, or compiles it and
+/// stores it there (atomically). `progress` receives human-readable status lines.
+pub fn compiled_model(
+    checkpoint_path: &Path,
+    checkpoint: &Checkpoint,
+    opts: &CompileOptions,
+    cache_dir: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(CompiledModel, PathBuf), EngineError> {
+    let bytes = std::fs::read(checkpoint_path).map_err(|source| EngineError::Io {
+        what: "reading",
+        path: checkpoint_path.to_path_buf(),
+        source,
+    })?;
+    let stem = checkpoint_path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let digest = llama2c::sha256_hex(&bytes);
+    let path = cache_dir.join(format!(
+        "{stem}-{}-{}.htpkv",
+        &digest[..16],
+        opts.fingerprint_hex()
+    ));
+    if path.exists() {
+        match CompiledModel::read(&path) {
+            Ok(model) if model.options() == opts => return Ok((model, path)),
+            Ok(_) => progress(&format!(
+                "{} was compiled with other options; recompiling",
+                path.display()
+            )),
+            Err(e) => progress(&format!(
+                "{} is unusable ({e}); recompiling",
+                path.display()
+            )),
+        }
+    }
+    progress(&format!(
+        "compiling {} (first use) ...",
+        checkpoint_path.display()
+    ));
+    let mut last = (ref_backend::Stage::BuildGraphs, u64::MAX);
+    let model = ref_backend::compile(checkpoint, opts, &mut |p| {
+        let pct = if p.total > 0 {
+            p.done * 100 / p.total
+        } else {
+            100
+        };
+        if (p.stage, pct / 25) != (last.0, last.1) {
+            last = (p.stage, pct / 25);
+            progress(&format!("  {} {pct}%", p.stage.name()));
+        }
+    })?;
+    std::fs::create_dir_all(cache_dir).map_err(|source| EngineError::Io {
+        what: "creating the cache directory",
+        path: cache_dir.to_path_buf(),
+        source,
+    })?;
+    model.write(&path)?;
+    progress(&format!("compiled model cached at {}", path.display()));
+    Ok((model, path))
+}
+
+/// A model ready to generate: session (backend + KV cache) and tokenizer.
+pub struct Engine {
+    session: Session<Box<dyn Backend>>,
+    tokenizer: Tokenizer,
+    compiled_path: PathBuf,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("backend", &self.session.backend().name())
+            .field("compiled_path", &self.compiled_path)
+            .field("len", &self.session.len())
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Finds the model, compiles it on first use (cached), loads it on the chosen backend and builds
+    /// the KV cache from the compiled graphs' own tensor descriptions.
+    pub fn open(
+        options: &EngineOptions,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Engine, EngineError> {
+        let files = ModelFiles::discover(options.model_dir.as_deref())?;
+        let checkpoint = Checkpoint::load(&files.checkpoint)?;
+        let tokenizer = Tokenizer::load(&files.tokenizer, checkpoint.config.vocab_size)?;
+        let (model, compiled_path) = match &options.compiled {
+            Some(path) => (CompiledModel::read(path)?, path.clone()),
+            None => {
+                let opts = compile_options(options, &checkpoint, &tokenizer)?;
+                let cache_dir = options.cache_dir.clone().unwrap_or_else(default_cache_dir);
+                compiled_model(&files.checkpoint, &checkpoint, &opts, &cache_dir, progress)?
+            }
+        };
+        if model.config().vocab_size != tokenizer.vocab_size() {
+            return Err(EngineError::BadOption(format!(
+                "the compiled model has a vocabulary of {} tokens but the tokenizer has {}",
+                model.config().vocab_size,
+                tokenizer.vocab_size()
+            )));
+        }
+        let backend: Box<dyn Backend> = match &options.backend {
+            BackendChoice::Reference => Box::new(ReferenceBackend::new(Arc::new(model))),
+            BackendChoice::Qnn {
+                backend_lib,
+                system_lib,
+            } => crate::qnn::open_backend(backend_lib, system_lib.as_deref(), &compiled_path)?,
+        };
+        let session = Session::new(backend, options.strategy, &HostAllocator::default())?;
+        Ok(Engine {
+            session,
+            tokenizer,
+            compiled_path,
+        })
+    }
+
+    /// Generates text after `prompt` (see [`Session::generate`]).
+    pub fn generate(
+        &mut self,
+        prompt: &str,
+        options: &GenerateOptions,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Generation, EngineError> {
+        Ok(self
+            .session
+            .generate(&self.tokenizer, prompt, options, on_text)?)
+    }
+
+    /// Runs `text` into the cache without generating (BOS first when the cache is empty); returns the
+    /// number of cached tokens.
+    pub fn prefill(&mut self, text: &str) -> Result<usize, EngineError> {
+        let tokens = TextCodec::encode(&self.tokenizer, text, self.session.is_empty());
+        if tokens.is_empty() {
+            return Ok(self.session.len());
+        }
+        self.session.prefill(&tokens)?;
+        Ok(self.session.len())
+    }
+
+    /// Empties the cache.
+    pub fn reset(&mut self) {
+        self.session.reset();
+    }
+
+    /// Truncates the cache to `len` tokens.
+    pub fn rollback(&mut self, len: usize) -> Result<(), EngineError> {
+        Ok(self.session.rollback(len)?)
+    }
+
+    /// Tokens cached.
+    pub fn len(&self) -> usize {
+        self.session.len()
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.session.is_empty()
+    }
+
+    /// Tokens the cache can hold.
+    pub fn capacity(&self) -> usize {
+        self.session.capacity()
+    }
+
+    /// Timing and KV counters.
+    pub fn stats(&self) -> SessionStats {
+        self.session.stats()
+    }
+
+    /// The session.
+    pub fn session(&self) -> &Session<Box<dyn Backend>> {
+        &self.session
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The compiled model file in use.
+    pub fn compiled_path(&self) -> &Path {
+        &self.compiled_path
+    }
+}
+
+/// The memory budget of one YAML config (every strategy it supports, full-context decode run) as a
+/// JSON array, the document `htpkv budget --json` prints.
+pub fn budget_json(config_yaml: &str) -> Result<String, EngineError> {
+    let config = crate::config::Config::from_yaml(config_yaml, Path::new("<config>"))
+        .map_err(|e| EngineError::Budget(e.to_string()))?;
+    let mut reports = Vec::new();
+    for update in crate::config::Update::ALL {
+        match crate::budget::report(&config, update, 0) {
+            Ok(r) => reports.push(r),
+            Err(crate::budget::BudgetError::Kv(kv_manager::KvError::UnsupportedCombination {
+                ..
+            })) => {}
+            Err(e) => return Err(EngineError::Budget(e.to_string())),
+        }
+    }
+    serde_json::to_string_pretty(&reports).map_err(|e| EngineError::Budget(e.to_string()))
+}
