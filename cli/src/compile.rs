@@ -1,9 +1,174 @@
-//! `htpkv compile` (placeholder until the reference backend lands).
+//! `htpkv compile`: a llama2.c checkpoint -> a reference-backend context binary.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use llama2c::{Checkpoint, ModelFiles, Tokenizer};
+use quant::DataType;
+use ref_backend::{
+    CompileOptions, CompiledModel, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS,
+    Granularity, KLayout, Progress, Stage, WeightType,
+};
 
 /// Arguments of `htpkv compile`.
 #[derive(Debug, clap::Args)]
-pub struct CompileArgs {}
+pub struct CompileArgs {
+    /// llama2.c checkpoint (default: discovered like the tests do: $HTPKV_MODEL_DIR,
+    /// ./models/stories260K, ../shared/models/stories260K).
+    #[arg(long, value_name = "CKPT")]
+    model: Option<PathBuf>,
+    /// llama2.c tokenizer (default: beside the discovered checkpoint).
+    #[arg(long, value_name = "TOK")]
+    tokenizer: Option<PathBuf>,
+    /// Context length S (default: the model's seq_len).
+    #[arg(long, value_name = "S")]
+    context: Option<usize>,
+    /// AR variants (tokens per step), one graph each.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,32",
+        value_name = "N,.."
+    )]
+    ar: Vec<usize>,
+    /// KV cache dtype: u8, u16, f16 or f32.
+    #[arg(long, default_value = "u8", value_parser = parse_kv_dtype)]
+    kv_dtype: DataType,
+    /// Weight type: i8 (W8A16), f16 or f32.
+    #[arg(long, default_value = "i8", value_parser = parse_from_str::<WeightType>)]
+    weights: WeightType,
+    /// Key layout: rows or transposed.
+    #[arg(long, default_value = "rows", value_parser = parse_from_str::<KLayout>)]
+    k_layout: KLayout,
+    /// KV tensor granularity: per_head or per_layer.
+    #[arg(long, default_value = "per_head", value_parser = parse_from_str::<Granularity>)]
+    granularity: Granularity,
+    /// Calibration prompts, one per line (default: a built-in set of story openings).
+    #[arg(long, value_name = "FILE")]
+    calibration_prompts: Option<PathBuf>,
+    /// Length in tokens of each calibration sequence (prompt + greedy continuation).
+    #[arg(long, default_value_t = DEFAULT_CALIBRATION_TOKENS)]
+    calibration_tokens: usize,
+    /// Output file.
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+}
 
-pub fn run(_args: CompileArgs) -> anyhow::Result<()> {
-    anyhow::bail!("`htpkv compile` is not available in this build yet")
+fn parse_kv_dtype(s: &str) -> Result<DataType, String> {
+    match s.parse::<DataType>() {
+        Ok(d @ (DataType::U8 | DataType::U16 | DataType::F16 | DataType::F32)) => Ok(d),
+        _ => Err(format!(
+            "unsupported KV dtype `{s}` (expected u8, u16, f16 or f32)"
+        )),
+    }
+}
+
+fn parse_from_str<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, String> {
+    s.parse()
+}
+
+pub fn run(args: CompileArgs) -> anyhow::Result<()> {
+    let (ckpt_path, tok_path) = match (&args.model, &args.tokenizer) {
+        (Some(m), Some(t)) => (m.clone(), t.clone()),
+        (Some(m), None) => bail!(
+            "--model {} given without --tokenizer: pass both, or neither to discover the model",
+            m.display()
+        ),
+        (None, tok) => {
+            let files = ModelFiles::discover(None).context("no --model given")?;
+            (files.checkpoint, tok.clone().unwrap_or(files.tokenizer))
+        }
+    };
+    let ckpt = Checkpoint::load(&ckpt_path)
+        .with_context(|| format!("loading checkpoint {}", ckpt_path.display()))?;
+    let tok = Tokenizer::load(&tok_path, ckpt.config.vocab_size)
+        .with_context(|| format!("loading tokenizer {}", tok_path.display()))?;
+
+    let texts: Vec<String> = match &args.calibration_prompts {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("reading calibration prompts {}", p.display()))?;
+            let lines: Vec<String> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect();
+            if lines.is_empty() {
+                bail!("calibration prompt file {} has no prompts", p.display());
+            }
+            lines
+        }
+        None => DEFAULT_CALIBRATION_PROMPTS
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    };
+    let mut opts = CompileOptions::new(args.context.unwrap_or(ckpt.config.seq_len), args.ar);
+    opts.kv_dtype = args.kv_dtype;
+    opts.weights = args.weights;
+    opts.k_layout = args.k_layout;
+    opts.granularity = args.granularity;
+    opts.calibration_tokens = args.calibration_tokens;
+    opts.calibration_prompts = texts.iter().map(|t| tok.encode(t, true, false)).collect();
+
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>10} [{bar:40}] {pos}/{len} {elapsed}")
+            .context("progress template")?
+            .progress_chars("=> "),
+    );
+    let mut stage: Option<Stage> = None;
+    let started = Instant::now();
+    let model = ref_backend::compile(&ckpt, &opts, &mut |p: Progress| {
+        if stage != Some(p.stage) {
+            stage = Some(p.stage);
+            bar.set_prefix(p.stage.name());
+            bar.reset();
+        }
+        bar.set_length(p.total);
+        bar.set_position(p.done);
+    })
+    .context("compiling")?;
+    bar.finish_and_clear();
+
+    model
+        .write(&args.out)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    // Read the file back: the same validation the runtime does.
+    let back = CompiledModel::read(&args.out)
+        .with_context(|| format!("verifying {}", args.out.display()))?;
+    let size = std::fs::metadata(&args.out).map(|m| m.len()).unwrap_or(0);
+    let c = back.config();
+    println!(
+        "wrote {} ({size} bytes) in {:.2?}: fingerprint {}",
+        args.out.display(),
+        started.elapsed(),
+        back.options().fingerprint_hex()
+    );
+    println!(
+        "model: dim {} layers {} heads {}/{} head_dim {} vocab {}; KV {} ({}, {}), weights {}",
+        c.dim,
+        c.n_layers,
+        c.n_heads,
+        c.n_kv_heads,
+        c.head_dim(),
+        c.vocab_size,
+        back.options().kv_dtype,
+        back.options().k_layout.name(),
+        back.options().granularity.name(),
+        back.options().weights.name()
+    );
+    for g in back.graphs() {
+        println!(
+            "graph {}: {} inputs, {} outputs, window {} rows",
+            g.name(),
+            g.inputs().len(),
+            g.outputs().len(),
+            g.window()
+        );
+    }
+    Ok(())
 }

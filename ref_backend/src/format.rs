@@ -1,0 +1,774 @@
+//! The compiled-model file ("context binary" of the reference backend).
+//!
+//! Little endian throughout. Layout, version [`FORMAT_VERSION`]:
+//!
+//! ```text
+//! offset 0   magic        8 bytes  "HTPKVREF"
+//! offset 8   version      u32      FORMAT_VERSION
+//! offset 12  flags        u32      0 (reserved)
+//! offset 16  payload_len  u64
+//! offset 24  crc32        u32      CRC-32 (IEEE) of the payload
+//! offset 28  payload      payload_len bytes: five sections, in this order
+//! ```
+//!
+//! Each section is a 4-byte tag, a u64 body length and the body: `OPTS` (compile options),
+//! `CONF` (model hyper-parameters), `ENCS` (i16 activation encodings, KV encodings), `WGTS`
+//! (matrices: kind u8 (0 i8, 1 f16, 2 f32), rows u64, cols u64, then i8: f32 row scales +
+//! i8 values, f16: u16 bits, f32: f32 values; norm vectors as u64 count + f32 values) and
+//! `GRPH` (graph names and tensor descriptions). Counts are u64; strings are a u64 length and
+//! UTF-8 bytes.
+//!
+//! Reading checks the magic, the version, the payload length, the checksum, every count
+//! against the bytes that remain, and the consistency of everything with the configuration
+//! and options (the graph descriptions must equal the ones this build derives from them).
+
+use std::io::Write;
+use std::path::Path;
+
+use llama2c::{Config, limits};
+use quant::{Encoding, QuantSpec, ScaleOffset};
+
+use crate::bytes::{Reader, Writer, crc32};
+use crate::compile::{CompiledModel, validate_options};
+use crate::error::FormatError;
+use crate::model::{Matrix, ModelData};
+use crate::options::{CompileOptions, kv_code, kv_from_code};
+use crate::types::{Granularity, KLayout, TensorDType, TensorDesc, TensorRole, WeightType};
+
+/// Magic bytes at the start of every file.
+pub const MAGIC: [u8; 8] = *b"HTPKVREF";
+/// The format version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Size of the fixed header before the payload.
+pub const HEADER_LEN: usize = 28;
+
+const MAX_COUNT: usize = 1 << 40;
+
+impl CompiledModel {
+    /// Serializes the model (header + checksummed payload).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let d = &*self.data;
+        let mut payload = Writer::default();
+        section(&mut payload, b"OPTS", |w| d.options.encode(w));
+        section(&mut payload, b"CONF", |w| write_config(w, &d.config));
+        section(&mut payload, b"ENCS", |w| {
+            w.len(d.act.len());
+            for so in &d.act {
+                w.f32(so.scale);
+                w.i32(so.offset);
+            }
+            w.len(d.kv.len());
+            for spec in &d.kv {
+                w.u8(kv_code(spec.dtype));
+                write_encoding(w, &spec.encoding);
+            }
+        });
+        section(&mut payload, b"WGTS", |w| {
+            write_matrix(w, &d.embedding);
+            w.f32s(&d.rms_att);
+            for m in [&d.wq, &d.wk, &d.wv, &d.wo] {
+                write_matrix(w, m);
+            }
+            w.f32s(&d.rms_ffn);
+            for m in [&d.w1, &d.w2, &d.w3] {
+                write_matrix(w, m);
+            }
+            w.f32s(&d.rms_final);
+            match &d.classifier {
+                None => w.u8(0),
+                Some(m) => {
+                    w.u8(1);
+                    write_matrix(w, m);
+                }
+            }
+        });
+        section(&mut payload, b"GRPH", |w| {
+            w.len(self.graphs.len());
+            for g in &self.graphs {
+                w.str(g.name());
+                w.len(g.ar());
+                w.len(g.context());
+                for descs in [g.inputs(), g.outputs()] {
+                    w.len(descs.len());
+                    for t in descs {
+                        write_desc(w, t);
+                    }
+                }
+            }
+        });
+        let payload = payload.buf;
+        let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        out.extend_from_slice(&crc32(&payload).to_le_bytes());
+        out.extend_from_slice(&payload);
+        out
+    }
+
+    /// Writes the model to `path` atomically: a temporary file in the same directory is
+    /// written, fsynced and renamed over `path` (then the directory is fsynced, best effort).
+    pub fn write(&self, path: &Path) -> Result<(), FormatError> {
+        let bytes = self.to_bytes();
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => std::path::PathBuf::from("."),
+        };
+        let file_name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
+        let io = |op, p: &Path| {
+            let p = p.to_path_buf();
+            move |source| FormatError::Io {
+                op,
+                path: p,
+                source,
+            }
+        };
+        let result = (|| {
+            let mut f = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
+            f.write_all(&bytes).map_err(io("write", &tmp))?;
+            f.sync_all().map_err(io("sync", &tmp))?;
+            drop(f);
+            std::fs::rename(&tmp, path).map_err(io("rename into", path))
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result?;
+        if let Ok(d) = std::fs::File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+
+    /// Reads and validates a model file.
+    pub fn read(path: &Path) -> Result<CompiledModel, FormatError> {
+        let bytes = std::fs::read(path).map_err(|source| FormatError::Io {
+            op: "read",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        CompiledModel::from_bytes(&bytes, &path.display().to_string())
+    }
+
+    /// Parses and validates a model from `bytes`; `origin` labels errors (e.g. a path).
+    pub fn from_bytes(bytes: &[u8], origin: &str) -> Result<CompiledModel, FormatError> {
+        let mut r = Reader::new(bytes, 0, origin);
+        let prefix = &bytes[..MAGIC.len().min(bytes.len())];
+        if prefix == &MAGIC[..prefix.len()] {
+            // A (possibly cut) magic: a short file is reported as truncated.
+            r.take(MAGIC.len(), "magic")?;
+        } else {
+            let magic = prefix;
+            return Err(FormatError::BadMagic {
+                origin: origin.into(),
+                found: magic.to_vec(),
+                expected: MAGIC.to_vec(),
+            });
+        }
+        let version = r.u32("format version")?;
+        if version != FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                origin: origin.into(),
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let flags_at = r.offset();
+        let flags = r.u32("flags")?;
+        if flags != 0 {
+            return Err(r.corrupt_at(
+                flags_at,
+                format!("reserved flags are {flags:#x}, expected 0"),
+            ));
+        }
+        let payload_len = r.u64("payload length")?;
+        let stored = r.u32("checksum")?;
+        let avail = r.remaining() as u64;
+        if payload_len > avail {
+            return Err(FormatError::Truncated {
+                origin: origin.into(),
+                what: "payload".into(),
+                offset: HEADER_LEN as u64,
+                expected: payload_len,
+                available: avail,
+            });
+        }
+        if payload_len < avail {
+            return Err(FormatError::TrailingBytes {
+                origin: origin.into(),
+                offset: HEADER_LEN as u64 + payload_len,
+                extra: avail - payload_len,
+            });
+        }
+        let payload = &bytes[HEADER_LEN..];
+        let computed = crc32(payload);
+        if computed != stored {
+            return Err(FormatError::ChecksumMismatch {
+                origin: origin.into(),
+                stored,
+                computed,
+            });
+        }
+        let mut p = Reader::new(payload, HEADER_LEN as u64, origin);
+
+        let mut s = open_section(&mut p, b"OPTS")?;
+        let options = read_options(&mut s)?;
+        close_section(&s)?;
+
+        let mut s = open_section(&mut p, b"CONF")?;
+        let config = read_config(&mut s)?;
+        close_section(&s)?;
+        if let Err(reason) = validate_options(&config, &options) {
+            return Err(s.corrupt_at(
+                HEADER_LEN as u64,
+                format!("options do not fit the model: {reason}"),
+            ));
+        }
+
+        let mut s = open_section(&mut p, b"ENCS")?;
+        let (act, kv) = read_encodings(&mut s, &config, &options)?;
+        close_section(&s)?;
+
+        let mut s = open_section(&mut p, b"WGTS")?;
+        let c = &config;
+        let (dim, hidden, kv_dim, l) = (c.dim, c.hidden_dim, c.kv_dim(), c.n_layers);
+        let wt = options.weights;
+        let embedding = read_matrix(&mut s, "token_embedding", wt, c.vocab_size, dim)?;
+        let rms_att = read_norm(&mut s, "rms_att", l * dim)?;
+        let wq = read_matrix(&mut s, "wq", wt, l * dim, dim)?;
+        let wk = read_matrix(&mut s, "wk", wt, l * kv_dim, dim)?;
+        let wv = read_matrix(&mut s, "wv", wt, l * kv_dim, dim)?;
+        let wo = read_matrix(&mut s, "wo", wt, l * dim, dim)?;
+        let rms_ffn = read_norm(&mut s, "rms_ffn", l * dim)?;
+        let w1 = read_matrix(&mut s, "w1", wt, l * hidden, dim)?;
+        let w2 = read_matrix(&mut s, "w2", wt, l * dim, hidden)?;
+        let w3 = read_matrix(&mut s, "w3", wt, l * hidden, dim)?;
+        let rms_final = read_norm(&mut s, "rms_final", dim)?;
+        let at = s.offset();
+        let classifier = match s.u8("classifier flag")? {
+            0 if c.shared_classifier => None,
+            1 if !c.shared_classifier => Some(read_matrix(&mut s, "wcls", wt, c.vocab_size, dim)?),
+            f => {
+                return Err(s.corrupt_at(
+                    at,
+                    format!(
+                        "classifier flag {f} does not fit a model whose classifier is {}",
+                        if c.shared_classifier {
+                            "tied (flag 0)"
+                        } else {
+                            "separate (flag 1)"
+                        }
+                    ),
+                ));
+            }
+        };
+        close_section(&s)?;
+
+        let data = ModelData {
+            config,
+            options,
+            embedding,
+            rms_att,
+            wq,
+            wk,
+            wv,
+            wo,
+            rms_ffn,
+            w1,
+            w2,
+            w3,
+            rms_final,
+            classifier,
+            act,
+            kv,
+        };
+
+        let mut s = open_section(&mut p, b"GRPH")?;
+        let at = s.offset();
+        let count = s.len("graph count", MAX_COUNT)?;
+        if count != data.options.ar.len() {
+            return Err(s.corrupt_at(
+                at,
+                format!(
+                    "{count} graph(s), but the options list {} AR variant(s)",
+                    data.options.ar.len()
+                ),
+            ));
+        }
+        let model = CompiledModel::from_data(data);
+        for g in &model.graphs {
+            let at = s.offset();
+            let name = s.str("graph name")?;
+            let ar = s.len("graph AR", MAX_COUNT)?;
+            let context = s.len("graph context", MAX_COUNT)?;
+            if name != g.name() || ar != g.ar() || context != g.context() {
+                return Err(s.corrupt_at(
+                    at,
+                    format!(
+                        "graph `{name}` (AR {ar}, context {context}) where `{}` (AR {}, context {}) was expected",
+                        g.name(),
+                        g.ar(),
+                        g.context()
+                    ),
+                ));
+            }
+            for (kind, expected) in [("input", g.inputs()), ("output", g.outputs())] {
+                let at = s.offset();
+                let n = s.len("tensor count", MAX_COUNT)?;
+                if n != expected.len() {
+                    return Err(s.corrupt_at(
+                        at,
+                        format!(
+                            "graph `{name}` lists {n} {kind}(s), expected {}",
+                            expected.len()
+                        ),
+                    ));
+                }
+                for e in expected {
+                    let at = s.offset();
+                    let t = read_desc(&mut s)?;
+                    if &t != e {
+                        return Err(s.corrupt_at(
+                            at,
+                            format!(
+                                "graph `{name}` {kind} `{}` does not match the model (expected `{}` {:?} {})",
+                                t.name, e.name, e.shape, e.dtype
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        close_section(&s)?;
+        if p.remaining() != 0 {
+            return Err(p.corrupt_at(
+                p.offset(),
+                format!("{} byte(s) after the last section", p.remaining()),
+            ));
+        }
+        Ok(model)
+    }
+}
+
+fn section(w: &mut Writer, tag: &[u8; 4], body: impl FnOnce(&mut Writer)) {
+    let mut inner = Writer::default();
+    body(&mut inner);
+    w.bytes(tag);
+    w.len(inner.buf.len());
+    w.bytes(&inner.buf);
+}
+
+fn open_section<'a>(p: &mut Reader<'a>, tag: &[u8; 4]) -> Result<Reader<'a>, FormatError> {
+    let name = String::from_utf8_lossy(tag).into_owned();
+    let at = p.offset();
+    let found = p.take(4, &format!("tag of section {name}"))?;
+    if found != tag {
+        return Err(p.corrupt_at(
+            at,
+            format!("expected section {name}, found tag {:02x?}", found),
+        ));
+    }
+    let len = p.count(&format!("section {name}"), 1)?;
+    let base = p.offset();
+    let body = p.take(len, &format!("section {name}"))?;
+    Ok(Reader::new(body, base, p.origin))
+}
+
+fn close_section(s: &Reader<'_>) -> Result<(), FormatError> {
+    if s.remaining() != 0 {
+        return Err(s.corrupt_at(
+            s.offset(),
+            format!("{} unread byte(s) at the end of a section", s.remaining()),
+        ));
+    }
+    Ok(())
+}
+
+fn read_options(s: &mut Reader<'_>) -> Result<CompileOptions, FormatError> {
+    let context = s.len("context", limits::MAX_SEQ_LEN)?;
+    let n = s.count("AR variant count", 8)?;
+    let mut ar = Vec::with_capacity(n);
+    for _ in 0..n {
+        ar.push(s.len("AR variant", limits::MAX_SEQ_LEN)?);
+    }
+    let at = s.offset();
+    let kv_dtype = kv_from_code(s.u8("KV dtype")?)
+        .ok_or_else(|| s.corrupt_at(at, "unknown KV dtype code".into()))?;
+    let at = s.offset();
+    let weights = match s.u8("weight type")? {
+        0 => WeightType::I8,
+        1 => WeightType::F16,
+        2 => WeightType::F32,
+        c => return Err(s.corrupt_at(at, format!("unknown weight type code {c}"))),
+    };
+    let at = s.offset();
+    let k_layout = match s.u8("K layout")? {
+        0 => KLayout::Rows,
+        1 => KLayout::Transposed,
+        c => return Err(s.corrupt_at(at, format!("unknown K layout code {c}"))),
+    };
+    let at = s.offset();
+    let granularity = match s.u8("granularity")? {
+        0 => Granularity::PerHead,
+        1 => Granularity::PerLayer,
+        c => return Err(s.corrupt_at(at, format!("unknown granularity code {c}"))),
+    };
+    let calibration_tokens = s.len("calibration tokens", limits::MAX_SEQ_LEN)?;
+    let np = s.count("calibration prompt count", 8)?;
+    let mut calibration_prompts = Vec::with_capacity(np);
+    for _ in 0..np {
+        let len = s.count("calibration prompt", 4)?;
+        let mut p = Vec::with_capacity(len);
+        for _ in 0..len {
+            p.push(s.u32("calibration token")?);
+        }
+        calibration_prompts.push(p);
+    }
+    Ok(CompileOptions {
+        context,
+        ar,
+        kv_dtype,
+        weights,
+        k_layout,
+        granularity,
+        calibration_prompts,
+        calibration_tokens,
+    })
+}
+
+fn write_config(w: &mut Writer, c: &Config) {
+    for v in [
+        c.dim,
+        c.hidden_dim,
+        c.n_layers,
+        c.n_heads,
+        c.n_kv_heads,
+        c.vocab_size,
+        c.seq_len,
+    ] {
+        w.len(v);
+    }
+    w.u8(u8::from(c.shared_classifier));
+}
+
+fn read_config(s: &mut Reader<'_>) -> Result<Config, FormatError> {
+    let at = s.offset();
+    let dim = s.len("dim", limits::MAX_DIM)?;
+    let hidden_dim = s.len("hidden_dim", limits::MAX_HIDDEN_DIM)?;
+    let n_layers = s.len("n_layers", limits::MAX_LAYERS)?;
+    let n_heads = s.len("n_heads", limits::MAX_HEADS)?;
+    let n_kv_heads = s.len("n_kv_heads", limits::MAX_HEADS)?;
+    let vocab_size = s.len("vocab_size", limits::MAX_VOCAB)?;
+    let seq_len = s.len("seq_len", limits::MAX_SEQ_LEN)?;
+    let shared_at = s.offset();
+    let shared_classifier = match s.u8("shared classifier flag")? {
+        0 => false,
+        1 => true,
+        f => return Err(s.corrupt_at(shared_at, format!("shared classifier flag {f}"))),
+    };
+    let ok = dim > 0
+        && hidden_dim > 0
+        && n_layers > 0
+        && n_heads > 0
+        && n_kv_heads > 0
+        && vocab_size > 0
+        && seq_len > 0
+        && dim % n_heads == 0
+        && n_heads % n_kv_heads == 0;
+    if !ok {
+        return Err(s.corrupt_at(
+            at,
+            format!(
+                "inconsistent model configuration: dim {dim}, hidden {hidden_dim}, layers {n_layers}, heads {n_heads}, kv heads {n_kv_heads}, vocab {vocab_size}, seq_len {seq_len}"
+            ),
+        ));
+    }
+    Ok(Config {
+        dim,
+        hidden_dim,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        vocab_size,
+        seq_len,
+        shared_classifier,
+    })
+}
+
+fn write_encoding(w: &mut Writer, e: &Encoding) {
+    match e {
+        Encoding::Float => w.u8(0),
+        Encoding::PerTensor(so) => {
+            w.u8(1);
+            w.f32(so.scale);
+            w.i32(so.offset);
+        }
+        Encoding::PerAxis { axis, params } => {
+            w.u8(2);
+            w.len(*axis);
+            w.len(params.len());
+            for so in params {
+                w.f32(so.scale);
+                w.i32(so.offset);
+            }
+        }
+    }
+}
+
+fn read_scale_offset(s: &mut Reader<'_>) -> Result<ScaleOffset, FormatError> {
+    let at = s.offset();
+    let scale = s.f32("scale")?;
+    let offset = s.i32("offset")?;
+    ScaleOffset::new(scale, offset).map_err(|e| s.corrupt_at(at, e.to_string()))
+}
+
+fn read_encoding(s: &mut Reader<'_>) -> Result<Encoding, FormatError> {
+    let at = s.offset();
+    Ok(match s.u8("encoding kind")? {
+        0 => Encoding::Float,
+        1 => Encoding::PerTensor(read_scale_offset(s)?),
+        2 => {
+            let axis = s.len("encoding axis", 16)?;
+            let n = s.count("per-axis encoding", 8)?;
+            let mut params = Vec::with_capacity(n);
+            for _ in 0..n {
+                params.push(read_scale_offset(s)?);
+            }
+            Encoding::PerAxis { axis, params }
+        }
+        k => return Err(s.corrupt_at(at, format!("unknown encoding kind {k}"))),
+    })
+}
+
+fn read_encodings(
+    s: &mut Reader<'_>,
+    c: &Config,
+    o: &CompileOptions,
+) -> Result<(Vec<ScaleOffset>, Vec<QuantSpec>), FormatError> {
+    let at = s.offset();
+    let n = s.count("activation encodings", 8)?;
+    let want = if o.weights == WeightType::I8 {
+        c.n_layers * 4 + 1
+    } else {
+        0
+    };
+    if n != want {
+        return Err(s.corrupt_at(at, format!("{n} activation encoding(s), expected {want}")));
+    }
+    let mut act = Vec::with_capacity(n);
+    for _ in 0..n {
+        act.push(read_scale_offset(s)?);
+    }
+    let at = s.offset();
+    let n = s.count("KV encodings", 2)?;
+    let want = c.n_layers * c.n_kv_heads * 2;
+    if n != want {
+        return Err(s.corrupt_at(at, format!("{n} KV encoding(s), expected {want}")));
+    }
+    let mut kv = Vec::with_capacity(n);
+    for _ in 0..n {
+        let at = s.offset();
+        let dtype = kv_from_code(s.u8("KV dtype")?);
+        let encoding = read_encoding(s)?;
+        let ok = match (dtype, &encoding) {
+            (Some(d), Encoding::PerTensor(_)) => d == o.kv_dtype && d.is_fixed_point(),
+            (Some(d), Encoding::Float) => d == o.kv_dtype && !d.is_fixed_point(),
+            _ => false,
+        };
+        let Some(dtype) = dtype.filter(|_| ok) else {
+            return Err(s.corrupt_at(
+                at,
+                format!("KV encoding does not fit the KV dtype {}", o.kv_dtype),
+            ));
+        };
+        kv.push(QuantSpec { dtype, encoding });
+    }
+    Ok((act, kv))
+}
+
+fn write_matrix(w: &mut Writer, m: &Matrix) {
+    match m {
+        Matrix::I8 {
+            rows,
+            cols,
+            scales,
+            q,
+            ..
+        } => {
+            w.u8(0);
+            w.len(*rows);
+            w.len(*cols);
+            for &s in scales {
+                w.f32(s);
+            }
+            w.buf.extend(q.iter().map(|&v| v as u8));
+        }
+        Matrix::Float {
+            rows,
+            cols,
+            w: data,
+            half,
+        } => {
+            w.u8(if *half { 1 } else { 2 });
+            w.len(*rows);
+            w.len(*cols);
+            if *half {
+                for &v in data {
+                    w.bytes(&half::f16::from_f32(v).to_le_bytes());
+                }
+            } else {
+                for &v in data {
+                    w.f32(v);
+                }
+            }
+        }
+    }
+}
+
+fn read_matrix(
+    s: &mut Reader<'_>,
+    name: &str,
+    wt: WeightType,
+    rows: usize,
+    cols: usize,
+) -> Result<Matrix, FormatError> {
+    let at = s.offset();
+    let kind = s.u8(&format!("{name} kind"))?;
+    let want = match wt {
+        WeightType::I8 => 0,
+        WeightType::F16 => 1,
+        WeightType::F32 => 2,
+    };
+    if kind != want {
+        return Err(s.corrupt_at(
+            at,
+            format!(
+                "matrix {name} has kind {kind}, expected {want} ({} weights)",
+                wt.name()
+            ),
+        ));
+    }
+    let at = s.offset();
+    let r = s.len(&format!("{name} rows"), MAX_COUNT)?;
+    let c = s.len(&format!("{name} cols"), MAX_COUNT)?;
+    if (r, c) != (rows, cols) {
+        return Err(s.corrupt_at(
+            at,
+            format!("matrix {name} is {r} x {c}, expected {rows} x {cols}"),
+        ));
+    }
+    let n = rows * cols;
+    Ok(match kind {
+        0 => {
+            let mut scales = Vec::with_capacity(rows);
+            for _ in 0..rows {
+                let at = s.offset();
+                let v = s.f32(&format!("{name} scale"))?;
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(s.corrupt_at(at, format!("matrix {name} has scale {v}")));
+                }
+                scales.push(v);
+            }
+            let q = s.take(n, name)?.iter().map(|&b| b as i8).collect();
+            Matrix::from_i8(rows, cols, scales, q)
+        }
+        1 => {
+            let b = s.take(n * 2, name)?;
+            let w = b
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect();
+            Matrix::Float {
+                rows,
+                cols,
+                w,
+                half: true,
+            }
+        }
+        _ => {
+            let b = s.take(n * 4, name)?;
+            let w = b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            Matrix::Float {
+                rows,
+                cols,
+                w,
+                half: false,
+            }
+        }
+    })
+}
+
+fn read_norm(s: &mut Reader<'_>, name: &str, len: usize) -> Result<Vec<f32>, FormatError> {
+    let at = s.offset();
+    let v = s.f32s(name)?;
+    if v.len() != len {
+        return Err(s.corrupt_at(
+            at,
+            format!("{name} has {} value(s), expected {len}", v.len()),
+        ));
+    }
+    Ok(v)
+}
+
+fn write_desc(w: &mut Writer, t: &TensorDesc) {
+    w.str(&t.name);
+    w.len(t.shape.len());
+    for &d in &t.shape {
+        w.len(d);
+    }
+    w.u8(t.dtype.code());
+    write_encoding(w, &t.encoding);
+    w.u8(t.role.code());
+    for v in [t.layer, t.head] {
+        match v {
+            None => w.u8(0),
+            Some(x) => {
+                w.u8(1);
+                w.u32(x);
+            }
+        }
+    }
+}
+
+fn read_desc(s: &mut Reader<'_>) -> Result<TensorDesc, FormatError> {
+    let name = s.str("tensor name")?;
+    let rank = s.count("tensor rank", 8)?;
+    let mut shape = Vec::with_capacity(rank);
+    for _ in 0..rank {
+        shape.push(s.len("tensor dimension", MAX_COUNT)?);
+    }
+    let at = s.offset();
+    let dtype = TensorDType::from_code(s.u8("tensor dtype")?)
+        .ok_or_else(|| s.corrupt_at(at, format!("tensor `{name}` has an unknown dtype code")))?;
+    let encoding = read_encoding(s)?;
+    let at = s.offset();
+    let role = TensorRole::from_code(s.u8("tensor role")?)
+        .ok_or_else(|| s.corrupt_at(at, format!("tensor `{name}` has an unknown role code")))?;
+    let mut opt = |what: &str| -> Result<Option<u32>, FormatError> {
+        let at = s.offset();
+        match s.u8(what)? {
+            0 => Ok(None),
+            1 => Ok(Some(s.u32(what)?)),
+            f => Err(s.corrupt_at(at, format!("{what} flag {f}"))),
+        }
+    };
+    let layer = opt("tensor layer")?;
+    let head = opt("tensor head")?;
+    Ok(TensorDesc {
+        name,
+        shape,
+        dtype,
+        encoding,
+        role,
+        layer,
+        head,
+    })
+}

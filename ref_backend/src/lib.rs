@@ -1,0 +1,64 @@
+//! htpkv's reference backend: a CPU executor that behaves like a QNN HTP graph (int8 weights,
+//! int16 activations, fixed-point KV), and the compile step that makes its "context binary".
+//!
+//! It knows nothing about KV update strategies: a [`Graph`] executes one static AR-n step on
+//! raw buffers, exactly like `graphExecute` on HTP.
+//!
+//! # Graphs
+//! [`compile`] builds one graph per AR variant n for context S, named `ar{n}_cl{S}`. With L
+//! layers, H KV heads, head dim D and vocabulary V:
+//!
+//! **Inputs**, in order: `input_ids [1, n]` i32; `positions [1, n]` i32 (the RoPE positions);
+//! `attention_mask [1, 1, n, S]` (f32 `0`/`-inf` for f16/f32 KV, u16 fixed point with
+//! scale `100/65535`, offset `-65535` for u8/u16 KV: `65535` visible, `0` masked); then per
+//! layer l and KV head h `past_key_{l}_{h} [1, 1, S-n, D]` (`[1, 1, D, S-n]` with
+//! [`KLayout::Transposed`]) and `past_value_{l}_{h} [1, 1, S-n, D]`.
+//! **Outputs**: `logits [1, n, V]` f32, then per (l, h) `new_key_{l}_{h}` `[1, 1, n, D]`
+//! (transposed `[1, 1, D, n]`) and `new_value_{l}_{h} [1, 1, n, D]`. With
+//! [`Granularity::PerLayer`] the KV tensors are `past_key_{l} [H, 1, S-n, D]` etc. with a
+//! per-axis encoding (axis 0). Past and new tensors of one (layer, head) share one encoding.
+//!
+//! **Semantics.** Mask column `j < S-n` addresses row `j` of every past window; column
+//! `S-n+i` addresses new token `i` of this step. The mask is additive; a (dequantized) value
+//! at or below [`MASKED_AT_OR_BELOW`] (`-50`) skips the key entirely, so masked rows (e.g. the
+//! left padding) may hold any bytes. A new token's K/V, as seen by the queries of the same
+//! step, is the value read back from its KV encoding, so an AR-n prefill equals n AR-1 steps.
+//!
+//! # What is quantized and what is float
+//! * **Weights** (`--weights i8`): every matrix (`wq wk wv wo w1 w2 w3` and the token
+//!   embedding, which is also the tied classifier) is i8, symmetric, one scale per output
+//!   channel (row). Each matmul quantizes its input to **i16** with a static per-tensor
+//!   asymmetric encoding fixed by calibration, accumulates `i8 x i16` products in integers
+//!   (i32 partial sums over at most 516 products, provably without overflow, summed in i64),
+//!   applies the activation offset in i64 and rescales once to f32 (W8A16). The embedding
+//!   gather dequantizes the i8 row. With `f16`/`f32` weights the matmuls are f32 (f16 widened).
+//! * **KV**: new keys (after RoPE) and values are written in the KV dtype (u8/u16: asymmetric
+//!   per (layer, KV head, K|V); f16; f32) and read back dequantized.
+//! * **Float (f32)**: the residual stream and its additions, RMSNorm, RoPE, attention scores
+//!   `q·k/sqrt(D)` with the dequantized keys, the mask addition, softmax, the probability-
+//!   weighted sum of the dequantized values, SiLU and the gate product, the matmul outputs
+//!   (after the integer accumulation) and the logits.
+//!
+//! # Files
+//! [`CompiledModel::write`] / [`CompiledModel::read`]; format in [`mod@format`].
+
+mod bytes;
+mod calibrate;
+mod compile;
+mod error;
+mod exec;
+pub mod format;
+mod model;
+mod options;
+mod types;
+
+pub use bytes::crc32;
+pub use calibrate::U8_KV_PERCENTILE;
+pub use compile::{CompiledModel, Progress, Stage, compile};
+pub use error::{CompileError, ExecError, FormatError};
+pub use exec::{Graph, mask_value_bytes};
+pub use model::{ActSite, MASK_OFFSET, MASK_SCALE, MASKED_AT_OR_BELOW, graph_name, mask_encoding};
+pub use options::{
+    CALIBRATION_VERSION, CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS,
+};
+pub use types::{Granularity, KLayout, TensorDType, TensorDesc, TensorRole, WeightType};

@@ -1,0 +1,179 @@
+//! Compile options and their stable fingerprint.
+
+use quant::DataType;
+
+use crate::bytes::{Fnv64, Writer};
+use crate::types::{Granularity, KLayout, WeightType};
+
+/// Default calibration prompts (story openings in the style of TinyStories). The CLI and the
+/// tests tokenize these (with BOS) when no prompt file is given, so both compile the same model.
+pub const DEFAULT_CALIBRATION_PROMPTS: &[&str] = &[
+    "Once upon a time",
+    "One day, a little girl named Lily went to the park",
+    "Tom and his dog Max liked to play in the garden",
+    "The sun was shining and the birds were singing",
+    "Mia had a big red ball",
+    "There was a small boat on the lake",
+];
+
+/// Default length (prompt + greedy continuation, in tokens) of one calibration sequence.
+pub const DEFAULT_CALIBRATION_TOKENS: usize = 128;
+
+/// Version of the calibration algorithm; part of [`CompileOptions::fingerprint`], so cached
+/// compiled files are rebuilt when the calibration changes.
+pub const CALIBRATION_VERSION: u32 = 1;
+
+/// What to compile.
+///
+/// Invariants checked by [`crate::compile`]: `2 <= context <= seq_len` of the model, every AR
+/// variant `n` satisfies `1 <= n < context` and appears once, `kv_dtype` is `u8`, `u16`, `f16`
+/// or `f32`, and calibration prompts are present when something is quantized (KV `u8`/`u16`
+/// or weights `i8`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CompileOptions {
+    /// Context length S (past window S-n plus n new tokens).
+    pub context: usize,
+    /// The AR variants (tokens per step), one graph each.
+    pub ar: Vec<usize>,
+    /// KV cache element type: `u8`/`u16` (asymmetric fixed point, one encoding per
+    /// (layer, KV head, K|V)), `f16` or `f32`.
+    pub kv_dtype: DataType,
+    /// Weight storage type.
+    pub weights: WeightType,
+    /// Layout of the key tensors.
+    pub k_layout: KLayout,
+    /// KV tensor granularity.
+    pub granularity: Granularity,
+    /// Calibration prompts as token ids (normally BOS + tokenized text).
+    pub calibration_prompts: Vec<Vec<u32>>,
+    /// Each calibration prompt is continued greedily by the float model until the sequence
+    /// holds this many tokens (or the model emits BOS/EOS, or the context is full).
+    pub calibration_tokens: usize,
+}
+
+impl CompileOptions {
+    /// Options with the given context and AR variants and defaults otherwise: KV `u8`,
+    /// weights `i8`, keys in rows, per-head tensors, no calibration prompts (set them),
+    /// [`DEFAULT_CALIBRATION_TOKENS`].
+    pub fn new(context: usize, ar: Vec<usize>) -> Self {
+        CompileOptions {
+            context,
+            ar,
+            kv_dtype: DataType::U8,
+            weights: WeightType::I8,
+            k_layout: KLayout::Rows,
+            granularity: Granularity::PerHead,
+            calibration_prompts: Vec::new(),
+            calibration_tokens: DEFAULT_CALIBRATION_TOKENS,
+        }
+    }
+
+    /// True when compiling needs calibration (fixed-point KV or i8 weights).
+    pub fn needs_calibration(&self) -> bool {
+        self.kv_dtype.is_fixed_point() || self.weights == WeightType::I8
+    }
+
+    /// The canonical byte form (also the options section of the file format).
+    pub(crate) fn encode(&self, w: &mut Writer) {
+        w.len(self.context);
+        w.len(self.ar.len());
+        for &n in &self.ar {
+            w.len(n);
+        }
+        w.u8(kv_code(self.kv_dtype));
+        w.u8(match self.weights {
+            WeightType::I8 => 0,
+            WeightType::F16 => 1,
+            WeightType::F32 => 2,
+        });
+        w.u8(match self.k_layout {
+            KLayout::Rows => 0,
+            KLayout::Transposed => 1,
+        });
+        w.u8(match self.granularity {
+            Granularity::PerHead => 0,
+            Granularity::PerLayer => 1,
+        });
+        w.len(self.calibration_tokens);
+        w.len(self.calibration_prompts.len());
+        for p in &self.calibration_prompts {
+            w.len(p.len());
+            for &t in p {
+                w.u32(t);
+            }
+        }
+    }
+
+    /// A stable 64-bit fingerprint of these options together with the file-format and
+    /// calibration versions (FNV-1a over the canonical byte form): equal options give equal
+    /// fingerprints on every platform and build, so a runtime can cache compiled files per
+    /// settings. It does not cover the checkpoint: key the cache on the checkpoint too.
+    pub fn fingerprint(&self) -> u64 {
+        let mut w = Writer::default();
+        w.bytes(b"htpkv-ref_backend");
+        w.u32(crate::format::FORMAT_VERSION);
+        w.u32(CALIBRATION_VERSION);
+        self.encode(&mut w);
+        let mut h = Fnv64::new();
+        h.write(&w.buf);
+        h.finish()
+    }
+
+    /// [`Self::fingerprint`] as 16 lowercase hex digits.
+    pub fn fingerprint_hex(&self) -> String {
+        format!("{:016x}", self.fingerprint())
+    }
+}
+
+pub(crate) fn kv_code(d: DataType) -> u8 {
+    match d {
+        DataType::U8 => 0,
+        DataType::U16 => 1,
+        DataType::F16 => 2,
+        DataType::F32 => 3,
+        DataType::I8 => 4,
+        DataType::I16 => 5,
+    }
+}
+
+pub(crate) fn kv_from_code(c: u8) -> Option<DataType> {
+    Some(match c {
+        0 => DataType::U8,
+        1 => DataType::U16,
+        2 => DataType::F16,
+        3 => DataType::F32,
+        4 => DataType::I8,
+        5 => DataType::I16,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprint_is_stable_and_sensitive() {
+        let a = CompileOptions::new(512, vec![1, 32]);
+        let mut b = a.clone();
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        b.kv_dtype = DataType::U16;
+        assert_ne!(a.fingerprint(), b.fingerprint());
+        let mut c = a.clone();
+        c.calibration_prompts.push(vec![1, 2]);
+        assert_ne!(a.fingerprint(), c.fingerprint());
+        let mut d = a.clone();
+        d.ar = vec![32, 1];
+        assert_ne!(a.fingerprint(), d.fingerprint());
+        assert_eq!(a.fingerprint_hex().len(), 16);
+    }
+
+    /// The fingerprint keys on-disk caches: it must not change between builds unless the
+    /// format or calibration version (or the canonical encoding) deliberately changes.
+    #[test]
+    fn fingerprint_is_pinned() {
+        let mut o = CompileOptions::new(512, vec![1, 32]);
+        o.calibration_prompts = vec![vec![1, 403, 407]];
+        assert_eq!(o.fingerprint_hex(), "93b2a39450a68d03");
+    }
+}

@@ -1,0 +1,313 @@
+//! Tensor descriptions and the small enums of the compile options.
+
+use quant::{DataType, Encoding, QuantSpec};
+
+/// Element type of a graph tensor: QNN's `INT_32` (token ids, positions) plus the quantization
+/// crate's six types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TensorDType {
+    /// Signed 32-bit integer (`QNN_DATATYPE_INT_32`), unquantized.
+    I32,
+    /// Unsigned 8-bit fixed point.
+    U8,
+    /// Unsigned 16-bit fixed point.
+    U16,
+    /// Signed 8-bit fixed point.
+    I8,
+    /// Signed 16-bit fixed point.
+    I16,
+    /// IEEE half.
+    F16,
+    /// IEEE single.
+    F32,
+}
+
+impl TensorDType {
+    /// Size of one element in bytes.
+    pub const fn size_bytes(self) -> usize {
+        match self {
+            TensorDType::U8 | TensorDType::I8 => 1,
+            TensorDType::U16 | TensorDType::I16 | TensorDType::F16 => 2,
+            TensorDType::I32 | TensorDType::F32 => 4,
+        }
+    }
+
+    /// The quantization data type, `None` for [`TensorDType::I32`].
+    pub const fn quant(self) -> Option<DataType> {
+        match self {
+            TensorDType::I32 => None,
+            TensorDType::U8 => Some(DataType::U8),
+            TensorDType::U16 => Some(DataType::U16),
+            TensorDType::I8 => Some(DataType::I8),
+            TensorDType::I16 => Some(DataType::I16),
+            TensorDType::F16 => Some(DataType::F16),
+            TensorDType::F32 => Some(DataType::F32),
+        }
+    }
+
+    /// Lowercase name (`i32`, `u8`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            TensorDType::I32 => "i32",
+            TensorDType::U8 => "u8",
+            TensorDType::U16 => "u16",
+            TensorDType::I8 => "i8",
+            TensorDType::I16 => "i16",
+            TensorDType::F16 => "f16",
+            TensorDType::F32 => "f32",
+        }
+    }
+
+    pub(crate) const fn code(self) -> u8 {
+        match self {
+            TensorDType::I32 => 0,
+            TensorDType::U8 => 1,
+            TensorDType::U16 => 2,
+            TensorDType::I8 => 3,
+            TensorDType::I16 => 4,
+            TensorDType::F16 => 5,
+            TensorDType::F32 => 6,
+        }
+    }
+
+    pub(crate) const fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            0 => TensorDType::I32,
+            1 => TensorDType::U8,
+            2 => TensorDType::U16,
+            3 => TensorDType::I8,
+            4 => TensorDType::I16,
+            5 => TensorDType::F16,
+            6 => TensorDType::F32,
+            _ => return None,
+        })
+    }
+}
+
+impl From<DataType> for TensorDType {
+    fn from(d: DataType) -> Self {
+        match d {
+            DataType::U8 => TensorDType::U8,
+            DataType::U16 => TensorDType::U16,
+            DataType::I8 => TensorDType::I8,
+            DataType::I16 => TensorDType::I16,
+            DataType::F16 => TensorDType::F16,
+            DataType::F32 => TensorDType::F32,
+        }
+    }
+}
+
+impl std::fmt::Display for TensorDType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a graph tensor is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TensorRole {
+    /// `input_ids [1, n]` i32.
+    InputIds,
+    /// `positions [1, n]` i32: the RoPE position of each new token.
+    Positions,
+    /// `attention_mask [1, 1, n, S]`.
+    Mask,
+    /// A past-key window (input).
+    PastKey,
+    /// A past-value window (input).
+    PastValue,
+    /// The new keys of this step (output).
+    NewKey,
+    /// The new values of this step (output).
+    NewValue,
+    /// `logits [1, n, V]` f32 (output).
+    Logits,
+}
+
+impl TensorRole {
+    /// Lowercase name (`input_ids`, `past_key`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            TensorRole::InputIds => "input_ids",
+            TensorRole::Positions => "positions",
+            TensorRole::Mask => "mask",
+            TensorRole::PastKey => "past_key",
+            TensorRole::PastValue => "past_value",
+            TensorRole::NewKey => "new_key",
+            TensorRole::NewValue => "new_value",
+            TensorRole::Logits => "logits",
+        }
+    }
+
+    pub(crate) const fn code(self) -> u8 {
+        match self {
+            TensorRole::InputIds => 0,
+            TensorRole::Positions => 1,
+            TensorRole::Mask => 2,
+            TensorRole::PastKey => 3,
+            TensorRole::PastValue => 4,
+            TensorRole::NewKey => 5,
+            TensorRole::NewValue => 6,
+            TensorRole::Logits => 7,
+        }
+    }
+
+    pub(crate) const fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            0 => TensorRole::InputIds,
+            1 => TensorRole::Positions,
+            2 => TensorRole::Mask,
+            3 => TensorRole::PastKey,
+            4 => TensorRole::PastValue,
+            5 => TensorRole::NewKey,
+            6 => TensorRole::NewValue,
+            7 => TensorRole::Logits,
+            _ => return None,
+        })
+    }
+}
+
+/// Description of one graph input or output, as a QNN context binary lists it.
+///
+/// The tensor's bytes are little-endian elements of `dtype` in row-major order of `shape`.
+/// `layer`/`head` are set for KV tensors (`head` only with per-head granularity).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorDesc {
+    /// Tensor name, e.g. `past_key_3_1`.
+    pub name: String,
+    /// Dimensions, outermost first.
+    pub shape: Vec<usize>,
+    /// Element type.
+    pub dtype: TensorDType,
+    /// Quantization encoding: [`Encoding::Float`] for float and `i32` tensors, per tensor for
+    /// fixed-point tensors, per axis (axis 0, one pair per KV head) for per-layer KV tensors.
+    pub encoding: Encoding,
+    /// What the tensor is for.
+    pub role: TensorRole,
+    /// Layer of a KV tensor.
+    pub layer: Option<u32>,
+    /// KV head of a per-head KV tensor.
+    pub head: Option<u32>,
+}
+
+impl TensorDesc {
+    /// Number of elements (product of the shape).
+    pub fn element_count(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Number of bytes of the tensor's buffer.
+    pub fn byte_size(&self) -> usize {
+        self.element_count() * self.dtype.size_bytes()
+    }
+
+    /// The tensor's quantization spec (`None` for `i32` tensors).
+    pub fn quant_spec(&self) -> Option<QuantSpec> {
+        Some(QuantSpec {
+            dtype: self.dtype.quant()?,
+            encoding: self.encoding.clone(),
+        })
+    }
+}
+
+/// Type of the stored weight matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightType {
+    /// Signed 8-bit, symmetric, one scale per output channel (matrix row); matmul inputs are
+    /// quantized to i16 with static encodings and accumulated in integers (W8A16).
+    I8,
+    /// IEEE half, widened to f32 at load; matmuls in f32.
+    F16,
+    /// IEEE single; matmuls in f32.
+    F32,
+}
+
+impl WeightType {
+    /// Lowercase name (`i8`, `f16`, `f32`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            WeightType::I8 => "i8",
+            WeightType::F16 => "f16",
+            WeightType::F32 => "f32",
+        }
+    }
+}
+
+impl std::str::FromStr for WeightType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "i8" => Ok(WeightType::I8),
+            "f16" => Ok(WeightType::F16),
+            "f32" => Ok(WeightType::F32),
+            _ => Err(format!(
+                "unknown weight type `{s}` (expected i8, f16 or f32)"
+            )),
+        }
+    }
+}
+
+/// Layout of the key tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KLayout {
+    /// `[.., rows, D]`: one row of D elements per token (like the values).
+    Rows,
+    /// `[.., D, rows]`: keys stored transposed (one column per token).
+    Transposed,
+}
+
+impl KLayout {
+    /// Lowercase name (`rows`, `transposed`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            KLayout::Rows => "rows",
+            KLayout::Transposed => "transposed",
+        }
+    }
+}
+
+impl std::str::FromStr for KLayout {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "rows" => Ok(KLayout::Rows),
+            "transposed" => Ok(KLayout::Transposed),
+            _ => Err(format!(
+                "unknown K layout `{s}` (expected rows or transposed)"
+            )),
+        }
+    }
+}
+
+/// How KV tensors are split into graph inputs/outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Granularity {
+    /// One tensor per (layer, KV head): `past_key_{l}_{h}` `[1, 1, S-n, D]`.
+    PerHead,
+    /// One tensor per layer holding all KV heads: `past_key_{l}` `[H, 1, S-n, D]`, with a
+    /// per-axis encoding along axis 0 (one scale/offset per head).
+    PerLayer,
+}
+
+impl Granularity {
+    /// Lowercase name (`per_head`, `per_layer`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Granularity::PerHead => "per_head",
+            Granularity::PerLayer => "per_layer",
+        }
+    }
+}
+
+impl std::str::FromStr for Granularity {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "per_head" => Ok(Granularity::PerHead),
+            "per_layer" => Ok(Granularity::PerLayer),
+            _ => Err(format!(
+                "unknown tensor granularity `{s}` (expected per_head or per_layer)"
+            )),
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! Shared test helpers: model discovery and a plain left-padded KV window harness (one Vec per
+//! (layer, head, K|V) history; windows rebuilt by hand every step — deliberately NOT the
+//! kv_manager crate).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use llama2c::{Checkpoint, Config, ModelFiles, Tokenizer};
+use ref_backend::{CompileOptions, Graph, TensorDType, TensorRole};
+
+/// The stories260K model and tokenizer, or `None` (with a message) when absent.
+pub fn real_model() -> Option<(Checkpoint, Tokenizer)> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let extra = [root.join("../shared/models/stories260K")];
+    match ModelFiles::discover_with(None, &extra).and_then(|f| f.load()) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            eprintln!(
+                "SKIPPED: the stories260K model is not available (set HTPKV_MODEL_DIR or put it in ../shared/models/stories260K): {e}"
+            );
+            None
+        }
+    }
+}
+
+/// A small synthetic checkpoint (always available).
+pub fn synthetic(shared_classifier: bool) -> Checkpoint {
+    let config = Config {
+        dim: 32,
+        hidden_dim: 48,
+        n_layers: 2,
+        n_heads: 4,
+        n_kv_heads: 2,
+        vocab_size: 64,
+        seq_len: 64,
+        shared_classifier,
+    };
+    Checkpoint::synthetic(config, 7).expect("valid synthetic config")
+}
+
+/// The default calibration prompts, tokenized with BOS.
+pub fn default_prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
+    ref_backend::DEFAULT_CALIBRATION_PROMPTS
+        .iter()
+        .map(|p| tok.encode(p, true, false))
+        .collect()
+}
+
+/// Synthetic calibration prompts for a synthetic model.
+pub fn synthetic_prompts(vocab: usize) -> Vec<Vec<u32>> {
+    (0..3u32)
+        .map(|p| {
+            (0..6u32)
+                .map(|i| (1 + p * 7 + i * 5) % vocab as u32)
+                .collect()
+        })
+        .collect()
+}
+
+pub fn options(context: usize, ar: Vec<usize>) -> CompileOptions {
+    CompileOptions::new(context, ar)
+}
+
+/// Byte pattern for padding rows: finite but large values in every float format, so reading
+/// it would visibly change the results.
+const PAD: u8 = 0x5a;
+
+/// A left-padded KV harness: the committed K/V rows of every (layer, head, K|V) in "rows"
+/// layout (token-major, D elements each), as bytes.
+pub struct Harness {
+    /// `hist[(l * H + h) * 2 + kind]`.
+    hist: Vec<Vec<u8>>,
+    h: usize,
+    d: usize,
+    es: usize,
+    transposed: bool,
+    /// Committed tokens.
+    pub len: usize,
+}
+
+impl Harness {
+    /// A harness for `model`'s graphs.
+    pub fn for_model(model: &ref_backend::CompiledModel) -> Self {
+        Harness::new(
+            model.config(),
+            model.options().kv_dtype.size_bytes(),
+            model.options().k_layout == ref_backend::KLayout::Transposed,
+        )
+    }
+
+    pub fn new(config: &Config, kv_elem_size: usize, transposed_keys: bool) -> Self {
+        Harness {
+            hist: vec![Vec::new(); config.n_layers * config.n_kv_heads * 2],
+            h: config.n_kv_heads,
+            d: config.head_dim(),
+            es: kv_elem_size,
+            transposed: transposed_keys,
+            len: 0,
+        }
+    }
+
+    /// Runs one step of `graph` over `tokens` (at most n; the rest of the step is filled
+    /// with copies of the last token and not committed) at positions `len..`, commits the
+    /// real tokens' K/V and returns the logits of the real tokens (`tokens.len() * V`).
+    pub fn step(&mut self, graph: &Graph, tokens: &[u32]) -> Vec<f32> {
+        let n = graph.ar();
+        let s = graph.context();
+        let w = s - n;
+        let k = tokens.len();
+        assert!(k >= 1 && k <= n, "step of {k} tokens on AR-{n}");
+        let valid = self.len.min(w);
+        let (d, es) = (self.d, self.es);
+        let mut inputs: Vec<Vec<u8>> = Vec::new();
+        for desc in graph.inputs() {
+            let mut buf = vec![0u8; desc.byte_size()];
+            match desc.role {
+                TensorRole::InputIds => {
+                    for i in 0..n {
+                        let t = tokens[i.min(k - 1)] as i32;
+                        buf[i * 4..i * 4 + 4].copy_from_slice(&t.to_le_bytes());
+                    }
+                }
+                TensorRole::Positions => {
+                    for i in 0..n {
+                        let p = (self.len + i) as i32;
+                        buf[i * 4..i * 4 + 4].copy_from_slice(&p.to_le_bytes());
+                    }
+                }
+                TensorRole::Mask => {
+                    let es = desc.dtype.size_bytes();
+                    for i in 0..n {
+                        for j in 0..s {
+                            let vis = if j < w { j >= w - valid } else { j - w <= i };
+                            let b = ref_backend::mask_value_bytes(desc.dtype, vis);
+                            let at = (i * s + j) * es;
+                            buf[at..at + es].copy_from_slice(&b);
+                        }
+                    }
+                }
+                TensorRole::PastKey | TensorRole::PastValue => {
+                    buf.fill(PAD);
+                    let value = desc.role == TensorRole::PastValue;
+                    let transposed = !value && self.transposed;
+                    let l = desc.layer.expect("KV tensor has a layer") as usize;
+                    let heads: Vec<usize> = match desc.head {
+                        Some(h) => vec![h as usize],
+                        None => (0..desc.shape[0]).collect(),
+                    };
+                    for (slot, &h) in heads.iter().enumerate() {
+                        let hist = &self.hist[(l * self.h + h) * 2 + usize::from(value)];
+                        let base = slot * w * d * es;
+                        for r in 0..valid {
+                            let src_row = self.len - valid + r;
+                            let j = w - valid + r;
+                            for e in 0..d {
+                                let src = (src_row * d + e) * es;
+                                let at = if transposed { e * w + j } else { j * d + e };
+                                let dst = base + at * es;
+                                buf[dst..dst + es].copy_from_slice(&hist[src..src + es]);
+                            }
+                        }
+                    }
+                }
+                other => panic!("unexpected input role {other:?}"),
+            }
+            inputs.push(buf);
+        }
+        let mut outputs: Vec<Vec<u8>> = graph
+            .outputs()
+            .iter()
+            .map(|o| vec![0u8; o.byte_size()])
+            .collect();
+        {
+            let ins: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+            let mut outs: Vec<&mut [u8]> = outputs.iter_mut().map(|v| v.as_mut_slice()).collect();
+            graph.execute(&ins, &mut outs).expect("execute");
+        }
+        let mut logits = Vec::new();
+        for (desc, buf) in graph.outputs().iter().zip(&outputs) {
+            match desc.role {
+                TensorRole::Logits => {
+                    let v = desc.shape[2];
+                    logits = buf[..k * v * 4]
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect();
+                }
+                TensorRole::NewKey | TensorRole::NewValue => {
+                    let value = desc.role == TensorRole::NewValue;
+                    let transposed = !value && self.transposed;
+                    let l = desc.layer.expect("KV tensor has a layer") as usize;
+                    let heads: Vec<usize> = match desc.head {
+                        Some(h) => vec![h as usize],
+                        None => (0..desc.shape[0]).collect(),
+                    };
+                    for (slot, &h) in heads.iter().enumerate() {
+                        let hist = &mut self.hist[(l * self.h + h) * 2 + usize::from(value)];
+                        let base = slot * n * d * es;
+                        for i in 0..k {
+                            for e in 0..d {
+                                let at = if transposed { e * n + i } else { i * d + e };
+                                let src = base + at * es;
+                                hist.extend_from_slice(&buf[src..src + es]);
+                            }
+                        }
+                    }
+                }
+                other => panic!("unexpected output role {other:?}"),
+            }
+        }
+        self.len += k;
+        logits
+    }
+}
+
+/// The mask dtype of a graph (for tests that build inputs by hand).
+pub fn mask_dtype(graph: &Graph) -> TensorDType {
+    graph.inputs()[2].dtype
+}
+
+pub fn argmax(x: &[f32]) -> usize {
+    llama2c::argmax(x)
+}
+
+/// KL(p || q) of the softmax distributions of two logit vectors (nats).
+pub fn kl_logits(p_logits: &[f32], q_logits: &[f32]) -> f64 {
+    let lse = |x: &[f32]| {
+        let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        m + x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln()
+    };
+    let (lp, lq) = (lse(p_logits), lse(q_logits));
+    p_logits
+        .iter()
+        .zip(q_logits)
+        .map(|(&a, &b)| {
+            let la = a as f64 - lp;
+            let lb = b as f64 - lq;
+            la.exp() * (la - lb)
+        })
+        .sum()
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}

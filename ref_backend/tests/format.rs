@@ -1,0 +1,208 @@
+//! The compiled-model file: round trips and typed errors for damaged files.
+
+mod common;
+
+use quant::DataType;
+use ref_backend::format::{FORMAT_VERSION, HEADER_LEN, MAGIC};
+use ref_backend::{
+    CompileOptions, CompiledModel, FormatError, Granularity, KLayout, WeightType, compile,
+};
+
+fn models() -> Vec<CompiledModel> {
+    let mut out = Vec::new();
+    let configs = [
+        (
+            true,
+            DataType::U8,
+            WeightType::I8,
+            KLayout::Rows,
+            Granularity::PerHead,
+        ),
+        (
+            false,
+            DataType::U16,
+            WeightType::F16,
+            KLayout::Transposed,
+            Granularity::PerLayer,
+        ),
+        (
+            true,
+            DataType::F16,
+            WeightType::I8,
+            KLayout::Rows,
+            Granularity::PerLayer,
+        ),
+        (
+            false,
+            DataType::F32,
+            WeightType::F32,
+            KLayout::Transposed,
+            Granularity::PerHead,
+        ),
+    ];
+    for (shared, kv, w, layout, gran) in configs {
+        let ckpt = common::synthetic(shared);
+        let mut o = CompileOptions::new(32, vec![1, 4, 16]);
+        o.kv_dtype = kv;
+        o.weights = w;
+        o.k_layout = layout;
+        o.granularity = gran;
+        o.calibration_prompts = common::synthetic_prompts(64);
+        o.calibration_tokens = 16;
+        out.push(compile(&ckpt, &o, &mut |_| {}).expect("compile"));
+    }
+    out
+}
+
+fn small_model_bytes() -> Vec<u8> {
+    models().swap_remove(0).to_bytes()
+}
+
+#[test]
+fn round_trip_bytes_and_file() {
+    let dir = std::env::temp_dir().join(format!("htpkv_ref_format_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, m) in models().into_iter().enumerate() {
+        let bytes = m.to_bytes();
+        let back = CompiledModel::from_bytes(&bytes, "mem").expect("parse");
+        assert!(back == m, "model {i} differs after a round trip");
+        assert_eq!(
+            back.to_bytes(),
+            bytes,
+            "model {i}: re-serialization differs"
+        );
+        assert_eq!(back.fingerprint(), m.fingerprint());
+        let path = dir.join(format!("m{i}.htpkv"));
+        m.write(&path).expect("write");
+        let read = CompiledModel::read(&path).expect("read");
+        assert!(read == m, "model {i} differs after write/read");
+        // Graph lookup.
+        assert_eq!(read.graph("ar4_cl32").map(|g| g.ar()), Some(4));
+        assert_eq!(read.graph_for_ar(16).map(|g| g.name()), Some("ar16_cl32"));
+        assert!(read.graph_for_ar(2).is_none());
+    }
+    // No temporary files left behind.
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn truncated_files_are_typed_errors() {
+    let bytes = small_model_bytes();
+    let n = bytes.len();
+    for cut in [0, 1, 7, 8, 11, 12, 20, 27, 28, 29, 100, n / 2, n - 1] {
+        match CompiledModel::from_bytes(&bytes[..cut], "cut") {
+            Err(FormatError::Truncated {
+                offset,
+                expected,
+                available,
+                what,
+                ..
+            }) => {
+                assert!(
+                    offset as usize <= cut && available < expected,
+                    "cut {cut}: {what} at {offset}: expected {expected}, available {available}"
+                );
+                if cut >= HEADER_LEN {
+                    assert_eq!(what, "payload");
+                    assert_eq!(offset, HEADER_LEN as u64);
+                    assert_eq!(expected as usize, n - HEADER_LEN);
+                    assert_eq!(available as usize, cut - HEADER_LEN);
+                }
+            }
+            other => panic!("cut at {cut}: expected Truncated, got {other:?}"),
+        }
+    }
+    let msg = CompiledModel::from_bytes(&bytes[..100], "cut.bin")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("cut.bin") && msg.contains("offset 28"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn damaged_files_are_typed_errors() {
+    let bytes = small_model_bytes();
+    // A flipped payload byte: checksum.
+    for at in [HEADER_LEN, HEADER_LEN + 5, bytes.len() / 2, bytes.len() - 1] {
+        let mut b = bytes.clone();
+        b[at] ^= 0x10;
+        assert!(
+            matches!(
+                CompiledModel::from_bytes(&b, "x"),
+                Err(FormatError::ChecksumMismatch { .. })
+            ),
+            "flip at {at}"
+        );
+    }
+    // Wrong magic.
+    let mut b = bytes.clone();
+    b[0] = b'X';
+    assert!(matches!(
+        CompiledModel::from_bytes(&b, "x"),
+        Err(FormatError::BadMagic { .. })
+    ));
+    assert!(matches!(
+        CompiledModel::from_bytes(b"GARBAGE!", "x"),
+        Err(FormatError::BadMagic { .. })
+    ));
+    assert!(matches!(
+        CompiledModel::from_bytes(b"GA", "x"),
+        Err(FormatError::BadMagic { .. })
+    ));
+    // Wrong version.
+    let mut b = bytes.clone();
+    b[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    match CompiledModel::from_bytes(&b, "x") {
+        Err(FormatError::UnsupportedVersion {
+            found, supported, ..
+        }) => assert_eq!((found, supported), (FORMAT_VERSION + 1, FORMAT_VERSION)),
+        other => panic!("{other:?}"),
+    }
+    // Trailing bytes.
+    let mut b = bytes.clone();
+    b.push(0);
+    assert!(matches!(
+        CompiledModel::from_bytes(&b, "x"),
+        Err(FormatError::TrailingBytes { extra: 1, .. })
+    ));
+    assert_eq!(&bytes[..8], &MAGIC);
+}
+
+/// Re-seals a payload with a correct checksum, so the content checks are reached.
+fn reseal(mut b: Vec<u8>) -> Vec<u8> {
+    let crc = ref_backend::crc32(&b[HEADER_LEN..]);
+    b[24..28].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+#[test]
+fn consistent_checksum_but_bad_content_never_panics() {
+    let bytes = small_model_bytes();
+    // The context (first field of the OPTS section, after tag + length) set to 10^9.
+    let mut b = bytes.clone();
+    let ctx_at = HEADER_LEN + 4 + 8;
+    b[ctx_at..ctx_at + 8].copy_from_slice(&1_000_000_000u64.to_le_bytes());
+    assert!(matches!(
+        CompiledModel::from_bytes(&reseal(b), "x"),
+        Err(FormatError::Corrupt { .. })
+    ));
+    // Every byte of the payload flipped in turn (checksum fixed up): errors or (for weight
+    // bytes) a valid model, never a panic. Sampled with a stride to keep the test fast.
+    let mut errors = 0;
+    for at in (HEADER_LEN..bytes.len()).step_by(7) {
+        let mut b = bytes.clone();
+        b[at] ^= 0xA5;
+        if CompiledModel::from_bytes(&reseal(b), "x").is_err() {
+            errors += 1;
+        }
+    }
+    assert!(errors > 0);
+}
