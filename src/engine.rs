@@ -223,11 +223,7 @@ pub fn compiled_model(
     ));
     let mut last = (ref_backend::Stage::BuildGraphs, u64::MAX);
     let model = ref_backend::compile(checkpoint, opts, &mut |p| {
-        let pct = if p.total > 0 {
-            p.done * 100 / p.total
-        } else {
-            100
-        };
+        let pct = (p.done * 100).checked_div(p.total).unwrap_or(100);
         if (p.stage, pct / 25) != (last.0, last.1) {
             last = (p.stage, pct / 25);
             progress(&format!("  {} {pct}%", p.stage.name()));

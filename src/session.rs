@@ -452,10 +452,8 @@ impl<B: Backend> Session<B> {
                 Feed::Past(t) => {
                     let b = plan.past(*t);
                     // SAFETY: the plan's bindings lie inside the region (kv_manager's contract).
-                    InputBuffer {
-                        ptr: unsafe { base.add(b.offset) },
-                        len: b.bytes,
-                    }
+                    let ptr = unsafe { base.add(b.offset) };
+                    InputBuffer { ptr, len: b.bytes }
                 }
             });
         }
@@ -468,11 +466,9 @@ impl<B: Backend> Session<B> {
                 },
                 Sink::New(t) => {
                     let b = plan.new_output(*t);
-                    // SAFETY: as above.
-                    OutputBuffer {
-                        ptr: unsafe { base.add(b.offset) },
-                        len: b.bytes,
-                    }
+                    // SAFETY: the plan's bindings lie inside the region (kv_manager's contract).
+                    let ptr = unsafe { base.add(b.offset) };
+                    OutputBuffer { ptr, len: b.bytes }
                 }
             });
         }
