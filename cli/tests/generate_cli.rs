@@ -1,0 +1,208 @@
+//! `htpkv generate` and `htpkv compile` as a user runs them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn model_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("HTPKV_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/models/stories260K")
+        });
+    if dir.join("stories260K.bin").exists() {
+        Some(dir)
+    } else {
+        eprintln!(
+            "SKIPPED: the stories260K model is absent (looked in {}; set HTPKV_MODEL_DIR)",
+            dir.display()
+        );
+        None
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("htpkv-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn htpkv(args: &[&str], cache: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_htpkv"))
+        .args(args)
+        .env("HTPKV_CACHE_DIR", cache)
+        .env_remove("HTPKV_MODEL_DIR")
+        .output()
+        .expect("runs")
+}
+
+fn text(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+#[test]
+fn generate_streams_the_known_story_and_every_strategy_agrees() {
+    let Some(dir) = model_dir() else { return };
+    let cache = scratch("gen");
+    let dir = dir.to_str().unwrap();
+    let mut outputs = Vec::new();
+    for update in ["shift", "conveyor", "smart_mask", "naive"] {
+        let o = htpkv(
+            &[
+                "generate",
+                "--model-dir",
+                dir,
+                "--steps",
+                "40",
+                "--update",
+                update,
+            ],
+            &cache,
+        );
+        outputs.push(text(&o));
+    }
+    assert!(
+        outputs[0].starts_with("Once upon a time, there was a little girl named Lily."),
+        "{}",
+        outputs[0]
+    );
+    assert!(
+        outputs.iter().all(|o| *o == outputs[0]),
+        "strategies disagree: {outputs:#?}"
+    );
+    // The compiled model was cached on first use and reused after.
+    let cached: Vec<_> = std::fs::read_dir(&cache).unwrap().collect();
+    assert_eq!(
+        cached.len(),
+        1,
+        "one compiled file expected in {}",
+        cache.display()
+    );
+}
+
+#[test]
+fn generate_json_holds_text_and_stats() {
+    let Some(dir) = model_dir() else { return };
+    let cache = scratch("json");
+    let o = htpkv(
+        &[
+            "generate",
+            "Lily and Ben",
+            "--model-dir",
+            dir.to_str().unwrap(),
+            "--steps",
+            "16",
+            "--json",
+            "--kv-dtype",
+            "f32",
+            "--weights",
+            "f32",
+        ],
+        &cache,
+    );
+    let doc: serde_json::Value = serde_json::from_str(&text(&o)).expect("one JSON document");
+    assert!(doc["text"].as_str().unwrap().len() > 10);
+    assert_eq!(doc["generated_tokens"], 16);
+    assert!(doc["kv"]["region_bytes"].as_u64().unwrap() > 0);
+    assert!(doc["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn missing_model_says_where_to_get_it() {
+    let cache = scratch("missing");
+    let o = htpkv(&["generate", "--model-dir", "/nonexistent/models"], &cache);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("/nonexistent/models"), "{err}");
+    assert!(
+        err.contains("b0a507e7ad0f626624f17112325e66691f9076d622e1d3274d103d00299f2696"),
+        "{err}"
+    );
+}
+
+#[test]
+fn compile_writes_a_file_and_rejects_a_truncated_checkpoint() {
+    let Some(dir) = model_dir() else { return };
+    let work = scratch("compile");
+    let out = work.join("model.htpkv");
+    let ckpt = dir.join("stories260K.bin");
+    let tok = dir.join("tok512.bin");
+    let o = htpkv(
+        &[
+            "compile",
+            "--model",
+            ckpt.to_str().unwrap(),
+            "--tokenizer",
+            tok.to_str().unwrap(),
+            "--context",
+            "128",
+            "--ar",
+            "1,16",
+            "--kv-dtype",
+            "u8",
+            "--weights",
+            "i8",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &work,
+    );
+    text(&o);
+    assert!(std::fs::metadata(&out).unwrap().len() > 1000);
+    // The compiled file runs.
+    let o = htpkv(
+        &[
+            "generate",
+            "--model-dir",
+            dir.to_str().unwrap(),
+            "--compiled",
+            out.to_str().unwrap(),
+            "--steps",
+            "8",
+        ],
+        &work,
+    );
+    assert!(!text(&o).trim().is_empty());
+    // A truncated checkpoint is refused with what was expected.
+    let bytes = std::fs::read(&ckpt).unwrap();
+    let short = work.join("short.bin");
+    std::fs::write(&short, &bytes[..bytes.len() / 2]).unwrap();
+    let o = htpkv(
+        &[
+            "compile",
+            "--model",
+            short.to_str().unwrap(),
+            "--tokenizer",
+            tok.to_str().unwrap(),
+            "--out",
+            work.join("x").to_str().unwrap(),
+        ],
+        &work,
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("1056540") || err.contains("1,056,540"),
+        "{err}"
+    );
+    // A truncated compiled file is refused too.
+    let compiled = std::fs::read(&out).unwrap();
+    let cut = work.join("cut.htpkv");
+    std::fs::write(&cut, &compiled[..compiled.len() - 100]).unwrap();
+    let o = htpkv(
+        &[
+            "generate",
+            "--model-dir",
+            dir.to_str().unwrap(),
+            "--compiled",
+            cut.to_str().unwrap(),
+        ],
+        &work,
+    );
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cut.htpkv"));
+}
