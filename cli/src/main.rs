@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod budget;
 mod compile;
 mod generate;
+mod inspect;
 mod svg;
 
 /// htpkv: LLMs as static-shape graphs with an application-managed KV cache.
@@ -25,6 +26,8 @@ enum Command {
     Compile(compile::CompileArgs),
     /// Generate text with a compiled model (compiled and cached on first use).
     Generate(generate::GenerateArgs),
+    /// List the graphs and IO tensors of a context binary through a QNN system library.
+    Inspect(inspect::InspectArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -34,6 +37,7 @@ fn main() -> std::process::ExitCode {
         Command::Plan(args) => budget::run_plan(args),
         Command::Compile(args) => compile::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Inspect(args) => inspect::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,687 @@
+//! Plain Rust descriptions of QNN tensors, and conversion to and from the raw `Qnn_Tensor_t`.
+
+use std::ffi::{CStr, CString};
+
+use crate::bindings as b;
+use crate::error::QnnError;
+
+/// A `major.minor.patch` version (`Qnn_Version_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Version {
+    /// Major version: must match.
+    pub major: u32,
+    /// Minor version: must be at least the required one.
+    pub minor: u32,
+    /// Patch version.
+    pub patch: u32,
+}
+
+impl Version {
+    /// Builds a version.
+    pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
+        Version {
+            major,
+            minor,
+            patch,
+        }
+    }
+
+    pub(crate) fn from_raw(v: &b::Qnn_Version_t) -> Self {
+        Version::new(v.major, v.minor, v.patch)
+    }
+
+    /// The raw struct.
+    pub fn to_raw(self) -> b::Qnn_Version_t {
+        b::Qnn_Version_t {
+            major: self.major,
+            minor: self.minor,
+            patch: self.patch,
+        }
+    }
+
+    /// True when `self` can serve a client that needs `needed`: same major, minor at least.
+    pub fn satisfies(self, needed: Version) -> bool {
+        self.major == needed.major && self.minor >= needed.minor
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+/// Element type of a tensor (`Qnn_DataType_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DataType {
+    /// `INT_8`.
+    I8,
+    /// `INT_16`.
+    I16,
+    /// `INT_32`.
+    I32,
+    /// `INT_64`.
+    I64,
+    /// `UINT_8` (plain unsigned, not fixed point).
+    U8,
+    /// `UINT_16`.
+    U16,
+    /// `UINT_32`.
+    U32,
+    /// `UINT_64`.
+    U64,
+    /// `FLOAT_16`.
+    F16,
+    /// `FLOAT_32`.
+    F32,
+    /// `FLOAT_64`.
+    F64,
+    /// `SFIXED_POINT_8` (i8 with an encoding).
+    SFixed8,
+    /// `SFIXED_POINT_16`.
+    SFixed16,
+    /// `SFIXED_POINT_32`.
+    SFixed32,
+    /// `UFIXED_POINT_8` (u8 with an encoding).
+    UFixed8,
+    /// `UFIXED_POINT_16`.
+    UFixed16,
+    /// `UFIXED_POINT_32`.
+    UFixed32,
+    /// `BOOL_8`.
+    Bool8,
+    /// Any other value (4-bit packed types, strings, undefined).
+    Other(u32),
+}
+
+impl DataType {
+    /// From the raw enum value.
+    pub fn from_raw(raw: u32) -> Self {
+        match raw {
+            b::QNN_DATATYPE_INT_8 => DataType::I8,
+            b::QNN_DATATYPE_INT_16 => DataType::I16,
+            b::QNN_DATATYPE_INT_32 => DataType::I32,
+            b::QNN_DATATYPE_INT_64 => DataType::I64,
+            b::QNN_DATATYPE_UINT_8 => DataType::U8,
+            b::QNN_DATATYPE_UINT_16 => DataType::U16,
+            b::QNN_DATATYPE_UINT_32 => DataType::U32,
+            b::QNN_DATATYPE_UINT_64 => DataType::U64,
+            b::QNN_DATATYPE_FLOAT_16 => DataType::F16,
+            b::QNN_DATATYPE_FLOAT_32 => DataType::F32,
+            b::QNN_DATATYPE_FLOAT_64 => DataType::F64,
+            b::QNN_DATATYPE_SFIXED_POINT_8 => DataType::SFixed8,
+            b::QNN_DATATYPE_SFIXED_POINT_16 => DataType::SFixed16,
+            b::QNN_DATATYPE_SFIXED_POINT_32 => DataType::SFixed32,
+            b::QNN_DATATYPE_UFIXED_POINT_8 => DataType::UFixed8,
+            b::QNN_DATATYPE_UFIXED_POINT_16 => DataType::UFixed16,
+            b::QNN_DATATYPE_UFIXED_POINT_32 => DataType::UFixed32,
+            b::QNN_DATATYPE_BOOL_8 => DataType::Bool8,
+            other => DataType::Other(other),
+        }
+    }
+
+    /// The raw enum value.
+    pub fn to_raw(self) -> u32 {
+        match self {
+            DataType::I8 => b::QNN_DATATYPE_INT_8,
+            DataType::I16 => b::QNN_DATATYPE_INT_16,
+            DataType::I32 => b::QNN_DATATYPE_INT_32,
+            DataType::I64 => b::QNN_DATATYPE_INT_64,
+            DataType::U8 => b::QNN_DATATYPE_UINT_8,
+            DataType::U16 => b::QNN_DATATYPE_UINT_16,
+            DataType::U32 => b::QNN_DATATYPE_UINT_32,
+            DataType::U64 => b::QNN_DATATYPE_UINT_64,
+            DataType::F16 => b::QNN_DATATYPE_FLOAT_16,
+            DataType::F32 => b::QNN_DATATYPE_FLOAT_32,
+            DataType::F64 => b::QNN_DATATYPE_FLOAT_64,
+            DataType::SFixed8 => b::QNN_DATATYPE_SFIXED_POINT_8,
+            DataType::SFixed16 => b::QNN_DATATYPE_SFIXED_POINT_16,
+            DataType::SFixed32 => b::QNN_DATATYPE_SFIXED_POINT_32,
+            DataType::UFixed8 => b::QNN_DATATYPE_UFIXED_POINT_8,
+            DataType::UFixed16 => b::QNN_DATATYPE_UFIXED_POINT_16,
+            DataType::UFixed32 => b::QNN_DATATYPE_UFIXED_POINT_32,
+            DataType::Bool8 => b::QNN_DATATYPE_BOOL_8,
+            DataType::Other(raw) => raw,
+        }
+    }
+
+    /// Bytes per element, `None` for packed 4-bit, string and unknown types.
+    pub fn size_bytes(self) -> Option<usize> {
+        Some(match self {
+            DataType::I8
+            | DataType::U8
+            | DataType::SFixed8
+            | DataType::UFixed8
+            | DataType::Bool8 => 1,
+            DataType::I16
+            | DataType::U16
+            | DataType::F16
+            | DataType::SFixed16
+            | DataType::UFixed16 => 2,
+            DataType::I32
+            | DataType::U32
+            | DataType::F32
+            | DataType::SFixed32
+            | DataType::UFixed32 => 4,
+            DataType::I64 | DataType::U64 | DataType::F64 => 8,
+            DataType::Other(_) => return None,
+        })
+    }
+
+    /// True for the fixed-point types, whose values decode through an encoding.
+    pub fn is_fixed_point(self) -> bool {
+        matches!(
+            self,
+            DataType::SFixed8
+                | DataType::SFixed16
+                | DataType::SFixed32
+                | DataType::UFixed8
+                | DataType::UFixed16
+                | DataType::UFixed32
+        )
+    }
+
+    /// Short lowercase name (`ufixed8`, `f32`, ...).
+    pub fn name(self) -> String {
+        match self {
+            DataType::Other(raw) => format!("type_{raw:#06x}"),
+            other => format!("{other:?}").to_lowercase(),
+        }
+    }
+}
+
+/// Who reads and writes a tensor (`Qnn_TensorType_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TensorType {
+    /// Graph input written by the application.
+    AppWrite,
+    /// Graph output read by the application.
+    AppRead,
+    /// Read and written by the application.
+    AppReadWrite,
+    /// Internal to the graph.
+    Native,
+    /// Constant data.
+    Static,
+    /// An absent optional tensor.
+    Null,
+    /// Any other value.
+    Other(u32),
+}
+
+impl TensorType {
+    /// From the raw enum value.
+    pub fn from_raw(raw: u32) -> Self {
+        match raw {
+            b::QNN_TENSOR_TYPE_APP_WRITE => TensorType::AppWrite,
+            b::QNN_TENSOR_TYPE_APP_READ => TensorType::AppRead,
+            b::QNN_TENSOR_TYPE_APP_READWRITE => TensorType::AppReadWrite,
+            b::QNN_TENSOR_TYPE_NATIVE => TensorType::Native,
+            b::QNN_TENSOR_TYPE_STATIC => TensorType::Static,
+            b::QNN_TENSOR_TYPE_NULL => TensorType::Null,
+            other => TensorType::Other(other),
+        }
+    }
+
+    /// The raw enum value.
+    pub fn to_raw(self) -> u32 {
+        match self {
+            TensorType::AppWrite => b::QNN_TENSOR_TYPE_APP_WRITE,
+            TensorType::AppRead => b::QNN_TENSOR_TYPE_APP_READ,
+            TensorType::AppReadWrite => b::QNN_TENSOR_TYPE_APP_READWRITE,
+            TensorType::Native => b::QNN_TENSOR_TYPE_NATIVE,
+            TensorType::Static => b::QNN_TENSOR_TYPE_STATIC,
+            TensorType::Null => b::QNN_TENSOR_TYPE_NULL,
+            TensorType::Other(raw) => raw,
+        }
+    }
+}
+
+/// A tensor's quantization encoding. Fixed-point values decode as `(q + offset) * scale`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Quantization {
+    /// No encoding (float and plain integer tensors).
+    None,
+    /// One scale/offset for the whole tensor (also from the bit-width variant).
+    PerTensor {
+        /// Scale (> 0).
+        scale: f32,
+        /// Offset (= -zero point).
+        offset: i32,
+    },
+    /// One scale/offset per index along `axis` (also from the bit-width variant).
+    PerAxis {
+        /// The quantized axis.
+        axis: i32,
+        /// `(scale, offset)` per index.
+        scale_offsets: Vec<(f32, i32)>,
+    },
+    /// An encoding htpkv does not read (block, blockwise expansion, vector).
+    Unsupported {
+        /// The raw `Qnn_QuantizationEncoding_t`.
+        encoding: u32,
+    },
+}
+
+/// Description of one graph input or output, converted from the system library's binary info.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    /// The backend's tensor id (passed back on execute).
+    pub id: u32,
+    /// Tensor name.
+    pub name: String,
+    /// Input (`AppWrite`) or output (`AppRead`).
+    pub tensor_type: TensorType,
+    /// Element type.
+    pub dtype: DataType,
+    /// Dimensions, outermost first.
+    pub shape: Vec<u32>,
+    /// Quantization encoding.
+    pub quant: Quantization,
+}
+
+impl TensorInfo {
+    /// Number of elements, `None` on overflow.
+    pub fn element_count(&self) -> Option<usize> {
+        self.shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d as usize))
+    }
+
+    /// Bytes of the tensor's buffer, `None` for types without a fixed element size or on
+    /// overflow.
+    pub fn byte_size(&self) -> Option<usize> {
+        self.element_count()?.checked_mul(self.dtype.size_bytes()?)
+    }
+
+    /// The byte size, or [`QnnError::InvalidTensor`].
+    pub fn required_bytes(&self) -> Result<usize, QnnError> {
+        self.byte_size().ok_or_else(|| QnnError::InvalidTensor {
+            tensor: self.name.clone(),
+            reason: format!(
+                "cannot size a {} tensor of shape {:?}",
+                self.dtype.name(),
+                self.shape
+            ),
+        })
+    }
+
+    /// Reads a raw tensor (version 1 or 2).
+    ///
+    /// # Safety
+    /// `raw` must be a valid tensor as QNN hands it out: when `version` is 1 or 2, `name` is NULL
+    /// or a NUL-terminated string, `dimensions` points to `rank` values (or is NULL with rank 0),
+    /// and a per-axis encoding's array has `numScaleOffsets` (or `numElements`) entries.
+    pub unsafe fn from_raw(raw: &b::Qnn_Tensor_t) -> Result<TensorInfo, QnnError> {
+        // Both versions start with the same fields in the same order, so v1 reads either.
+        let v1 = match raw.version {
+            // SAFETY: the version tag says which union member is live; v2 begins with v1's
+            // fields at the same offsets.
+            b::QNN_TENSOR_VERSION_1 | b::QNN_TENSOR_VERSION_2 => unsafe {
+                &raw.__bindgen_anon_1.v1
+            },
+            other => {
+                return Err(QnnError::BinaryInfo {
+                    reason: format!("tensor with unknown version {other}"),
+                });
+            }
+        };
+        let name = if v1.name.is_null() {
+            String::new()
+        } else {
+            // SAFETY: non-NULL name is a NUL-terminated string per the caller's contract.
+            unsafe { CStr::from_ptr(v1.name) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        let shape = if v1.rank == 0 {
+            Vec::new()
+        } else if v1.dimensions.is_null() {
+            return Err(QnnError::BinaryInfo {
+                reason: format!("tensor `{name}` has rank {} but no dimensions", v1.rank),
+            });
+        } else {
+            // SAFETY: `dimensions` points to `rank` u32 values per the caller's contract.
+            unsafe { std::slice::from_raw_parts(v1.dimensions, v1.rank as usize) }.to_vec()
+        };
+        // SAFETY: forwarded contract on the encoding arrays.
+        let quant = unsafe { quantization_from_raw(&v1.quantizeParams) };
+        Ok(TensorInfo {
+            id: v1.id,
+            name,
+            tensor_type: TensorType::from_raw(v1.type_),
+            dtype: DataType::from_raw(v1.dataType),
+            shape,
+            quant,
+        })
+    }
+}
+
+/// Reads a raw encoding.
+///
+/// # Safety
+/// Per-axis arrays must hold the number of entries their count field says (or be NULL).
+unsafe fn quantization_from_raw(q: &b::Qnn_QuantizeParams_t) -> Quantization {
+    if q.encodingDefinition != b::QNN_DEFINITION_DEFINED {
+        return Quantization::None;
+    }
+    match q.quantizationEncoding {
+        b::QNN_QUANTIZATION_ENCODING_SCALE_OFFSET => {
+            // SAFETY: the encoding tag selects the scale/offset member.
+            let so = unsafe { q.__bindgen_anon_1.scaleOffsetEncoding };
+            Quantization::PerTensor {
+                scale: so.scale,
+                offset: so.offset,
+            }
+        }
+        b::QNN_QUANTIZATION_ENCODING_BW_SCALE_OFFSET => {
+            // SAFETY: the encoding tag selects the bit-width scale/offset member.
+            let so = unsafe { q.__bindgen_anon_1.bwScaleOffsetEncoding };
+            Quantization::PerTensor {
+                scale: so.scale,
+                offset: so.offset,
+            }
+        }
+        b::QNN_QUANTIZATION_ENCODING_AXIS_SCALE_OFFSET => {
+            // SAFETY: the encoding tag selects the per-axis member.
+            let axis = unsafe { q.__bindgen_anon_1.axisScaleOffsetEncoding };
+            let scale_offsets = if axis.scaleOffset.is_null() || axis.numScaleOffsets == 0 {
+                Vec::new()
+            } else {
+                // SAFETY: the array holds `numScaleOffsets` entries (caller's contract).
+                unsafe {
+                    std::slice::from_raw_parts(axis.scaleOffset, axis.numScaleOffsets as usize)
+                }
+                .iter()
+                .map(|so| (so.scale, so.offset))
+                .collect()
+            };
+            Quantization::PerAxis {
+                axis: axis.axis,
+                scale_offsets,
+            }
+        }
+        b::QNN_QUANTIZATION_ENCODING_BW_AXIS_SCALE_OFFSET => {
+            // SAFETY: the encoding tag selects the bit-width per-axis member.
+            let axis = unsafe { q.__bindgen_anon_1.bwAxisScaleOffsetEncoding };
+            let n = axis.numElements as usize;
+            let scales: &[f32] = if axis.scales.is_null() || n == 0 {
+                &[]
+            } else {
+                // SAFETY: `scales` holds `numElements` entries (caller's contract).
+                unsafe { std::slice::from_raw_parts(axis.scales, n) }
+            };
+            let offsets: Option<&[i32]> = if axis.offsets.is_null() || n == 0 {
+                None
+            } else {
+                // SAFETY: non-NULL `offsets` holds `numElements` entries (caller's contract).
+                Some(unsafe { std::slice::from_raw_parts(axis.offsets, n) })
+            };
+            Quantization::PerAxis {
+                axis: axis.axis,
+                scale_offsets: scales
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &s)| (s, offsets.map_or(0, |o| o[i])))
+                    .collect(),
+            }
+        }
+        other => Quantization::Unsupported { encoding: other },
+    }
+}
+
+/// A raw `Qnn_Tensor_t` (version 1) together with the memory its pointers refer to (name,
+/// dimensions, per-axis scale/offset array). Used to pass tensors to `graphExecute` and by
+/// backends that hand out tensor descriptions.
+pub struct OwnedRawTensor {
+    name: CString,
+    dims: Vec<u32>,
+    scale_offsets: Vec<b::Qnn_ScaleOffset_t>,
+    info_quant: Quantization,
+    id: u32,
+    tensor_type: u32,
+    dtype: u32,
+}
+
+impl std::fmt::Debug for OwnedRawTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedRawTensor")
+            .field("name", &self.name)
+            .field("dims", &self.dims)
+            .field("quant", &self.info_quant)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OwnedRawTensor {
+    /// Copies `info` into owned storage. Fails when the name contains a NUL byte.
+    pub fn new(info: &TensorInfo) -> Result<OwnedRawTensor, QnnError> {
+        let name = CString::new(info.name.clone()).map_err(|_| QnnError::InvalidTensor {
+            tensor: info.name.clone(),
+            reason: "name contains a NUL byte".into(),
+        })?;
+        let scale_offsets = match &info.quant {
+            Quantization::PerAxis { scale_offsets, .. } => scale_offsets
+                .iter()
+                .map(|&(scale, offset)| b::Qnn_ScaleOffset_t { scale, offset })
+                .collect(),
+            _ => Vec::new(),
+        };
+        Ok(OwnedRawTensor {
+            name,
+            dims: info.shape.clone(),
+            scale_offsets,
+            info_quant: info.quant.clone(),
+            id: info.id,
+            tensor_type: info.tensor_type.to_raw(),
+            dtype: info.dtype.to_raw(),
+        })
+    }
+
+    /// The raw tensor with no data bound (`memType` undefined). Its pointers borrow `self`: it
+    /// must not be used after `self` is dropped or moved.
+    pub fn raw(&self) -> b::Qnn_Tensor_t {
+        let mut quant = b::Qnn_QuantizeParams_t {
+            encodingDefinition: b::QNN_DEFINITION_UNDEFINED,
+            quantizationEncoding: b::QNN_QUANTIZATION_ENCODING_UNDEFINED,
+            ..Default::default()
+        };
+        match &self.info_quant {
+            Quantization::None | Quantization::Unsupported { .. } => {}
+            Quantization::PerTensor { scale, offset } => {
+                quant.encodingDefinition = b::QNN_DEFINITION_DEFINED;
+                quant.quantizationEncoding = b::QNN_QUANTIZATION_ENCODING_SCALE_OFFSET;
+                quant.__bindgen_anon_1.scaleOffsetEncoding = b::Qnn_ScaleOffset_t {
+                    scale: *scale,
+                    offset: *offset,
+                };
+            }
+            Quantization::PerAxis { axis, .. } => {
+                quant.encodingDefinition = b::QNN_DEFINITION_DEFINED;
+                quant.quantizationEncoding = b::QNN_QUANTIZATION_ENCODING_AXIS_SCALE_OFFSET;
+                quant.__bindgen_anon_1.axisScaleOffsetEncoding = b::Qnn_AxisScaleOffset_t {
+                    axis: *axis,
+                    numScaleOffsets: self.scale_offsets.len() as u32,
+                    scaleOffset: self.scale_offsets.as_ptr().cast_mut(),
+                };
+            }
+        }
+        let v1 = b::Qnn_TensorV1_t {
+            id: self.id,
+            name: self.name.as_ptr(),
+            type_: self.tensor_type,
+            dataFormat: b::QNN_TENSOR_DATA_FORMAT_DENSE,
+            dataType: self.dtype,
+            quantizeParams: quant,
+            rank: self.dims.len() as u32,
+            dimensions: if self.dims.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                self.dims.as_ptr().cast_mut()
+            },
+            memType: b::QNN_TENSORMEMTYPE_UNDEFINED,
+            ..Default::default()
+        };
+        b::Qnn_Tensor_t {
+            version: b::QNN_TENSOR_VERSION_1,
+            __bindgen_anon_1: b::Qnn_Tensor_t__bindgen_ty_1 { v1 },
+        }
+    }
+
+    /// The raw tensor with a client buffer bound.
+    pub fn raw_with_client_buffer(&self, data: *mut u8, size: u32) -> b::Qnn_Tensor_t {
+        let mut t = self.raw();
+        // SAFETY: `raw()` built a version-1 tensor, so `v1` is the live member.
+        let v1 = unsafe { &mut t.__bindgen_anon_1.v1 };
+        v1.memType = b::QNN_TENSORMEMTYPE_RAW;
+        v1.__bindgen_anon_1.clientBuf = b::Qnn_ClientBuffer_t {
+            data: data.cast(),
+            dataSize: size,
+        };
+        t
+    }
+
+    /// The raw tensor with a registered memory handle bound.
+    pub fn raw_with_mem_handle(&self, handle: b::Qnn_MemHandle_t) -> b::Qnn_Tensor_t {
+        let mut t = self.raw();
+        // SAFETY: `raw()` built a version-1 tensor, so `v1` is the live member.
+        let v1 = unsafe { &mut t.__bindgen_anon_1.v1 };
+        v1.memType = b::QNN_TENSORMEMTYPE_MEMHANDLE;
+        v1.__bindgen_anon_1.memHandle = handle;
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_type_round_trips_and_sizes() {
+        let all = [
+            DataType::I8,
+            DataType::I16,
+            DataType::I32,
+            DataType::I64,
+            DataType::U8,
+            DataType::U16,
+            DataType::U32,
+            DataType::U64,
+            DataType::F16,
+            DataType::F32,
+            DataType::F64,
+            DataType::SFixed8,
+            DataType::SFixed16,
+            DataType::SFixed32,
+            DataType::UFixed8,
+            DataType::UFixed16,
+            DataType::UFixed32,
+            DataType::Bool8,
+        ];
+        for d in all {
+            assert_eq!(DataType::from_raw(d.to_raw()), d);
+            // The low byte spells the bit width in decimal digits.
+            let bits = (d.to_raw() & 0xFF) as usize;
+            let decimal_bits = (bits >> 4) * 10 + (bits & 0xF);
+            assert_eq!(d.size_bytes(), Some(decimal_bits / 8), "{d:?}");
+        }
+        assert_eq!(DataType::from_raw(0x0404), DataType::Other(0x0404));
+        assert_eq!(DataType::Other(0x0404).size_bytes(), None);
+    }
+
+    #[test]
+    fn raw_tensor_round_trips_through_tensor_info() {
+        let infos = [
+            TensorInfo {
+                id: 7,
+                name: "past_key_0".into(),
+                tensor_type: TensorType::AppWrite,
+                dtype: DataType::UFixed8,
+                shape: vec![4, 1, 31, 8],
+                quant: Quantization::PerAxis {
+                    axis: 0,
+                    scale_offsets: vec![(0.5, -128), (0.25, -127), (1.0, 0), (2.0, -3)],
+                },
+            },
+            TensorInfo {
+                id: 1,
+                name: "logits".into(),
+                tensor_type: TensorType::AppRead,
+                dtype: DataType::F32,
+                shape: vec![1, 1, 512],
+                quant: Quantization::None,
+            },
+            TensorInfo {
+                id: 2,
+                name: "mask".into(),
+                tensor_type: TensorType::AppWrite,
+                dtype: DataType::UFixed16,
+                shape: vec![1, 1, 1, 32],
+                quant: Quantization::PerTensor {
+                    scale: 1.5e-5,
+                    offset: -65535,
+                },
+            },
+        ];
+        for info in infos {
+            let owned = OwnedRawTensor::new(&info).unwrap();
+            let raw = owned.raw();
+            // SAFETY: `raw` points into `owned`, which is alive.
+            let back = unsafe { TensorInfo::from_raw(&raw) }.unwrap();
+            assert_eq!(back, info);
+        }
+    }
+
+    #[test]
+    fn tensor_sizes_and_errors() {
+        let mut info = TensorInfo {
+            id: 0,
+            name: "x".into(),
+            tensor_type: TensorType::AppWrite,
+            dtype: DataType::F16,
+            shape: vec![2, 3],
+            quant: Quantization::None,
+        };
+        assert_eq!(info.byte_size(), Some(12));
+        info.dtype = DataType::Other(0x0404);
+        assert!(matches!(
+            info.required_bytes(),
+            Err(QnnError::InvalidTensor { .. })
+        ));
+        info.name = "a\0b".into();
+        assert!(OwnedRawTensor::new(&info).is_err());
+    }
+
+    #[test]
+    fn version_compatibility() {
+        let need = Version::new(2, 10, 0);
+        assert!(Version::new(2, 10, 0).satisfies(need));
+        assert!(Version::new(2, 34, 1).satisfies(need));
+        assert!(!Version::new(2, 9, 9).satisfies(need));
+        assert!(!Version::new(3, 10, 0).satisfies(need));
+        assert!(!Version::new(1, 99, 0).satisfies(need));
+    }
+
+    #[test]
+    fn abi_sizes_match_lp64_layout() {
+        // Facts of the ABI on 64-bit Linux/Android, independent of bindgen's own layout tests.
+        assert_eq!(std::mem::size_of::<b::Qnn_QuantizeParams_t>(), 40);
+        assert_eq!(std::mem::size_of::<b::Qnn_ClientBuffer_t>(), 16);
+        assert_eq!(std::mem::size_of::<b::HtpkvQnnInterface_t>(), 448);
+        assert_eq!(
+            std::mem::offset_of!(b::HtpkvQnnInterface_t, graphExecute),
+            168
+        );
+        assert_eq!(
+            std::mem::offset_of!(b::HtpkvQnnInterface_t, memRegister),
+            280
+        );
+        assert_eq!(
+            std::mem::offset_of!(b::HtpkvQnnInterface_t, errorGetMessage),
+            384
+        );
+        assert_eq!(std::mem::size_of::<b::QnnMemHtp_Descriptor_t>(), 32);
+        assert_eq!(std::mem::size_of::<b::Qnn_TensorV1_t>(), 112);
+        assert_eq!(std::mem::size_of::<b::Qnn_Tensor_t>(), 144);
+    }
+}

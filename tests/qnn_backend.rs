@@ -1,0 +1,161 @@
+//! The full FFI path: the reference backend built as a QNN library, loaded through `qnn_ffi`, runs the
+//! same story as the in-process reference backend, bit for bit, with every KV strategy (memory handles
+//! at moving offsets for `shift` and `conveyor`).
+
+use htpkv::backend::Backend;
+use htpkv::engine::{BackendChoice, Engine, EngineOptions};
+use htpkv::qnn::QnnBackend;
+use htpkv::reference::ReferenceBackend;
+use htpkv::session::{GenerateOptions, Session};
+use kv_manager::{HostAllocator, Strategy};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn reference_qnn_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("test binary directory");
+    for dir in [deps.to_path_buf(), deps.join("..")] {
+        let p = dir.join("libhtpkv_ref_qnn.so");
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!(
+        "libhtpkv_ref_qnn.so was not built next to {} (it is a dev-dependency cdylib)",
+        deps.display()
+    );
+}
+
+fn options(
+    update: Strategy,
+    backend: BackendChoice,
+    cache: &std::path::Path,
+) -> Option<EngineOptions> {
+    if llama2c::ModelFiles::discover(None).is_err() {
+        eprintln!("SKIPPED: the stories260K model is absent (set HTPKV_MODEL_DIR)");
+        return None;
+    }
+    Some(EngineOptions {
+        strategy: update,
+        backend,
+        kv_dtype: quant::DataType::U8,
+        context: Some(160),
+        cache_dir: Some(cache.to_path_buf()),
+        ..EngineOptions::default()
+    })
+}
+
+#[test]
+fn generation_through_the_qnn_library_is_bit_identical() {
+    let cache = std::env::temp_dir().join(format!("htpkv-qnn-test-{}", std::process::id()));
+    let lib = reference_qnn_library();
+    let generate = GenerateOptions {
+        max_tokens: 150,
+        sampler: Default::default(),
+    };
+    for update in [
+        Strategy::SHIFT_2X,
+        Strategy::Conveyor,
+        Strategy::SmartMask,
+        Strategy::Naive,
+    ] {
+        let Some(local) = options(update, BackendChoice::Reference, &cache) else {
+            return;
+        };
+        let qnn = EngineOptions {
+            backend: BackendChoice::Qnn {
+                backend_lib: lib.clone(),
+                system_lib: None,
+            },
+            ..local.clone()
+        };
+        let mut a = Engine::open(&local, &mut |_| {}).unwrap();
+        let mut b = Engine::open(&qnn, &mut |_| {}).unwrap();
+        let ga = a
+            .generate("Once upon a time", &generate, &mut |_| true)
+            .unwrap();
+        let gb = b
+            .generate("Once upon a time", &generate, &mut |_| true)
+            .unwrap();
+        assert_eq!(ga.tokens, gb.tokens, "{update:?}");
+        assert_eq!(ga.text, gb.text);
+        assert!(ga.text.len() > 100);
+        assert_eq!(b.session().backend().name(), "qnn");
+    }
+}
+
+#[test]
+fn qnn_logits_equal_in_process_logits_and_handles_are_cached() {
+    let cache = std::env::temp_dir().join(format!("htpkv-qnn-test2-{}", std::process::id()));
+    let Some(opts) = options(Strategy::Conveyor, BackendChoice::Reference, &cache) else {
+        return;
+    };
+    let engine = Engine::open(&opts, &mut |_| {}).unwrap();
+    let path = engine.compiled_path().to_path_buf();
+    let compiled = Arc::new(ref_backend::CompiledModel::read(&path).unwrap());
+    let lib = reference_qnn_library();
+    for strategy in [
+        Strategy::SHIFT_2X,
+        Strategy::Conveyor,
+        Strategy::SmartMask,
+        Strategy::Naive,
+    ] {
+        let qnn = QnnBackend::open(&lib, None, &path).unwrap();
+        // The binary info describes the same graphs as the compiled file.
+        assert_eq!(
+            qnn.graphs(),
+            htpkv::reference::graph_descs(&compiled).as_slice()
+        );
+        let mut remote = Session::new(qnn, strategy, &HostAllocator::default()).unwrap();
+        let mut local = Session::new(
+            ReferenceBackend::new(compiled.clone()),
+            strategy,
+            &HostAllocator::default(),
+        )
+        .unwrap();
+        let prompt: Vec<u32> = vec![1, 403, 407, 261, 378];
+        let a = local.prefill(&prompt).unwrap().to_vec();
+        let b = remote.prefill(&prompt).unwrap().to_vec();
+        assert_eq!(a, b);
+        for _ in 0..40 {
+            let t = llama2c::argmax(local.last_logits()) as u32;
+            let a = local.decode(t).unwrap().to_vec();
+            let b = remote.decode(t).unwrap().to_vec();
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{strategy:?}"
+            );
+        }
+        // Handles are registered once per distinct binding and reused: never more than the KV manager's
+        // count of distinct bindings.
+        let registered = remote.backend().registrations() as usize;
+        assert!(registered > 0);
+        assert!(
+            registered <= remote.cache().counters().handles,
+            "{registered} registrations"
+        );
+    }
+}
+
+#[test]
+fn bad_qnn_paths_give_typed_errors() {
+    let cache = std::env::temp_dir().join(format!("htpkv-qnn-test3-{}", std::process::id()));
+    let Some(local) = options(Strategy::SHIFT_2X, BackendChoice::Reference, &cache) else {
+        return;
+    };
+    for (lib, needle) in [
+        ("/nonexistent/libQnnHtp.so", "/nonexistent/libQnnHtp.so"),
+        ("libc.so.6", "QnnInterface_getProviders"),
+    ] {
+        let opts = EngineOptions {
+            backend: BackendChoice::Qnn {
+                backend_lib: lib.into(),
+                system_lib: None,
+            },
+            ..local.clone()
+        };
+        let err = Engine::open(&opts, &mut |_| {}).unwrap_err();
+        assert_eq!(err.kind(), "qnn");
+        assert!(err.to_string().contains(needle), "{err}");
+    }
+}
