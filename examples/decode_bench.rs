@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {
-    let (mut json, mut tokens, mut kv, mut weights) = (false, 256usize, "u16".to_string(), "i8".to_string());
+    let (mut json, mut tokens, mut kv, mut weights) =
+        (false, 256usize, "u16".to_string(), "i8".to_string());
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -49,7 +50,13 @@ fn main() -> anyhow::Result<()> {
     }
     let float_s = start.elapsed().as_secs_f64();
 
-    let new_session = || Session::new(ReferenceBackend::new(compiled.clone()), Strategy::SHIFT_2X, &HostAllocator::default());
+    let new_session = || {
+        Session::new(
+            ReferenceBackend::new(compiled.clone()),
+            Strategy::SHIFT_2X,
+            &HostAllocator::default(),
+        )
+    };
     let mut cached = new_session()?;
     let start = Instant::now();
     for &t in &sequence[..tokens] {
@@ -82,8 +89,16 @@ fn main() -> anyhow::Result<()> {
     } else {
         println!("{tokens} tokens, KV {kv}, weights {weights}");
         println!("  with KV cache:      {:>10.1} tok/s", rate(cached_s));
-        println!("  recompute (no cache): {:>8.1} tok/s  (KV cache speedup {:.1}x)", rate(uncached_s), uncached_s / cached_s);
-        println!("  float reference:    {:>10.1} tok/s  (runtime at {:.2}x of it)", rate(float_s), float_s / cached_s);
+        println!(
+            "  recompute (no cache): {:>8.1} tok/s  (KV cache speedup {:.1}x)",
+            rate(uncached_s),
+            uncached_s / cached_s
+        );
+        println!(
+            "  float reference:    {:>10.1} tok/s  (runtime at {:.2}x of it)",
+            rate(float_s),
+            float_s / cached_s
+        );
     }
     Ok(())
 }
