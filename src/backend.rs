@@ -100,8 +100,10 @@ pub struct BackendError {
     pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
-/// A backend that executes static graphs.
-pub trait Backend {
+/// A backend that executes static graphs. Backends are `Send` so a session can move between threads
+/// (the JNI bridge hands sessions to whichever JVM thread calls); a session is used by one thread at
+/// a time.
+pub trait Backend: Send {
     /// Short name for messages (`reference`, `qnn`).
     fn name(&self) -> &'static str;
 

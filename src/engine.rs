@@ -137,6 +137,7 @@ impl EngineError {
             EngineError::Session(SessionError::Backend(_)) => "backend",
             EngineError::Session(SessionError::Sampler(_)) => "bad_option",
             EngineError::Session(SessionError::Input(_)) => "bad_option",
+            EngineError::Session(SessionError::PromptTooLong { .. }) => "context_full",
             EngineError::Session(SessionError::Token { .. }) => "bad_option",
             EngineError::Session(SessionError::Graphs(_)) => "bad_model",
             EngineError::BadOption(_) => "bad_option",
@@ -266,29 +267,39 @@ impl Engine {
         let files = ModelFiles::discover(options.model_dir.as_deref())?;
         let checkpoint = Checkpoint::load(&files.checkpoint)?;
         let tokenizer = Tokenizer::load(&files.tokenizer, checkpoint.config.vocab_size)?;
+        // A given compiled file is only parsed by the reference backend; the QNN backend hands it to the
+        // QNN library as it is (on a device: a context binary made by Qualcomm's tools).
         let (model, compiled_path) = match &options.compiled {
-            Some(path) => (CompiledModel::read(path)?, path.clone()),
+            Some(path) => (None, path.clone()),
             None => {
                 let opts = compile_options(options, &checkpoint, &tokenizer)?;
                 let cache_dir = options.cache_dir.clone().unwrap_or_else(default_cache_dir);
-                compiled_model(&files.checkpoint, &checkpoint, &opts, &cache_dir, progress)?
+                let (model, path) =
+                    compiled_model(&files.checkpoint, &checkpoint, &opts, &cache_dir, progress)?;
+                (Some(model), path)
             }
         };
-        if model.config().vocab_size != tokenizer.vocab_size() {
-            return Err(EngineError::BadOption(format!(
-                "the compiled model has a vocabulary of {} tokens but the tokenizer has {}",
-                model.config().vocab_size,
-                tokenizer.vocab_size()
-            )));
-        }
         let backend: Box<dyn Backend> = match &options.backend {
-            BackendChoice::Reference => Box::new(ReferenceBackend::new(Arc::new(model))),
+            BackendChoice::Reference => {
+                let model = match model {
+                    Some(m) => m,
+                    None => CompiledModel::read(&compiled_path)?,
+                };
+                Box::new(ReferenceBackend::new(Arc::new(model)))
+            }
             BackendChoice::Qnn {
                 backend_lib,
                 system_lib,
             } => crate::qnn::open_backend(backend_lib, system_lib.as_deref(), &compiled_path)?,
         };
         let session = Session::new(backend, options.strategy, &HostAllocator::default())?;
+        if session.vocab_size() != tokenizer.vocab_size() {
+            return Err(EngineError::BadOption(format!(
+                "the compiled model's logits cover {} tokens but the tokenizer has {}",
+                session.vocab_size(),
+                tokenizer.vocab_size()
+            )));
+        }
         Ok(Engine {
             session,
             tokenizer,

@@ -176,6 +176,11 @@ struct RegionInfo {
     fd: Option<i32>,
 }
 
+// SAFETY: `base` identifies the KV region of the session that owns this backend; the region (host
+// memory or rpcmem) has no thread affinity and moves with the session, and the pointer is only passed to
+// the QNN library while the session executes a step.
+unsafe impl Send for RegionInfo {}
+
 /// A QNN backend library running the graphs of one context binary.
 pub struct QnnBackend {
     descs: Vec<GraphDesc>,

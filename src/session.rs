@@ -27,9 +27,12 @@ pub enum SessionError {
     /// A token id outside the vocabulary.
     #[error("token {token} is outside the vocabulary of {vocab} tokens")]
     Token { token: u32, vocab: usize },
-    /// Nothing to run.
+    /// Nothing to run, or a malformed request.
     #[error("{0}")]
     Input(String),
+    /// The prompt does not fit in what is left of the context.
+    #[error("the prompt has {prompt} tokens but the context holds only {room} more")]
+    PromptTooLong { prompt: usize, room: usize },
 }
 
 /// Where the bytes of one graph input come from.
@@ -650,11 +653,10 @@ impl<B: Backend> Session<B> {
             ));
         }
         if self.cache.len() + prompt_tokens.len() > self.capacity() {
-            return Err(SessionError::Input(format!(
-                "the prompt has {} tokens but the context holds {} more",
-                prompt_tokens.len(),
-                self.capacity() - self.cache.len()
-            )));
+            return Err(SessionError::PromptTooLong {
+                prompt: prompt_tokens.len(),
+                room: self.capacity() - self.cache.len(),
+            });
         }
         self.prefill(&prompt_tokens)?;
         let mut prev = *prompt_tokens.last().expect("non-empty");

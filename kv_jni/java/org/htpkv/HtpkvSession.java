@@ -1,0 +1,183 @@
+package org.htpkv;
+
+import java.util.concurrent.atomic.AtomicLong;
+
+/**
+ * A model loaded on a backend with its KV cache: the Java face of htpkv's engine.
+ *
+ * <pre>{@code
+ * try (HtpkvSession s = HtpkvSession.open(SessionOptions.builder().modelDir(dir).build())) {
+ *     Generation g = s.generate("Once upon a time", 64, SamplerOptions.greedy(), piece -> {
+ *         System.out.print(piece);
+ *         return true; // false stops generation
+ *     });
+ * }
+ * }</pre>
+ *
+ * <p><b>Threads.</b> A session serves one call at a time. A call made while another thread (or the
+ * token callback) is inside a call on the same session fails at once with an
+ * {@link HtpkvException} of kind {@code busy}; it never blocks and never corrupts the session.
+ * Different sessions are independent.
+ *
+ * <p><b>Closing.</b> {@link #close()} frees the native session; it is idempotent. Any call after it
+ * fails with kind {@code closed}. Closing while another thread is generating is allowed: that
+ * generation finishes and the native memory is freed when it returns.
+ *
+ * <p><b>Native library.</b> Loaded on first use: from the absolute path in the system property
+ * {@code htpkv.jni.library} when set, otherwise with {@code System.loadLibrary("kv_jni")} (on
+ * Android, {@code libkv_jni.so} from the app's {@code jniLibs}).
+ */
+public final class HtpkvSession implements AutoCloseable {
+    static {
+        String path = System.getProperty("htpkv.jni.library");
+        if (path != null && !path.isEmpty()) {
+            System.load(path);
+        } else {
+            System.loadLibrary("kv_jni");
+        }
+    }
+
+    /** The native handle; 0 once closed. */
+    private final AtomicLong handle;
+
+    private HtpkvSession(long handle) {
+        this.handle = new AtomicLong(handle);
+    }
+
+    /**
+     * Opens a session: finds the model, compiles and caches it when needed, loads it on the chosen
+     * backend and allocates the KV cache. Can take a while on first use of a model.
+     *
+     * @throws HtpkvException e.g. kind {@code model_not_found}, {@code bad_option}, {@code bad_model},
+     *     {@code compile}, {@code qnn}, {@code io}
+     */
+    public static HtpkvSession open(SessionOptions options) {
+        if (options == null) {
+            throw new HtpkvException("bad_option", "options must not be null");
+        }
+        long h = nativeOpen(options.modelDir, options.compiled, options.backend, options.qnnBackendLib,
+                options.qnnSystemLib, options.strategy, options.kvDtype, options.weights,
+                options.context, options.arVariants, options.cacheDir);
+        return new HtpkvSession(h);
+    }
+
+    /**
+     * Generates text after {@code prompt}. When the cache is empty the prompt starts a new text (with
+     * BOS); otherwise it continues the cached text.
+     *
+     * @param maxTokens most tokens to generate (>= 0)
+     * @param sampler how tokens are chosen (null: greedy)
+     * @param callback receives text pieces as they stream (may be null); returning false stops
+     * @throws HtpkvException e.g. kind {@code closed}, {@code busy}, {@code bad_option},
+     *     {@code context_full}; an exception thrown by {@code callback} propagates unchanged
+     */
+    public Generation generate(String prompt, int maxTokens, SamplerOptions sampler, TokenCallback callback) {
+        SamplerOptions s = sampler == null ? SamplerOptions.greedy() : sampler;
+        return nativeGenerate(live(), prompt, maxTokens, s.temperature(), s.topP(), s.seed(), callback);
+    }
+
+    /** Greedy generation without streaming. */
+    public Generation generate(String prompt, int maxTokens) {
+        return generate(prompt, maxTokens, null, null);
+    }
+
+    /**
+     * Runs {@code text} through the model into the cache without generating (e.g. a system prompt).
+     *
+     * @return the number of tokens now in the cache
+     */
+    public int prefill(String text) {
+        return nativePrefill(live(), text);
+    }
+
+    /** Empties the cache. */
+    public void reset() {
+        nativeReset(live());
+    }
+
+    /**
+     * Truncates the cache to its first {@code length} tokens.
+     *
+     * @throws HtpkvException kind {@code kv} (or {@code bad_option}) when {@code length} is more than
+     *     the cache holds or negative
+     */
+    public void rollback(int length) {
+        nativeRollback(live(), length);
+    }
+
+    /** Tokens in the cache. */
+    public int length() {
+        return nativeLength(live());
+    }
+
+    /** Tokens the cache can hold (the context length). */
+    public int capacity() {
+        return nativeCapacity(live());
+    }
+
+    /** Timings and KV counters since the session opened. */
+    public Stats stats() {
+        return nativeStats(live());
+    }
+
+    /**
+     * The KV cache memory budget of a model config (YAML, as in the project's {@code configs/}) for
+     * each update strategy, as JSON text. Needs no session.
+     *
+     * @throws HtpkvException kind {@code budget} for a config that cannot be read or budgeted,
+     *     {@code bad_option} for null
+     */
+    public static String budget(String configYaml) {
+        return nativeBudget(configYaml);
+    }
+
+    /** True once {@link #close()} was called. */
+    public boolean isClosed() {
+        return handle.get() == 0;
+    }
+
+    /** Frees the native session. Idempotent; calls after it fail with kind {@code closed}. */
+    @Override
+    public void close() {
+        long h = handle.getAndSet(0);
+        if (h != 0) {
+            nativeClose(h);
+        }
+    }
+
+    private long live() {
+        long h = handle.get();
+        if (h == 0) {
+            throw new HtpkvException("closed", "session is closed");
+        }
+        return h;
+    }
+
+    // The native half (kv_jni). Package-private so tests in org.htpkv can pass forged handles.
+    static native long nativeOpen(String modelDir, String compiled, String backend, String backendLib,
+            String systemLib, String strategy, String kvDtype, String weights, int context, int[] ar,
+            String cacheDir);
+
+    static native void nativeClose(long handle);
+
+    static native Generation nativeGenerate(long handle, String prompt, int maxTokens, float temperature,
+            float topP, long seed, TokenCallback callback);
+
+    static native int nativePrefill(long handle, String text);
+
+    static native void nativeReset(long handle);
+
+    static native void nativeRollback(long handle, int length);
+
+    static native int nativeLength(long handle);
+
+    static native int nativeCapacity(long handle);
+
+    static native Stats nativeStats(long handle);
+
+    static native String nativeBudget(String configYaml);
+
+    static native int nativeLiveSessions();
+
+    static native boolean nativePanicForTest();
+}

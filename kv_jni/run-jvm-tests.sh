@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs the Java API of htpkv in a real JVM: builds libkv_jni (and the htpkv CLI, the oracle for the
+# generated text) in the workspace's dev profile, compiles the Java sources and the test program
+# with javac, and runs it against stories260K through the reference backend and through the qnn
+# backend (by default with the reference backend's QNN library, libhtpkv_ref_qnn.so, built here).
+# The last line is "N passed, N failed, N skipped"; the exit code is non-zero on failure.
+#
+# Environment: HTPKV_MODEL_DIR (default: <workspace>/../shared/models/stories260K);
+# HTPKV_QNN_BACKEND (a QNN backend library for the qnn tests; unset: build and use
+# libhtpkv_ref_qnn.so; `none`: skip the qnn tests) and HTPKV_QNN_SYSTEM; JAVA_OPTS (extra JVM flags).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+cd "$root"
+
+for tool in cargo javac java; do
+    command -v "$tool" >/dev/null || { echo "run-jvm-tests: $tool is required (JDK 17+ for javac/java)" >&2; exit 1; }
+done
+
+model_dir="${HTPKV_MODEL_DIR:-$root/../shared/models/stories260K}"
+locked=()
+if [ -n "${CI:-}" ]; then locked=(--locked); fi
+
+packages=(-p kv_jni -p htpkv-cli)
+qnn_backend="${HTPKV_QNN_BACKEND:-}"
+if [ -z "$qnn_backend" ]; then packages+=(-p ref_backend_qnn); fi
+echo "run-jvm-tests: cargo build ${packages[*]} (dev profile)"
+cargo build "${locked[@]}" "${packages[@]}"
+
+target_dir="$(cargo metadata --format-version 1 --no-deps | grep -o '"target_directory":"[^"]*"' | cut -d'"' -f4)"
+case "$(uname -s)" in
+    Darwin) lib="$target_dir/debug/libkv_jni.dylib" ;;
+    *) lib="$target_dir/debug/libkv_jni.so" ;;
+esac
+if [ -z "$qnn_backend" ]; then
+    case "$(uname -s)" in
+        Darwin) qnn_backend="$target_dir/debug/libhtpkv_ref_qnn.dylib" ;;
+        *) qnn_backend="$target_dir/debug/libhtpkv_ref_qnn.so" ;;
+    esac
+fi
+[ -f "$lib" ] || { echo "run-jvm-tests: $lib was not built" >&2; exit 1; }
+
+classes="$(mktemp -d)"
+trap 'rm -rf "$classes"' EXIT
+echo "run-jvm-tests: javac"
+javac -Xlint:all -Werror -encoding UTF-8 -d "$classes" \
+    "$here"/java/org/htpkv/*.java "$here"/java-test/org/htpkv/*.java
+
+args=(--model-dir "$model_dir" --cli "$target_dir/debug/htpkv" --config "$root/configs/stories260K.yaml")
+if [ "$qnn_backend" != none ]; then
+    args+=(--qnn-backend "$qnn_backend")
+    if [ -n "${HTPKV_QNN_SYSTEM:-}" ]; then args+=(--qnn-system "$HTPKV_QNN_SYSTEM"); fi
+fi
+
+echo "run-jvm-tests: java org.htpkv.JvmTest"
+# -Xcheck:jni makes the JVM verify every JNI call the native code makes. Panics are turned into
+# exceptions by design (one test makes one): keep their report short.
+# shellcheck disable=SC2086
+RUST_BACKTRACE=0 exec java -Xcheck:jni ${JAVA_OPTS:-} -Dhtpkv.jni.library="$lib" -cp "$classes" org.htpkv.JvmTest "${args[@]}"

@@ -1,0 +1,301 @@
+//! Turning the arguments Java passes into engine and generation options.
+//!
+//! Java passes `null` (or 0 / an empty array) for "use the engine's default"; anything given is
+//! checked here or by the engine, and a bad value is a `bad_option` error naming what was expected.
+
+use crate::error::GlueError;
+use htpkv::engine::{BackendChoice, EngineOptions};
+use htpkv::sampler::SamplerOptions;
+use htpkv::session::{GenerateOptions, StopReason};
+use std::path::PathBuf;
+
+/// The arguments of `HtpkvSession.open`, as Java passed them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OpenArgs {
+    /// Directory of the model checkpoint and tokenizer (None: the engine's model discovery).
+    pub model_dir: Option<String>,
+    /// A compiled model file (context binary) to use instead of compiling.
+    pub compiled: Option<String>,
+    /// `reference` (default) or `qnn`.
+    pub backend: Option<String>,
+    /// QNN backend library (`libQnnHtp.so`); required for `qnn`.
+    pub backend_lib: Option<String>,
+    /// QNN system library (`libQnnSystem.so`); optional for `qnn`.
+    pub system_lib: Option<String>,
+    /// `shift`, `conveyor`, `smart_mask` or `naive`.
+    pub strategy: Option<String>,
+    /// KV cache element type: `u8`, `u16`, `f16`, `f32`.
+    pub kv_dtype: Option<String>,
+    /// Weight type for compiling: `i8`, `f16`, `f32`.
+    pub weights: Option<String>,
+    /// Context length; 0 means the model's own.
+    pub context: i32,
+    /// AR variants (tokens per step), e.g. `[1, 32]`; empty means the default.
+    pub ar: Vec<i32>,
+    /// Where compiled models are cached (None: the engine's default; an Android app passes its
+    /// `cacheDir`, since `$HOME` is not set there).
+    pub cache_dir: Option<String>,
+}
+
+impl OpenArgs {
+    /// The engine options these arguments ask for, starting from `EngineOptions::default()`.
+    pub fn to_engine_options(&self) -> Result<EngineOptions, GlueError> {
+        let mut options = EngineOptions::default();
+        if let Some(dir) = non_empty(&self.model_dir) {
+            options.model_dir = Some(PathBuf::from(dir));
+        }
+        if let Some(file) = non_empty(&self.compiled) {
+            options.compiled = Some(PathBuf::from(file));
+        }
+        let backend_lib = non_empty(&self.backend_lib);
+        let system_lib = non_empty(&self.system_lib);
+        options.backend = match non_empty(&self.backend).unwrap_or("reference") {
+            "reference" => {
+                if backend_lib.is_some() || system_lib.is_some() {
+                    return Err(GlueError::bad_option(
+                        "QNN library paths were given but the backend is `reference`; \
+                         choose the `qnn` backend to use them",
+                    ));
+                }
+                BackendChoice::Reference
+            }
+            "qnn" => BackendChoice::Qnn {
+                backend_lib: PathBuf::from(backend_lib.ok_or_else(|| {
+                    GlueError::bad_option(
+                        "the `qnn` backend needs the path of a QNN backend library \
+                         (e.g. libQnnHtp.so)",
+                    )
+                })?),
+                system_lib: system_lib.map(PathBuf::from),
+            },
+            other => {
+                return Err(GlueError::bad_option(format!(
+                    "backend must be `reference` or `qnn`, got `{other}`"
+                )));
+            }
+        };
+        if let Some(name) = non_empty(&self.strategy) {
+            options.strategy = EngineOptions::parse_strategy(name)?;
+        }
+        if let Some(name) = non_empty(&self.kv_dtype) {
+            options.kv_dtype = name.parse().map_err(|_| {
+                GlueError::bad_option(format!(
+                    "kv dtype must be u8, u16, f16 or f32, got `{name}`"
+                ))
+            })?;
+        }
+        if let Some(dir) = non_empty(&self.cache_dir) {
+            options.cache_dir = Some(PathBuf::from(dir));
+        }
+        if let Some(weights) = non_empty(&self.weights) {
+            options.weights = weights.to_string();
+        }
+        options.context = match self.context {
+            0 => None,
+            n => Some(positive(n, "context")?),
+        };
+        if !self.ar.is_empty() {
+            options.ar = self
+                .ar
+                .iter()
+                .map(|&n| positive(n, "an AR variant"))
+                .collect::<Result<_, _>>()?;
+        }
+        Ok(options)
+    }
+}
+
+/// Generation options from Java's `maxTokens` and sampler fields. The seed's 64 bits are used as
+/// they are (a negative Java `long` is a large seed).
+pub fn generate_options(
+    max_tokens: i32,
+    temperature: f32,
+    top_p: f32,
+    seed: i64,
+) -> Result<GenerateOptions, GlueError> {
+    let max_tokens = usize::try_from(max_tokens)
+        .map_err(|_| GlueError::bad_option(format!("maxTokens must be >= 0, got {max_tokens}")))?;
+    Ok(GenerateOptions {
+        max_tokens,
+        sampler: SamplerOptions {
+            temperature,
+            top_p,
+            seed: seed as u64,
+        },
+    })
+}
+
+/// A Java `int` that must be a length or position (>= 0).
+pub fn length(value: i32, what: &str) -> Result<usize, GlueError> {
+    usize::try_from(value)
+        .map_err(|_| GlueError::bad_option(format!("{what} must be >= 0, got {value}")))
+}
+
+/// A count as a Java `int`, saturating at `i32::MAX`.
+pub fn to_jint(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// A count as a Java `long`, saturating at `i64::MAX`.
+pub fn to_jlong(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The Java name of a stop reason (`Generation.stopReason()`).
+pub fn stop_name(stop: StopReason) -> &'static str {
+    match stop {
+        StopReason::EndOfText => "end_of_text",
+        StopReason::MaxTokens => "max_tokens",
+        StopReason::ContextFull => "context_full",
+        StopReason::Callback => "callback",
+    }
+}
+
+fn non_empty(value: &Option<String>) -> Option<&str> {
+    value.as_deref().filter(|s| !s.is_empty())
+}
+
+fn positive(value: i32, what: &str) -> Result<usize, GlueError> {
+    match usize::try_from(value) {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(GlueError::bad_option(format!(
+            "{what} must be > 0, got {value}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::KIND_BAD_OPTION;
+    use htpkv::kv_manager::Strategy;
+    use htpkv::quant::DataType;
+
+    fn some(s: &str) -> Option<String> {
+        Some(s.to_string())
+    }
+
+    #[test]
+    fn empty_arguments_give_the_engine_defaults() {
+        let o = OpenArgs::default().to_engine_options().unwrap();
+        let d = EngineOptions::default();
+        assert!(matches!(o.backend, BackendChoice::Reference));
+        assert_eq!(o.strategy, d.strategy);
+        assert_eq!(o.kv_dtype, d.kv_dtype);
+        assert_eq!(o.weights, d.weights);
+        assert_eq!(o.ar, d.ar);
+        assert_eq!(o.context, None);
+        assert_eq!(o.model_dir, None);
+        assert_eq!(o.cache_dir, None);
+    }
+
+    #[test]
+    fn given_arguments_are_used() {
+        let args = OpenArgs {
+            model_dir: some("/m"),
+            compiled: some("/m/model.bin"),
+            backend: some("qnn"),
+            backend_lib: some("/lib/libQnnHtp.so"),
+            system_lib: some("/lib/libQnnSystem.so"),
+            strategy: some("conveyor"),
+            kv_dtype: some("u8"),
+            weights: some("f16"),
+            context: 256,
+            ar: vec![1, 64],
+            cache_dir: some("/cache"),
+        };
+        let o = args.to_engine_options().unwrap();
+        assert_eq!(o.model_dir, Some(PathBuf::from("/m")));
+        assert_eq!(o.compiled, Some(PathBuf::from("/m/model.bin")));
+        match o.backend {
+            BackendChoice::Qnn {
+                backend_lib,
+                system_lib,
+            } => {
+                assert_eq!(backend_lib, PathBuf::from("/lib/libQnnHtp.so"));
+                assert_eq!(system_lib, Some(PathBuf::from("/lib/libQnnSystem.so")));
+            }
+            other => panic!("expected qnn, got {other:?}"),
+        }
+        assert_eq!(o.strategy, Strategy::Conveyor);
+        assert_eq!(o.kv_dtype, DataType::U8);
+        assert_eq!(o.weights, "f16");
+        assert_eq!(o.context, Some(256));
+        assert_eq!(o.ar, vec![1, 64]);
+        assert_eq!(o.cache_dir, Some(PathBuf::from("/cache")));
+    }
+
+    #[test]
+    fn bad_arguments_are_bad_options_naming_what_was_expected() {
+        let cases: Vec<(OpenArgs, &str)> = vec![
+            (
+                OpenArgs {
+                    backend: some("gpu"),
+                    ..Default::default()
+                },
+                "`reference` or `qnn`",
+            ),
+            (
+                OpenArgs {
+                    backend: some("qnn"),
+                    ..Default::default()
+                },
+                "libQnnHtp.so",
+            ),
+            (
+                OpenArgs {
+                    backend_lib: some("/x.so"),
+                    ..Default::default()
+                },
+                "`qnn` backend",
+            ),
+            (
+                OpenArgs {
+                    kv_dtype: some("u12"),
+                    ..Default::default()
+                },
+                "u8, u16",
+            ),
+            (
+                OpenArgs {
+                    context: -5,
+                    ..Default::default()
+                },
+                "context must be > 0",
+            ),
+            (
+                OpenArgs {
+                    ar: vec![1, 0],
+                    ..Default::default()
+                },
+                "AR variant must be > 0",
+            ),
+        ];
+        for (args, expected) in cases {
+            let err = args.to_engine_options().unwrap_err();
+            assert_eq!(err.kind(), KIND_BAD_OPTION, "{args:?}");
+            assert!(err.to_string().contains(expected), "{err} lacks {expected}");
+        }
+        let strategy = OpenArgs {
+            strategy: some("zigzag"),
+            ..Default::default()
+        }
+        .to_engine_options()
+        .unwrap_err();
+        assert_eq!(strategy.kind(), KIND_BAD_OPTION, "{strategy}");
+    }
+
+    #[test]
+    fn generate_options_check_counts_and_keep_seed_bits() {
+        let g = generate_options(40, 0.0, 0.9, -1).unwrap();
+        assert_eq!(g.max_tokens, 40);
+        assert_eq!(g.sampler.seed, u64::MAX);
+        assert_eq!(
+            generate_options(-1, 0.0, 0.9, 1).unwrap_err().kind(),
+            KIND_BAD_OPTION
+        );
+        assert_eq!(length(-3, "len").unwrap_err().kind(), KIND_BAD_OPTION);
+        assert_eq!(to_jint(usize::MAX), i32::MAX);
+        assert_eq!(stop_name(StopReason::Callback), "callback");
+    }
+}
