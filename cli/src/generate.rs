@@ -10,7 +10,8 @@ use std::path::PathBuf;
 /// Arguments of `htpkv generate`.
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
-    /// Text to continue (empty: a story from the beginning).
+    /// Text to continue (empty: a story from the beginning). It is printed first, then the
+    /// generated text.
     #[arg(default_value = "")]
     prompt: String,
     /// Model directory (else $HTPKV_MODEL_DIR, ./models/stories260K, ../shared/models/stories260K).
@@ -115,6 +116,11 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    // Like llama2.c, the story starts with the prompt itself.
+    if !args.json && !args.prompt.is_empty() {
+        write!(out, "{}", args.prompt)?;
+        out.flush()?;
+    }
     let mut write_failed = None;
     let generation = engine.generate(&args.prompt, &generate, &mut |piece| {
         if args.json {
@@ -138,6 +144,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let kv = stats.kv;
     if args.json {
         let doc = serde_json::json!({
+            "prompt": args.prompt,
             "text": generation.text,
             "prompt_tokens": generation.prompt_tokens.len(),
             "generated_tokens": generation.tokens.len(),

@@ -535,12 +535,12 @@ public final class JvmTest {
         if (p.exitValue() != 0) {
             throw new CheckFailed("the CLI failed (exit " + p.exitValue() + "): " + command);
         }
-        // `htpkv generate` streams the generated text (not the prompt) to stdout and ends it with one
-        // newline; progress and statistics go to stderr.
-        if (!out.endsWith("\n")) {
-            throw new CheckFailed("CLI output does not end with a newline: '" + out + "'");
+        // `htpkv generate` prints the prompt, then streams the generated text to stdout and ends it
+        // with one newline; progress and statistics go to stderr.
+        if (!out.endsWith("\n") || !out.startsWith(PROMPT)) {
+            throw new CheckFailed("CLI output is not the prompt, the text and a newline: '" + out + "'");
         }
-        return out.substring(0, out.length() - 1);
+        return out.substring(PROMPT.length(), out.length() - 1);
     }
 
     static String readAll(InputStream in) throws IOException {
