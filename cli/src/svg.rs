@@ -1,8 +1,6 @@
 //! A hand-written SVG line chart (no plotting dependency) and an atomic file write.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::path::Path;
 
 /// One line of the chart.
 #[derive(Debug, Clone)]
@@ -285,34 +283,8 @@ impl Chart {
     }
 }
 
-/// Writes `contents` to `path` atomically: a temporary file in the same directory, fsync, rename over
-/// `path`, then (best effort) fsync of the directory.
-pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "plot.svg".into());
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(contents)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result?;
-    if let Ok(d) = std::fs::File::open(&dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
-}
+/// Atomic file writes (temporary file, fsync, rename), shared with the compiled-model writer.
+pub use ref_backend::format::write_atomic;
 
 #[cfg(test)]
 mod tests {

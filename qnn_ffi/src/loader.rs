@@ -101,61 +101,21 @@ impl QnnLibrary {
     pub fn load(path: impl AsRef<Path>) -> Result<Arc<QnnLibrary>, QnnError> {
         let path = path.as_ref();
         let lib = open(path)?;
-        const SYMBOL: &str = "QnnInterface_getProviders";
-        // SAFETY: the symbol's type is the ABI's `QnnInterface_getProviders` signature.
-        let get: libloading::Symbol<
-            '_,
-            unsafe extern "C" fn(*mut *mut *const b::QnnInterface_t, *mut u32) -> u64,
-        > = unsafe { lib.get(SYMBOL.as_bytes()) }.map_err(|e| QnnError::SymbolMissing {
-            path: path.to_path_buf(),
-            symbol: SYMBOL,
-            reason: e.to_string(),
-        })?;
-        let mut list: *mut *const b::QnnInterface_t = std::ptr::null_mut();
-        let mut count = 0u32;
-        // SAFETY: both out-pointers are valid for writes.
-        let rc = unsafe { get(&mut list, &mut count) };
-        if rc != 0 {
-            return Err(qnn_error("QnnInterface_getProviders", rc, None));
-        }
-        let mut found = Vec::new();
-        let mut chosen = None;
-        if !list.is_null() {
-            for i in 0..count as usize {
-                // SAFETY: the library returned `count` provider pointers at `list`.
-                let p = unsafe { *list.add(i) };
-                if p.is_null() {
-                    continue;
-                }
-                // SAFETY: a non-NULL provider pointer refers to a provider that lives as long
-                // as the library; its leading fields (id, name, versions) are always present.
-                let provider = unsafe { &*p };
-                let api = Version::from_raw(&provider.apiVersion.coreApiVersion);
-                let info = ProviderInfo {
+        // SAFETY: `QnnInterface_getProviders` returns `QnnInterface_t` providers (the ABI).
+        let (p, provider) = unsafe {
+            choose_provider::<b::QnnInterface_t>(
+                &lib,
+                path,
+                "QnnInterface_getProviders",
+                REQUIRED_CORE_API,
+                "core",
+                |provider| ProviderInfo {
                     backend_id: provider.backendId,
                     name: c_name(provider.providerName),
-                    api,
+                    api: Version::from_raw(&provider.apiVersion.coreApiVersion),
                     backend_api: Some(Version::from_raw(&provider.apiVersion.backendApiVersion)),
-                };
-                found.push(ProviderVersion {
-                    name: info.name.clone(),
-                    backend_id: info.backend_id,
-                    api,
-                });
-                if chosen.is_none() && api.satisfies(REQUIRED_CORE_API) {
-                    chosen = Some((p, info));
-                }
-            }
-        }
-        let Some((p, provider)) = chosen else {
-            return Err(QnnError::NoCompatibleProvider {
-                path: path.to_path_buf(),
-                found,
-                needed: format!(
-                    "core API {}.x with x >= {}",
-                    REQUIRED_CORE_API.major, REQUIRED_CORE_API.minor
-                ),
-            });
+                },
+            )?
         };
         // SAFETY: the table is the first member of the provider's union, so it starts at the
         // union's address; the provider's version (>= 2.10) guarantees every entry up to
@@ -259,61 +219,21 @@ impl QnnSystemLibrary {
     pub fn load(path: impl AsRef<Path>) -> Result<Arc<QnnSystemLibrary>, QnnError> {
         let path = path.as_ref();
         let lib = open(path)?;
-        const SYMBOL: &str = "QnnSystemInterface_getProviders";
-        // SAFETY: the symbol's type is the ABI's `QnnSystemInterface_getProviders` signature.
-        let get: libloading::Symbol<
-            '_,
-            unsafe extern "C" fn(*mut *mut *const b::QnnSystemInterface_t, *mut u32) -> u64,
-        > = unsafe { lib.get(SYMBOL.as_bytes()) }.map_err(|e| QnnError::SymbolMissing {
-            path: path.to_path_buf(),
-            symbol: SYMBOL,
-            reason: e.to_string(),
-        })?;
-        let mut list: *mut *const b::QnnSystemInterface_t = std::ptr::null_mut();
-        let mut count = 0u32;
-        // SAFETY: both out-pointers are valid for writes.
-        let rc = unsafe { get(&mut list, &mut count) };
-        if rc != 0 {
-            return Err(qnn_error("QnnSystemInterface_getProviders", rc, None));
-        }
-        let mut found = Vec::new();
-        let mut chosen = None;
-        if !list.is_null() {
-            for i in 0..count as usize {
-                // SAFETY: the library returned `count` provider pointers at `list`.
-                let p = unsafe { *list.add(i) };
-                if p.is_null() {
-                    continue;
-                }
-                // SAFETY: a non-NULL provider pointer refers to a provider that lives as long
-                // as the library.
-                let provider = unsafe { &*p };
-                let api = Version::from_raw(&provider.systemApiVersion);
-                let info = ProviderInfo {
+        // SAFETY: `QnnSystemInterface_getProviders` returns `QnnSystemInterface_t` providers (the ABI).
+        let (p, provider) = unsafe {
+            choose_provider::<b::QnnSystemInterface_t>(
+                &lib,
+                path,
+                "QnnSystemInterface_getProviders",
+                REQUIRED_SYSTEM_API,
+                "system",
+                |provider| ProviderInfo {
                     backend_id: provider.backendId,
                     name: c_name(provider.providerName),
-                    api,
+                    api: Version::from_raw(&provider.systemApiVersion),
                     backend_api: None,
-                };
-                found.push(ProviderVersion {
-                    name: info.name.clone(),
-                    backend_id: info.backend_id,
-                    api,
-                });
-                if chosen.is_none() && api.satisfies(REQUIRED_SYSTEM_API) {
-                    chosen = Some((p, info));
-                }
-            }
-        }
-        let Some((p, provider)) = chosen else {
-            return Err(QnnError::NoCompatibleProvider {
-                path: path.to_path_buf(),
-                found,
-                needed: format!(
-                    "system API {}.x with x >= {}",
-                    REQUIRED_SYSTEM_API.major, REQUIRED_SYSTEM_API.minor
-                ),
-            });
+                },
+            )?
         };
         // SAFETY: the table is the first member of the provider's union (starts at its
         // address) and a system API >= 1.1 provider has all four entries.
@@ -354,4 +274,65 @@ impl QnnSystemLibrary {
             function: name,
         })
     }
+}
+
+/// Resolves `symbol` (a `…_getProviders` entry point) in `lib`, lists its providers and picks the
+/// first whose API version satisfies `needed`; the error lists every version found.
+///
+/// # Safety
+/// `T` must be the provider struct the entry point returns (its signature is
+/// `Qnn_ErrorHandle_t (const T*** providers, uint32_t* count)`), and `describe` may only read the
+/// provider's leading fields (id, name, versions), which every provider version has.
+unsafe fn choose_provider<T>(
+    lib: &libloading::Library,
+    path: &Path,
+    symbol: &'static str,
+    needed: Version,
+    api_name: &str,
+    describe: impl Fn(&T) -> ProviderInfo,
+) -> Result<(*const T, ProviderInfo), QnnError> {
+    // SAFETY: the caller guarantees the entry point's signature for `T`.
+    let get: libloading::Symbol<'_, unsafe extern "C" fn(*mut *mut *const T, *mut u32) -> u64> =
+        unsafe { lib.get(symbol.as_bytes()) }.map_err(|e| QnnError::SymbolMissing {
+            path: path.to_path_buf(),
+            symbol,
+            reason: e.to_string(),
+        })?;
+    let mut list: *mut *const T = std::ptr::null_mut();
+    let mut count = 0u32;
+    // SAFETY: both out-pointers are valid for writes.
+    let rc = unsafe { get(&mut list, &mut count) };
+    if rc != 0 {
+        return Err(qnn_error(symbol, rc, None));
+    }
+    let mut found = Vec::new();
+    let mut chosen = None;
+    if !list.is_null() {
+        for i in 0..count as usize {
+            // SAFETY: the library returned `count` provider pointers at `list`.
+            let p = unsafe { *list.add(i) };
+            if p.is_null() {
+                continue;
+            }
+            // SAFETY: a non-NULL provider pointer refers to a provider that lives as long as the
+            // library; `describe` reads only its leading fields (the caller's contract).
+            let info = describe(unsafe { &*p });
+            found.push(ProviderVersion {
+                name: info.name.clone(),
+                backend_id: info.backend_id,
+                api: info.api,
+            });
+            if chosen.is_none() && info.api.satisfies(needed) {
+                chosen = Some((p, info));
+            }
+        }
+    }
+    chosen.ok_or_else(|| QnnError::NoCompatibleProvider {
+        path: path.to_path_buf(),
+        found,
+        needed: format!(
+            "{api_name} API {}.x with x >= {}",
+            needed.major, needed.minor
+        ),
+    })
 }

@@ -107,42 +107,13 @@ impl CompiledModel {
         out
     }
 
-    /// Writes the model to `path` atomically: a temporary file in the same directory is
-    /// written, fsynced and renamed over `path` (then the directory is fsynced, best effort).
+    /// Writes the model to `path` atomically (see [`write_atomic`]).
     pub fn write(&self, path: &Path) -> Result<(), FormatError> {
-        let bytes = self.to_bytes();
-        let dir = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => std::path::PathBuf::from("."),
-        };
-        let file_name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into());
-        let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
-        let io = |op, p: &Path| {
-            let p = p.to_path_buf();
-            move |source| FormatError::Io {
-                op,
-                path: p,
-                source,
-            }
-        };
-        let result = (|| {
-            let mut f = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
-            f.write_all(&bytes).map_err(io("write", &tmp))?;
-            f.sync_all().map_err(io("sync", &tmp))?;
-            drop(f);
-            std::fs::rename(&tmp, path).map_err(io("rename into", path))
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result?;
-        if let Ok(d) = std::fs::File::open(&dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
+        write_atomic(path, &self.to_bytes()).map_err(|source| FormatError::Io {
+            op: "write",
+            path: path.to_path_buf(),
+            source,
+        })
     }
 
     /// Reads and validates a model file.
@@ -771,4 +742,34 @@ fn read_desc(s: &mut Reader<'_>) -> Result<TensorDesc, FormatError> {
         layer,
         head,
     })
+}
+
+/// Writes `contents` to `path` atomically: a temporary file in the same directory is written,
+/// fsynced and renamed over `path`, then the directory is fsynced (best effort). Readers see the
+/// old file or the new one, never a partial write; on error the temporary file is removed.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "file".into());
+    let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(contents)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result?;
+    if let Ok(d) = std::fs::File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
 }
