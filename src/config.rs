@@ -36,12 +36,12 @@ use std::str::FromStr;
 /// A config that could not be read, parsed or validated.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The file could not be read.
-    #[error("{}: cannot read the config: {source}", .path.display())]
+    /// The file could not be read. The message carries the I/O error itself (it is not also chained
+    /// as a source, so reports print it once).
+    #[error("{}: cannot read the config: {error}", .path.display())]
     Read {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A field is missing, unknown, of the wrong type, or has a value the schema or the KV manager
     /// refuses.
@@ -424,9 +424,9 @@ impl Config {
     /// Reads, parses and validates a config file.
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         Config::from_yaml(&text, path)
     }

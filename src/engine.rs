@@ -101,12 +101,13 @@ pub enum EngineError {
     Session(#[from] SessionError),
     #[error("{0}")]
     BadOption(String),
-    #[error("{what} {}: {source}", path.display())]
+    /// An I/O failure; the message carries the I/O error (not also chained as a source, so reports
+    /// print it once).
+    #[error("{what} {}: {error}", path.display())]
     Io {
         what: &'static str,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("QNN backend: {0}")]
     Qnn(String),
@@ -190,10 +191,10 @@ pub fn compiled_model(
     cache_dir: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(CompiledModel, PathBuf), EngineError> {
-    let bytes = std::fs::read(checkpoint_path).map_err(|source| EngineError::Io {
+    let bytes = std::fs::read(checkpoint_path).map_err(|error| EngineError::Io {
         what: "reading",
         path: checkpoint_path.to_path_buf(),
-        source,
+        error,
     })?;
     let stem = checkpoint_path
         .file_stem()
@@ -230,10 +231,10 @@ pub fn compiled_model(
             progress(&format!("  {} {pct}%", p.stage.name()));
         }
     })?;
-    std::fs::create_dir_all(cache_dir).map_err(|source| EngineError::Io {
+    std::fs::create_dir_all(cache_dir).map_err(|error| EngineError::Io {
         what: "creating the cache directory",
         path: cache_dir.to_path_buf(),
-        source,
+        error,
     })?;
     model.write(&path)?;
     progress(&format!("compiled model cached at {}", path.display()));

@@ -212,10 +212,10 @@ impl QnnBackend {
     ) -> Result<QnnBackend, EngineError> {
         let lib = QnnLibrary::load(backend_lib).map_err(qnn_err)?;
         let system = QnnSystemLibrary::load(system_lib.unwrap_or(backend_lib)).map_err(qnn_err)?;
-        let binary = std::fs::read(binary_path).map_err(|source| EngineError::Io {
+        let binary = std::fs::read(binary_path).map_err(|error| EngineError::Io {
             what: "reading the context binary",
             path: binary_path.to_path_buf(),
-            source,
+            error,
         })?;
         let graphs = binary_graphs(&system, &binary)?;
         let log = qnn_ffi::Log::new(&lib, LogLevel::Warn).ok();

@@ -309,11 +309,11 @@ impl KvCache {
     fn prepare(&mut self, ar: usize) {
         let g = &self.spec.geometry;
         let (w, w_max, len, row_bytes) = (g.window(ar), g.max_window(), self.len, g.row_bytes());
-        let (layers, kv_heads) = (g.layers, g.kv_heads);
+        let kv_heads = g.kv_heads;
         match &mut self.state {
             State::Shift { reserve, v1, .. } => {
                 let r = *reserve;
-                let mut moved = Vec::new();
+                let mut moved = 0;
                 for (layer, end) in v1.iter_mut().enumerate() {
                     if *end + ar <= r && *end >= w {
                         continue;
@@ -327,10 +327,9 @@ impl KvCache {
                         bytes.copy_within(src..src + len * row_bytes, dst);
                     }
                     *end = w_max;
-                    moved.push(layer);
+                    moved += 1;
                 }
-                debug_assert!(moved.len() <= layers);
-                for _ in &moved {
+                for _ in 0..moved {
                     self.add_rebase();
                     self.add_copy(2 * kv_heads * len * row_bytes);
                 }
