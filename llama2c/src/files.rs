@@ -35,13 +35,17 @@ pub struct ModelFiles {
     pub tokenizer: PathBuf,
 }
 
+/// The embedded default model: `models/stories260K` of the source tree this crate was built
+/// from (committed with its license and hashes), so a fresh clone runs from any directory.
+pub const EMBEDDED_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/stories260K");
+
 impl ModelFiles {
     /// Finds a model directory.
     ///
     /// With `explicit = Some(dir)` only that directory is tried (asking for a specific model
     /// never silently falls back to another one). Otherwise, in order: `$HTPKV_MODEL_DIR`,
-    /// `./models/stories260K` and `../shared/models/stories260K` (relative to the current
-    /// directory). A directory qualifies when it holds `stories260K.bin` + `tok512.bin`, or else
+    /// `./models/stories260K` (relative to the current directory), the embedded default
+    /// committed in this source tree ([`EMBEDDED_MODEL_DIR`]) and `../shared/models/stories260K`. A directory qualifies when it holds `stories260K.bin` + `tok512.bin`, or else
     /// `model.bin` + `tokenizer.bin`. The [`ModelError::ModelNotFound`] error lists every
     /// directory tried with the reason, and where to download the upstream files.
     pub fn discover(explicit: Option<&Path>) -> Result<ModelFiles, ModelError> {
@@ -62,6 +66,7 @@ impl ModelFiles {
                 candidates.push(PathBuf::from(env));
             }
             candidates.push(PathBuf::from("models/stories260K"));
+            candidates.push(PathBuf::from(EMBEDDED_MODEL_DIR));
             candidates.push(PathBuf::from("../shared/models/stories260K"));
             candidates.extend(extra.iter().cloned());
         }
