@@ -38,6 +38,9 @@ fn generate_from_sdk() {
 #include \"QnnInterface.h\"
 #include \"System/QnnSystemInterface.h\"
 #include \"HTP/QnnHtpMem.h\"
+#include \"HTP/QnnHtpCommon.h\"
+#include \"HTP/QnnHtpSystemContext.h\"
+#define HTPKV_REF_BACKEND_ID 0x48544B56
 #define HTPKV_QNN_API_VERSION_MAJOR 2
 #define HTPKV_QNN_API_VERSION_MINOR 10
 #define HTPKV_QNN_API_VERSION_MINOR_ERROR_ENTRIES 20

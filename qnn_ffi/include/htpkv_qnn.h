@@ -50,6 +50,10 @@
 /* Backend identifiers are small integers chosen by each backend; 0 means "not specified".
  * Known public values: 1 reference, 2 saver, 3 CPU, 4 GPU, 5 DSP, 6 HTP. */
 #define QNN_BACKEND_ID_NULL 0
+#define QNN_BACKEND_ID_HTP 6
+/* htpkv extension: the backend id of htpkv's reference backend ("HTKV"), which describes its
+ * graphs with HTP's graph blob info. */
+#define HTPKV_REF_BACKEND_ID 0x48544B56
 
 /* ---------------------------------------------------------------------------------------------
  * Errors. Every entry point returns a 64-bit Qnn_ErrorHandle_t; 0 is success and the error code
@@ -649,8 +653,12 @@ typedef enum {
     QNN_SYSTEM_CONTEXT_BINARY_INFO_UNDEFINED = 0x7FFFFFFF
 } QnnSystemContext_BinaryInfoVersion_t;
 
-/* Graph info: later versions start with the same five fields, which is all htpkv reads, so only
- * version 1 is declared; the union is reached through it for versions 1 to 3. */
+/* Graph info, three versions. Each version repeats the previous one's fields and appends its own,
+ * so the leading five fields are common; the union's size is version 3's (80 bytes on LP64) and
+ * the array stride of QnnSystemContext_GraphInfo_t is therefore 88 bytes whatever version a
+ * library fills in. Sources of these layouts: Qualcomm's BSD-licensed Python ctypes declarations of
+ * the system-context structs (QnnSystemContext_GraphInfoV1_t .. V3_t) and LiteRT's
+ * vendors/qualcomm context-binary reader (Apache-2.0). */
 typedef struct {
     const char *graphName;
     uint32_t numGraphInputs;
@@ -660,16 +668,44 @@ typedef struct {
 } QnnSystemContext_GraphInfoV1_t;
 
 typedef struct {
+    const char *graphName;
+    uint32_t numGraphInputs;
+    Qnn_Tensor_t *graphInputs;
+    uint32_t numGraphOutputs;
+    Qnn_Tensor_t *graphOutputs;
+    uint32_t numUpdateableTensors;
+    Qnn_Tensor_t *updateableTensors;
+} QnnSystemContext_GraphInfoV2_t;
+
+typedef struct {
+    const char *graphName;
+    uint32_t numGraphInputs;
+    Qnn_Tensor_t *graphInputs;
+    uint32_t numGraphOutputs;
+    Qnn_Tensor_t *graphOutputs;
+    uint32_t numUpdateableTensors;
+    Qnn_Tensor_t *updateableTensors;
+    uint32_t graphBlobInfoSize; /* bytes at graphBlobInfo */
+    void *graphBlobInfo;        /* backend-specific; HTP: QnnHtpSystemContext_GraphBlobInfo_t */
+    uint32_t startOpIndex;
+    uint32_t endOpIndex;
+} QnnSystemContext_GraphInfoV3_t;
+
+typedef struct {
     QnnSystemContext_GraphInfoVersion_t version;
     union {
         QnnSystemContext_GraphInfoV1_t graphInfoV1;
+        QnnSystemContext_GraphInfoV2_t graphInfoV2;
+        QnnSystemContext_GraphInfoV3_t graphInfoV3;
     };
 } QnnSystemContext_GraphInfo_t;
 
 typedef struct QnnDevice_PlatformInfo_t QnnDevice_PlatformInfo_t;
 
-/* Binary info version 1; version 2 appends a platform-info pointer; htpkv reads only the fields
- * common to both. */
+/* Binary info, three versions. Version 2 is version 1 plus platformInfo. Version 3 is NOT an
+ * extension of version 1: it drops hwInfoBlobVersion, hwInfoBlobSize and hwInfoBlob (so every
+ * later field moves) and appends platformInfo, contextMetadataSize, contextMetadata and socModel.
+ * Sources as for graph info above. */
 typedef struct {
     uint32_t backendId;
     const char *buildId;
@@ -679,7 +715,7 @@ typedef struct {
     Qnn_Version_t hwInfoBlobVersion;
     Qnn_Version_t contextBlobVersion;
     uint32_t hwInfoBlobSize;
-    void *hwInfoBlob;
+    void *hwInfoBlob; /* backend-specific; HTP: QnnHtpSystemContext_HwBlobInfo_t */
     uint64_t contextBlobSize;
     uint32_t numContextTensors;
     Qnn_Tensor_t *contextTensors;
@@ -706,12 +742,66 @@ typedef struct {
 } QnnSystemContext_BinaryInfoV2_t;
 
 typedef struct {
+    uint32_t backendId;
+    const char *buildId;
+    Qnn_Version_t coreApiVersion;
+    Qnn_Version_t backendApiVersion;
+    const char *socVersion;
+    Qnn_Version_t contextBlobVersion;
+    uint64_t contextBlobSize;
+    uint32_t numContextTensors;
+    Qnn_Tensor_t *contextTensors;
+    uint32_t numGraphs;
+    QnnSystemContext_GraphInfo_t *graphs;
+    QnnDevice_PlatformInfo_t *platformInfo;
+    uint32_t contextMetadataSize;
+    void *contextMetadata;
+    uint32_t socModel; /* the SoC model number, 0 when not recorded */
+} QnnSystemContext_BinaryInfoV3_t;
+
+typedef struct {
     QnnSystemContext_BinaryInfoVersion_t version;
     union {
         QnnSystemContext_BinaryInfoV1_t contextBinaryInfoV1;
         QnnSystemContext_BinaryInfoV2_t contextBinaryInfoV2;
+        QnnSystemContext_BinaryInfoV3_t contextBinaryInfoV3;
     };
 } QnnSystemContext_BinaryInfo_t;
+
+/* HTP's backend-specific blobs inside binary info (facts from the public sources that read them,
+ * e.g. ExecuTorch's QNN backend). Graph blob info (graph info V3's graphBlobInfo): a version, then
+ * version 1's fields, of which htpkv reads the first, the graph's spill-fill buffer size. Hardware
+ * info blob (binary info V1/V2's hwInfoBlob): a version, then the index of the graph it describes
+ * and the spill-fill buffer size. */
+#define QNN_SYSTEM_CONTEXT_HTP_GRAPH_INFO_BLOB_VERSION_V1 1
+#define QNN_SYSTEM_CONTEXT_HTP_HW_INFO_BLOB_VERSION_V1 1
+
+typedef struct {
+    uint64_t spillFillBufferSize; /* bytes */
+    uint32_t vtcmSize;            /* MB */
+    uint32_t optimizationLevel;
+    uint8_t htpDlbc;
+    uint64_t numHvxThreads;
+} QnnHtpSystemContext_GraphBlobInfoV1_t;
+
+typedef struct {
+    uint32_t version; /* QNN_SYSTEM_CONTEXT_HTP_GRAPH_INFO_BLOB_VERSION_V1 */
+    union {
+        QnnHtpSystemContext_GraphBlobInfoV1_t contextBinaryGraphBlobInfoV1;
+    };
+} QnnHtpSystemContext_GraphBlobInfo_t;
+
+typedef struct {
+    uint32_t graphListIndex;
+    uint64_t spillFillBufferSize; /* bytes */
+} QnnHtpSystemContext_HwBlobInfoV1_t;
+
+typedef struct {
+    uint32_t version; /* QNN_SYSTEM_CONTEXT_HTP_HW_INFO_BLOB_VERSION_V1 */
+    union {
+        QnnHtpSystemContext_HwBlobInfoV1_t contextBinaryHwInfoBlobV1_t;
+    };
+} QnnHtpSystemContext_HwBlobInfo_t;
 
 typedef Qnn_ErrorHandle_t (*QnnSystemContext_CreateFn_t)(QnnSystemContext_Handle_t *sysCtxHandle);
 typedef Qnn_ErrorHandle_t (*QnnSystemContext_GetBinaryInfoFn_t)(

@@ -9,6 +9,8 @@ pub const HTPKV_QNN_API_VERSION_MINOR_ERROR_ENTRIES: u32 = 20;
 pub const HTPKV_QNN_SYSTEM_API_VERSION_MAJOR: u32 = 1;
 pub const HTPKV_QNN_SYSTEM_API_VERSION_MINOR: u32 = 1;
 pub const QNN_BACKEND_ID_NULL: u32 = 0;
+pub const QNN_BACKEND_ID_HTP: u32 = 6;
+pub const HTPKV_REF_BACKEND_ID: u32 = 1213483862;
 pub const QNN_SUCCESS: u32 = 0;
 pub const HTPKV_QNN_ERROR_CODE_MASK: u32 = 65535;
 pub const QNN_MIN_ERROR_COMMON: u32 = 1000;
@@ -30,6 +32,8 @@ pub const QNN_TENSOR_DATA_FORMAT_DENSE: u32 = 0;
 pub const QNN_TENSOR_DATA_FORMAT_FLAT_BUFFER: u32 = 0;
 pub const QNN_MEM_INVALID_FD: i32 = -1;
 pub const HTPKV_REF_MEM_HOST_MAGIC: u32 = 1263947848;
+pub const QNN_SYSTEM_CONTEXT_HTP_GRAPH_INFO_BLOB_VERSION_V1: u32 = 1;
+pub const QNN_SYSTEM_CONTEXT_HTP_HW_INFO_BLOB_VERSION_V1: u32 = 1;
 pub type Qnn_ErrorHandle_t = u64;
 pub const QNN_COMMON_ERROR_NOT_SUPPORTED: QnnCommon_Error_t = 1000;
 pub const QNN_COMMON_ERROR_MEM_ALLOC: QnnCommon_Error_t = 1002;
@@ -1559,6 +1563,127 @@ impl Default for QnnSystemContext_GraphInfoV1_t {
 }
 #[repr(C)]
 #[derive(Copy, Clone)]
+pub struct QnnSystemContext_GraphInfoV2_t {
+    pub graphName: *const ::core::ffi::c_char,
+    pub numGraphInputs: u32,
+    pub graphInputs: *mut Qnn_Tensor_t,
+    pub numGraphOutputs: u32,
+    pub graphOutputs: *mut Qnn_Tensor_t,
+    pub numUpdateableTensors: u32,
+    pub updateableTensors: *mut Qnn_Tensor_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnSystemContext_GraphInfoV2_t",
+    ][::std::mem::size_of::<QnnSystemContext_GraphInfoV2_t>() - 56usize];
+    [
+        "Alignment of QnnSystemContext_GraphInfoV2_t",
+    ][::std::mem::align_of::<QnnSystemContext_GraphInfoV2_t>() - 8usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV2_t::graphName",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV2_t, graphName) - 0usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV2_t::numGraphInputs",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV2_t, numGraphInputs) - 8usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV2_t::graphInputs",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV2_t, graphInputs) - 16usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV2_t::numGraphOutputs",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV2_t, numGraphOutputs) - 24usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV2_t::graphOutputs",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV2_t, graphOutputs) - 32usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV2_t::numUpdateableTensors",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV2_t, numUpdateableTensors)
+        - 40usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV2_t::updateableTensors",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV2_t, updateableTensors)
+        - 48usize];
+};
+impl Default for QnnSystemContext_GraphInfoV2_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct QnnSystemContext_GraphInfoV3_t {
+    pub graphName: *const ::core::ffi::c_char,
+    pub numGraphInputs: u32,
+    pub graphInputs: *mut Qnn_Tensor_t,
+    pub numGraphOutputs: u32,
+    pub graphOutputs: *mut Qnn_Tensor_t,
+    pub numUpdateableTensors: u32,
+    pub updateableTensors: *mut Qnn_Tensor_t,
+    pub graphBlobInfoSize: u32,
+    pub graphBlobInfo: *mut ::core::ffi::c_void,
+    pub startOpIndex: u32,
+    pub endOpIndex: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnSystemContext_GraphInfoV3_t",
+    ][::std::mem::size_of::<QnnSystemContext_GraphInfoV3_t>() - 80usize];
+    [
+        "Alignment of QnnSystemContext_GraphInfoV3_t",
+    ][::std::mem::align_of::<QnnSystemContext_GraphInfoV3_t>() - 8usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV3_t::graphName",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV3_t, graphName) - 0usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV3_t::numGraphInputs",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV3_t, numGraphInputs) - 8usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV3_t::graphInputs",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV3_t, graphInputs) - 16usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV3_t::numGraphOutputs",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV3_t, numGraphOutputs) - 24usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV3_t::graphOutputs",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV3_t, graphOutputs) - 32usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV3_t::numUpdateableTensors",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV3_t, numUpdateableTensors)
+        - 40usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV3_t::updateableTensors",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV3_t, updateableTensors)
+        - 48usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV3_t::graphBlobInfoSize",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV3_t, graphBlobInfoSize)
+        - 56usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV3_t::graphBlobInfo",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV3_t, graphBlobInfo) - 64usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV3_t::startOpIndex",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV3_t, startOpIndex) - 72usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfoV3_t::endOpIndex",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfoV3_t, endOpIndex) - 76usize];
+};
+impl Default for QnnSystemContext_GraphInfoV3_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
 pub struct QnnSystemContext_GraphInfo_t {
     pub version: QnnSystemContext_GraphInfoVersion_t,
     pub __bindgen_anon_1: QnnSystemContext_GraphInfo_t__bindgen_ty_1,
@@ -1567,18 +1692,28 @@ pub struct QnnSystemContext_GraphInfo_t {
 #[derive(Copy, Clone)]
 pub union QnnSystemContext_GraphInfo_t__bindgen_ty_1 {
     pub graphInfoV1: QnnSystemContext_GraphInfoV1_t,
+    pub graphInfoV2: QnnSystemContext_GraphInfoV2_t,
+    pub graphInfoV3: QnnSystemContext_GraphInfoV3_t,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     [
         "Size of QnnSystemContext_GraphInfo_t__bindgen_ty_1",
-    ][::std::mem::size_of::<QnnSystemContext_GraphInfo_t__bindgen_ty_1>() - 40usize];
+    ][::std::mem::size_of::<QnnSystemContext_GraphInfo_t__bindgen_ty_1>() - 80usize];
     [
         "Alignment of QnnSystemContext_GraphInfo_t__bindgen_ty_1",
     ][::std::mem::align_of::<QnnSystemContext_GraphInfo_t__bindgen_ty_1>() - 8usize];
     [
         "Offset of field: QnnSystemContext_GraphInfo_t__bindgen_ty_1::graphInfoV1",
     ][::std::mem::offset_of!(QnnSystemContext_GraphInfo_t__bindgen_ty_1, graphInfoV1)
+        - 0usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfo_t__bindgen_ty_1::graphInfoV2",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfo_t__bindgen_ty_1, graphInfoV2)
+        - 0usize];
+    [
+        "Offset of field: QnnSystemContext_GraphInfo_t__bindgen_ty_1::graphInfoV3",
+    ][::std::mem::offset_of!(QnnSystemContext_GraphInfo_t__bindgen_ty_1, graphInfoV3)
         - 0usize];
 };
 impl Default for QnnSystemContext_GraphInfo_t__bindgen_ty_1 {
@@ -1594,7 +1729,7 @@ impl Default for QnnSystemContext_GraphInfo_t__bindgen_ty_1 {
 const _: () = {
     [
         "Size of QnnSystemContext_GraphInfo_t",
-    ][::std::mem::size_of::<QnnSystemContext_GraphInfo_t>() - 48usize];
+    ][::std::mem::size_of::<QnnSystemContext_GraphInfo_t>() - 88usize];
     [
         "Alignment of QnnSystemContext_GraphInfo_t",
     ][::std::mem::align_of::<QnnSystemContext_GraphInfo_t>() - 8usize];
@@ -1790,6 +1925,94 @@ impl Default for QnnSystemContext_BinaryInfoV2_t {
 }
 #[repr(C)]
 #[derive(Copy, Clone)]
+pub struct QnnSystemContext_BinaryInfoV3_t {
+    pub backendId: u32,
+    pub buildId: *const ::core::ffi::c_char,
+    pub coreApiVersion: Qnn_Version_t,
+    pub backendApiVersion: Qnn_Version_t,
+    pub socVersion: *const ::core::ffi::c_char,
+    pub contextBlobVersion: Qnn_Version_t,
+    pub contextBlobSize: u64,
+    pub numContextTensors: u32,
+    pub contextTensors: *mut Qnn_Tensor_t,
+    pub numGraphs: u32,
+    pub graphs: *mut QnnSystemContext_GraphInfo_t,
+    pub platformInfo: *mut QnnDevice_PlatformInfo_t,
+    pub contextMetadataSize: u32,
+    pub contextMetadata: *mut ::core::ffi::c_void,
+    pub socModel: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnSystemContext_BinaryInfoV3_t",
+    ][::std::mem::size_of::<QnnSystemContext_BinaryInfoV3_t>() - 136usize];
+    [
+        "Alignment of QnnSystemContext_BinaryInfoV3_t",
+    ][::std::mem::align_of::<QnnSystemContext_BinaryInfoV3_t>() - 8usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfoV3_t::backendId",
+    ][::std::mem::offset_of!(QnnSystemContext_BinaryInfoV3_t, backendId) - 0usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfoV3_t::buildId",
+    ][::std::mem::offset_of!(QnnSystemContext_BinaryInfoV3_t, buildId) - 8usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfoV3_t::coreApiVersion",
+    ][::std::mem::offset_of!(QnnSystemContext_BinaryInfoV3_t, coreApiVersion) - 16usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfoV3_t::backendApiVersion",
+    ][::std::mem::offset_of!(QnnSystemContext_BinaryInfoV3_t, backendApiVersion)
+        - 28usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfoV3_t::socVersion",
+    ][::std::mem::offset_of!(QnnSystemContext_BinaryInfoV3_t, socVersion) - 40usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfoV3_t::contextBlobVersion",
+    ][::std::mem::offset_of!(QnnSystemContext_BinaryInfoV3_t, contextBlobVersion)
+        - 48usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfoV3_t::contextBlobSize",
+    ][::std::mem::offset_of!(QnnSystemContext_BinaryInfoV3_t, contextBlobSize)
+        - 64usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfoV3_t::numContextTensors",
+    ][::std::mem::offset_of!(QnnSystemContext_BinaryInfoV3_t, numContextTensors)
+        - 72usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfoV3_t::contextTensors",
+    ][::std::mem::offset_of!(QnnSystemContext_BinaryInfoV3_t, contextTensors) - 80usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfoV3_t::numGraphs",
+    ][::std::mem::offset_of!(QnnSystemContext_BinaryInfoV3_t, numGraphs) - 88usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfoV3_t::graphs",
+    ][::std::mem::offset_of!(QnnSystemContext_BinaryInfoV3_t, graphs) - 96usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfoV3_t::platformInfo",
+    ][::std::mem::offset_of!(QnnSystemContext_BinaryInfoV3_t, platformInfo) - 104usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfoV3_t::contextMetadataSize",
+    ][::std::mem::offset_of!(QnnSystemContext_BinaryInfoV3_t, contextMetadataSize)
+        - 112usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfoV3_t::contextMetadata",
+    ][::std::mem::offset_of!(QnnSystemContext_BinaryInfoV3_t, contextMetadata)
+        - 120usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfoV3_t::socModel",
+    ][::std::mem::offset_of!(QnnSystemContext_BinaryInfoV3_t, socModel) - 128usize];
+};
+impl Default for QnnSystemContext_BinaryInfoV3_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
 pub struct QnnSystemContext_BinaryInfo_t {
     pub version: QnnSystemContext_BinaryInfoVersion_t,
     pub __bindgen_anon_1: QnnSystemContext_BinaryInfo_t__bindgen_ty_1,
@@ -1799,6 +2022,7 @@ pub struct QnnSystemContext_BinaryInfo_t {
 pub union QnnSystemContext_BinaryInfo_t__bindgen_ty_1 {
     pub contextBinaryInfoV1: QnnSystemContext_BinaryInfoV1_t,
     pub contextBinaryInfoV2: QnnSystemContext_BinaryInfoV2_t,
+    pub contextBinaryInfoV3: QnnSystemContext_BinaryInfoV3_t,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -1817,6 +2041,11 @@ const _: () = {
         "Offset of field: QnnSystemContext_BinaryInfo_t__bindgen_ty_1::contextBinaryInfoV2",
     ][::std::mem::offset_of!(
         QnnSystemContext_BinaryInfo_t__bindgen_ty_1, contextBinaryInfoV2
+    ) - 0usize];
+    [
+        "Offset of field: QnnSystemContext_BinaryInfo_t__bindgen_ty_1::contextBinaryInfoV3",
+    ][::std::mem::offset_of!(
+        QnnSystemContext_BinaryInfo_t__bindgen_ty_1, contextBinaryInfoV3
     ) - 0usize];
 };
 impl Default for QnnSystemContext_BinaryInfo_t__bindgen_ty_1 {
@@ -1841,6 +2070,177 @@ const _: () = {
     ][::std::mem::offset_of!(QnnSystemContext_BinaryInfo_t, version) - 0usize];
 };
 impl Default for QnnSystemContext_BinaryInfo_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone)]
+pub struct QnnHtpSystemContext_GraphBlobInfoV1_t {
+    pub spillFillBufferSize: u64,
+    pub vtcmSize: u32,
+    pub optimizationLevel: u32,
+    pub htpDlbc: u8,
+    pub numHvxThreads: u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnHtpSystemContext_GraphBlobInfoV1_t",
+    ][::std::mem::size_of::<QnnHtpSystemContext_GraphBlobInfoV1_t>() - 32usize];
+    [
+        "Alignment of QnnHtpSystemContext_GraphBlobInfoV1_t",
+    ][::std::mem::align_of::<QnnHtpSystemContext_GraphBlobInfoV1_t>() - 8usize];
+    [
+        "Offset of field: QnnHtpSystemContext_GraphBlobInfoV1_t::spillFillBufferSize",
+    ][::std::mem::offset_of!(QnnHtpSystemContext_GraphBlobInfoV1_t, spillFillBufferSize)
+        - 0usize];
+    [
+        "Offset of field: QnnHtpSystemContext_GraphBlobInfoV1_t::vtcmSize",
+    ][::std::mem::offset_of!(QnnHtpSystemContext_GraphBlobInfoV1_t, vtcmSize) - 8usize];
+    [
+        "Offset of field: QnnHtpSystemContext_GraphBlobInfoV1_t::optimizationLevel",
+    ][::std::mem::offset_of!(QnnHtpSystemContext_GraphBlobInfoV1_t, optimizationLevel)
+        - 12usize];
+    [
+        "Offset of field: QnnHtpSystemContext_GraphBlobInfoV1_t::htpDlbc",
+    ][::std::mem::offset_of!(QnnHtpSystemContext_GraphBlobInfoV1_t, htpDlbc) - 16usize];
+    [
+        "Offset of field: QnnHtpSystemContext_GraphBlobInfoV1_t::numHvxThreads",
+    ][::std::mem::offset_of!(QnnHtpSystemContext_GraphBlobInfoV1_t, numHvxThreads)
+        - 24usize];
+};
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct QnnHtpSystemContext_GraphBlobInfo_t {
+    pub version: u32,
+    pub __bindgen_anon_1: QnnHtpSystemContext_GraphBlobInfo_t__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union QnnHtpSystemContext_GraphBlobInfo_t__bindgen_ty_1 {
+    pub contextBinaryGraphBlobInfoV1: QnnHtpSystemContext_GraphBlobInfoV1_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnHtpSystemContext_GraphBlobInfo_t__bindgen_ty_1",
+    ][::std::mem::size_of::<QnnHtpSystemContext_GraphBlobInfo_t__bindgen_ty_1>()
+        - 32usize];
+    [
+        "Alignment of QnnHtpSystemContext_GraphBlobInfo_t__bindgen_ty_1",
+    ][::std::mem::align_of::<QnnHtpSystemContext_GraphBlobInfo_t__bindgen_ty_1>()
+        - 8usize];
+    [
+        "Offset of field: QnnHtpSystemContext_GraphBlobInfo_t__bindgen_ty_1::contextBinaryGraphBlobInfoV1",
+    ][::std::mem::offset_of!(
+        QnnHtpSystemContext_GraphBlobInfo_t__bindgen_ty_1, contextBinaryGraphBlobInfoV1
+    ) - 0usize];
+};
+impl Default for QnnHtpSystemContext_GraphBlobInfo_t__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnHtpSystemContext_GraphBlobInfo_t",
+    ][::std::mem::size_of::<QnnHtpSystemContext_GraphBlobInfo_t>() - 40usize];
+    [
+        "Alignment of QnnHtpSystemContext_GraphBlobInfo_t",
+    ][::std::mem::align_of::<QnnHtpSystemContext_GraphBlobInfo_t>() - 8usize];
+    [
+        "Offset of field: QnnHtpSystemContext_GraphBlobInfo_t::version",
+    ][::std::mem::offset_of!(QnnHtpSystemContext_GraphBlobInfo_t, version) - 0usize];
+};
+impl Default for QnnHtpSystemContext_GraphBlobInfo_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Default, Copy, Clone)]
+pub struct QnnHtpSystemContext_HwBlobInfoV1_t {
+    pub graphListIndex: u32,
+    pub spillFillBufferSize: u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnHtpSystemContext_HwBlobInfoV1_t",
+    ][::std::mem::size_of::<QnnHtpSystemContext_HwBlobInfoV1_t>() - 16usize];
+    [
+        "Alignment of QnnHtpSystemContext_HwBlobInfoV1_t",
+    ][::std::mem::align_of::<QnnHtpSystemContext_HwBlobInfoV1_t>() - 8usize];
+    [
+        "Offset of field: QnnHtpSystemContext_HwBlobInfoV1_t::graphListIndex",
+    ][::std::mem::offset_of!(QnnHtpSystemContext_HwBlobInfoV1_t, graphListIndex)
+        - 0usize];
+    [
+        "Offset of field: QnnHtpSystemContext_HwBlobInfoV1_t::spillFillBufferSize",
+    ][::std::mem::offset_of!(QnnHtpSystemContext_HwBlobInfoV1_t, spillFillBufferSize)
+        - 8usize];
+};
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct QnnHtpSystemContext_HwBlobInfo_t {
+    pub version: u32,
+    pub __bindgen_anon_1: QnnHtpSystemContext_HwBlobInfo_t__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union QnnHtpSystemContext_HwBlobInfo_t__bindgen_ty_1 {
+    pub contextBinaryHwInfoBlobV1_t: QnnHtpSystemContext_HwBlobInfoV1_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnHtpSystemContext_HwBlobInfo_t__bindgen_ty_1",
+    ][::std::mem::size_of::<QnnHtpSystemContext_HwBlobInfo_t__bindgen_ty_1>() - 16usize];
+    [
+        "Alignment of QnnHtpSystemContext_HwBlobInfo_t__bindgen_ty_1",
+    ][::std::mem::align_of::<QnnHtpSystemContext_HwBlobInfo_t__bindgen_ty_1>() - 8usize];
+    [
+        "Offset of field: QnnHtpSystemContext_HwBlobInfo_t__bindgen_ty_1::contextBinaryHwInfoBlobV1_t",
+    ][::std::mem::offset_of!(
+        QnnHtpSystemContext_HwBlobInfo_t__bindgen_ty_1, contextBinaryHwInfoBlobV1_t
+    ) - 0usize];
+};
+impl Default for QnnHtpSystemContext_HwBlobInfo_t__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnHtpSystemContext_HwBlobInfo_t",
+    ][::std::mem::size_of::<QnnHtpSystemContext_HwBlobInfo_t>() - 24usize];
+    [
+        "Alignment of QnnHtpSystemContext_HwBlobInfo_t",
+    ][::std::mem::align_of::<QnnHtpSystemContext_HwBlobInfo_t>() - 8usize];
+    [
+        "Offset of field: QnnHtpSystemContext_HwBlobInfo_t::version",
+    ][::std::mem::offset_of!(QnnHtpSystemContext_HwBlobInfo_t, version) - 0usize];
+};
+impl Default for QnnHtpSystemContext_HwBlobInfo_t {
     fn default() -> Self {
         let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
         unsafe {

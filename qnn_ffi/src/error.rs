@@ -116,6 +116,17 @@ pub enum QnnError {
         /// The graphs the binary has.
         available: Vec<String>,
     },
+    /// The system library reported a struct version htpkv cannot read (binary info, graph info
+    /// or tensor): reading it through another version's layout would give a silent wrong answer.
+    #[error("context binary info: unknown {what} version {version} (htpkv reads {known})")]
+    UnknownVersion {
+        /// `binary info`, `graph info` or `tensor`.
+        what: &'static str,
+        /// The version field's value.
+        version: u32,
+        /// The versions htpkv reads, e.g. `1, 2, 3`.
+        known: &'static str,
+    },
     /// The system library returned metadata htpkv cannot read.
     #[error("context binary info: {reason}")]
     BinaryInfo {

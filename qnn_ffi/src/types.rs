@@ -321,8 +321,10 @@ impl TensorInfo {
                 &raw.__bindgen_anon_1.v1
             },
             other => {
-                return Err(QnnError::BinaryInfo {
-                    reason: format!("tensor with unknown version {other}"),
+                return Err(QnnError::UnknownVersion {
+                    what: "tensor",
+                    version: other,
+                    known: "1, 2",
                 });
             }
         };
