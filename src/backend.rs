@@ -100,6 +100,23 @@ pub struct BackendError {
     pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
+/// How a backend passes the KV region's tensors and what that cost in memory handles (QNN).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// The memory used (`shared-buffer (rpcmem)`, `shared-buffer (memfd)`, `host`, `client`).
+    pub memory: &'static str,
+    /// `memRegister` calls made.
+    pub registrations: u64,
+    /// Handles deregistered to stay within the cap.
+    pub deregistrations: u64,
+    /// Handles alive now.
+    pub live_handles: usize,
+    /// The most handles alive at once.
+    pub peak_handles: usize,
+    /// The cap on live handles.
+    pub max_handles: usize,
+}
+
 /// A backend that executes static graphs. Backends are `Send` so a session can move between threads
 /// (the JNI bridge hands sessions to whichever JVM thread calls); a session is used by one thread at
 /// a time.
@@ -109,6 +126,11 @@ pub trait Backend: Send {
 
     /// The graphs of the loaded model.
     fn graphs(&self) -> &[GraphDesc];
+
+    /// How KV memory is passed to the backend, for backends that register it (QNN).
+    fn memory_report(&self) -> Option<MemoryReport> {
+        None
+    }
 
     /// Called once before any execution with the KV region every K/V binding will point into, so a
     /// backend can register it (QNN memory handles). The region outlives the backend's use of it.
@@ -133,4 +155,34 @@ pub trait Backend: Send {
         inputs: &[InputBuffer],
         outputs: &[OutputBuffer],
     ) -> Result<(), BackendError>;
+}
+
+/// A boxed backend is a backend (what the engine holds).
+impl Backend for Box<dyn Backend> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn graphs(&self) -> &[GraphDesc] {
+        (**self).graphs()
+    }
+    fn memory_report(&self) -> Option<MemoryReport> {
+        (**self).memory_report()
+    }
+    fn attach_region(
+        &mut self,
+        base: *mut u8,
+        len: usize,
+        fd: Option<i32>,
+    ) -> Result<(), BackendError> {
+        (**self).attach_region(base, len, fd)
+    }
+    unsafe fn execute(
+        &mut self,
+        graph: usize,
+        inputs: &[InputBuffer],
+        outputs: &[OutputBuffer],
+    ) -> Result<(), BackendError> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { (**self).execute(graph, inputs, outputs) }
+    }
 }

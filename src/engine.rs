@@ -5,7 +5,7 @@ use crate::backend::Backend;
 use crate::reference::ReferenceBackend;
 use crate::sampler::SamplerError;
 use crate::session::{GenerateOptions, Generation, Session, SessionError, SessionStats, TextCodec};
-use kv_manager::{HostAllocator, Reserve, Strategy};
+use kv_manager::{HostAllocator, RegionAllocator, Reserve, Strategy};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType};
@@ -22,6 +22,10 @@ pub enum BackendChoice {
     Qnn {
         backend_lib: PathBuf,
         system_lib: Option<PathBuf>,
+        /// How K/V memory is passed ([`crate::qnn_memory`]).
+        memory: crate::qnn_memory::QnnMemory,
+        /// Cap on live memory handles (least recently used ones are deregistered).
+        max_handles: usize,
     },
 }
 
@@ -68,6 +72,16 @@ impl Default for EngineOptions {
 }
 
 impl EngineOptions {
+    /// The update strategy used when none is asked for: `shift` (2x) on the reference backend,
+    /// `smart_mask` through QNN, where every distinct window offset of a sliding strategy is a new
+    /// memory handle (see the README's handle-budget measurements).
+    pub fn default_strategy(backend: &BackendChoice) -> Strategy {
+        match backend {
+            BackendChoice::Reference => Strategy::SHIFT_2X,
+            BackendChoice::Qnn { .. } => Strategy::SmartMask,
+        }
+    }
+
     /// Parses an update strategy name: `shift` (2x), `conveyor`, `smart_mask`, `naive`.
     pub fn parse_strategy(name: &str) -> Result<Strategy, EngineError> {
         Ok(match name {
@@ -280,20 +294,34 @@ impl Engine {
                 (Some(model), path)
             }
         };
-        let backend: Box<dyn Backend> = match &options.backend {
-            BackendChoice::Reference => {
-                let model = match model {
-                    Some(m) => m,
-                    None => CompiledModel::read(&compiled_path)?,
-                };
-                Box::new(ReferenceBackend::new(Arc::new(model)))
-            }
-            BackendChoice::Qnn {
-                backend_lib,
-                system_lib,
-            } => crate::qnn::open_backend(backend_lib, system_lib.as_deref(), &compiled_path)?,
-        };
-        let session = Session::new(backend, options.strategy, &HostAllocator::default())?;
+        let (backend, allocator): (Box<dyn Backend>, Box<dyn RegionAllocator>) =
+            match &options.backend {
+                BackendChoice::Reference => {
+                    let model = match model {
+                        Some(m) => m,
+                        None => CompiledModel::read(&compiled_path)?,
+                    };
+                    let backend = ReferenceBackend::new(Arc::new(model));
+                    (Box::new(backend), Box::new(HostAllocator::default()))
+                }
+                BackendChoice::Qnn {
+                    backend_lib,
+                    system_lib,
+                    memory,
+                    max_handles,
+                } => {
+                    let qnn = crate::qnn::QnnBackend::open(
+                        backend_lib,
+                        system_lib.as_deref(),
+                        &compiled_path,
+                        *memory,
+                        *max_handles,
+                    )?;
+                    let allocator = qnn.region_allocator();
+                    (Box::new(qnn), allocator)
+                }
+            };
+        let session = Session::new(backend, options.strategy, allocator.as_ref())?;
         if session.vocab_size() != tokenizer.vocab_size() {
             return Err(EngineError::BadOption(format!(
                 "the compiled model's logits cover {} tokens but the tokenizer has {}",
@@ -359,6 +387,11 @@ impl Engine {
     /// Timing and KV counters.
     pub fn stats(&self) -> SessionStats {
         self.session.stats()
+    }
+
+    /// How the backend was handed the KV region, and the memory handles it cost (QNN only).
+    pub fn memory_report(&self) -> Option<crate::backend::MemoryReport> {
+        self.session.backend().memory_report()
     }
 
     /// The session.

@@ -13,6 +13,7 @@ pub mod budget;
 pub mod config;
 pub mod engine;
 pub mod qnn;
+pub mod qnn_memory;
 pub mod reference;
 pub mod sampler;
 pub mod session;

@@ -6,16 +6,21 @@
 //! `input_ids`, `positions`, `attention_mask`, `logits`, `past_key_{layer}[_{head}]`,
 //! `past_value_…`, `new_key_…`, `new_value_…` (a context binary made with Qualcomm's tools must name
 //! its IO tensors the same way). K/V bindings inside the cache region are passed as registered memory
-//! handles (one per distinct offset and shape, cached); everything else as client buffers.
+//! handles (one per distinct offset and shape, cached, at most `max_handles` alive with least recently
+//! used ones deregistered) or as client buffers, as [`crate::qnn_memory`] decides; everything else as
+//! client buffers.
 
 use crate::backend::{
-    Backend, BackendError, GraphDesc, InputBuffer, IoDType, IoRole, IoTensor, OutputBuffer,
+    Backend, BackendError, GraphDesc, InputBuffer, IoDType, IoRole, IoTensor, MemoryReport,
+    OutputBuffer,
 };
 use crate::engine::EngineError;
+use crate::qnn_memory::{MemoryUse, QnnMemory};
+use kv_manager::RegionAllocator;
 use qnn_ffi::{
     ClientBuffer, Context, DataType as QnnType, Device, Graph, LogLevel, MemDescriptor,
-    MemHandleCache, QnnLibrary, QnnSystemLibrary, Quantization, SystemContext, TensorData,
-    TensorInfo,
+    MemHandleCache, QnnLibrary, QnnSystemLibrary, Quantization, RpcMemAllocator, SystemContext,
+    TensorData, TensorInfo,
 };
 use quant::{DataType, Encoding, QuantSpec, ScaleOffset};
 use std::path::Path;
@@ -62,6 +67,51 @@ fn role_of(name: &str) -> Option<(IoRole, Option<usize>, Option<usize>)> {
                 return None;
             }
             return Some((role, Some(layer), head));
+        }
+    }
+    None
+}
+
+/// A short label for the role htpkv recognises in a tensor name, for `htpkv inspect`: htpkv's own
+/// names first, then the names of Qualcomm AI Hub LLM exports (`input_ids`, `attention_mask`,
+/// `position_ids_cos`/`_sin`, `past_key_{layer}_in`/`_out`, `past_value_{layer}_in`/`_out`,
+/// `logits`). `None` for a name it does not recognise (never an error).
+pub fn role_label(name: &str) -> Option<String> {
+    if let Some((role, layer, head)) = role_of(name) {
+        let what = match role {
+            IoRole::InputIds => "token ids",
+            IoRole::Positions => "position ids",
+            IoRole::Mask => "attention mask",
+            IoRole::Logits => "logits",
+            IoRole::PastKey => "past K",
+            IoRole::PastValue => "past V",
+            IoRole::NewKey => "new K",
+            IoRole::NewValue => "new V",
+        };
+        let layer = layer.map_or(String::new(), |l| format!(" layer {l}"));
+        let head = head.map_or(String::new(), |h| format!(" head {h}"));
+        return Some(format!("{what}{layer}{head}"));
+    }
+    let fixed = match name {
+        "position_ids_cos" => Some("RoPE cos"),
+        "position_ids_sin" => Some("RoPE sin"),
+        "input_embeds" | "inputs_embeds" => Some("embeddings"),
+        _ => None,
+    };
+    if let Some(label) = fixed {
+        return Some(label.to_string());
+    }
+    for (prefix, what) in [("past_key_", "K"), ("past_value_", "V")] {
+        let Some(rest) = name.strip_prefix(prefix) else {
+            continue;
+        };
+        for (suffix, dir) in [("_in", "past"), ("_out", "new")] {
+            if let Some(layer) = rest
+                .strip_suffix(suffix)
+                .and_then(|l| l.parse::<usize>().ok())
+            {
+                return Some(format!("{dir} {what} layer {layer}"));
+            }
         }
     }
     None
@@ -188,6 +238,10 @@ pub struct QnnBackend {
     context: Arc<Context>,
     handles: MemHandleCache,
     region: Option<RegionInfo>,
+    memory: MemoryUse,
+    /// `auto` chose host descriptors: confirm with a probe when the region arrives.
+    probe_host: bool,
+    rpcmem: Option<RpcMemAllocator>,
     _device: Option<Arc<Device>>,
 }
 
@@ -198,19 +252,31 @@ impl std::fmt::Debug for QnnBackend {
                 "graphs",
                 &self.descs.iter().map(|g| &g.name).collect::<Vec<_>>(),
             )
+            .field("memory", &self.memory.name())
             .field("registrations", &self.handles.registrations())
             .finish()
     }
 }
 
 impl QnnBackend {
-    /// Loads the libraries and the context binary and retrieves every graph.
+    /// Loads the libraries and the context binary and retrieves every graph; `memory` chooses
+    /// how K/V tensors are passed, `max_handles` caps the live memory handles.
     pub fn open(
         backend_lib: &Path,
         system_lib: Option<&Path>,
         binary_path: &Path,
+        memory: QnnMemory,
+        max_handles: usize,
     ) -> Result<QnnBackend, EngineError> {
         let lib = QnnLibrary::load(backend_lib).map_err(qnn_err)?;
+        let reference = lib
+            .provider()
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with("htpkv_ref"));
+        let rpcmem = RpcMemAllocator::new().ok();
+        let probe_host = memory == QnnMemory::Auto;
+        let memory = MemoryUse::resolve(memory, reference, rpcmem.is_some());
         let system = QnnSystemLibrary::load(system_lib.unwrap_or(backend_lib)).map_err(qnn_err)?;
         let binary = std::fs::read(binary_path).map_err(|error| EngineError::Io {
             what: "reading the context binary",
@@ -232,15 +298,38 @@ impl QnnBackend {
             );
             descs.push(desc);
         }
-        let handles = MemHandleCache::new(&context);
+        let handles = MemHandleCache::with_capacity(&context, max_handles);
         Ok(QnnBackend {
             descs,
             graphs: retrieved,
             context,
             handles,
             region: None,
+            memory,
+            probe_host: probe_host && memory == MemoryUse::Host,
+            rpcmem,
             _device: device,
         })
+    }
+
+    /// The allocator the KV region must come from for the chosen memory.
+    pub fn region_allocator(&self) -> Box<dyn RegionAllocator> {
+        self.memory.allocator(self.rpcmem.clone())
+    }
+
+    /// Host descriptors are htpkv's own: a library may refuse them (the reference library in its
+    /// strict mode, like a real HTP). One registration of the region's first byte tells; on
+    /// refusal the backend uses client buffers.
+    fn probe_host_memory(&mut self) {
+        let Some(region) = self.region else { return };
+        // SAFETY: the region was just attached by the session that owns it and is at least one
+        // byte long; the descriptor covers its first byte only.
+        let probe =
+            unsafe { MemDescriptor::host(vec![1], QnnType::U8, region.base, region.len, 0) };
+        if self.handles.get(&probe).is_err() {
+            self.memory = MemoryUse::Client;
+        }
+        self.handles.clear();
     }
 
     /// Memory registrations made so far (one per distinct offset and shape).
@@ -254,6 +343,9 @@ impl QnnBackend {
     }
 
     fn descriptor(&self, info: &TensorInfo, ptr: *const u8, len: usize) -> Option<MemDescriptor> {
+        if !self.memory.registers() {
+            return None;
+        }
         let region = self.region?;
         let offset = (ptr as usize).checked_sub(region.base as usize)?;
         if offset.checked_add(len)? > region.len {
@@ -262,7 +354,7 @@ impl QnnBackend {
         // SAFETY: the region was attached by the session that owns it and outlives this backend's use
         // of it (`Backend::attach_region`'s contract); the offset and length lie inside it.
         Some(unsafe {
-            match region.fd {
+            match region.fd.filter(|_| self.memory != MemoryUse::Host) {
                 Some(fd) => MemDescriptor::shared_buffer(
                     info.shape.clone(),
                     info.dtype,
@@ -282,19 +374,6 @@ impl QnnBackend {
     }
 }
 
-/// Opens a QNN backend as a boxed [`Backend`].
-pub fn open_backend(
-    backend_lib: &Path,
-    system_lib: Option<&Path>,
-    compiled: &Path,
-) -> Result<Box<dyn Backend>, EngineError> {
-    Ok(Box::new(QnnBackend::open(
-        backend_lib,
-        system_lib,
-        compiled,
-    )?))
-}
-
 impl Backend for QnnBackend {
     fn name(&self) -> &'static str {
         "qnn"
@@ -302,6 +381,17 @@ impl Backend for QnnBackend {
 
     fn graphs(&self) -> &[GraphDesc] {
         &self.descs
+    }
+
+    fn memory_report(&self) -> Option<MemoryReport> {
+        Some(MemoryReport {
+            memory: self.memory.name(),
+            registrations: self.handles.registrations(),
+            deregistrations: self.handles.deregistrations(),
+            live_handles: self.handles.len(),
+            peak_handles: self.handles.peak(),
+            max_handles: self.handles.capacity(),
+        })
     }
 
     fn attach_region(
@@ -312,6 +402,15 @@ impl Backend for QnnBackend {
     ) -> Result<(), BackendError> {
         self.handles.clear();
         self.region = Some(RegionInfo { base, len, fd });
+        if self.probe_host {
+            self.probe_host_memory();
+        }
+        if matches!(self.memory, MemoryUse::RpcMem | MemoryUse::Memfd) && fd.is_none() {
+            return Err(backend_err(format!(
+                "{} memory needs a region with a file descriptor",
+                self.memory.name()
+            )));
+        }
         Ok(())
     }
 
@@ -336,6 +435,7 @@ impl Backend for QnnBackend {
             )));
         }
         // Register region-backed tensors first (cached), then bind.
+        self.handles.begin_step();
         let mut descs_in = Vec::with_capacity(inputs.len());
         for (info, b) in g.inputs().iter().zip(inputs) {
             descs_in.push(self.descriptor(info, b.ptr, b.len));
@@ -392,5 +492,25 @@ mod tests {
         assert_eq!(role_of("past_key_x"), None);
         assert_eq!(role_of("past_key_1_2_3"), None);
         assert_eq!(role_of("weights"), None);
+    }
+
+    #[test]
+    fn role_labels_cover_htpkv_and_ai_hub_names() {
+        assert_eq!(
+            role_label("past_key_3_1").as_deref(),
+            Some("past K layer 3 head 1")
+        );
+        assert_eq!(
+            role_label("past_value_12_in").as_deref(),
+            Some("past V layer 12")
+        );
+        assert_eq!(
+            role_label("past_key_0_out").as_deref(),
+            Some("new K layer 0")
+        );
+        assert_eq!(role_label("position_ids_cos").as_deref(), Some("RoPE cos"));
+        assert_eq!(role_label("logits").as_deref(), Some("logits"));
+        assert_eq!(role_label("_model_layers_0_Add_output_0"), None);
+        assert_eq!(role_label("past_key_x_in"), None);
     }
 }

@@ -95,29 +95,3 @@ impl Backend for ReferenceBackend {
         })
     }
 }
-
-impl Backend for Box<dyn Backend> {
-    fn name(&self) -> &'static str {
-        (**self).name()
-    }
-    fn graphs(&self) -> &[GraphDesc] {
-        (**self).graphs()
-    }
-    fn attach_region(
-        &mut self,
-        base: *mut u8,
-        len: usize,
-        fd: Option<i32>,
-    ) -> Result<(), BackendError> {
-        (**self).attach_region(base, len, fd)
-    }
-    unsafe fn execute(
-        &mut self,
-        graph: usize,
-        inputs: &[InputBuffer],
-        outputs: &[OutputBuffer],
-    ) -> Result<(), BackendError> {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { (**self).execute(graph, inputs, outputs) }
-    }
-}

@@ -5,6 +5,7 @@
 use htpkv::backend::Backend;
 use htpkv::engine::{BackendChoice, Engine, EngineOptions};
 use htpkv::qnn::QnnBackend;
+use htpkv::qnn_memory::{DEFAULT_MAX_HANDLES, QnnMemory};
 use htpkv::reference::ReferenceBackend;
 use htpkv::session::{GenerateOptions, Session};
 use kv_manager::{HostAllocator, Strategy};
@@ -66,6 +67,8 @@ fn generation_through_the_qnn_library_is_bit_identical() {
             backend: BackendChoice::Qnn {
                 backend_lib: lib.clone(),
                 system_lib: None,
+                memory: htpkv::qnn_memory::QnnMemory::Auto,
+                max_handles: htpkv::qnn_memory::DEFAULT_MAX_HANDLES,
             },
             ..local.clone()
         };
@@ -94,19 +97,24 @@ fn qnn_logits_equal_in_process_logits_and_handles_are_cached() {
     let path = engine.compiled_path().to_path_buf();
     let compiled = Arc::new(ref_backend::CompiledModel::read(&path).unwrap());
     let lib = reference_qnn_library();
-    for strategy in [
+    let memories = [QnnMemory::Host, QnnMemory::Client, QnnMemory::SharedBuffer];
+    for (strategy, memory) in [
         Strategy::SHIFT_2X,
         Strategy::Conveyor,
         Strategy::SmartMask,
         Strategy::Naive,
-    ] {
-        let qnn = QnnBackend::open(&lib, None, &path).unwrap();
+    ]
+    .into_iter()
+    .flat_map(|s| memories.map(|m| (s, m)))
+    {
+        let qnn = QnnBackend::open(&lib, None, &path, memory, DEFAULT_MAX_HANDLES).unwrap();
+        let allocator = qnn.region_allocator();
         // The binary info describes the same graphs as the compiled file.
         assert_eq!(
             qnn.graphs(),
             htpkv::reference::graph_descs(&compiled).as_slice()
         );
-        let mut remote = Session::new(qnn, strategy, &HostAllocator::default()).unwrap();
+        let mut remote = Session::new(qnn, strategy, allocator.as_ref()).unwrap();
         let mut local = Session::new(
             ReferenceBackend::new(compiled.clone()),
             strategy,
@@ -123,13 +131,13 @@ fn qnn_logits_equal_in_process_logits_and_handles_are_cached() {
             let b = remote.decode(t).unwrap().to_vec();
             assert!(
                 a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{strategy:?}"
+                "{strategy:?} {memory:?}"
             );
         }
         // Handles are registered once per distinct binding and reused: never more than the KV manager's
         // count of distinct bindings.
         let registered = remote.backend().registrations() as usize;
-        assert!(registered > 0);
+        assert_eq!(registered > 0, memory != QnnMemory::Client, "{memory:?}");
         assert!(
             registered <= remote.cache().counters().handles,
             "{registered} registrations"
@@ -151,6 +159,8 @@ fn bad_qnn_paths_give_typed_errors() {
             backend: BackendChoice::Qnn {
                 backend_lib: lib.into(),
                 system_lib: None,
+                memory: htpkv::qnn_memory::QnnMemory::Auto,
+                max_handles: htpkv::qnn_memory::DEFAULT_MAX_HANDLES,
             },
             ..local.clone()
         };

@@ -38,9 +38,10 @@ pub struct GenerateArgs {
     /// Weight type: i8, f16, f32.
     #[arg(long, default_value = "i8")]
     weights: String,
-    /// KV update strategy: shift, conveyor, smart_mask, naive.
-    #[arg(long, default_value = "shift")]
-    update: String,
+    /// KV update strategy: shift, conveyor, smart_mask, naive (default: shift on the reference
+    /// backend, smart_mask with --backend qnn, where sliding windows cost a memory handle per step).
+    #[arg(long)]
+    update: Option<String>,
     /// Context length S (default: the model's).
     #[arg(long)]
     context: Option<usize>,
@@ -57,6 +58,12 @@ pub struct GenerateArgs {
     /// QNN system library; else $HTPKV_QNN_SYSTEM, else the backend library.
     #[arg(long)]
     qnn_system: Option<PathBuf>,
+    /// How K/V memory reaches the QNN library: auto, shared-buffer, client, host.
+    #[arg(long, default_value = "auto")]
+    qnn_memory: String,
+    /// Most QNN memory handles alive at once; least recently used ones are deregistered.
+    #[arg(long, default_value_t = htpkv::qnn_memory::DEFAULT_MAX_HANDLES)]
+    qnn_max_handles: usize,
     /// Print speed and KV counters to stderr.
     #[arg(long)]
     stats: bool,
@@ -82,15 +89,24 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             BackendChoice::Qnn {
                 backend_lib,
                 system_lib: args.qnn_system.clone().or_else(|| env("HTPKV_QNN_SYSTEM")),
+                memory: args
+                    .qnn_memory
+                    .parse()
+                    .map_err(|e: String| anyhow::anyhow!("--qnn-memory: {e}"))?,
+                max_handles: args.qnn_max_handles,
             }
         }
         other => anyhow::bail!("unknown backend `{other}` (expected reference or qnn)"),
+    };
+    let strategy = match &args.update {
+        Some(name) => EngineOptions::parse_strategy(name)?,
+        None => EngineOptions::default_strategy(&backend),
     };
     let options = EngineOptions {
         model_dir: args.model_dir.clone(),
         compiled: args.compiled.clone(),
         backend,
-        strategy: EngineOptions::parse_strategy(&args.update)?,
+        strategy,
         kv_dtype: args
             .kv_dtype
             .parse()
@@ -151,7 +167,15 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             "tokens": generation.tokens,
             "stop": format!("{:?}", generation.stop),
             "backend": engine.session().backend().name(),
-            "update": args.update,
+            "update": strategy.name(),
+            "qnn_memory": engine.memory_report().map(|m| serde_json::json!({
+                "memory": m.memory,
+                "registrations": m.registrations,
+                "deregistrations": m.deregistrations,
+                "live_handles": m.live_handles,
+                "peak_handles": m.peak_handles,
+                "max_handles": m.max_handles,
+            })),
             "kv_dtype": args.kv_dtype,
             "weights": args.weights,
             "prefill_tokens_per_second": stats.prefill_tokens_per_second(),
@@ -185,13 +209,24 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         );
         eprintln!(
             "kv ({}): region {} bytes, copied {} bytes, {} rebases, {} memory handles, peak {} bytes in use",
-            args.update,
+            strategy.name(),
             kv.region_bytes,
             kv.bytes_copied,
             kv.rebases,
             kv.handles,
             kv.peak_bytes_in_use
         );
+        if let Some(m) = engine.memory_report() {
+            eprintln!(
+                "qnn memory: {}, {} registrations, {} deregistrations, {} live handles (peak {}, cap {})",
+                m.memory,
+                m.registrations,
+                m.deregistrations,
+                m.live_handles,
+                m.peak_handles,
+                m.max_handles
+            );
+        }
     }
     Ok(())
 }

@@ -1,19 +1,23 @@
-//! `htpkv inspect`: list the graphs and IO tensors of a context binary, as a QNN system library
-//! reports them.
+//! `htpkv inspect`: everything a QNN system library reports about a context binary — the binary
+//! header, every graph and every tensor — whoever made the binary. Tensor names htpkv does not
+//! recognise are shown with the role "—", never refused.
 
-use htpkv::backend::IoDType;
 use std::path::PathBuf;
+
+use anyhow::Context as _;
+use qnn_ffi::{BinaryInfo, GraphInfo, Quantization, TensorInfo};
+use serde_json::{Value, json};
 
 /// Arguments of `htpkv inspect`.
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
-    /// The context binary (e.g. a file written by `htpkv compile`).
+    /// The context binary (from `htpkv compile`, Qualcomm's tools, AI Hub, ExecuTorch, ...).
     file: PathBuf,
-    /// QNN system library (else $HTPKV_QNN_SYSTEM; the reference backend's libhtpkv_ref_qnn.so
-    /// serves as one).
+    /// QNN system library (else $HTPKV_QNN_SYSTEM): `libQnnSystem.so`, or the reference
+    /// backend's libhtpkv_ref_qnn.so for htpkv's own binaries.
     #[arg(long)]
     qnn_system: Option<PathBuf>,
-    /// Print JSON.
+    /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
 }
@@ -21,57 +25,125 @@ pub struct InspectArgs {
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let system = qnn_ffi::QnnSystemLibrary::load_from(args.qnn_system.as_deref())?;
     let binary = std::fs::read(&args.file)
-        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.file.display()))?;
-    let graphs = htpkv::qnn::binary_graphs(&system, &binary)?;
-    if args.json {
-        let doc: Vec<_> = graphs
-            .iter()
-            .map(|(g, info)| {
-                let tensors = |list: &[qnn_ffi::TensorInfo]| -> Vec<serde_json::Value> {
-                    list.iter()
-                        .map(|t| {
-                            serde_json::json!({
-                                "name": t.name, "shape": t.shape, "dtype": t.dtype.name(),
-                                "quant": format!("{:?}", t.quant),
-                            })
-                        })
-                        .collect()
-                };
-                serde_json::json!({
-                    "graph": g.name, "ar": g.ar(),
-                    "inputs": tensors(&info.inputs), "outputs": tensors(&info.outputs),
-                })
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&doc)?);
-        return Ok(());
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let mut ctx = qnn_ffi::SystemContext::new(&system)?;
+    let info = ctx.binary_info(&binary)?;
+    let text = if args.json {
+        let mut doc = binary_json(&info);
+        doc["file"] = json!(args.file.display().to_string());
+        serde_json::to_string_pretty(&doc)? + "\n"
+    } else {
+        binary_text(&args.file.display().to_string(), &info)
+    };
+    crate::write_stdout(text.as_bytes())
+}
+
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "—".to_string(), |v| v.to_string())
+}
+
+fn quant_text(q: &Quantization) -> String {
+    match q {
+        Quantization::None => "—".into(),
+        Quantization::PerTensor { scale, offset } => format!("scale {scale:e} offset {offset}"),
+        Quantization::PerAxis {
+            axis,
+            scale_offsets,
+        } => format!("per-axis {axis} ×{}", scale_offsets.len()),
+        Quantization::Unsupported { encoding } => format!("encoding {encoding} (not read)"),
     }
-    println!("{} ({} graphs)", args.file.display(), graphs.len());
-    for (g, _) in &graphs {
-        println!("graph {} (AR-{})", g.name, g.ar().unwrap_or(0));
+}
+
+fn quant_json(q: &Quantization) -> Value {
+    match q {
+        Quantization::None => Value::Null,
+        Quantization::PerTensor { scale, offset } => json!({"scale": scale, "offset": offset}),
+        Quantization::PerAxis {
+            axis,
+            scale_offsets,
+        } => json!({
+            "axis": axis,
+            "count": scale_offsets.len(),
+            "scales": scale_offsets.iter().map(|p| p.0).collect::<Vec<_>>(),
+            "offsets": scale_offsets.iter().map(|p| p.1).collect::<Vec<_>>(),
+        }),
+        Quantization::Unsupported { encoding } => json!({"unsupported_encoding": encoding}),
+    }
+}
+
+fn tensor_json(t: &TensorInfo) -> Value {
+    json!({
+        "name": t.name, "id": t.id, "type": format!("{:?}", t.tensor_type),
+        "dtype": t.dtype.name(), "dims": t.shape, "quant": quant_json(&t.quant),
+        "role": htpkv::qnn::role_label(&t.name),
+    })
+}
+
+fn graph_json(g: &GraphInfo) -> Value {
+    json!({
+        "name": g.name, "graph_info_version": g.info_version,
+        "spill_fill_bytes": g.spill_fill_bytes, "updateable_tensors": g.updateable_tensors,
+        "op_range": g.op_range,
+        "inputs": g.inputs.iter().map(tensor_json).collect::<Vec<_>>(),
+        "outputs": g.outputs.iter().map(tensor_json).collect::<Vec<_>>(),
+    })
+}
+
+fn binary_json(info: &BinaryInfo) -> Value {
+    json!({
+        "binary_info_version": info.info_version,
+        "backend_id": info.backend_id,
+        "build_id": info.build_id,
+        "core_api": info.core_api.to_string(),
+        "backend_api": info.backend_api.to_string(),
+        "soc_version": info.soc_version,
+        "soc_model": info.soc_model,
+        "context_blob_version": info.context_blob_version.to_string(),
+        "context_blob_bytes": info.context_blob_size,
+        "hw_info_blob_version": info.hw_info_blob_version.map(|v| v.to_string()),
+        "spill_fill_bytes": info.spill_fill_bytes,
+        "context_tensors": info.context_tensors,
+        "graphs": info.graphs.iter().map(graph_json).collect::<Vec<_>>(),
+    })
+}
+
+fn binary_text(file: &str, info: &BinaryInfo) -> String {
+    let mut out = format!(
+        "{file}: binary info v{}, backend id {} ({:#x}), build {}\n  core API {}, backend API {}, \
+         SoC {} (model {}), context blob v{} ({} bytes), spill-fill {}\n{} graphs\n",
+        info.info_version,
+        info.backend_id,
+        info.backend_id,
+        opt(info.build_id.as_deref()),
+        info.core_api,
+        info.backend_api,
+        opt(info.soc_version.as_deref()),
+        opt(info.soc_model),
+        info.context_blob_version,
+        info.context_blob_size,
+        opt(info.spill_fill_bytes),
+        info.graphs.len()
+    );
+    for g in &info.graphs {
+        out += &format!(
+            "graph {} (graph info v{}, spill-fill {})\n",
+            g.name,
+            g.info_version,
+            opt(g.spill_fill_bytes.map(|b| format!("{b} bytes")))
+        );
         for (dir, list) in [("in ", &g.inputs), ("out", &g.outputs)] {
             for t in list {
-                let dtype = match t.dtype {
-                    IoDType::I32 => "i32".to_string(),
-                    IoDType::Quant(d) => d.name().to_string(),
-                };
-                let enc = match t.quant.as_ref().map(|q| &q.encoding) {
-                    Some(quant::Encoding::PerTensor(so)) => {
-                        format!("scale {:e} offset {}", so.scale, so.offset)
-                    }
-                    Some(quant::Encoding::PerAxis { axis, params }) => {
-                        format!("per-axis {axis} ({} encodings)", params.len())
-                    }
-                    _ => String::new(),
-                };
-                println!(
-                    "  {dir} {:<18} {:<18} {:<4} {enc}",
+                out += &format!(
+                    "  {dir} {:>4} {:<24} {:<9} {:<20} {:<28} {}\n",
+                    t.id,
                     t.name,
+                    t.dtype.name(),
                     format!("{:?}", t.shape),
-                    dtype
+                    quant_text(&t.quant),
+                    opt(htpkv::qnn::role_label(&t.name)),
                 );
             }
         }
     }
-    Ok(())
+    out
 }

@@ -67,6 +67,8 @@ impl OpenArgs {
                     )
                 })?),
                 system_lib: system_lib.map(PathBuf::from),
+                memory: htpkv::qnn_memory::QnnMemory::Auto,
+                max_handles: htpkv::qnn_memory::DEFAULT_MAX_HANDLES,
             },
             other => {
                 return Err(GlueError::bad_option(format!(
@@ -74,9 +76,10 @@ impl OpenArgs {
                 )));
             }
         };
-        if let Some(name) = non_empty(&self.strategy) {
-            options.strategy = EngineOptions::parse_strategy(name)?;
-        }
+        options.strategy = match non_empty(&self.strategy) {
+            Some(name) => EngineOptions::parse_strategy(name)?,
+            None => EngineOptions::default_strategy(&options.backend),
+        };
         if let Some(name) = non_empty(&self.kv_dtype) {
             options.kv_dtype = name.parse().map_err(|_| {
                 GlueError::bad_option(format!(
@@ -211,6 +214,7 @@ mod tests {
             BackendChoice::Qnn {
                 backend_lib,
                 system_lib,
+                ..
             } => {
                 assert_eq!(backend_lib, PathBuf::from("/lib/libQnnHtp.so"));
                 assert_eq!(system_lib, Some(PathBuf::from("/lib/libQnnSystem.so")));

@@ -632,47 +632,97 @@ impl Drop for MemHandle {
     }
 }
 
+/// Default for [`MemHandleCache::with_capacity`]: live handles kept before the least recently
+/// used are deregistered. Large enough for every tensor of a whole model split into parts with
+/// fixed bindings (`smart_mask`), small enough to bound the handles a sliding strategy piles up.
+pub const DEFAULT_MAX_HANDLES: usize = 4096;
+
 /// Registers each distinct (memory, offset, shape, dtype) once and hands out the same handle
 /// afterwards, counting registrations and reuses. On HTP every distinct offset of a shared
-/// buffer is its own handle, so the cache bounds registrations by the distinct window offsets.
+/// buffer is its own handle, so sliding windows (`shift`, `conveyor`) make a new handle per
+/// buffer per step. The cache holds at most `capacity` live handles: registering one more
+/// deregisters the least recently used handle that the current step (see
+/// [`begin_step`](Self::begin_step)) has not used; a step that alone needs more than `capacity`
+/// handles keeps them all (counted in [`peak`](Self::peak)).
 #[derive(Debug)]
 pub struct MemHandleCache {
     context: Arc<Context>,
-    handles: HashMap<MemDescriptor, MemHandle>,
+    handles: HashMap<MemDescriptor, (MemHandle, u64)>,
+    capacity: usize,
+    step: u64,
     registrations: u64,
+    deregistrations: u64,
     hits: u64,
+    peak: usize,
 }
 
 impl MemHandleCache {
-    /// An empty cache for `context`.
+    /// An empty cache for `context` holding at most [`DEFAULT_MAX_HANDLES`] handles.
     pub fn new(context: &Arc<Context>) -> MemHandleCache {
+        MemHandleCache::with_capacity(context, DEFAULT_MAX_HANDLES)
+    }
+
+    /// An empty cache for `context` holding at most `capacity` (at least 1) live handles.
+    pub fn with_capacity(context: &Arc<Context>, capacity: usize) -> MemHandleCache {
         MemHandleCache {
             context: context.clone(),
             handles: HashMap::new(),
+            capacity: capacity.max(1),
+            step: 0,
             registrations: 0,
+            deregistrations: 0,
             hits: 0,
+            peak: 0,
         }
     }
 
-    /// The handle for `desc`, registering it on first use.
+    /// Starts a new step: handles used from now on are protected from eviction until the next.
+    pub fn begin_step(&mut self) {
+        self.step += 1;
+    }
+
+    /// The handle for `desc`, registering it on first use (evicting first when full).
     pub fn get(&mut self, desc: &MemDescriptor) -> Result<&MemHandle, QnnError> {
-        if self.handles.contains_key(desc) {
+        let step = self.step;
+        if let Some(entry) = self.handles.get_mut(desc) {
             self.hits += 1;
+            entry.1 = step;
         } else {
+            self.evict_for_one();
             let handle = self.context.register(desc)?;
             self.registrations += 1;
-            self.handles.insert(desc.clone(), handle);
+            self.handles.insert(desc.clone(), (handle, step));
+            self.peak = self.peak.max(self.handles.len());
         }
         self.handles
             .get(desc)
+            .map(|(h, _)| h)
             .ok_or_else(|| QnnError::InvalidRegistration {
                 reason: "handle vanished from the cache".into(),
             })
     }
 
+    /// Deregisters least recently used handles not used in this step until one more fits.
+    fn evict_for_one(&mut self) {
+        while self.handles.len() >= self.capacity {
+            let victim = self
+                .handles
+                .iter()
+                .filter(|(_, (_, used))| *used < self.step)
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(d, _)| d.clone());
+            let Some(victim) = victim else {
+                return;
+            };
+            // Dropping the handle deregisters it.
+            self.handles.remove(&victim);
+            self.deregistrations += 1;
+        }
+    }
+
     /// The handle already registered for `desc`, without registering or counting.
     pub fn get_existing(&self, desc: &MemDescriptor) -> Option<&MemHandle> {
-        self.handles.get(desc)
+        self.handles.get(desc).map(|(h, _)| h)
     }
 
     /// Number of `memRegister` calls made.
@@ -680,9 +730,24 @@ impl MemHandleCache {
         self.registrations
     }
 
+    /// Number of handles deregistered to stay within the capacity.
+    pub fn deregistrations(&self) -> u64 {
+        self.deregistrations
+    }
+
     /// Number of requests served from the cache.
     pub fn hits(&self) -> u64 {
         self.hits
+    }
+
+    /// The most handles alive at once.
+    pub fn peak(&self) -> usize {
+        self.peak
+    }
+
+    /// The capacity.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// Number of live handles.

@@ -382,17 +382,35 @@ pub fn qnn_error(function: &'static str, handle: u64, backend_message: Option<St
     let code = handle & u64::from(crate::bindings::HTPKV_QNN_ERROR_CODE_MASK);
     let (name, description) =
         error_code_info(code).unwrap_or(("UNKNOWN", "error code not declared by htpkv"));
+    // Backends often start their message with the code's name; say it once.
+    let message = backend_message.map(|m| match m.strip_prefix(name) {
+        Some(rest) => rest.trim_start_matches([':', ' ']).to_string(),
+        None => m,
+    });
     QnnError::Qnn {
         function,
         code,
         name,
-        message: backend_message.unwrap_or_else(|| description.to_string()),
+        message: message.unwrap_or_else(|| description.to_string()),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backend_message_that_repeats_the_name_is_said_once() {
+        let e = qnn_error(
+            "memRegister",
+            8005,
+            Some("QNN_MEM_ERROR_UNSUPPORTED_MEMTYPE: no".into()),
+        );
+        assert_eq!(
+            e.to_string(),
+            "memRegister failed: QNN error 8005 QNN_MEM_ERROR_UNSUPPORTED_MEMTYPE: no"
+        );
+    }
 
     #[test]
     fn every_declared_code_has_a_distinct_name() {

@@ -12,7 +12,7 @@
 //!   [`Graph`] (retrieve + execute with client buffers or [`MemHandle`]s), and a
 //!   [`MemHandleCache`] that registers each (memory, offset, shape, dtype) once.
 //! - [`SystemContext`]: a context binary's graphs and IO tensors as plain [`TensorInfo`]s.
-//! - [`RpcMemAllocator`]: `kv_manager` region memory from `libcdsprpc.so` on devices.
+//! - [`RpcMemAllocator`]: shared (dma-buf) buffers from `libcdsprpc.so` on devices.
 //!
 //! A typical run:
 //! ```no_run
@@ -60,14 +60,17 @@ mod system;
 mod types;
 
 pub use backend::{
-    Backend, ClientBuffer, Context, Device, Graph, Log, LogLevel, MemDescriptor, MemHandle,
-    MemHandleCache, MemSource, TensorData, log_message_count, take_log_messages,
+    Backend, ClientBuffer, Context, DEFAULT_MAX_HANDLES, Device, Graph, Log, LogLevel,
+    MemDescriptor, MemHandle, MemHandleCache, MemSource, TensorData, log_message_count,
+    take_log_messages,
 };
 pub use error::{DECLARED_ERROR_CODES, ProviderVersion, QnnError, error_code_info, qnn_error};
 pub use loader::{
     ENV_BACKEND, ENV_SYSTEM, ProviderInfo, QnnLibrary, QnnSystemLibrary, REQUIRED_CORE_API,
     REQUIRED_SYSTEM_API, resolve_path,
 };
-pub use rpcmem::{RPCMEM_DEFAULT_FLAGS, RPCMEM_HEAP_ID_SYSTEM, RPCMEM_LIBRARY, RpcMemAllocator};
+pub use rpcmem::{
+    RPCMEM_DEFAULT_FLAGS, RPCMEM_HEAP_ID_SYSTEM, RPCMEM_LIBRARY, RpcBuffer, RpcMemAllocator,
+};
 pub use system::{BinaryInfo, GraphInfo, SystemContext, convert_binary_info};
 pub use types::{DataType, OwnedRawTensor, Quantization, TensorInfo, TensorType, Version};

@@ -3,12 +3,11 @@
 //! directly and QNN registers as (fd, offset) memory handles.
 //!
 //! On a desktop the library is absent: [`RpcMemAllocator::new`] returns
-//! [`QnnError::RpcMemUnavailable`] and callers fall back to `kv_manager::HostAllocator`.
+//! [`QnnError::RpcMemUnavailable`] and callers choose other memory. This crate does not know the KV
+//! cache: the runtime (`htpkv`) adapts [`RpcBuffer`] to its region allocator.
 
 use std::ffi::c_void;
 use std::sync::Arc;
-
-use kv_manager::{KvError, RegionAllocator, RegionMemory};
 
 use crate::error::QnnError;
 
@@ -98,16 +97,17 @@ impl RpcMemAllocator {
     }
 }
 
-struct RpcMemory {
+/// One rpcmem allocation: zeroed, page aligned, freed on drop.
+pub struct RpcBuffer {
     lib: Arc<RpcMemLib>,
     ptr: *mut u8,
     len: usize,
     fd: i32,
 }
 
-impl std::fmt::Debug for RpcMemory {
+impl std::fmt::Debug for RpcBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RpcMemory")
+        f.debug_struct("RpcBuffer")
             .field("ptr", &self.ptr)
             .field("len", &self.len)
             .field("fd", &self.fd)
@@ -116,60 +116,57 @@ impl std::fmt::Debug for RpcMemory {
 }
 
 // SAFETY: the allocation is exclusively owned by this value; rpcmem allows freeing from any thread.
-unsafe impl Send for RpcMemory {}
+unsafe impl Send for RpcBuffer {}
 
-// SAFETY: `ptr` is an rpcmem allocation of `len` bytes (zeroed at allocation), owned by this value
-// and freed only in Drop; rpcmem allocations are page aligned.
-unsafe impl RegionMemory for RpcMemory {
-    fn as_ptr(&self) -> *mut u8 {
+impl RpcBuffer {
+    /// Start of the allocation.
+    pub fn as_ptr(&self) -> *mut u8 {
         self.ptr
     }
-    fn len(&self) -> usize {
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
         self.len
     }
-    fn fd(&self) -> Option<i32> {
-        Some(self.fd)
+    /// True for an empty allocation (never: sizes are at least 1).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The dma-buf file descriptor QNN registers (`QnnMemHtp` shared buffer).
+    pub fn fd(&self) -> i32 {
+        self.fd
     }
 }
 
-impl Drop for RpcMemory {
+impl Drop for RpcBuffer {
     fn drop(&mut self) {
         // SAFETY: allocated by this library's rpcmem_alloc, freed exactly once.
         unsafe { (self.lib.free)(self.ptr.cast()) }
     }
 }
 
-impl RegionAllocator for RpcMemAllocator {
-    fn allocate(&self, bytes: usize, align: usize) -> Result<Box<dyn RegionMemory>, KvError> {
-        let fail = |reason: String| KvError::Allocation {
-            bytes,
-            align,
-            reason,
-        };
-        let size =
-            i32::try_from(bytes.max(1)).map_err(|_| fail("rpcmem sizes are 32-bit".into()))?;
+impl RpcMemAllocator {
+    /// Allocates `bytes` (at least 1) zeroed bytes aligned to `align`.
+    pub fn allocate(&self, bytes: usize, align: usize) -> Result<RpcBuffer, QnnError> {
+        let size = i32::try_from(bytes.max(1)).map_err(|_| QnnError::RpcMemAlloc { bytes })?;
         // SAFETY: plain allocation call with a positive size.
         let ptr = unsafe { (self.lib.alloc)(self.heap_id, self.flags, size) }.cast::<u8>();
         if ptr.is_null() {
-            return Err(fail(QnnError::RpcMemAlloc { bytes }.to_string()));
-        }
-        if !(ptr as usize).is_multiple_of(align) {
-            // SAFETY: just allocated by rpcmem_alloc, freed once.
-            unsafe { (self.lib.free)(ptr.cast()) };
-            return Err(fail(format!(
-                "rpcmem returned {ptr:p}, not aligned to {align}"
-            )));
+            return Err(QnnError::RpcMemAlloc { bytes });
         }
         // SAFETY: `ptr` is a live rpcmem allocation.
         let fd = unsafe { (self.lib.to_fd)(ptr.cast()) };
-        // SAFETY: the allocation is `size` bytes, writable and ours.
-        unsafe { std::ptr::write_bytes(ptr, 0, size as usize) };
-        Ok(Box::new(RpcMemory {
+        let buffer = RpcBuffer {
             lib: self.lib.clone(),
             ptr,
             len: size as usize,
             fd,
-        }))
+        };
+        if !(ptr as usize).is_multiple_of(align.max(1)) || fd < 0 {
+            return Err(QnnError::RpcMemAlloc { bytes });
+        }
+        // SAFETY: the allocation is `size` bytes, writable and ours.
+        unsafe { std::ptr::write_bytes(ptr, 0, size as usize) };
+        Ok(buffer)
     }
 }
 

@@ -424,3 +424,65 @@ unsafe fn convert_graph_info(
         op_range: v3.map(|v| (v.startOpIndex, v.endOpIndex)),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_binary_info_version_is_a_typed_error() {
+        let info = b::QnnSystemContext_BinaryInfo_t {
+            version: 4,
+            ..Default::default()
+        };
+        // SAFETY: version 4 is refused before any field is read.
+        let err = unsafe { convert_binary_info(&info) }.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "context binary info: unknown binary info version 4 (htpkv reads 1, 2, 3)"
+        );
+    }
+
+    #[test]
+    fn an_unknown_graph_info_version_is_a_typed_error() {
+        let mut graphs = [b::QnnSystemContext_GraphInfo_t {
+            version: 9,
+            ..Default::default()
+        }];
+        let mut info = b::QnnSystemContext_BinaryInfo_t {
+            version: b::QNN_SYSTEM_CONTEXT_BINARY_INFO_VERSION_3,
+            ..Default::default()
+        };
+        info.__bindgen_anon_1.contextBinaryInfoV3 = b::QnnSystemContext_BinaryInfoV3_t {
+            numGraphs: 1,
+            graphs: graphs.as_mut_ptr(),
+            ..Default::default()
+        };
+        // SAFETY: one graph info entry, refused before its fields are read.
+        let err = unsafe { convert_binary_info(&info) }.unwrap_err();
+        assert!(matches!(
+            err,
+            QnnError::UnknownVersion {
+                what: "graph info",
+                version: 9,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn absurd_counts_are_refused_before_reading() {
+        let mut info = b::QnnSystemContext_BinaryInfo_t {
+            version: b::QNN_SYSTEM_CONTEXT_BINARY_INFO_VERSION_1,
+            ..Default::default()
+        };
+        info.__bindgen_anon_1.contextBinaryInfoV1 = b::QnnSystemContext_BinaryInfoV1_t {
+            numGraphs: u32::MAX,
+            graphs: std::ptr::NonNull::dangling().as_ptr(),
+            ..Default::default()
+        };
+        // SAFETY: the count is refused before the (dangling) array is read.
+        let err = unsafe { convert_binary_info(&info) }.unwrap_err();
+        assert!(err.to_string().contains("more than"), "{err}");
+    }
+}

@@ -432,10 +432,11 @@ unsafe fn quantization_from_raw(q: &b::Qnn_QuantizeParams_t) -> Quantization {
     }
 }
 
-/// A raw `Qnn_Tensor_t` (version 1) together with the memory its pointers refer to (name,
-/// dimensions, per-axis scale/offset array). Used to pass tensors to `graphExecute` and by
-/// backends that hand out tensor descriptions.
+/// A raw `Qnn_Tensor_t` (version 1 by default, or 2) together with the memory its pointers refer
+/// to (name, dimensions, per-axis scale/offset array). Used to pass tensors to `graphExecute` and
+/// by backends that hand out tensor descriptions.
 pub struct OwnedRawTensor {
+    version: u32,
     name: CString,
     dims: Vec<u32>,
     scale_offsets: Vec<b::Qnn_ScaleOffset_t>,
@@ -470,6 +471,7 @@ impl OwnedRawTensor {
             _ => Vec::new(),
         };
         Ok(OwnedRawTensor {
+            version: b::QNN_TENSOR_VERSION_1,
             name,
             dims: info.shape.clone(),
             scale_offsets,
@@ -480,9 +482,23 @@ impl OwnedRawTensor {
         })
     }
 
+    /// The same tensor as a `Qnn_TensorV2_t` (no dynamic dimensions, dense, produced).
+    pub fn version_2(mut self) -> OwnedRawTensor {
+        self.version = b::QNN_TENSOR_VERSION_2;
+        self
+    }
+
     /// The raw tensor with no data bound (`memType` undefined). Its pointers borrow `self`: it
     /// must not be used after `self` is dropped or moved.
     pub fn raw(&self) -> b::Qnn_Tensor_t {
+        self.raw_bound(
+            b::QNN_TENSORMEMTYPE_UNDEFINED,
+            b::Qnn_TensorV1_t__bindgen_ty_1::default(),
+        )
+    }
+
+    /// The raw tensor with `mem_type` and its data member.
+    fn raw_bound(&self, mem_type: u32, data: b::Qnn_TensorV1_t__bindgen_ty_1) -> b::Qnn_Tensor_t {
         let mut quant = b::Qnn_QuantizeParams_t {
             encodingDefinition: b::QNN_DEFINITION_UNDEFINED,
             quantizationEncoding: b::QNN_QUANTIZATION_ENCODING_UNDEFINED,
@@ -521,36 +537,63 @@ impl OwnedRawTensor {
             } else {
                 self.dims.as_ptr().cast_mut()
             },
-            memType: b::QNN_TENSORMEMTYPE_UNDEFINED,
-            ..Default::default()
+            memType: mem_type,
+            __bindgen_anon_1: data,
+        };
+        if self.version == b::QNN_TENSOR_VERSION_1 {
+            return b::Qnn_Tensor_t {
+                version: b::QNN_TENSOR_VERSION_1,
+                __bindgen_anon_1: b::Qnn_Tensor_t__bindgen_ty_1 { v1 },
+            };
+        }
+        let mut v2_data = b::Qnn_TensorV2_t__bindgen_ty_1::default();
+        if mem_type == b::QNN_TENSORMEMTYPE_RAW {
+            // SAFETY: memType RAW says the client buffer member was written.
+            v2_data.clientBuf = unsafe { data.clientBuf };
+        } else if mem_type == b::QNN_TENSORMEMTYPE_MEMHANDLE {
+            // SAFETY: memType MEMHANDLE says the handle member was written.
+            v2_data.memHandle = unsafe { data.memHandle };
+        }
+        let v2 = b::Qnn_TensorV2_t {
+            id: v1.id,
+            name: v1.name,
+            type_: v1.type_,
+            dataFormat: v1.dataFormat,
+            dataType: v1.dataType,
+            quantizeParams: v1.quantizeParams,
+            rank: v1.rank,
+            dimensions: v1.dimensions,
+            memType: v1.memType,
+            __bindgen_anon_1: v2_data,
+            isDynamicDimensions: std::ptr::null_mut(),
+            sparseParams: b::Qnn_SparseParams_t {
+                type_: b::QNN_SPARSE_LAYOUT_UNDEFINED,
+                ..Default::default()
+            },
+            isProduced: 1,
         };
         b::Qnn_Tensor_t {
-            version: b::QNN_TENSOR_VERSION_1,
-            __bindgen_anon_1: b::Qnn_Tensor_t__bindgen_ty_1 { v1 },
+            version: b::QNN_TENSOR_VERSION_2,
+            __bindgen_anon_1: b::Qnn_Tensor_t__bindgen_ty_1 { v2 },
         }
     }
 
     /// The raw tensor with a client buffer bound.
     pub fn raw_with_client_buffer(&self, data: *mut u8, size: u32) -> b::Qnn_Tensor_t {
-        let mut t = self.raw();
-        // SAFETY: `raw()` built a version-1 tensor, so `v1` is the live member.
-        let v1 = unsafe { &mut t.__bindgen_anon_1.v1 };
-        v1.memType = b::QNN_TENSORMEMTYPE_RAW;
-        v1.__bindgen_anon_1.clientBuf = b::Qnn_ClientBuffer_t {
+        let client_buf = b::Qnn_ClientBuffer_t {
             data: data.cast(),
             dataSize: size,
         };
-        t
+        let member = b::Qnn_TensorV1_t__bindgen_ty_1 {
+            clientBuf: client_buf,
+        };
+        self.raw_bound(b::QNN_TENSORMEMTYPE_RAW, member)
     }
 
     /// The raw tensor with a registered memory handle bound.
     pub fn raw_with_mem_handle(&self, handle: b::Qnn_MemHandle_t) -> b::Qnn_Tensor_t {
-        let mut t = self.raw();
-        // SAFETY: `raw()` built a version-1 tensor, so `v1` is the live member.
-        let v1 = unsafe { &mut t.__bindgen_anon_1.v1 };
-        v1.memType = b::QNN_TENSORMEMTYPE_MEMHANDLE;
-        v1.__bindgen_anon_1.memHandle = handle;
-        t
+        let member = b::Qnn_TensorV1_t__bindgen_ty_1 { memHandle: handle };
+        self.raw_bound(b::QNN_TENSORMEMTYPE_MEMHANDLE, member)
     }
 }
 

@@ -23,21 +23,60 @@ fn graph_info_versions_and_array_stride() {
     assert_eq!(size_of::<b::QnnSystemContext_GraphInfoV3_t>(), 80);
     // The array stride a reader must use, whatever version each element carries.
     assert_eq!(size_of::<b::QnnSystemContext_GraphInfo_t>(), 88);
-    assert_eq!(offset_of!(b::QnnSystemContext_GraphInfo_t, __bindgen_anon_1), 8);
+    assert_eq!(
+        offset_of!(b::QnnSystemContext_GraphInfo_t, __bindgen_anon_1),
+        8
+    );
 
     assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV1_t, graphName), 0);
-    assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV1_t, numGraphInputs), 8);
-    assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV1_t, graphInputs), 16);
-    assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV1_t, numGraphOutputs), 24);
-    assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV1_t, graphOutputs), 32);
-    assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV2_t, numUpdateableTensors), 40);
-    assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV2_t, updateableTensors), 48);
-    assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV3_t, numUpdateableTensors), 40);
-    assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV3_t, updateableTensors), 48);
-    assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV3_t, graphBlobInfoSize), 56);
-    assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV3_t, graphBlobInfo), 64);
-    assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV3_t, startOpIndex), 72);
-    assert_eq!(offset_of!(b::QnnSystemContext_GraphInfoV3_t, endOpIndex), 76);
+    assert_eq!(
+        offset_of!(b::QnnSystemContext_GraphInfoV1_t, numGraphInputs),
+        8
+    );
+    assert_eq!(
+        offset_of!(b::QnnSystemContext_GraphInfoV1_t, graphInputs),
+        16
+    );
+    assert_eq!(
+        offset_of!(b::QnnSystemContext_GraphInfoV1_t, numGraphOutputs),
+        24
+    );
+    assert_eq!(
+        offset_of!(b::QnnSystemContext_GraphInfoV1_t, graphOutputs),
+        32
+    );
+    assert_eq!(
+        offset_of!(b::QnnSystemContext_GraphInfoV2_t, numUpdateableTensors),
+        40
+    );
+    assert_eq!(
+        offset_of!(b::QnnSystemContext_GraphInfoV2_t, updateableTensors),
+        48
+    );
+    assert_eq!(
+        offset_of!(b::QnnSystemContext_GraphInfoV3_t, numUpdateableTensors),
+        40
+    );
+    assert_eq!(
+        offset_of!(b::QnnSystemContext_GraphInfoV3_t, updateableTensors),
+        48
+    );
+    assert_eq!(
+        offset_of!(b::QnnSystemContext_GraphInfoV3_t, graphBlobInfoSize),
+        56
+    );
+    assert_eq!(
+        offset_of!(b::QnnSystemContext_GraphInfoV3_t, graphBlobInfo),
+        64
+    );
+    assert_eq!(
+        offset_of!(b::QnnSystemContext_GraphInfoV3_t, startOpIndex),
+        72
+    );
+    assert_eq!(
+        offset_of!(b::QnnSystemContext_GraphInfoV3_t, endOpIndex),
+        76
+    );
 }
 
 #[test]
@@ -86,7 +125,10 @@ fn binary_info_v3_drops_the_hardware_blob_fields() {
     assert_eq!(size_of::<V3>(), 136);
 
     assert_eq!(size_of::<b::QnnSystemContext_BinaryInfo_t>(), 144);
-    assert_eq!(offset_of!(b::QnnSystemContext_BinaryInfo_t, __bindgen_anon_1), 8);
+    assert_eq!(
+        offset_of!(b::QnnSystemContext_BinaryInfo_t, __bindgen_anon_1),
+        8
+    );
 }
 
 #[test]

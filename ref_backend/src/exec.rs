@@ -263,6 +263,23 @@ impl Graph {
         }
     }
 
+    /// Bytes of the graph's preallocated scratch (its intermediate activations): what an HTP
+    /// graph would spill to and fill from DDR, reported as the spill-fill size by the QNN
+    /// library.
+    pub fn scratch_bytes(&self) -> usize {
+        let s = match self.scratch.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let f32s = [
+            &s.mask, &s.x, &s.xb, &s.xb2, &s.q, &s.k, &s.v, &s.att_out, &s.hb, &s.hb2, &s.knew,
+            &s.vnew, &s.kpast, &s.vpast, &s.scores, &s.logits,
+        ];
+        let floats: usize = f32s.iter().map(|v| v.len() * 4).sum();
+        let words = (s.ids.len() + s.pos.len() + s.idx.len()) * std::mem::size_of::<usize>();
+        floats + words + s.qbuf.len() * 2 + s.visible_any.len()
+    }
+
     /// Graph name, e.g. `ar32_cl512`.
     pub fn name(&self) -> &str {
         &self.name

@@ -57,6 +57,7 @@ pub use calibrate::U8_KV_PERCENTILE;
 pub use compile::{CompiledModel, Progress, Stage, compile};
 pub use error::{CompileError, ExecError, FormatError};
 pub use exec::{Graph, mask_value_bytes};
+pub use format::FORMAT_VERSION;
 pub use model::{ActSite, MASK_OFFSET, MASK_SCALE, MASKED_AT_OR_BELOW, graph_name, mask_encoding};
 pub use options::{
     CALIBRATION_VERSION, CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS,

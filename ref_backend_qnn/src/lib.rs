@@ -20,6 +20,12 @@
 //!   `offset`; on Linux a `memfd` works. The mapping is released at `memDeRegister`.
 //! - `QNN_MEM_TYPE_CUSTOM` with an `HtpkvRefMem_HostDescriptor_t` (htpkv extension, told apart
 //!   by its magic first field): host memory by address — the desktop KV region, which has no fd.
+//!   Refused in strict mode ([`STRICT_ENV`]), as a real HTP backend refuses it.
+//!
+//! # Binary info layouts
+//! `systemContextGetBinaryInfo` answers with binary info V3, graph info V3 (with HTP-style graph
+//! blob info giving each graph's scratch size as its spill-fill size) and tensors V2, as current
+//! SDKs do; [`LAYOUT_ENV`] asks for V2 or V1 instead.
 //! - `QNN_MEM_TYPE_ION` with an fd: the fd is mapped from offset 0.
 //!
 //! # Robustness
@@ -49,6 +55,8 @@ pub const BACKEND_API: (u32, u32, u32) = (0, 1, 0);
 /// System API version the system provider reports.
 pub const SYSTEM_API: (u32, u32, u32) = (1, 1, 0);
 const BUILD_ID: &CStr = c"htpkv-ref-qnn 0.1.0";
+/// Version reported for the context blob (htpkv's compiled-file format).
+const CONTEXT_BLOB_VERSION: (u32, u32, u32) = (ref_backend::FORMAT_VERSION, 0, 0);
 
 type Rc = u64;
 const OK: Rc = 0;
@@ -99,6 +107,7 @@ struct SysInfo {
     _owned: Vec<OwnedRawTensor>,
     _tensors: Vec<Vec<b::Qnn_Tensor_t>>,
     _names: Vec<CString>,
+    _blobs: Vec<b::QnnHtpSystemContext_GraphBlobInfo_t>,
     _graphs: Vec<b::QnnSystemContext_GraphInfo_t>,
     info: Box<b::QnnSystemContext_BinaryInfo_t>,
 }
@@ -785,6 +794,9 @@ unsafe fn register_one(context: usize, d: &b::Qnn_MemDescriptor_t) -> Result<Mem
             // SAFETY: caller's contract: a readable descriptor; both kinds start with a u32.
             let tag = unsafe { *info.cast::<u32>() };
             if tag == b::HTPKV_REF_MEM_HOST_MAGIC {
+                if strict() {
+                    return Err(code(b::QNN_MEM_ERROR_UNSUPPORTED_MEMTYPE));
+                }
                 // SAFETY: the magic identifies htpkv's host descriptor.
                 let h = unsafe { &*info.cast::<b::HtpkvRefMem_HostDescriptor_t>() };
                 let end = h.offset.checked_add(bytes as u64);
@@ -985,67 +997,205 @@ pub fn tensor_info(desc: &TensorDesc, id: u32, tensor_type: TensorType) -> Tenso
     }
 }
 
-fn build_sys_info(model: &CompiledModel) -> Option<SysInfo> {
-    let mut owned = Vec::new();
-    let mut tensors = Vec::new();
-    let mut names = Vec::new();
-    let mut id = 1u32;
-    let mut per_graph = Vec::new();
-    for g in model.graphs() {
-        let mut ins = Vec::new();
-        for d in g.inputs() {
-            ins.push(OwnedRawTensor::new(&tensor_info(d, id, TensorType::AppWrite)).ok()?);
-            id += 1;
+/// Environment variable choosing the struct versions of the binary info this library hands out:
+/// `3` (default: binary info V3, graph info V3 with HTP graph blob info, tensors V2, as current
+/// SDKs), `2` (binary info V2, graph info V2, tensors V2) or `1` (all version 1, as old SDKs).
+pub const LAYOUT_ENV: &str = "HTPKV_REF_QNN_LAYOUT";
+
+/// Environment variable: when `1`, the library refuses htpkv's host-memory descriptor the way a
+/// real HTP backend does (`QNN_MEM_ERROR_UNSUPPORTED_MEMTYPE`), accepting only shared buffers
+/// (fd + offset) and client buffers.
+pub const STRICT_ENV: &str = "HTPKV_REF_QNN_STRICT";
+
+fn strict() -> bool {
+    std::env::var(STRICT_ENV).as_deref() == Ok("1")
+}
+
+/// The struct versions `systemContextGetBinaryInfo` emits (see [`LAYOUT_ENV`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Binary info and graph info version (1 to 3).
+    pub info: u32,
+    /// Tensor version (1 or 2).
+    pub tensor: u32,
+}
+
+impl Layout {
+    /// The layout [`LAYOUT_ENV`] asks for; `None` for a value it does not name.
+    pub fn from_env() -> Option<Layout> {
+        match std::env::var(LAYOUT_ENV).as_deref() {
+            Err(_) | Ok("") | Ok("3") => Some(Layout { info: 3, tensor: 2 }),
+            Ok("2") => Some(Layout { info: 2, tensor: 2 }),
+            Ok("1") => Some(Layout { info: 1, tensor: 1 }),
+            Ok(_) => None,
         }
-        let mut outs = Vec::new();
-        for d in g.outputs() {
-            outs.push(OwnedRawTensor::new(&tensor_info(d, id, TensorType::AppRead)).ok()?);
-            id += 1;
-        }
-        let raw_in: Vec<b::Qnn_Tensor_t> = ins.iter().map(OwnedRawTensor::raw).collect();
-        let raw_out: Vec<b::Qnn_Tensor_t> = outs.iter().map(OwnedRawTensor::raw).collect();
-        names.push(CString::new(g.name()).ok()?);
-        per_graph.push((raw_in.len(), raw_out.len()));
-        owned.extend(ins);
-        owned.extend(outs);
-        tensors.push(raw_in);
-        tensors.push(raw_out);
     }
-    let mut graphs = Vec::new();
-    for (i, name) in names.iter().enumerate() {
-        let (ni, no) = per_graph[i];
-        graphs.push(b::QnnSystemContext_GraphInfo_t {
-            version: b::QNN_SYSTEM_CONTEXT_GRAPH_INFO_VERSION_1,
-            __bindgen_anon_1: b::QnnSystemContext_GraphInfo_t__bindgen_ty_1 {
-                graphInfoV1: b::QnnSystemContext_GraphInfoV1_t {
-                    graphName: name.as_ptr(),
-                    numGraphInputs: ni as u32,
-                    graphInputs: tensors[2 * i].as_mut_ptr(),
-                    numGraphOutputs: no as u32,
-                    graphOutputs: tensors[2 * i + 1].as_mut_ptr(),
-                },
+}
+
+/// The raw tensors of one graph's inputs or outputs, numbered from `*id`.
+fn raw_tensors(
+    descs: &[TensorDesc],
+    id: &mut u32,
+    tensor_type: TensorType,
+    layout: Layout,
+) -> Option<Vec<OwnedRawTensor>> {
+    descs
+        .iter()
+        .map(|d| {
+            let t = OwnedRawTensor::new(&tensor_info(d, *id, tensor_type)).ok()?;
+            *id += 1;
+            Some(if layout.tensor == 2 { t.version_2() } else { t })
+        })
+        .collect()
+}
+
+/// One graph info entry in the layout's version; pointers borrow the caller's storage.
+fn graph_entry(
+    layout: Layout,
+    name: &CString,
+    ins: &mut [b::Qnn_Tensor_t],
+    outs: &mut [b::Qnn_Tensor_t],
+    blob: &mut b::QnnHtpSystemContext_GraphBlobInfo_t,
+) -> b::QnnSystemContext_GraphInfo_t {
+    let v3 = b::QnnSystemContext_GraphInfoV3_t {
+        graphName: name.as_ptr(),
+        numGraphInputs: ins.len() as u32,
+        graphInputs: ins.as_mut_ptr(),
+        numGraphOutputs: outs.len() as u32,
+        graphOutputs: outs.as_mut_ptr(),
+        numUpdateableTensors: 0,
+        updateableTensors: std::ptr::null_mut(),
+        graphBlobInfoSize: std::mem::size_of::<b::QnnHtpSystemContext_GraphBlobInfo_t>() as u32,
+        graphBlobInfo: std::ptr::from_mut(blob).cast(),
+        startOpIndex: 0,
+        endOpIndex: 0,
+    };
+    let union = match layout.info {
+        1 => b::QnnSystemContext_GraphInfo_t__bindgen_ty_1 {
+            graphInfoV1: b::QnnSystemContext_GraphInfoV1_t {
+                graphName: v3.graphName,
+                numGraphInputs: v3.numGraphInputs,
+                graphInputs: v3.graphInputs,
+                numGraphOutputs: v3.numGraphOutputs,
+                graphOutputs: v3.graphOutputs,
             },
-        });
+        },
+        2 => b::QnnSystemContext_GraphInfo_t__bindgen_ty_1 {
+            graphInfoV2: b::QnnSystemContext_GraphInfoV2_t {
+                graphName: v3.graphName,
+                numGraphInputs: v3.numGraphInputs,
+                graphInputs: v3.graphInputs,
+                numGraphOutputs: v3.numGraphOutputs,
+                graphOutputs: v3.graphOutputs,
+                numUpdateableTensors: 0,
+                updateableTensors: std::ptr::null_mut(),
+            },
+        },
+        _ => b::QnnSystemContext_GraphInfo_t__bindgen_ty_1 { graphInfoV3: v3 },
+    };
+    b::QnnSystemContext_GraphInfo_t {
+        version: layout.info,
+        __bindgen_anon_1: union,
     }
+}
+
+/// HTP-style graph blob info recording the graph's spill-fill (scratch) size.
+fn graph_blob(scratch_bytes: usize) -> b::QnnHtpSystemContext_GraphBlobInfo_t {
+    b::QnnHtpSystemContext_GraphBlobInfo_t {
+        version: b::QNN_SYSTEM_CONTEXT_HTP_GRAPH_INFO_BLOB_VERSION_V1,
+        __bindgen_anon_1: b::QnnHtpSystemContext_GraphBlobInfo_t__bindgen_ty_1 {
+            contextBinaryGraphBlobInfoV1: b::QnnHtpSystemContext_GraphBlobInfoV1_t {
+                spillFillBufferSize: scratch_bytes as u64,
+                ..Default::default()
+            },
+        },
+    }
+}
+
+/// The binary info header in the layout's version.
+fn binary_header(
+    layout: Layout,
+    graphs: &mut [b::QnnSystemContext_GraphInfo_t],
+    blob_bytes: u64,
+) -> b::QnnSystemContext_BinaryInfo_t {
     let v1 = b::QnnSystemContext_BinaryInfoV1_t {
         backendId: BACKEND_ID,
         buildId: BUILD_ID.as_ptr(),
         coreApiVersion: version(CORE_API),
         backendApiVersion: version(BACKEND_API),
+        contextBlobVersion: version(CONTEXT_BLOB_VERSION),
+        contextBlobSize: blob_bytes,
         numGraphs: graphs.len() as u32,
         graphs: graphs.as_mut_ptr(),
         ..Default::default()
     };
-    let info = Box::new(b::QnnSystemContext_BinaryInfo_t {
-        version: b::QNN_SYSTEM_CONTEXT_BINARY_INFO_VERSION_1,
-        __bindgen_anon_1: b::QnnSystemContext_BinaryInfo_t__bindgen_ty_1 {
+    let union = match layout.info {
+        1 => b::QnnSystemContext_BinaryInfo_t__bindgen_ty_1 {
             contextBinaryInfoV1: v1,
         },
-    });
+        2 => b::QnnSystemContext_BinaryInfo_t__bindgen_ty_1 {
+            contextBinaryInfoV2: b::QnnSystemContext_BinaryInfoV2_t {
+                backendId: v1.backendId,
+                buildId: v1.buildId,
+                coreApiVersion: v1.coreApiVersion,
+                backendApiVersion: v1.backendApiVersion,
+                contextBlobVersion: v1.contextBlobVersion,
+                contextBlobSize: v1.contextBlobSize,
+                numGraphs: v1.numGraphs,
+                graphs: v1.graphs,
+                ..Default::default()
+            },
+        },
+        _ => b::QnnSystemContext_BinaryInfo_t__bindgen_ty_1 {
+            contextBinaryInfoV3: b::QnnSystemContext_BinaryInfoV3_t {
+                backendId: v1.backendId,
+                buildId: v1.buildId,
+                coreApiVersion: v1.coreApiVersion,
+                backendApiVersion: v1.backendApiVersion,
+                contextBlobVersion: v1.contextBlobVersion,
+                contextBlobSize: v1.contextBlobSize,
+                numGraphs: v1.numGraphs,
+                graphs: v1.graphs,
+                ..Default::default()
+            },
+        },
+    };
+    b::QnnSystemContext_BinaryInfo_t {
+        version: layout.info,
+        __bindgen_anon_1: union,
+    }
+}
+
+fn build_sys_info(model: &CompiledModel, binary_bytes: u64, layout: Layout) -> Option<SysInfo> {
+    let mut owned = Vec::new();
+    let mut tensors = Vec::new();
+    let mut names = Vec::new();
+    let mut blobs = Vec::new();
+    let mut id = 1u32;
+    for g in model.graphs() {
+        let ins = raw_tensors(g.inputs(), &mut id, TensorType::AppWrite, layout)?;
+        let outs = raw_tensors(g.outputs(), &mut id, TensorType::AppRead, layout)?;
+        tensors.push(ins.iter().map(OwnedRawTensor::raw).collect::<Vec<_>>());
+        tensors.push(outs.iter().map(OwnedRawTensor::raw).collect::<Vec<_>>());
+        names.push(CString::new(g.name()).ok()?);
+        blobs.push(graph_blob(g.scratch_bytes()));
+        owned.extend(ins);
+        owned.extend(outs);
+    }
+    let mut graphs = Vec::new();
+    let mut lists = tensors.chunks_mut(2);
+    for (name, blob) in names.iter().zip(blobs.iter_mut()) {
+        let [ins, outs] = lists.next()? else {
+            return None;
+        };
+        graphs.push(graph_entry(layout, name, ins, outs, blob));
+    }
+    let info = Box::new(binary_header(layout, &mut graphs, binary_bytes));
     Some(SysInfo {
         _owned: owned,
         _tensors: tensors,
         _names: names,
+        _blobs: blobs,
         _graphs: graphs,
         info,
     })
@@ -1087,7 +1237,10 @@ unsafe extern "C" fn system_context_get_binary_info(
         let Ok(model) = CompiledModel::from_bytes(bytes, "systemContextGetBinaryInfo") else {
             return code(b::QNN_SYSTEM_CONTEXT_ERROR_MALFORMED_BINARY);
         };
-        let Some(info) = build_sys_info(&model) else {
+        let Some(layout) = Layout::from_env() else {
+            return code(b::QNN_SYSTEM_CONTEXT_ERROR_INVALID_ARGUMENT);
+        };
+        let Some(info) = build_sys_info(&model, size, layout) else {
             return code(b::QNN_SYSTEM_CONTEXT_ERROR_OPERATION_FAILED);
         };
         let mut s = state();

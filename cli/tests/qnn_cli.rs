@@ -1,0 +1,305 @@
+//! The QNN path through the `htpkv` binary: `inspect` on binaries htpkv did not make (an
+//! independent system library reporting binary info V3 or V1 with AI Hub-style tensor names), the
+//! reference library in every binary-info layout, and `generate --backend qnn` with every memory
+//! choice, the strict mode and the handle cap — always the same text as the reference backend.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+/// A cdylib cargo built for this test run (dev-dependencies land in `target/<profile>/deps`).
+fn library(file: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps.to_path_buf(), deps.join("..")]
+        .into_iter()
+        .map(|d| d.join(file))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{file} not built next to {}", exe.display()))
+}
+
+fn scratch() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("htpkv-qnn-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn htpkv(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_htpkv"));
+    cmd.args(args)
+        .env("HTPKV_CACHE_DIR", scratch().join("cache"))
+        .env_remove("HTPKV_MODEL_DIR")
+        .env_remove("HTPKV_REF_QNN_LAYOUT")
+        .env_remove("HTPKV_REF_QNN_STRICT")
+        .env_remove("QNN_FFI_TESTLIB_SYSTEM");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn ok_json(o: &Output) -> Value {
+    assert!(
+        o.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// A small compiled stories260K (context 64, AR-1 and AR-8: two graphs in one binary).
+fn compiled() -> &'static Path {
+    static FILE: OnceLock<PathBuf> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let out = scratch().join("s64.htpkv");
+        let o = Command::new(env!("CARGO_BIN_EXE_htpkv"))
+            .args([
+                "compile",
+                "--context",
+                "64",
+                "--ar",
+                "1,8",
+                "--kv-dtype",
+                "u8",
+                "--out",
+            ])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "compile: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out
+    })
+}
+
+fn inspect_foreign(mode: &str) -> Value {
+    let lib = library("libqnn_ffi_testlib.so");
+    let o = htpkv(
+        &[
+            "inspect",
+            "Cargo.toml",
+            "--qnn-system",
+            lib.to_str().unwrap(),
+            "--json",
+        ],
+        &[("QNN_FFI_TESTLIB_SYSTEM", mode)],
+    );
+    ok_json(&o)
+}
+
+#[test]
+fn inspect_lists_a_foreign_v3_binary_completely() {
+    let doc = inspect_foreign("v3");
+    assert_eq!(doc["binary_info_version"], 3);
+    assert_eq!(doc["backend_id"], 6);
+    assert_eq!(doc["soc_model"], 57);
+    assert_eq!(doc["soc_version"], "V75");
+    assert_eq!(doc["core_api"], "2.28.0");
+    let graphs = doc["graphs"].as_array().unwrap();
+    let names: Vec<_> = graphs.iter().map(|g| g["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["prompt_ar128_cl4096_1_of_3", "token_ar1_cl4096_1_of_3"]
+    );
+    let spill: Vec<_> = graphs
+        .iter()
+        .map(|g| g["spill_fill_bytes"].as_u64())
+        .collect();
+    assert_eq!(spill, [Some(25_165_824), Some(1_048_576)]);
+    for g in graphs {
+        assert_eq!(g["graph_info_version"], 3);
+        assert_eq!(g["inputs"].as_array().unwrap().len(), 6);
+        assert_eq!(g["outputs"].as_array().unwrap().len(), 3);
+    }
+    let token = &graphs[1];
+    assert_eq!(token["inputs"][4]["name"], "past_key_0_in");
+    assert_eq!(
+        token["inputs"][4]["dims"],
+        serde_json::json!([8, 1, 64, 4095])
+    );
+    assert_eq!(token["inputs"][4]["quant"]["count"], 8);
+    assert_eq!(token["inputs"][4]["role"], "past K layer 0");
+    assert_eq!(token["inputs"][2]["role"], "RoPE cos");
+    assert_eq!(
+        token["outputs"][0]["name"],
+        "_model_layers_0_Add_1_output_0"
+    );
+    assert_eq!(token["outputs"][0]["role"], Value::Null);
+    assert_eq!(token["outputs"][0]["quant"]["offset"], -30000);
+}
+
+#[test]
+fn inspect_lists_a_foreign_v1_binary_and_its_text_table() {
+    let doc = inspect_foreign("v1");
+    assert_eq!(doc["binary_info_version"], 1);
+    assert_eq!(doc["soc_model"], Value::Null);
+    let graphs = doc["graphs"].as_array().unwrap();
+    assert_eq!(graphs.len(), 2);
+    assert!(graphs.iter().all(|g| g["graph_info_version"] == 1));
+    assert!(graphs.iter().all(|g| g["spill_fill_bytes"].is_null()));
+    let lib = library("libqnn_ffi_testlib.so");
+    let o = htpkv(
+        &[
+            "inspect",
+            "Cargo.toml",
+            "--qnn-system",
+            lib.to_str().unwrap(),
+        ],
+        &[("QNN_FFI_TESTLIB_SYSTEM", "v1")],
+    );
+    assert!(o.status.success());
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(text.contains("binary info v1"), "{text}");
+    assert!(text.contains("2 graphs"), "{text}");
+    let foreign = text
+        .lines()
+        .find(|l| l.contains("_model_layers_0_Add_1"))
+        .unwrap();
+    assert!(foreign.trim_end().ends_with('—'), "{foreign}");
+}
+
+/// The graphs without the fields that legitimately differ between layouts.
+fn graphs_without_versions(doc: &Value) -> Value {
+    let mut graphs = doc["graphs"].clone();
+    for g in graphs.as_array_mut().unwrap() {
+        for k in ["graph_info_version", "spill_fill_bytes", "op_range"] {
+            g.as_object_mut().unwrap().remove(k);
+        }
+    }
+    graphs
+}
+
+#[test]
+fn the_reference_library_describes_the_same_graphs_in_every_layout() {
+    let lib = library("libhtpkv_ref_qnn.so");
+    let file = compiled().to_str().unwrap();
+    let docs: Vec<Value> = ["3", "2", "1"]
+        .iter()
+        .map(|layout| {
+            let args = [
+                "inspect",
+                file,
+                "--qnn-system",
+                lib.to_str().unwrap(),
+                "--json",
+            ];
+            ok_json(&htpkv(&args, &[("HTPKV_REF_QNN_LAYOUT", layout)]))
+        })
+        .collect();
+    for (doc, version) in docs.iter().zip([3, 2, 1]) {
+        assert_eq!(doc["binary_info_version"], version);
+        assert_eq!(doc["graphs"].as_array().unwrap().len(), 2);
+        assert!(
+            doc["graphs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|g| g["graph_info_version"] == version)
+        );
+    }
+    assert!(docs[0]["graphs"][0]["spill_fill_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(
+        graphs_without_versions(&docs[0]),
+        graphs_without_versions(&docs[1])
+    );
+    assert_eq!(
+        graphs_without_versions(&docs[0]),
+        graphs_without_versions(&docs[2])
+    );
+    let o = htpkv(
+        &["inspect", file, "--qnn-system", lib.to_str().unwrap()],
+        &[("HTPKV_REF_QNN_LAYOUT", "7")],
+    );
+    assert!(!o.status.success());
+}
+
+fn generate(extra: &[&str], env: &[(&str, &str)]) -> Value {
+    let lib = library("libhtpkv_ref_qnn.so");
+    let mut args = vec!["generate", "Once upon a time", "--steps", "40", "--json"];
+    args.extend(["--compiled", compiled().to_str().unwrap()]);
+    args.extend(["--qnn-backend", lib.to_str().unwrap()]);
+    args.extend(extra);
+    ok_json(&htpkv(&args, env))
+}
+
+#[test]
+fn generate_through_qnn_gives_the_reference_text_in_every_layout_and_memory() {
+    let reference = generate(&["--backend", "reference"], &[]);
+    let text = reference["text"].as_str().unwrap().to_owned();
+    assert!(text.len() > 40, "{text}");
+    type Env<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(&str, Env<'_>, &str); 6] = [
+        ("auto", &[], "host"),
+        ("auto", &[("HTPKV_REF_QNN_LAYOUT", "1")], "host"),
+        ("client", &[("HTPKV_REF_QNN_LAYOUT", "2")], "client"),
+        ("host", &[("HTPKV_REF_QNN_LAYOUT", "1")], "host"),
+        ("shared-buffer", &[], "shared-buffer (memfd)"),
+        // Strict: host descriptors are refused as on a real HTP; auto falls back.
+        ("auto", &[("HTPKV_REF_QNN_STRICT", "1")], "client"),
+    ];
+    for (memory, env, used) in cases {
+        let doc = generate(&["--backend", "qnn", "--qnn-memory", memory], env);
+        assert_eq!(doc["text"], text, "--qnn-memory {memory} {env:?}");
+        assert_eq!(
+            doc["qnn_memory"]["memory"], used,
+            "--qnn-memory {memory} {env:?}"
+        );
+        assert_eq!(doc["update"], "smart_mask", "the QNN default strategy");
+    }
+}
+
+#[test]
+fn strict_mode_refuses_an_explicit_host_choice_with_a_clear_error() {
+    let lib = library("libhtpkv_ref_qnn.so");
+    let file = compiled().to_str().unwrap();
+    let args = [
+        "generate",
+        "Hi",
+        "--steps",
+        "3",
+        "--compiled",
+        file,
+        "--backend",
+        "qnn",
+    ];
+    let mut args = args.to_vec();
+    args.extend([
+        "--qnn-backend",
+        lib.to_str().unwrap(),
+        "--qnn-memory",
+        "host",
+    ]);
+    let o = htpkv(&args, &[("HTPKV_REF_QNN_STRICT", "1")]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("QNN_MEM_ERROR_UNSUPPORTED_MEMTYPE"), "{err}");
+    assert_eq!(err.matches("UNSUPPORTED_MEMTYPE").count(), 1, "{err}");
+}
+
+#[test]
+fn the_handle_cap_deregisters_least_recently_used_handles() {
+    let reference = generate(&["--backend", "reference", "--update", "shift"], &[]);
+    let capped = [
+        "--backend",
+        "qnn",
+        "--update",
+        "shift",
+        "--qnn-max-handles",
+        "50",
+    ];
+    let doc = generate(&capped, &[]);
+    assert_eq!(doc["text"], reference["text"]);
+    let m = &doc["qnn_memory"];
+    assert!(m["deregistrations"].as_u64().unwrap() > 0, "{m}");
+    // One step binds 80 K/V tensors (past and new rows of 5 layers x 4 KV heads x K|V), each
+    // at a new offset; the cap keeps the live handles to 100.
+    assert!(m["peak_handles"].as_u64().unwrap() <= 100, "{m}");
+    assert!(m["live_handles"].as_u64().unwrap() <= 100, "{m}");
+    let uncapped = generate(&["--backend", "qnn", "--update", "shift"], &[]);
+    assert!(uncapped["qnn_memory"]["peak_handles"].as_u64().unwrap() > 100);
+}
