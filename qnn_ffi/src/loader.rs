@@ -41,12 +41,38 @@ pub fn resolve_path(
     }
 }
 
+/// The dynamic loader's own words for `e` (libloading keeps them in the error's source).
+pub(crate) fn loader_reason(e: &libloading::Error) -> String {
+    use std::error::Error as _;
+    match e.source() {
+        Some(cause) => cause.to_string(),
+        None => e.to_string(),
+    }
+}
+
+/// Opens a library. A bare file name (no `/`) is searched on the dynamic loader's path, as
+/// `dlopen` does, never in the current directory; the error says so when such a file is there.
 fn open(path: &Path) -> Result<libloading::Library, QnnError> {
     // SAFETY: loading a library runs its initializers; QNN backends (and htpkv's reference
     // backend) are ordinary shared libraries whose initializers have no preconditions.
-    unsafe { libloading::Library::new(path) }.map_err(|e| QnnError::LibraryNotFound {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
+    unsafe { libloading::Library::new(path) }.map_err(|e| {
+        // dlerror() starts with the path, which the error names already.
+        let mut reason = loader_reason(&e);
+        if let Some(rest) = reason.strip_prefix(&format!("{}: ", path.display())) {
+            reason = rest.to_string();
+        }
+        let bare = path.components().count() == 1 && !path.has_root();
+        if bare && path.is_file() {
+            reason += &format!(
+                " (a bare name is searched on the loader's path, not in the current directory: \
+                 pass ./{})",
+                path.display()
+            );
+        }
+        QnnError::LibraryNotFound {
+            path: path.to_path_buf(),
+            reason,
+        }
     })
 }
 
@@ -296,7 +322,7 @@ unsafe fn choose_provider<T>(
         unsafe { lib.get(symbol.as_bytes()) }.map_err(|e| QnnError::SymbolMissing {
             path: path.to_path_buf(),
             symbol,
-            reason: e.to_string(),
+            reason: loader_reason(&e),
         })?;
     let mut list: *mut *const T = std::ptr::null_mut();
     let mut count = 0u32;

@@ -66,12 +66,13 @@ impl RpcMemAllocator {
             reason,
         };
         // SAFETY: libcdsprpc is an ordinary shared library without initializer preconditions.
-        let lib =
-            unsafe { libloading::Library::new(library) }.map_err(|e| unavailable(e.to_string()))?;
+        let lib = unsafe { libloading::Library::new(library) }
+            .map_err(|e| unavailable(crate::loader::loader_reason(&e)))?;
         // SAFETY: the symbols have the rpcmem signatures declared by the type aliases.
         let (alloc, free, to_fd) = unsafe {
-            let missing =
-                |symbol: &str, e: libloading::Error| unavailable(format!("{symbol}: {e}"));
+            let missing = |symbol: &str, e: libloading::Error| {
+                unavailable(format!("{symbol}: {}", crate::loader::loader_reason(&e)))
+            };
             let alloc = *lib
                 .get::<AllocFn>(b"rpcmem_alloc")
                 .map_err(|e| missing("rpcmem_alloc", e))?;

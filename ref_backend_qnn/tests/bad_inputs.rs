@@ -20,12 +20,22 @@ fn qnn_code(e: &QnnError) -> u64 {
 }
 
 #[test]
+fn a_program_is_not_a_library_and_the_loader_says_why() {
+    let err = QnnLibrary::load("/bin/ls").unwrap_err();
+    assert!(err.to_string().contains("cannot dynamically load"), "{err}");
+}
+
+#[test]
 fn missing_library_is_library_not_found() {
     let path = Path::new("/nonexistent/libQnnNothing.so");
     match QnnLibrary::load(path) {
-        Err(QnnError::LibraryNotFound { path: p, reason }) => {
-            assert_eq!(p, path);
-            assert!(!reason.is_empty());
+        Err(e @ QnnError::LibraryNotFound { .. }) => {
+            // The loader's own reason, said once (not libloading's bare "dlopen failed").
+            assert_eq!(
+                e.to_string(),
+                "cannot load QNN library /nonexistent/libQnnNothing.so: cannot open shared \
+                 object file: No such file or directory"
+            );
         }
         other => panic!("expected LibraryNotFound, got {other:?}"),
     }
