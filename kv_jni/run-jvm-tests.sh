@@ -5,7 +5,7 @@
 # backend (by default with the reference backend's QNN library, libhtpkv_ref_qnn.so, built here).
 # The last line is "N passed, N failed, N skipped"; the exit code is non-zero on failure.
 #
-# Environment: HTPKV_MODEL_DIR (default: <workspace>/../shared/models/stories260K);
+# Environment: HTPKV_MODEL_DIR (default: the embedded <workspace>/models/stories260K);
 # HTPKV_QNN_BACKEND (a QNN backend library for the qnn tests; unset: build and use
 # libhtpkv_ref_qnn.so; `none`: skip the qnn tests) and HTPKV_QNN_SYSTEM; JAVA_OPTS (extra JVM flags).
 set -euo pipefail
@@ -17,7 +17,7 @@ for tool in cargo javac java; do
     command -v "$tool" >/dev/null || { echo "run-jvm-tests: $tool is required (JDK 17+ for javac/java)" >&2; exit 1; }
 done
 
-model_dir="${HTPKV_MODEL_DIR:-$root/../shared/models/stories260K}"
+model_dir="${HTPKV_MODEL_DIR:-$root/models/stories260K}"
 locked=()
 if [ -n "${CI:-}" ]; then locked=(--locked); fi
 

@@ -76,7 +76,7 @@ public final class JvmTest {
                 && Files.exists(Paths.get(modelDir, "stories260K.bin"));
         if (!haveModel) {
             System.out.println("note: the stories260K model was not found at " + modelDir
-                    + " (set HTPKV_MODEL_DIR or put it in ../shared/models/stories260K): model tests are skipped");
+                    + " (set HTPKV_MODEL_DIR; the embedded default is models/stories260K): model tests are skipped");
         }
 
         // Tests that need no model.
