@@ -237,49 +237,48 @@ fn htp_blobs(backend_id: u32) -> bool {
     backend_id == b::QNN_BACKEND_ID_HTP || backend_id == b::HTPKV_REF_BACKEND_ID
 }
 
-/// Spill-fill size from HTP's hardware info blob (binary info versions 1 and 2).
+/// A copy of the backend blob at `blob` read as a `T`, when it holds at least a `T` (blobs carry
+/// no alignment promise, so the read is unaligned).
 ///
 /// # Safety
 /// `blob` must point to `size` readable bytes when non-NULL.
-unsafe fn hw_blob_spill_fill(blob: *const std::ffi::c_void, size: u32) -> Option<u64> {
-    if blob.is_null()
-        || (size as usize) < std::mem::size_of::<b::QnnHtpSystemContext_HwBlobInfo_t>()
-    {
+unsafe fn blob_as<T: Copy>(blob: *const std::ffi::c_void, size: u32) -> Option<T> {
+    if blob.is_null() || (size as usize) < std::mem::size_of::<T>() {
         return None;
     }
-    // SAFETY: caller's contract; the size check covers the struct.
-    let hw = unsafe { &*blob.cast::<b::QnnHtpSystemContext_HwBlobInfo_t>() };
+    // SAFETY: caller's contract; the size check covers a `T`, and every bit pattern is a valid
+    // value of these plain C structs.
+    Some(unsafe { std::ptr::read_unaligned(blob.cast::<T>()) })
+}
+
+/// Spill-fill size from HTP's hardware info blob (binary info versions 1 and 2).
+///
+/// # Safety
+/// As [`blob_as`].
+unsafe fn hw_blob_spill_fill(blob: *const std::ffi::c_void, size: u32) -> Option<u64> {
+    // SAFETY: caller's contract.
+    let hw: b::QnnHtpSystemContext_HwBlobInfo_t = unsafe { blob_as(blob, size) }?;
     if hw.version != b::QNN_SYSTEM_CONTEXT_HTP_HW_INFO_BLOB_VERSION_V1 {
         return None;
     }
     // SAFETY: version 1 selects the only member.
-    Some(unsafe {
-        hw.__bindgen_anon_1
-            .contextBinaryHwInfoBlobV1_t
-            .spillFillBufferSize
-    })
+    let v1 = unsafe { hw.__bindgen_anon_1.contextBinaryHwInfoBlobV1_t };
+    Some(v1.spillFillBufferSize)
 }
 
 /// Spill-fill size from HTP's graph blob info (graph info version 3).
 ///
 /// # Safety
-/// `blob` must point to `size` readable bytes when non-NULL.
+/// As [`blob_as`].
 unsafe fn graph_blob_spill_fill(blob: *const std::ffi::c_void, size: u32) -> Option<u64> {
-    let needed = std::mem::size_of::<b::QnnHtpSystemContext_GraphBlobInfo_t>();
-    if blob.is_null() || (size as usize) < needed {
-        return None;
-    }
-    // SAFETY: caller's contract; the size check covers the struct.
-    let g = unsafe { &*blob.cast::<b::QnnHtpSystemContext_GraphBlobInfo_t>() };
+    // SAFETY: caller's contract.
+    let g: b::QnnHtpSystemContext_GraphBlobInfo_t = unsafe { blob_as(blob, size) }?;
     if g.version != b::QNN_SYSTEM_CONTEXT_HTP_GRAPH_INFO_BLOB_VERSION_V1 {
         return None;
     }
     // SAFETY: version 1 selects the only member.
-    Some(unsafe {
-        g.__bindgen_anon_1
-            .contextBinaryGraphBlobInfoV1
-            .spillFillBufferSize
-    })
+    let v1 = unsafe { g.__bindgen_anon_1.contextBinaryGraphBlobInfoV1 };
+    Some(v1.spillFillBufferSize)
 }
 
 /// Converts raw binary info, dispatching on its version.

@@ -1112,6 +1112,24 @@ fn graph_blob(scratch_bytes: usize) -> b::QnnHtpSystemContext_GraphBlobInfo_t {
     }
 }
 
+/// A binary-info struct of another version with the fields every version shares copied from
+/// `$v1` (the rest default).
+macro_rules! with_common_fields {
+    ($($ty:ident)::+, $v1:expr) => {
+        $($ty)::+ {
+            backendId: $v1.backendId,
+            buildId: $v1.buildId,
+            coreApiVersion: $v1.coreApiVersion,
+            backendApiVersion: $v1.backendApiVersion,
+            contextBlobVersion: $v1.contextBlobVersion,
+            contextBlobSize: $v1.contextBlobSize,
+            numGraphs: $v1.numGraphs,
+            graphs: $v1.graphs,
+            ..Default::default()
+        }
+    };
+}
+
 /// The binary info header in the layout's version.
 fn binary_header(
     layout: Layout,
@@ -1134,30 +1152,10 @@ fn binary_header(
             contextBinaryInfoV1: v1,
         },
         2 => b::QnnSystemContext_BinaryInfo_t__bindgen_ty_1 {
-            contextBinaryInfoV2: b::QnnSystemContext_BinaryInfoV2_t {
-                backendId: v1.backendId,
-                buildId: v1.buildId,
-                coreApiVersion: v1.coreApiVersion,
-                backendApiVersion: v1.backendApiVersion,
-                contextBlobVersion: v1.contextBlobVersion,
-                contextBlobSize: v1.contextBlobSize,
-                numGraphs: v1.numGraphs,
-                graphs: v1.graphs,
-                ..Default::default()
-            },
+            contextBinaryInfoV2: with_common_fields!(b::QnnSystemContext_BinaryInfoV2_t, v1),
         },
         _ => b::QnnSystemContext_BinaryInfo_t__bindgen_ty_1 {
-            contextBinaryInfoV3: b::QnnSystemContext_BinaryInfoV3_t {
-                backendId: v1.backendId,
-                buildId: v1.buildId,
-                coreApiVersion: v1.coreApiVersion,
-                backendApiVersion: v1.backendApiVersion,
-                contextBlobVersion: v1.contextBlobVersion,
-                contextBlobSize: v1.contextBlobSize,
-                numGraphs: v1.numGraphs,
-                graphs: v1.graphs,
-                ..Default::default()
-            },
+            contextBinaryInfoV3: with_common_fields!(b::QnnSystemContext_BinaryInfoV3_t, v1),
         },
     };
     b::QnnSystemContext_BinaryInfo_t {
