@@ -72,6 +72,17 @@ impl Size {
         self.map(|v| v.checked_add(n))
     }
 
+    /// `self + other`, where `other` may itself have overflowed.
+    pub fn add_size(self, other: Size) -> Size {
+        match other.value {
+            Some(n) => self.add(n),
+            None => Size {
+                value: None,
+                what: other.what,
+            },
+        }
+    }
+
     /// `self - n` (going below zero is an overflow too).
     pub fn sub(self, n: usize) -> Size {
         self.map(|v| v.checked_sub(n))
@@ -114,6 +125,17 @@ mod tests {
         );
         assert!(Size::new("x", 1).sub(2).get().is_err());
         assert_eq!(Size::new("x", 7).sub(2).mul(3).add(1).get(), Ok(16));
+        let over = Size::new("bytes copied", usize::MAX).mul(2);
+        assert_eq!(
+            Size::new("rows", 1).add_size(over).get(),
+            Err(KvError::SizeOverflow {
+                what: "bytes copied"
+            })
+        );
+        assert_eq!(
+            Size::new("rows", 1).add_size(Size::new("x", 2)).get(),
+            Ok(3)
+        );
     }
 
     #[test]
