@@ -394,12 +394,19 @@ fn shift(
     let mut events: BTreeMap<usize, (usize, bool)> = BTreeMap::new();
     let mut rebases = 0;
     let (mut handles, mut max_keys) = (Size::new("memory handles", 0), 0);
+    // Layers that start at the same offset behave identically: predict each start once and count it
+    // `n` times, so the work is bounded by the steps, not layers x steps.
+    let mut starts: BTreeMap<usize, usize> = BTreeMap::new();
     for layer in 0..layers {
-        let mut off = if stagger {
+        let start = if stagger {
             w_max + layer * slack / layers
         } else {
             w_max
         };
+        *starts.entry(start).or_default() += 1;
+    }
+    for (start, n) in starts {
+        let mut off = start;
         // Window ends bound, per variant: (first, step, count) progressions.
         let mut keys: HashMap<usize, Vec<(usize, usize)>> = HashMap::new();
         let mut record = |ar: usize, first: usize, step: usize, count: usize| {
@@ -429,9 +436,9 @@ fn shift(
                     break;
                 }
                 let len_j = s.len0 + j * s.commit;
-                rebases += 1;
+                rebases += n;
                 let e = events.entry(base + j).or_insert((0, s.decode));
-                e.0 += 2 * h * len_j;
+                e.0 += n * 2 * h * len_j;
                 off = w_max - len_j;
                 record(s.ar, w_max, 1, 1);
                 i = j + 1;
@@ -439,7 +446,7 @@ fn shift(
             base += s.count;
         }
         let distinct: usize = keys.into_values().map(union_len).sum();
-        handles = handles.add_size(Size::new("memory handles", 4 * h).mul(distinct));
+        handles = handles.add_size(Size::new("memory handles", n * 4 * h).mul(distinct));
         max_keys = max_keys.max(distinct);
     }
     for (rows, decode) in events.into_values() {
@@ -861,5 +868,61 @@ mod tests {
             decode_steps: 10,
         };
         assert!(matches!(run.check(&g), Err(BudgetError::RunTooLong { .. })));
+    }
+
+    #[test]
+    fn counts_near_usize_max_are_refused_before_any_arithmetic() {
+        let g = Geometry::new(1, 1, 2, 16, &[1, 4], DataType::U8);
+        for (prefill, decode_steps) in [(usize::MAX, 0), (usize::MAX, 1), (0, usize::MAX)] {
+            let run = Run {
+                prefill,
+                decode_steps,
+            };
+            assert!(matches!(run.check(&g), Err(BudgetError::RunTooLong { .. })));
+            let spec = CacheSpec::for_simulation(g.clone(), Strategy::Naive);
+            assert!(predict(&spec, &run).is_err());
+        }
+        assert!(Run::max_decode_steps(&g, usize::MAX).is_err());
+    }
+
+    #[test]
+    fn run_totals_beyond_64_bits_are_an_error_naming_the_quantity() {
+        let g = Geometry::new(32, 32, 128, kv_manager::MAX_CONTEXT, &[1], DataType::U16);
+        let spec = CacheSpec::for_simulation(g.clone(), Strategy::Naive);
+        let run = Run::full_context(&g, 0).unwrap();
+        assert_eq!(
+            predict(&spec, &run),
+            Err(BudgetError::Kv(KvError::SizeOverflow {
+                what: "bytes copied over the run"
+            }))
+        );
+        // Rows alone still fit: 2048 buffers x (S - 1) rows x (S - 1) steps.
+        let w = kv_manager::MAX_CONTEXT - 1;
+        let spec = CacheSpec::for_simulation(g.clone(), Strategy::SmartMask);
+        assert_eq!(predict(&spec, &run).unwrap().rows_copied, 2048 * w);
+    }
+
+    #[test]
+    fn byte_sizes_have_a_limit() {
+        assert_eq!(parse_byte_size("1PiB").unwrap(), MAX_BYTE_SIZE);
+        for text in [
+            "1.5PiB",
+            "18446744073709551615",
+            "1e300",
+            "99999999999999999999999999999TB",
+        ] {
+            let e = parse_byte_size(text).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    BudgetError::ByteSizeTooLarge { .. } | BudgetError::ByteSize { .. }
+                ),
+                "{text}: {e}"
+            );
+        }
+        assert_eq!(
+            parse_byte_size("2PB").unwrap_err().to_string(),
+            "byte size `2PB` is above the limit of 1 PiB (1125899906842624 bytes)"
+        );
     }
 }

@@ -549,8 +549,11 @@ impl Config {
             if n >= MAX_CONTEXT {
                 return err(
                     &format!("graph.ar[{i}]"),
-                    format!("is {n}, above the limit of {}", MAX_CONTEXT - 1),
-                    "a positive integer smaller than graph.context".into(),
+                    format!("{n} is above the limit"),
+                    format!(
+                        "a positive integer smaller than graph.context (at most {})",
+                        MAX_CONTEXT - 1
+                    ),
                 );
             }
             if n >= g.context {
@@ -817,5 +820,60 @@ kv: { dtype: u16, k_layout: rows, tensors: per_head, update: shift, reserve: 2x 
                 .replace("update: shift", "update: smart_mask"),
         )
         .unwrap();
+    }
+
+    /// Each error says what is wrong once and what was expected once (serde's own "expected" lists
+    /// used to be printed twice).
+    #[test]
+    fn errors_print_the_cause_and_the_expectation_once() {
+        let cases = [
+            (
+                SEED.replace("update: shift", "update: rotate"),
+                "test.yaml:3:62: field `kv.update`: unknown variant `rotate`; \
+                 expected one of shift, conveyor, smart_mask, naive",
+            ),
+            (
+                SEED.replace("dtype: u16", "dtype: u17"),
+                "test.yaml:3:14: field `kv.dtype`: unknown variant `u17`; \
+                 expected one of u8, u16, i8, i16, f16, f32",
+            ),
+            (
+                SEED.replace("k_layout: rows", "k_layout: cols"),
+                "test.yaml:3:29: field `kv.k_layout`: unknown variant `cols`; \
+                 expected one of rows, transposed",
+            ),
+            (
+                SEED.replace("reserve: 2x", "reserve: 2y"),
+                "test.yaml:3:78: field `kv.reserve`: invalid reserve `2y`; expected `2x`, `1.5x` \
+                 (a factor >= 1 followed by x), a row count such as 3070, or `+K` spare rows",
+            ),
+            (
+                SEED.replace("layers: 32", "layers: 1099511627776"),
+                "test.yaml: field `model.layers`: 1099511627776 is above the limit; \
+                 expected a positive integer up to 4096",
+            ),
+            (
+                SEED.replace("vocab: 32000", "vocab: 16777217"),
+                "test.yaml: field `model.vocab`: 16777217 is above the limit; \
+                 expected a positive integer up to 16777216",
+            ),
+            (
+                SEED.replace("ar: [1]", "ar: [18446744073709551615]"),
+                "test.yaml: field `graph.ar[0]`: 18446744073709551615 is above the limit; \
+                 expected a positive integer smaller than graph.context (at most 16777215)",
+            ),
+            (
+                SEED.replace("kv_heads: 32", "kv_heads: 4096")
+                    .replace("heads: 32", "heads: 4096")
+                    .replace("layers: 32", "layers: 64"),
+                "test.yaml: field `model.kv_heads`: gives 2 x layers x kv_heads = 524288 K/V \
+                 buffers, above the limit of 262144; expected a positive integer",
+            ),
+        ];
+        let (found, expected): (Vec<String>, Vec<&str>) = cases
+            .iter()
+            .map(|(text, message)| (parse(text).unwrap_err().to_string(), *message))
+            .unzip();
+        assert_eq!(found, expected);
     }
 }
