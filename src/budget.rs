@@ -275,10 +275,10 @@ impl Copies {
         if n == 0 {
             return;
         }
-        let total = Size::new("rows copied over the run", rows).mul(n);
-        self.rows = self.rows.add_size(total);
+        let total = Size::new("rows copied over the run", rows).times(n);
+        self.rows = self.rows.plus_size(total);
         if decode {
-            self.decode_rows = self.decode_rows.add_size(total);
+            self.decode_rows = self.decode_rows.plus_size(total);
         }
         self.worst = self.worst.max(rows);
     }
@@ -296,7 +296,7 @@ pub fn predict(spec: &CacheSpec, run: &Run) -> Result<Prediction, BudgetError> {
     let (rebases, handles, max_keys) = match spec.strategy {
         Strategy::Conveyor => (
             0,
-            Size::new("memory handles", 2 * g.buffers()).mul(steps),
+            Size::new("memory handles", 2 * g.buffers()).times(steps),
             steps,
         ),
         Strategy::SmartMask | Strategy::Naive => slots(g, spec.strategy, &segments, &mut copies),
@@ -311,7 +311,7 @@ pub fn predict(spec: &CacheSpec, run: &Run) -> Result<Prediction, BudgetError> {
         tokens_committed: run.prefill + run.decode_steps,
         decode_tokens: run.decode_steps,
         bytes_copied: Size::new("bytes copied over the run", rows_copied)
-            .mul(rb)
+            .times(rb)
             .get()?,
         rows_copied,
         decode_rows_copied: copies.decode_rows.get()?,
@@ -375,7 +375,7 @@ fn slots(
     }
     (
         rebases,
-        Size::new("memory handles", 2 * tensors).mul(variants.len()),
+        Size::new("memory handles", 2 * tensors).times(variants.len()),
         variants.len(),
     )
 }
@@ -446,7 +446,7 @@ fn shift(
             base += s.count;
         }
         let distinct: usize = keys.into_values().map(union_len).sum();
-        handles = handles.add_size(Size::new("memory handles", n * 4 * h).mul(distinct));
+        handles = handles.plus_size(Size::new("memory handles", n * 4 * h).times(distinct));
         max_keys = max_keys.max(distinct);
     }
     for (rows, decode) in events.into_values() {
@@ -499,12 +499,12 @@ pub fn graph_io(geometry: &Geometry, vocab: usize) -> Result<Vec<GraphIo>, KvErr
         .ar_variants
         .iter()
         .map(|&n| {
-            let ids = Size::new("input_ids bytes", n).mul(4).get()?;
+            let ids = Size::new("input_ids bytes", n).times(4).get()?;
             let mask = Size::new("mask bytes", n)
-                .mul(geometry.context)
-                .mul(mask_elem)
+                .times(geometry.context)
+                .times(mask_elem)
                 .get()?;
-            let logits = Size::new("logits bytes", n).mul(vocab).mul(4).get()?;
+            let logits = Size::new("logits bytes", n).times(vocab).times(4).get()?;
             Ok(GraphIo {
                 ar: n,
                 input_ids_bytes: ids,
@@ -512,9 +512,9 @@ pub fn graph_io(geometry: &Geometry, vocab: usize) -> Result<Vec<GraphIo>, KvErr
                 mask_bytes: mask,
                 logits_bytes: logits,
                 total_bytes: Size::new("graph IO bytes", ids)
-                    .mul(2)
-                    .add(mask)
-                    .add(logits)
+                    .times(2)
+                    .plus(mask)
+                    .plus(logits)
                     .get()?,
             })
         })
@@ -598,11 +598,11 @@ pub fn report(
     let io_bytes = io
         .iter()
         .fold(Size::new("graph IO bytes", 0), |sum, i| {
-            sum.add(i.total_bytes)
+            sum.plus(i.total_bytes)
         })
         .get()?;
     let total_bytes = Size::new("region and graph IO bytes", region_bytes)
-        .add(io_bytes)
+        .plus(io_bytes)
         .get()?;
     Ok(BudgetReport {
         config: config.origin.display().to_string(),
@@ -622,7 +622,7 @@ pub fn report(
         capacity_tokens: g.capacity(),
         reserve_rows,
         buffer_bytes: Size::new("bytes per buffer", reserve_rows)
-            .mul(g.row_bytes())
+            .times(g.row_bytes())
             .get()?,
         region_rows: region_bytes / g.row_bytes(),
         region_bytes,

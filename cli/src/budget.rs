@@ -610,12 +610,14 @@ const MAX_PLAN_BYTES: usize = 1 << 34;
 /// Refuses a simulation that would take more than a few seconds (the budget's closed form answers any
 /// run at once): more than [`MAX_PLAN_BINDINGS`] bindings or [`MAX_PLAN_BYTES`] bytes moved.
 fn check_plan_work(g: &Geometry, run: &Run, p: &Prediction) -> anyhow::Result<()> {
-    let bindings = Size::new("plan bindings", p.steps).mul(g.buffers()).get()?;
+    let bindings = Size::new("plan bindings", p.steps)
+        .times(g.buffers())
+        .get()?;
     let written_rows =
         run.prefill.div_ceil(g.max_ar()) * g.max_ar() + run.decode_steps * g.min_ar();
     let moved = Size::new("plan bytes moved", written_rows)
-        .mul(g.kv_bytes_per_token())
-        .add(p.bytes_copied)
+        .times(g.kv_bytes_per_token())
+        .plus(p.bytes_copied)
         .get()?;
     if bindings > MAX_PLAN_BINDINGS || moved > MAX_PLAN_BYTES {
         bail!(

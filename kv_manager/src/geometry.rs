@@ -417,7 +417,7 @@ impl CacheSpec {
                     });
                 }
                 Ok(Layout {
-                    region_rows: rows(b).mul(r).get()?,
+                    region_rows: rows(b).times(r).get()?,
                     buffer_stride_rows: r,
                 })
             }
@@ -425,12 +425,15 @@ impl CacheSpec {
                 in_place("conveyor")?;
                 // Buffer b's rows end at b*S + W_max + capacity at the latest.
                 Ok(Layout {
-                    region_rows: rows(b - 1).mul(g.context).add(w_max + g.capacity()).get()?,
+                    region_rows: rows(b - 1)
+                        .times(g.context)
+                        .plus(w_max + g.capacity())
+                        .get()?,
                     buffer_stride_rows: g.context,
                 })
             }
             Strategy::SmartMask | Strategy::Naive => Ok(Layout {
-                region_rows: rows(b).mul(w_max + g.max_ar()).get()?,
+                region_rows: rows(b).times(w_max + g.max_ar()).get()?,
                 buffer_stride_rows: w_max,
             }),
         }
@@ -440,7 +443,7 @@ impl CacheSpec {
     pub fn region_bytes(&self) -> Result<usize, KvError> {
         let layout = self.layout()?;
         Size::new("region bytes", layout.region_rows)
-            .mul(self.geometry.row_bytes())
+            .times(self.geometry.row_bytes())
             .get()
     }
 

@@ -43,8 +43,8 @@ pub const MAX_RESERVE_ROWS: usize = 1 << 26;
 ///
 /// ```
 /// use kv_manager::Size;
-/// assert_eq!(Size::new("region bytes", 3).mul(4).add(1).get(), Ok(13));
-/// assert!(Size::new("region bytes", usize::MAX).mul(2).get().is_err());
+/// assert_eq!(Size::new("region bytes", 3).times(4).plus(1).get(), Ok(13));
+/// assert!(Size::new("region bytes", usize::MAX).times(2).get().is_err());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a Size is only checked by `get`"]
@@ -63,19 +63,19 @@ impl Size {
     }
 
     /// `self x n`.
-    pub fn mul(self, n: usize) -> Size {
+    pub fn times(self, n: usize) -> Size {
         self.map(|v| v.checked_mul(n))
     }
 
     /// `self + n`.
-    pub fn add(self, n: usize) -> Size {
+    pub fn plus(self, n: usize) -> Size {
         self.map(|v| v.checked_add(n))
     }
 
     /// `self + other`, where `other` may itself have overflowed.
-    pub fn add_size(self, other: Size) -> Size {
+    pub fn plus_size(self, other: Size) -> Size {
         match other.value {
-            Some(n) => self.add(n),
+            Some(n) => self.plus(n),
             None => Size {
                 value: None,
                 what: other.what,
@@ -84,7 +84,7 @@ impl Size {
     }
 
     /// `self - n` (going below zero is an overflow too).
-    pub fn sub(self, n: usize) -> Size {
+    pub fn minus(self, n: usize) -> Size {
         self.map(|v| v.checked_sub(n))
     }
 
@@ -108,9 +108,9 @@ mod tests {
     #[test]
     fn overflow_sticks_and_names_the_quantity() {
         let e = Size::new("rows copied", usize::MAX)
-            .add(1)
-            .sub(5)
-            .mul(0)
+            .plus(1)
+            .minus(5)
+            .times(0)
             .get()
             .unwrap_err();
         assert_eq!(
@@ -123,17 +123,17 @@ mod tests {
             e.to_string(),
             format!("rows copied overflow the {}-bit size type", usize::BITS)
         );
-        assert!(Size::new("x", 1).sub(2).get().is_err());
-        assert_eq!(Size::new("x", 7).sub(2).mul(3).add(1).get(), Ok(16));
-        let over = Size::new("bytes copied", usize::MAX).mul(2);
+        assert!(Size::new("x", 1).minus(2).get().is_err());
+        assert_eq!(Size::new("x", 7).minus(2).times(3).plus(1).get(), Ok(16));
+        let over = Size::new("bytes copied", usize::MAX).times(2);
         assert_eq!(
-            Size::new("rows", 1).add_size(over).get(),
+            Size::new("rows", 1).plus_size(over).get(),
             Err(KvError::SizeOverflow {
                 what: "bytes copied"
             })
         );
         assert_eq!(
-            Size::new("rows", 1).add_size(Size::new("x", 2)).get(),
+            Size::new("rows", 1).plus_size(Size::new("x", 2)).get(),
             Ok(3)
         );
     }
@@ -141,8 +141,8 @@ mod tests {
     #[test]
     fn the_largest_region_fits_on_64_bit() {
         let bytes = Size::new("region bytes", MAX_BUFFERS)
-            .mul(MAX_RESERVE_ROWS)
-            .mul(MAX_HEAD_DIM * 4)
+            .times(MAX_RESERVE_ROWS)
+            .times(MAX_HEAD_DIM * 4)
             .get();
         assert_eq!(bytes.is_ok(), usize::BITS == 64);
     }
