@@ -390,7 +390,7 @@ fn shift(
 ) -> (usize, Size, usize) {
     let (w_max, h, layers) = (g.max_window(), g.kv_heads, g.layers);
     let slack = r - w_max - g.max_ar();
-    // Rows copied by rebases, by global step index.
+    // Rows copied by rebases, by global step index (staggered layers may rebase on the same step).
     let mut events: BTreeMap<usize, (usize, bool)> = BTreeMap::new();
     let mut rebases = 0;
     let (mut handles, mut max_keys) = (Size::new("memory handles", 0), 0);
@@ -405,6 +405,8 @@ fn shift(
         };
         *starts.entry(start).or_default() += 1;
     }
+    // With one start (no staggering) every rebase is its own step: no need to sum them by step.
+    let single = starts.len() == 1;
     for (start, n) in starts {
         let mut off = start;
         // Window ends bound, per variant: (first, step, count) progressions.
@@ -413,7 +415,7 @@ fn shift(
             let list = keys.entry(ar).or_default();
             if count == 0 {
             } else if step == 1 || count == 1 {
-                list.push((first, first + (count - 1) * step));
+                push_interval(list, (first, first + (count - 1) * step));
             } else {
                 list.extend((0..count).map(|i| (first + i * step, first + i * step)));
             }
@@ -437,8 +439,12 @@ fn shift(
                 }
                 let len_j = s.len0 + j * s.commit;
                 rebases += n;
-                let e = events.entry(base + j).or_insert((0, s.decode));
-                e.0 += n * 2 * h * len_j;
+                if single {
+                    copies.add(n * 2 * h * len_j, 1, s.decode);
+                } else {
+                    let e = events.entry(base + j).or_insert((0, s.decode));
+                    e.0 += n * 2 * h * len_j;
+                }
                 off = w_max - len_j;
                 record(s.ar, w_max, 1, 1);
                 i = j + 1;
@@ -453,6 +459,17 @@ fn shift(
         copies.add(rows, 1, decode);
     }
     (rebases, handles, max_keys)
+}
+
+/// Appends a closed interval, merged into the last one when they overlap or touch (a shift layer that
+/// rebases every few steps records one interval per rebase, mostly adjacent: this keeps the list short).
+fn push_interval(list: &mut Vec<(usize, usize)>, (lo, hi): (usize, usize)) {
+    match list.last_mut() {
+        Some(last) if lo <= last.1 + 1 && hi + 1 >= last.0 => {
+            *last = (last.0.min(lo), last.1.max(hi));
+        }
+        _ => list.push((lo, hi)),
+    }
 }
 
 /// Number of integers covered by a set of closed intervals.

@@ -298,3 +298,45 @@ fn a_short_plan_touches_a_small_part_of_a_large_region() {
     // The region is 2,146,435,072 bytes; ten steps write 10 rows of each of 2,048 buffers.
     assert!(kib < 256 * 1024, "max RSS {kib} KiB");
 }
+
+#[test]
+fn long_simulations_are_refused_and_long_predictions_stay_fast() {
+    // `plan` of naive over a whole Llama-2-7B context would move 2 TiB: refused with its figures.
+    let seed = config("llama-2-7b.yaml");
+    assert_eq!(
+        error_of(&["plan", &seed, "--steps", "2047", "--update", "naive"]),
+        "error: this run is too long to simulate: 2,047 steps x 2,048 K/V buffers = 4,192,256 \
+         bindings and 2.00 TiB moved; `htpkv plan` simulates at most 33,554,432 bindings and \
+         16.00 GiB (`htpkv budget --prefill 0` predicts the full-context run in closed form)"
+    );
+    // `budget` of a 4096-layer model whose shift reservation rebases every 32 steps of a 2^24-token
+    // context: one prediction per distinct layer start, not per layer (4096 x 2^19 rebases).
+    let deep = variant("stories260K.yaml", "layers: 5,", "layers: 4096,");
+    let start = Instant::now();
+    let run = htpkv(&[
+        "budget",
+        &deep,
+        "--context",
+        "16777216",
+        "--reserve",
+        "+32",
+        "--update",
+        "shift",
+        "--json",
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let doc: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    // R = W + 32 holds one AR-32 step past the window: every layer rebases once per 32 decode steps,
+    // at lengths 32, 64, ... up to the last step's 2^24 - 2.
+    assert_eq!(
+        doc[0]["rebases_per_context"].as_u64().unwrap(),
+        4096 * (((1 << 24) - 2) / 32),
+        "{}",
+        doc[0]
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+}
