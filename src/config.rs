@@ -29,7 +29,7 @@
 //! ([`kv_manager::MAX_BUFFERS`]), `head_dim` <= 4,096, `vocab` <= 16,777,216 ([`MAX_VOCAB`]),
 //! `context` and `sliding_window` <= 16,777,216 ([`kv_manager::MAX_CONTEXT`]), at most 64 AR variants,
 //! and a `shift` reservation of at most 67,108,864 rows per buffer ([`kv_manager::MAX_RESERVE_ROWS`]);
-//! the reasons are in `kv_manager`'s `size` module docs.
+//! the reasons are in [`kv_manager::size`].
 //!
 //! Unknown fields are rejected. Every error names the file, the field path (`model.heads`,
 //! `graph.ar[1]`, ...) and what was expected; syntax and type errors also give the line and column.

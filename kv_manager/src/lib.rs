@@ -43,7 +43,7 @@ mod error;
 mod geometry;
 mod plan;
 mod region;
-mod size;
+pub mod size;
 pub mod workload;
 
 pub use cache::KvCache;
