@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -19,7 +20,8 @@ fn variant(name: &str, from: &str, to: &str) -> String {
     assert!(text.contains(from), "{from} not in {name}");
     let dir = std::env::temp_dir().join(format!("htpkv-hostile-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path: PathBuf = dir.join(format!("{}.yaml", to.replace([' ', ':', ','], "_")));
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let path: PathBuf = dir.join(format!("{}.yaml", NEXT.fetch_add(1, Ordering::Relaxed)));
     std::fs::write(&path, text.replace(from, to)).unwrap();
     path.display().to_string()
 }
@@ -272,31 +274,63 @@ fn closed_and_full_stdout() {
     }
 }
 
-/// Row 17: a 10-step plan of Llama-2-7B (a 2 GiB region) must not fault in the whole region.
-#[test]
-fn a_short_plan_touches_a_small_part_of_a_large_region() {
+/// The peak RSS of `htpkv ARGS` in KiB, measured by GNU time; None (the caller skips) without it.
+fn max_rss_kib(args: &[&str]) -> Option<usize> {
     let time = Path::new("/usr/bin/time");
     if !time.exists() {
         eprintln!("skipped: /usr/bin/time (GNU time) is not installed");
-        return;
+        return None;
     }
     let child = Command::new(time)
-        .args(["-f", "max_rss_kib=%M", env!("CARGO_BIN_EXE_htpkv"), "plan"])
-        .args([&config("llama-2-7b.yaml"), "--steps", "10"])
+        .args(["-f", "max_rss_kib=%M", env!("CARGO_BIN_EXE_htpkv")])
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let run = finish(child, "plan llama-2-7b --steps 10");
+    let run = finish(child, &args.join(" "));
     assert_eq!(run.code, Some(0), "{}", run.stderr);
-    let kib: usize = run
+    let kib = run
         .stderr
         .rsplit("max_rss_kib=")
         .next()
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no RSS in {}", run.stderr));
-    // The region is 2,146,435,072 bytes; ten steps write 10 rows of each of 2,048 buffers.
-    assert!(kib < 256 * 1024, "max RSS {kib} KiB");
+    Some(kib)
+}
+
+/// Row 17: a 10-step plan of Llama-2-7B (a 2 GiB region) must not fault in the whole region.
+#[test]
+fn a_short_plan_touches_a_small_part_of_a_large_region() {
+    let seed = config("llama-2-7b.yaml");
+    if let Some(kib) = max_rss_kib(&["plan", &seed, "--steps", "10"]) {
+        // The region is 2,146,435,072 bytes; ten steps write 10 rows of each of 2,048 buffers.
+        assert!(kib < 256 * 1024, "max RSS {kib} KiB");
+    }
+    // The handle bookkeeping of a long reservation with many AR variants (4 layers x 2^26 rows x 64
+    // variants = 2 GiB of bits) is not touched either.
+    let ar: Vec<String> = (1..=64).map(|n| n.to_string()).collect();
+    let many = variant(
+        "stories260K.yaml",
+        "layers: 5, heads: 8, kv_heads: 4, head_dim: 8, vocab: 512, dim: 64 }\ngraph: { context: 512, ar: [1, 32] }",
+        &format!(
+            "layers: 4, heads: 1, kv_heads: 1, head_dim: 1, vocab: 8 }}\ngraph: {{ context: 4096, ar: [{}] }}",
+            ar.join(", ")
+        ),
+    );
+    let args = [
+        "plan",
+        &many,
+        "--steps",
+        "5",
+        "--reserve",
+        "67108864",
+        "--dtype",
+        "u8",
+    ];
+    if let Some(kib) = max_rss_kib(&args) {
+        assert!(kib < 256 * 1024, "max RSS {kib} KiB");
+    }
 }
 
 #[test]
