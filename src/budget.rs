@@ -27,6 +27,14 @@
 //!   R - W_max - max ar) and grows by each commit; a step of n tokens whose end + n would pass R rebases
 //!   the layer first: len rows of each of its 2H buffers move and the end returns to W_max. Rebases are
 //!   counted per layer. Handles: 4H per distinct (window end, variant) of a layer.
+//!
+//! # Hostile input
+//! Geometries are bounded by `kv_manager`'s limits (see [`kv_manager::size`]), a run's prefill and
+//! decode steps are compared with the cache's capacity before any arithmetic ([`Run::check`]), and run
+//! totals (rows and bytes copied, handles) use [`kv_manager::Size`]: a total beyond `usize` is a
+//! [`KvError::SizeOverflow`] naming it, never a wrapped number. Layers that start at the same offset are
+//! predicted once, so a `shift` prediction costs about one pass over the steps whatever the depth.
+//! Byte sizes (`--fit`) are at most [`MAX_BYTE_SIZE`].
 
 use crate::config::{Config, Update};
 use kv_manager::{CacheSpec, Counters, Geometry, Granularity, KLayout, KvError, Size, Strategy};
