@@ -27,9 +27,17 @@
 //!   R - W_max - max ar) and grows by each commit; a step of n tokens whose end + n would pass R rebases
 //!   the layer first: len rows of each of its 2H buffers move and the end returns to W_max. Rebases are
 //!   counted per layer. Handles: 4H per distinct (window end, variant) of a layer.
+//!
+//! # Hostile input
+//! Geometries are bounded by `kv_manager`'s limits (see [`kv_manager::size`]), a run's prefill and
+//! decode steps are compared with the cache's capacity before any arithmetic ([`Run::check`]), and run
+//! totals (rows and bytes copied, handles) use [`kv_manager::Size`]: a total beyond `usize` is a
+//! [`KvError::SizeOverflow`] naming it, never a wrapped number. Layers that start at the same offset are
+//! predicted once, so a `shift` prediction costs about one pass over the steps whatever the depth.
+//! Byte sizes (`--fit`) are at most [`MAX_BYTE_SIZE`].
 
 use crate::config::{Config, Update};
-use kv_manager::{CacheSpec, Counters, Geometry, Granularity, KLayout, KvError, Strategy};
+use kv_manager::{CacheSpec, Counters, Geometry, Granularity, KLayout, KvError, Size, Strategy};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 
@@ -48,10 +56,13 @@ pub enum BudgetError {
         decode_steps: usize,
         reason: String,
     },
+    /// A byte size above [`MAX_BYTE_SIZE`].
+    #[error("byte size `{text}` is above the limit of 1 PiB ({maximum} bytes)")]
+    ByteSizeTooLarge { text: String, maximum: usize },
     /// A byte size that could not be parsed.
     #[error(
-        "invalid byte size `{text}`: expected a number with an optional suffix B, KB, MB, GB, TB \
-         (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 512MiB or 2GB"
+        "invalid byte size `{text}`: expected a number with an optional suffix B, KB, MB, GB, TB, PB \
+         (powers of 1000) or KiB, MiB, GiB, TiB, PiB (powers of 1024), e.g. 512MiB or 2GB"
     )]
     ByteSize { text: String },
 }
@@ -111,6 +122,14 @@ impl Run {
             decode_steps: self.decode_steps,
             reason,
         };
+        // Each count is compared with the capacity (at most 2^24) before any arithmetic, so nothing
+        // below can overflow.
+        if self.prefill > cap {
+            return Err(fail(format!(
+                "the cache holds {cap} tokens (context {} - {a})",
+                geometry.context
+            )));
+        }
         let chunks = self.prefill.div_ceil(m);
         if chunks * m > cap {
             return Err(fail(format!(
@@ -120,7 +139,9 @@ impl Run {
                 geometry.context
             )));
         }
-        if self.decode_steps > 0 && self.prefill + self.decode_steps - 1 + a > cap {
+        if self.decode_steps > cap
+            || (self.decode_steps > 0 && self.prefill + self.decode_steps - 1 + a > cap)
+        {
             let max = (cap + 1).saturating_sub(a + self.prefill);
             return Err(fail(format!(
                 "at most {max} AR-{a} decode steps fit after the prefill (the cache holds {cap} tokens)"
@@ -237,12 +258,23 @@ impl Prediction {
     }
 }
 
-/// Copies per step, accumulated.
-#[derive(Debug, Default)]
+/// Copies per step, accumulated with checked arithmetic (a `naive` run over a long context of a large
+/// model copies more than 2^64 bytes).
+#[derive(Debug)]
 struct Copies {
-    rows: usize,
-    decode_rows: usize,
+    rows: Size,
+    decode_rows: Size,
     worst: usize,
+}
+
+impl Default for Copies {
+    fn default() -> Self {
+        Copies {
+            rows: Size::new("rows copied over the run", 0),
+            decode_rows: Size::new("rows copied by the decode steps", 0),
+            worst: 0,
+        }
+    }
 }
 
 impl Copies {
@@ -251,9 +283,10 @@ impl Copies {
         if n == 0 {
             return;
         }
-        self.rows += rows * n;
+        let total = Size::new("rows copied over the run", rows).times(n);
+        self.rows = self.rows.plus_size(total);
         if decode {
-            self.decode_rows += rows * n;
+            self.decode_rows = self.decode_rows.plus_size(total);
         }
         self.worst = self.worst.max(rows);
     }
@@ -269,24 +302,31 @@ pub fn predict(spec: &CacheSpec, run: &Run) -> Result<Prediction, BudgetError> {
     let steps: usize = segments.iter().map(|s| s.count).sum();
     let mut copies = Copies::default();
     let (rebases, handles, max_keys) = match spec.strategy {
-        Strategy::Conveyor => (0, 2 * g.buffers() * steps, steps),
+        Strategy::Conveyor => (
+            0,
+            Size::new("memory handles", 2 * g.buffers()).times(steps),
+            steps,
+        ),
         Strategy::SmartMask | Strategy::Naive => slots(g, spec.strategy, &segments, &mut copies),
         Strategy::Shift { reserve, stagger } => {
-            shift(g, reserve.rows(g), stagger, &segments, &mut copies)
+            shift(g, reserve.rows(g)?, stagger, &segments, &mut copies)
         }
     };
     let rb = g.row_bytes();
+    let rows_copied = copies.rows.get()?;
     Ok(Prediction {
         steps,
         tokens_committed: run.prefill + run.decode_steps,
         decode_tokens: run.decode_steps,
-        bytes_copied: copies.rows * rb,
-        rows_copied: copies.rows,
-        decode_rows_copied: copies.decode_rows,
+        bytes_copied: Size::new("bytes copied over the run", rows_copied)
+            .times(rb)
+            .get()?,
+        rows_copied,
+        decode_rows_copied: copies.decode_rows.get()?,
+        handles: handles.get()?,
         worst_step_bytes_copied: copies.worst * rb,
         worst_step_rows_copied: copies.worst,
         rebases,
-        handles,
         max_window_offsets_per_buffer: max_keys,
     })
 }
@@ -297,7 +337,7 @@ fn slots(
     strategy: Strategy,
     segments: &[Segment],
     copies: &mut Copies,
-) -> (usize, usize, usize) {
+) -> (usize, Size, usize) {
     let naive = strategy == Strategy::Naive;
     let fixed = g.granularity == Granularity::PerHead && g.k_layout == KLayout::Rows;
     let (b, w_max) = (g.buffers(), g.max_window());
@@ -341,7 +381,11 @@ fn slots(
             stride = w_max;
         }
     }
-    (rebases, 2 * tensors * variants.len(), variants.len())
+    (
+        rebases,
+        Size::new("memory handles", 2 * tensors).times(variants.len()),
+        variants.len(),
+    )
 }
 
 /// `shift` with R rows per buffer: (rebases, handles, distinct keys of the busiest layer).
@@ -351,26 +395,35 @@ fn shift(
     stagger: bool,
     segments: &[Segment],
     copies: &mut Copies,
-) -> (usize, usize, usize) {
+) -> (usize, Size, usize) {
     let (w_max, h, layers) = (g.max_window(), g.kv_heads, g.layers);
     let slack = r - w_max - g.max_ar();
-    // Rows copied by rebases, by global step index.
+    // Rows copied by rebases, by global step index (staggered layers may rebase on the same step).
     let mut events: BTreeMap<usize, (usize, bool)> = BTreeMap::new();
     let mut rebases = 0;
-    let (mut handles, mut max_keys) = (0, 0);
+    let (mut handles, mut max_keys) = (Size::new("memory handles", 0), 0);
+    // Layers that start at the same offset behave identically: predict each start once and count it
+    // `n` times, so the work is bounded by the steps, not layers x steps.
+    let mut starts: BTreeMap<usize, usize> = BTreeMap::new();
     for layer in 0..layers {
-        let mut off = if stagger {
+        let start = if stagger {
             w_max + layer * slack / layers
         } else {
             w_max
         };
+        *starts.entry(start).or_default() += 1;
+    }
+    // With one start (no staggering) every rebase is its own step: no need to sum them by step.
+    let single = starts.len() == 1;
+    for (start, n) in starts {
+        let mut off = start;
         // Window ends bound, per variant: (first, step, count) progressions.
         let mut keys: HashMap<usize, Vec<(usize, usize)>> = HashMap::new();
         let mut record = |ar: usize, first: usize, step: usize, count: usize| {
             let list = keys.entry(ar).or_default();
             if count == 0 {
             } else if step == 1 || count == 1 {
-                list.push((first, first + (count - 1) * step));
+                push_interval(list, (first, first + (count - 1) * step));
             } else {
                 list.extend((0..count).map(|i| (first + i * step, first + i * step)));
             }
@@ -393,9 +446,13 @@ fn shift(
                     break;
                 }
                 let len_j = s.len0 + j * s.commit;
-                rebases += 1;
-                let e = events.entry(base + j).or_insert((0, s.decode));
-                e.0 += 2 * h * len_j;
+                rebases += n;
+                if single {
+                    copies.add(n * 2 * h * len_j, 1, s.decode);
+                } else {
+                    let e = events.entry(base + j).or_insert((0, s.decode));
+                    e.0 += n * 2 * h * len_j;
+                }
                 off = w_max - len_j;
                 record(s.ar, w_max, 1, 1);
                 i = j + 1;
@@ -403,13 +460,24 @@ fn shift(
             base += s.count;
         }
         let distinct: usize = keys.into_values().map(union_len).sum();
-        handles += 4 * h * distinct;
+        handles = handles.plus_size(Size::new("memory handles", n * 4 * h).times(distinct));
         max_keys = max_keys.max(distinct);
     }
     for (rows, decode) in events.into_values() {
         copies.add(rows, 1, decode);
     }
     (rebases, handles, max_keys)
+}
+
+/// Appends a closed interval, merged into the last one when they overlap or touch (a shift layer that
+/// rebases every few steps records one interval per rebase, mostly adjacent: this keeps the list short).
+fn push_interval(list: &mut Vec<(usize, usize)>, (lo, hi): (usize, usize)) {
+    match list.last_mut() {
+        Some(last) if lo <= last.1 + 1 && hi + 1 >= last.0 => {
+            *last = (last.0.min(lo), last.1.max(hi));
+        }
+        _ => list.push((lo, hi)),
+    }
 }
 
 /// Number of integers covered by a set of closed intervals.
@@ -446,7 +514,7 @@ pub struct GraphIo {
 }
 
 /// The IO buffers of every AR variant of `geometry` for a vocabulary of `vocab` tokens.
-pub fn graph_io(geometry: &Geometry, vocab: usize) -> Vec<GraphIo> {
+pub fn graph_io(geometry: &Geometry, vocab: usize) -> Result<Vec<GraphIo>, KvError> {
     let mask_elem = if geometry.dtype.is_fixed_point() {
         2
     } else {
@@ -456,17 +524,24 @@ pub fn graph_io(geometry: &Geometry, vocab: usize) -> Vec<GraphIo> {
         .ar_variants
         .iter()
         .map(|&n| {
-            let (ids, pos) = (n * 4, n * 4);
-            let mask = n * geometry.context * mask_elem;
-            let logits = n * vocab * 4;
-            GraphIo {
+            let ids = Size::new("input_ids bytes", n).times(4).get()?;
+            let mask = Size::new("mask bytes", n)
+                .times(geometry.context)
+                .times(mask_elem)
+                .get()?;
+            let logits = Size::new("logits bytes", n).times(vocab).times(4).get()?;
+            Ok(GraphIo {
                 ar: n,
                 input_ids_bytes: ids,
-                positions_bytes: pos,
+                positions_bytes: ids,
                 mask_bytes: mask,
                 logits_bytes: logits,
-                total_bytes: ids + pos + mask + logits,
-            }
+                total_bytes: Size::new("graph IO bytes", ids)
+                    .times(2)
+                    .plus(mask)
+                    .plus(logits)
+                    .get()?,
+            })
         })
         .collect()
 }
@@ -540,12 +615,20 @@ pub fn report(
     let run = Run::full_context(g, prefill)?;
     let p = predict(&spec, &run)?;
     let reserve_rows = match spec.strategy {
-        Strategy::Shift { reserve, .. } => reserve.rows(g),
+        Strategy::Shift { reserve, .. } => reserve.rows(g)?,
         Strategy::Conveyor => g.context,
         Strategy::SmartMask | Strategy::Naive => g.max_window(),
     };
-    let io = graph_io(g, config.model.vocab);
-    let io_bytes = io.iter().map(|i| i.total_bytes).sum();
+    let io = graph_io(g, config.model.vocab)?;
+    let io_bytes = io
+        .iter()
+        .fold(Size::new("graph IO bytes", 0), |sum, i| {
+            sum.plus(i.total_bytes)
+        })
+        .get()?;
+    let total_bytes = Size::new("region and graph IO bytes", region_bytes)
+        .plus(io_bytes)
+        .get()?;
     Ok(BudgetReport {
         config: config.origin.display().to_string(),
         model: config.model.name.clone(),
@@ -563,12 +646,14 @@ pub fn report(
         kv_bytes_per_token: g.kv_bytes_per_token(),
         capacity_tokens: g.capacity(),
         reserve_rows,
-        buffer_bytes: reserve_rows * g.row_bytes(),
+        buffer_bytes: Size::new("bytes per buffer", reserve_rows)
+            .times(g.row_bytes())
+            .get()?,
         region_rows: region_bytes / g.row_bytes(),
         region_bytes,
         graph_io: io,
         graph_io_bytes: io_bytes,
-        total_bytes: region_bytes + io_bytes,
+        total_bytes,
         run,
         rows_copied_per_token: p.rows_copied_per_token(),
         worst_step_rows_copied: p.worst_step_rows_copied,
@@ -625,8 +710,13 @@ pub fn fit_context(config: &Config, update: Update, budget: usize) -> Option<(us
     Some(best)
 }
 
-/// Parses a byte size: a number (fractions allowed) and an optional suffix `B`, `KB`/`K`, `MB`/`M`,
-/// `GB`/`G`, `TB`/`T` (powers of 1000) or `KiB`, `MiB`, `GiB`, `TiB` (powers of 1024), case-insensitive.
+/// The largest byte size [`parse_byte_size`] accepts: 1 PiB, more memory than any device has (and
+/// more than the largest region a valid geometry of a real model needs).
+pub const MAX_BYTE_SIZE: usize = 1 << 50;
+
+/// Parses a byte size (at most [`MAX_BYTE_SIZE`]): a number (fractions allowed) and an optional suffix `B`, `KB`/`K`, `MB`/`M`,
+/// `GB`/`G`, `TB`/`T`, `PB`/`P` (powers of 1000) or `KiB`, `MiB`, `GiB`, `TiB`, `PiB` (powers of
+/// 1024), case-insensitive.
 pub fn parse_byte_size(text: &str) -> Result<usize, BudgetError> {
     let bad = || BudgetError::ByteSize {
         text: text.to_string(),
@@ -646,6 +736,8 @@ pub fn parse_byte_size(text: &str) -> Result<usize, BudgetError> {
         "mib" => 1 << 20,
         "gib" => 1 << 30,
         "tib" => 1 << 40,
+        "p" | "pb" => 1_000_000_000_000_000,
+        "pib" => 1 << 50,
         _ => return Err(bad()),
     };
     if number.is_empty() {
@@ -657,12 +749,18 @@ pub fn parse_byte_size(text: &str) -> Result<usize, BudgetError> {
         let f: f64 = number.parse().map_err(|_| bad())?;
         (f * unit as f64).floor() as u128
     };
+    if bytes > MAX_BYTE_SIZE as u128 {
+        return Err(BudgetError::ByteSizeTooLarge {
+            text: text.to_string(),
+            maximum: MAX_BYTE_SIZE,
+        });
+    }
     usize::try_from(bytes).map_err(|_| bad())
 }
 
 /// A human-readable size in binary units, e.g. `2.00 GiB`.
 pub fn human_bytes(bytes: usize) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let mut v = bytes as f64;
     let mut u = 0;
     while v >= 1024.0 && u + 1 < UNITS.len() {
@@ -795,5 +893,61 @@ mod tests {
             decode_steps: 10,
         };
         assert!(matches!(run.check(&g), Err(BudgetError::RunTooLong { .. })));
+    }
+
+    #[test]
+    fn counts_near_usize_max_are_refused_before_any_arithmetic() {
+        let g = Geometry::new(1, 1, 2, 16, &[1, 4], DataType::U8);
+        for (prefill, decode_steps) in [(usize::MAX, 0), (usize::MAX, 1), (0, usize::MAX)] {
+            let run = Run {
+                prefill,
+                decode_steps,
+            };
+            assert!(matches!(run.check(&g), Err(BudgetError::RunTooLong { .. })));
+            let spec = CacheSpec::for_simulation(g.clone(), Strategy::Naive);
+            assert!(predict(&spec, &run).is_err());
+        }
+        assert!(Run::max_decode_steps(&g, usize::MAX).is_err());
+    }
+
+    #[test]
+    fn run_totals_beyond_64_bits_are_an_error_naming_the_quantity() {
+        let g = Geometry::new(32, 32, 128, kv_manager::MAX_CONTEXT, &[1], DataType::U16);
+        let spec = CacheSpec::for_simulation(g.clone(), Strategy::Naive);
+        let run = Run::full_context(&g, 0).unwrap();
+        assert_eq!(
+            predict(&spec, &run),
+            Err(BudgetError::Kv(KvError::SizeOverflow {
+                what: "bytes copied over the run"
+            }))
+        );
+        // Rows alone still fit: 2048 buffers x (S - 1) rows x (S - 1) steps.
+        let w = kv_manager::MAX_CONTEXT - 1;
+        let spec = CacheSpec::for_simulation(g.clone(), Strategy::SmartMask);
+        assert_eq!(predict(&spec, &run).unwrap().rows_copied, 2048 * w);
+    }
+
+    #[test]
+    fn byte_sizes_have_a_limit() {
+        assert_eq!(parse_byte_size("1PiB").unwrap(), MAX_BYTE_SIZE);
+        for text in [
+            "1.5PiB",
+            "18446744073709551615",
+            "1e300",
+            "99999999999999999999999999999TB",
+        ] {
+            let e = parse_byte_size(text).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    BudgetError::ByteSizeTooLarge { .. } | BudgetError::ByteSize { .. }
+                ),
+                "{text}: {e}"
+            );
+        }
+        assert_eq!(
+            parse_byte_size("2PB").unwrap_err().to_string(),
+            "byte size `2PB` is above the limit of 1 PiB (1125899906842624 bytes)"
+        );
     }
 }

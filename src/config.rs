@@ -23,10 +23,21 @@
 //! | `kv.reserve` | `2x` (default), `1.5x`, a row count, or `+K` | `shift` only: rows per buffer, see [`ReserveConfig`] |
 //! | `kv.stagger` | bool (default false) | `shift` only: stagger the layers' rebases |
 //!
+//! Every count has an explicit maximum that no real model reaches, checked before anything is sized:
+//! `layers` <= 4,096 ([`kv_manager::MAX_LAYERS`]), `heads` and `kv_heads` <= 4,096
+//! ([`kv_manager::MAX_HEADS`]) with 2 x layers x kv_heads <= 262,144 buffers
+//! ([`kv_manager::MAX_BUFFERS`]), `head_dim` <= 4,096, `vocab` <= 16,777,216 ([`MAX_VOCAB`]),
+//! `context` and `sliding_window` <= 16,777,216 ([`kv_manager::MAX_CONTEXT`]), at most 64 AR variants,
+//! and a `shift` reservation of at most 67,108,864 rows per buffer ([`kv_manager::MAX_RESERVE_ROWS`]);
+//! the reasons are in [`kv_manager::size`].
+//!
 //! Unknown fields are rejected. Every error names the file, the field path (`model.heads`,
 //! `graph.ar[1]`, ...) and what was expected; syntax and type errors also give the line and column.
 
-use kv_manager::{CacheSpec, Geometry, Granularity, KLayout, KvError, Reserve, Strategy};
+use kv_manager::{
+    CacheSpec, Geometry, Granularity, KLayout, KvError, MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS,
+    MAX_LAYERS, Reserve, Strategy,
+};
 use quant::DataType;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -337,6 +348,9 @@ impl From<ReserveConfig> for String {
     }
 }
 
+/// Largest vocabulary a config may declare: 2^24, 64x the largest vocabularies in use (about 256K).
+pub const MAX_VOCAB: usize = 1 << 24;
+
 const EXPECT_DTYPE: &str = "one of u8, u16, i8, i16, f16, f32";
 const EXPECT_UPDATE: &str = "one of shift, conveyor, smart_mask, naive";
 const EXPECT_RESERVE: &str =
@@ -373,6 +387,16 @@ fn expected_at(field: &str) -> String {
     }
 }
 
+/// Splits a message that already says what was expected (serde's `unknown field`/`unknown variant`
+/// lists, this module's own `...; expected ...` texts) so that the expectation is printed once.
+fn split_expected(message: &str) -> Option<(&str, &str)> {
+    message.split_once("; expected ").or_else(|| {
+        (message.starts_with("unknown field") || message.starts_with("unknown variant"))
+            .then(|| message.split_once(", expected "))
+            .flatten()
+    })
+}
+
 /// Turns a parse error into a [`ConfigError::Field`] naming the field path (`at`, as tracked while
 /// deserializing; `None` when the YAML itself could not be parsed).
 fn parse_error(path: &Path, at: Option<String>, err: &serde_saphyr::Error) -> ConfigError {
@@ -396,11 +420,7 @@ fn parse_error(path: &Path, at: Option<String>, err: &serde_saphyr::Error) -> Co
         let field = join(&at, name);
         let expected = expected_at(&field);
         (field, "missing".to_string(), expected)
-    } else if let Some((problem, expected)) = message
-        .starts_with("unknown field")
-        .then(|| message.split_once(", expected "))
-        .flatten()
-    {
+    } else if let Some((problem, expected)) = split_expected(&message) {
         (at.clone(), problem.to_string(), expected.to_string())
     } else {
         let expected = expected_at(&at);
@@ -459,15 +479,28 @@ impl Config {
         if m.name.trim().is_empty() {
             return err("model.name", "is empty".into(), "a model name".into());
         }
-        for (field, value) in [
-            ("model.layers", m.layers),
-            ("model.heads", m.heads),
-            ("model.kv_heads", m.kv_heads),
-            ("model.head_dim", m.head_dim),
-            ("model.vocab", m.vocab),
+        for (field, value, max) in [
+            ("model.layers", m.layers, MAX_LAYERS),
+            ("model.heads", m.heads, MAX_HEADS),
+            ("model.kv_heads", m.kv_heads, MAX_HEADS),
+            ("model.head_dim", m.head_dim, MAX_HEAD_DIM),
+            ("model.vocab", m.vocab, MAX_VOCAB),
+            (
+                "model.sliding_window",
+                m.sliding_window.unwrap_or(1),
+                MAX_CONTEXT,
+            ),
+            ("graph.context", self.graph.context, MAX_CONTEXT),
         ] {
             if value == 0 {
                 return err(field, "is 0".into(), EXPECT_POSITIVE.into());
+            }
+            if value > max {
+                return err(
+                    field,
+                    format!("{value} is above the limit"),
+                    format!("{EXPECT_POSITIVE} up to {max}"),
+                );
             }
         }
         if !m.heads.is_multiple_of(m.kv_heads) {
@@ -501,13 +534,6 @@ impl Config {
                 ),
             );
         }
-        if m.sliding_window == Some(0) {
-            return err(
-                "model.sliding_window",
-                "is 0".into(),
-                "a positive integer, or no sliding_window field".into(),
-            );
-        }
         let g = &self.graph;
         if g.ar.is_empty() {
             return err("graph.ar", "is empty".into(), expected_at("graph.ar"));
@@ -518,6 +544,16 @@ impl Config {
                     &format!("graph.ar[{i}]"),
                     "is 0".into(),
                     EXPECT_POSITIVE.into(),
+                );
+            }
+            if n >= MAX_CONTEXT {
+                return err(
+                    &format!("graph.ar[{i}]"),
+                    format!("{n} is above the limit"),
+                    format!(
+                        "a positive integer smaller than graph.context (at most {})",
+                        MAX_CONTEXT - 1
+                    ),
                 );
             }
             if n >= g.context {
@@ -535,17 +571,21 @@ impl Config {
             }
         }
         let geometry = self.geometry();
-        geometry
-            .validate()
-            .map_err(|e| self.kv_error(e, Update::Shift))?;
+        geometry.validate().map_err(|e| self.kv_error(e))?;
+        // The reservation is checked whatever the update: `budget` reports `shift` for every config.
+        self.kv
+            .reserve
+            .0
+            .rows(&geometry)
+            .map_err(|e| self.kv_error(e))?;
         self.cache_spec()
             .region_bytes()
-            .map_err(|e| self.kv_error(e, self.kv.update))?;
+            .map_err(|e| self.kv_error(e))?;
         Ok(())
     }
 
     /// Maps a KV manager refusal to the config field it is about.
-    pub fn kv_error(&self, e: KvError, update: Update) -> ConfigError {
+    pub fn kv_error(&self, e: KvError) -> ConfigError {
         let path = self.origin.as_path();
         match &e {
             KvError::InvalidGeometry { field, reason } => {
@@ -580,11 +620,17 @@ impl Config {
                     }
                 ),
             ),
+            KvError::ReserveTooLarge { .. } => ConfigError::field_error(
+                path,
+                "kv.reserve",
+                e.to_string(),
+                "a smaller reservation, e.g. 2x (twice the largest window) or +K",
+            ),
             KvError::SizeOverflow { .. } => ConfigError::field_error(
                 path,
-                "graph.context",
-                format!("{e} (update {update})"),
-                "a context whose region fits in memory addresses".to_string(),
+                "kv.update",
+                format!("update {}: {e}", self.kv.update),
+                "a smaller cache: its size must fit this machine's addresses",
             ),
             _ => ConfigError::field_error(
                 path,
@@ -774,5 +820,60 @@ kv: { dtype: u16, k_layout: rows, tensors: per_head, update: shift, reserve: 2x 
                 .replace("update: shift", "update: smart_mask"),
         )
         .unwrap();
+    }
+
+    /// Each error says what is wrong once and what was expected once (serde's own "expected" lists
+    /// used to be printed twice).
+    #[test]
+    fn errors_print_the_cause_and_the_expectation_once() {
+        let cases = [
+            (
+                SEED.replace("update: shift", "update: rotate"),
+                "test.yaml:3:62: field `kv.update`: unknown variant `rotate`; \
+                 expected one of shift, conveyor, smart_mask, naive",
+            ),
+            (
+                SEED.replace("dtype: u16", "dtype: u17"),
+                "test.yaml:3:14: field `kv.dtype`: unknown variant `u17`; \
+                 expected one of u8, u16, i8, i16, f16, f32",
+            ),
+            (
+                SEED.replace("k_layout: rows", "k_layout: cols"),
+                "test.yaml:3:29: field `kv.k_layout`: unknown variant `cols`; \
+                 expected one of rows, transposed",
+            ),
+            (
+                SEED.replace("reserve: 2x", "reserve: 2y"),
+                "test.yaml:3:78: field `kv.reserve`: invalid reserve `2y`; expected `2x`, `1.5x` \
+                 (a factor >= 1 followed by x), a row count such as 3070, or `+K` spare rows",
+            ),
+            (
+                SEED.replace("layers: 32", "layers: 1099511627776"),
+                "test.yaml: field `model.layers`: 1099511627776 is above the limit; \
+                 expected a positive integer up to 4096",
+            ),
+            (
+                SEED.replace("vocab: 32000", "vocab: 16777217"),
+                "test.yaml: field `model.vocab`: 16777217 is above the limit; \
+                 expected a positive integer up to 16777216",
+            ),
+            (
+                SEED.replace("ar: [1]", "ar: [18446744073709551615]"),
+                "test.yaml: field `graph.ar[0]`: 18446744073709551615 is above the limit; \
+                 expected a positive integer smaller than graph.context (at most 16777215)",
+            ),
+            (
+                SEED.replace("kv_heads: 32", "kv_heads: 4096")
+                    .replace("heads: 32", "heads: 4096")
+                    .replace("layers: 32", "layers: 64"),
+                "test.yaml: field `model.kv_heads`: gives 2 x layers x kv_heads = 524288 K/V \
+                 buffers, above the limit of 262144; expected a positive integer",
+            ),
+        ];
+        let (found, expected): (Vec<String>, Vec<&str>) = cases
+            .iter()
+            .map(|(text, message)| (parse(text).unwrap_err().to_string(), *message))
+            .unzip();
+        assert_eq!(found, expected);
     }
 }

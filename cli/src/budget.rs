@@ -1,6 +1,7 @@
 //! `htpkv budget` (memory budget and predicted update costs per strategy) and `htpkv plan` (a
 //! simulated generation on a real `KvCache`, checked against the budget's predictions).
 
+use crate::output;
 use crate::svg::{Chart, LegendItem, Marker, Series, write_atomic};
 use anyhow::{Context as _, bail};
 use htpkv::budget::{
@@ -8,8 +9,11 @@ use htpkv::budget::{
     region_at, report,
 };
 use htpkv::config::{Config, KvDtype, ReserveConfig, Update};
-use htpkv::kv_manager::{Granularity, HostAllocator, KvCache, workload};
+use htpkv::kv_manager::{
+    Counters, Geometry, Granularity, HostAllocator, KvCache, MAX_CONTEXT, Size, workload,
+};
 use serde_json::json;
+use std::io::{self, Write};
 use std::path::PathBuf;
 
 /// Command-line overrides of config fields, shared by `budget` and `plan`.
@@ -172,23 +176,25 @@ pub fn run_budget(args: BudgetArgs) -> anyhow::Result<()> {
         eprintln!("wrote {}", plot.display());
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&reports)?);
-        return Ok(());
+        let text = serde_json::to_string_pretty(&reports)?;
+        return output::to_stdout(|out| writeln!(out, "{text}"));
     }
-    for config in &configs {
-        print_config(config, &reports);
-    }
-    Ok(())
+    output::to_stdout(|out| {
+        configs
+            .iter()
+            .try_for_each(|config| print_config(out, config, &reports))
+    })
 }
 
-fn print_config(config: &Config, reports: &[BudgetReport]) {
+fn print_config(out: &mut dyn Write, config: &Config, reports: &[BudgetReport]) -> io::Result<()> {
     let origin = config.origin.display().to_string();
     let rows: Vec<&BudgetReport> = reports.iter().filter(|r| r.config == origin).collect();
     let Some(first) = rows.first() else {
-        return;
+        return Ok(());
     };
     let g = config.geometry();
-    println!(
+    writeln!(
+        out,
         "{} ({origin}): {} layers x {} kv heads x head_dim {} ({} heads), {}, S = {}, AR {:?}, {}, K {}",
         config.model.name,
         g.layers,
@@ -207,16 +213,18 @@ fn print_config(config: &Config, reports: &[BudgetReport]) {
             htpkv::config::KLayoutConfig::Rows => "rows",
             htpkv::config::KLayoutConfig::Transposed => "transposed",
         }
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "  KV bytes per token: {} ({} buffers x {} B rows); the cache holds {} tokens",
         thousands(first.kv_bytes_per_token),
         thousands(first.buffers),
         first.row_bytes,
         thousands(first.capacity_tokens)
-    );
+    )?;
     for io in &first.graph_io {
-        println!(
+        writeln!(
+            out,
             "  graph IO AR-{}: input_ids {} + positions {} + mask {} + logits {} = {} B",
             io.ar,
             thousands(io.input_ids_bytes),
@@ -224,14 +232,15 @@ fn print_config(config: &Config, reports: &[BudgetReport]) {
             thousands(io.mask_bytes),
             thousands(io.logits_bytes),
             thousands(io.total_bytes)
-        );
+        )?;
     }
-    println!(
+    writeln!(
+        out,
         "  run: prefill {} + {} decode steps on AR-{} (fills the context)",
         first.run.prefill,
         thousands(first.run.decode_steps),
         g.min_ar()
-    );
+    )?;
     let header = [
         "update",
         "reserve",
@@ -279,7 +288,7 @@ fn print_config(config: &Config, reports: &[BudgetReport]) {
                 .unwrap_or(0)
         })
         .collect();
-    let line = |cells: Vec<&str>| {
+    let mut line = |cells: Vec<&str>| {
         let parts: Vec<String> = cells
             .iter()
             .enumerate()
@@ -291,14 +300,17 @@ fn print_config(config: &Config, reports: &[BudgetReport]) {
                 }
             })
             .collect();
-        println!("  {}", parts.join("  "));
+        writeln!(out, "  {}", parts.join("  "))
     };
-    line(header.to_vec());
+    line(header.to_vec())?;
     for row in &table {
-        line(row.iter().map(String::as_str).collect());
+        line(row.iter().map(String::as_str).collect())?;
     }
-    println!();
+    writeln!(out)
 }
+
+/// The largest context of every strategy of each config for `budget` bytes.
+type Fits<'a> = Vec<(&'a Config, Vec<(Update, Option<(usize, usize)>)>)>;
 
 fn run_fit(
     configs: &[Config],
@@ -306,77 +318,122 @@ fn run_fit(
     budget: usize,
     json: bool,
 ) -> anyhow::Result<()> {
-    let mut out = Vec::new();
-    for config in configs {
-        let mut per = Vec::new();
-        for update in strategies(config, only) {
-            let fit = fit_context(config, update, budget);
-            per.push((update, fit));
-        }
-        let best = per.iter().filter_map(|(_, f)| f.map(|f| f.0)).max();
-        let winners: Vec<&str> = per
-            .iter()
-            .filter(|(_, f)| f.map(|f| f.0) == best && best.is_some())
-            .map(|(u, _)| u.name())
-            .collect();
-        if json {
-            out.push(json!({
-                "config": config.origin.display().to_string(),
-                "model": config.model.name,
-                "budget_bytes": budget,
-                "largest_context": best,
-                "best_updates": winners,
-                "strategies": per.iter().map(|(u, f)| json!({
-                    "update": u.name(),
-                    "reserve": (*u == Update::Shift).then(|| config.kv.reserve.to_string()),
-                    "context": f.map(|f| f.0),
-                    "region_bytes": f.map(|f| f.1),
-                })).collect::<Vec<_>>(),
-            }));
-            continue;
-        }
-        println!(
-            "{} ({}), AR {:?}, {}: budget {} bytes ({})",
-            config.model.name,
-            config.origin.display(),
-            config.graph.ar,
-            config.kv.dtype.data_type(),
-            thousands(budget),
-            human_bytes(budget)
-        );
-        match best {
-            Some(s) => println!(
-                "  largest context that fits: S = {} with {}",
-                thousands(s),
-                winners.join(", ")
-            ),
-            None => println!(
-                "  nothing fits: even the smallest context ({}) needs more",
-                min_context(config)
-            ),
-        }
-        for (u, f) in &per {
-            let name = if *u == Update::Shift {
-                format!("shift {}", config.kv.reserve)
-            } else {
-                u.name().to_string()
-            };
-            match f {
-                Some((s, bytes)) => println!(
-                    "  {name:<14} S = {:>9}  region {:>17} bytes ({})",
-                    thousands(*s),
-                    thousands(*bytes),
-                    human_bytes(*bytes)
-                ),
-                None => println!("  {name:<14} does not fit"),
-            }
-        }
-        println!();
-    }
+    let fits: Fits<'_> = configs
+        .iter()
+        .map(|config| {
+            let per = strategies(config, only)
+                .into_iter()
+                .map(|update| (update, fit_context(config, update, budget)))
+                .collect();
+            (config, per)
+        })
+        .collect();
     if json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        let doc: Vec<_> = fits
+            .iter()
+            .map(|(c, per)| fit_json(c, per, budget))
+            .collect();
+        let text = serde_json::to_string_pretty(&doc)?;
+        return output::to_stdout(|out| writeln!(out, "{text}"));
     }
-    Ok(())
+    output::to_stdout(|out| {
+        fits.iter()
+            .try_for_each(|(config, per)| print_fit(out, config, per, budget))
+    })
+}
+
+/// The best context of `per` and the strategies that reach it.
+fn best_fit(per: &[(Update, Option<(usize, usize)>)]) -> (Option<usize>, Vec<&'static str>) {
+    let best = per.iter().filter_map(|(_, f)| f.map(|f| f.0)).max();
+    let winners = per
+        .iter()
+        .filter(|(_, f)| f.map(|f| f.0) == best && best.is_some())
+        .map(|(u, _)| u.name())
+        .collect();
+    (best, winners)
+}
+
+fn fit_json(
+    config: &Config,
+    per: &[(Update, Option<(usize, usize)>)],
+    budget: usize,
+) -> serde_json::Value {
+    let (best, winners) = best_fit(per);
+    json!({
+        "config": config.origin.display().to_string(),
+        "model": config.model.name,
+        "budget_bytes": budget,
+        "largest_context": best,
+        "best_updates": winners,
+        "strategies": per.iter().map(|(u, f)| json!({
+            "update": u.name(),
+            "reserve": (*u == Update::Shift).then(|| config.kv.reserve.to_string()),
+            "context": f.map(|f| f.0),
+            "region_bytes": f.map(|f| f.1),
+            "at_context_limit": f.is_some_and(|f| f.0 == MAX_CONTEXT),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// A note for a context equal to [`MAX_CONTEXT`]: the budget alone would allow more.
+fn limit_note(s: usize) -> &'static str {
+    if s == MAX_CONTEXT {
+        " (htpkv's context limit)"
+    } else {
+        ""
+    }
+}
+
+fn print_fit(
+    out: &mut dyn Write,
+    config: &Config,
+    per: &[(Update, Option<(usize, usize)>)],
+    budget: usize,
+) -> io::Result<()> {
+    let (best, winners) = best_fit(per);
+    writeln!(
+        out,
+        "{} ({}), AR {:?}, {}: budget {} bytes ({})",
+        config.model.name,
+        config.origin.display(),
+        config.graph.ar,
+        config.kv.dtype.data_type(),
+        thousands(budget),
+        human_bytes(budget)
+    )?;
+    match best {
+        Some(s) => writeln!(
+            out,
+            "  largest context that fits: S = {}{} with {}",
+            thousands(s),
+            limit_note(s),
+            winners.join(", ")
+        )?,
+        None => writeln!(
+            out,
+            "  nothing fits: even the smallest context ({}) needs more",
+            min_context(config)
+        )?,
+    }
+    for (u, f) in per {
+        let name = if *u == Update::Shift {
+            format!("shift {}", config.kv.reserve)
+        } else {
+            u.name().to_string()
+        };
+        match f {
+            Some((s, bytes)) => writeln!(
+                out,
+                "  {name:<14} S = {:>9}  region {:>17} bytes ({}){}",
+                thousands(*s),
+                thousands(*bytes),
+                human_bytes(*bytes),
+                limit_note(*s)
+            )?,
+            None => writeln!(out, "  {name:<14} does not fit")?,
+        }
+    }
+    writeln!(out)
 }
 
 const COLORS: [&str; 10] = [
@@ -545,6 +602,40 @@ impl StepRecord {
     }
 }
 
+/// Most tensor bindings (steps x K/V buffers) `htpkv plan` simulates.
+const MAX_PLAN_BINDINGS: usize = 1 << 25;
+/// Most bytes `htpkv plan` moves: rows the graphs write plus rows the strategy copies.
+const MAX_PLAN_BYTES: usize = 1 << 34;
+
+/// Refuses a simulation that would take more than a few seconds (the budget's closed form answers any
+/// run at once): more than [`MAX_PLAN_BINDINGS`] bindings or [`MAX_PLAN_BYTES`] bytes moved.
+fn check_plan_work(g: &Geometry, run: &Run, p: &Prediction) -> anyhow::Result<()> {
+    let bindings = Size::new("plan bindings", p.steps)
+        .times(g.buffers())
+        .get()?;
+    let written_rows =
+        run.prefill.div_ceil(g.max_ar()) * g.max_ar() + run.decode_steps * g.min_ar();
+    let moved = Size::new("plan bytes moved", written_rows)
+        .times(g.kv_bytes_per_token())
+        .plus(p.bytes_copied)
+        .get()?;
+    if bindings > MAX_PLAN_BINDINGS || moved > MAX_PLAN_BYTES {
+        bail!(
+            "this run is too long to simulate: {} steps x {} K/V buffers = {} bindings and {} moved; \
+             `htpkv plan` simulates at most {} bindings and {} (`htpkv budget --prefill {}` predicts \
+             the full-context run in closed form)",
+            thousands(p.steps),
+            thousands(g.buffers()),
+            thousands(bindings),
+            human_bytes(moved),
+            thousands(MAX_PLAN_BINDINGS),
+            human_bytes(MAX_PLAN_BYTES),
+            run.prefill
+        );
+    }
+    Ok(())
+}
+
 pub fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
     let config = args.overrides.load(&args.config)?;
     let spec = config.cache_spec();
@@ -555,7 +646,10 @@ pub fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
     };
     run.check(&g)?;
     let prediction: Prediction = predict(&spec, &run)?;
-    let mut cache = KvCache::new(spec, &HostAllocator::default())?;
+    check_plan_work(&g, &run, &prediction)?;
+    // Not prefaulted: the region is mapped lazily and the simulation touches only the rows it writes
+    // or copies (a few MB for a short run of a 2 GB cache).
+    let mut cache = KvCache::new(spec, &HostAllocator { prefault: false })?;
     let tensors_per_layer = match g.granularity {
         Granularity::PerHead => 2 * g.kv_heads,
         Granularity::PerLayer => 2,
@@ -619,9 +713,36 @@ pub fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
             "prediction": prediction,
             "prediction_matches": mismatches.is_empty(),
         });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        let text = serde_json::to_string_pretty(&doc)?;
+        output::to_stdout(|out| writeln!(out, "{text}"))?;
     } else {
-        println!(
+        output::to_stdout(|out| {
+            print_plan(out, &config, &run, &records, &c, mismatches.is_empty())
+        })?;
+    }
+    if !mismatches.is_empty() {
+        bail!(
+            "the simulation differs from the budget prediction: {}",
+            mismatches.join("; ")
+        );
+    }
+    Ok(())
+}
+
+/// The text report of `htpkv plan`.
+fn print_plan(
+    out: &mut dyn Write,
+    config: &Config,
+    run: &Run,
+    records: &[StepRecord],
+    c: &Counters,
+    matches: bool,
+) -> io::Result<()> {
+    let (g, strategy) = (config.geometry(), config.strategy());
+    let rb = g.row_bytes();
+    {
+        writeln!(
+            out,
             "{} ({}): {} update{}, S = {}, AR {:?}, region {} bytes ({}); prefill {} + {} decode steps",
             config.model.name,
             config.origin.display(),
@@ -641,21 +762,24 @@ pub fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
             human_bytes(c.region_bytes),
             run.prefill,
             run.decode_steps
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "  window start = row of the layer's first past binding (offset / {rb} B); one column per layer"
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "  {:>6} {:<7} {:>4} {:>6} {:>4} {:>10} {:>7} {:>7}  window start per layer",
             "step", "phase", "ar", "len", "keep", "rows copied", "rebases", "handles"
-        );
-        for r in &records {
+        )?;
+        for r in records {
             let starts: Vec<String> = r
                 .window_start_bytes
                 .iter()
                 .map(|o| (o / rb).to_string())
                 .collect();
-            println!(
+            writeln!(
+                out,
                 "  {:>6} {:<7} {:>4} {:>6} {:>4} {:>10} {:>7} {:>7}  {}",
                 r.step,
                 r.phase,
@@ -666,9 +790,10 @@ pub fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
                 r.rebases,
                 r.new_handles,
                 starts.join(" ")
-            );
+            )?;
         }
-        println!(
+        writeln!(
+            out,
             "  totals: {} steps, {} tokens, {} rows ({} bytes) copied, worst step {} rows, {} rebases, {} handles",
             c.steps,
             c.tokens_committed,
@@ -677,16 +802,10 @@ pub fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
             thousands(c.worst_step_bytes_copied / rb),
             c.rebases,
             thousands(c.handles)
-        );
-        if mismatches.is_empty() {
-            println!("  budget prediction for this run: equal");
+        )?;
+        if matches {
+            writeln!(out, "  budget prediction for this run: equal")?;
         }
-    }
-    if !mismatches.is_empty() {
-        bail!(
-            "the simulation differs from the budget prediction: {}",
-            mismatches.join("; ")
-        );
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ mod budget;
 mod compile;
 mod generate;
 mod inspect;
+mod output;
 mod svg;
 
 /// htpkv: LLMs as static-shape graphs with an application-managed KV cache.
@@ -54,6 +55,8 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // The reader of our output went away (`htpkv ... | head`): a normal, quiet end.
+        Err(err) if output::is_broken_pipe(&err) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
             std::process::ExitCode::FAILURE

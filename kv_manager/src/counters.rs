@@ -50,7 +50,10 @@ impl HandleTracker {
         HandleTracker {
             positions,
             variants,
-            seen: vec![vec![0; bits.div_ceil(64)]; groups],
+            // One zeroed allocation per group (not clones of one, which would copy, and so touch,
+            // every page): a large bitset of a long `shift` reservation is then mapped lazily and
+            // costs memory only where handles are marked.
+            seen: (0..groups).map(|_| vec![0; bits.div_ceil(64)]).collect(),
             distinct: vec![0; groups],
         }
     }

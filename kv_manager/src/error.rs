@@ -73,9 +73,12 @@ pub enum KvError {
     /// `rollback` to a length longer than what is cached.
     #[error("cannot roll back to {requested} tokens: only {len} are cached")]
     InvalidRollback { requested: usize, len: usize },
-    /// The region size overflows `usize`.
-    #[error("region size overflows: {what}")]
+    /// A size, count or offset does not fit in `usize` (see [`crate::Size`]).
+    #[error("{what} overflow the {}-bit size type", usize::BITS)]
     SizeOverflow { what: &'static str },
+    /// The `shift` reservation is larger than [`crate::MAX_RESERVE_ROWS`].
+    #[error("shift reservation of {reserve} exceeds the limit of {maximum} rows per buffer")]
+    ReserveTooLarge { reserve: String, maximum: usize },
     /// The allocator could not provide the region.
     #[error("could not allocate a region of {bytes} bytes (alignment {align}): {reason}")]
     Allocation {

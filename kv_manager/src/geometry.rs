@@ -1,6 +1,10 @@
 //! What a cache holds (geometry), how it is updated (strategy), and the exact region it needs.
 
-use crate::KvError;
+use crate::size::{
+    MAX_AR_VARIANTS, MAX_BUFFERS, MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS,
+    MAX_RESERVE_ROWS,
+};
+use crate::{KvError, Size};
 use quant::{DataType, QuantSpec};
 
 /// Key or value.
@@ -75,26 +79,44 @@ impl Geometry {
         }
     }
 
-    /// Checks every field; the error names the field.
+    /// Checks every field against its range and the limits ([`crate::MAX_LAYERS`] and its neighbours, so that every size
+    /// derived from a valid geometry is bounded); the error names the field.
     pub fn validate(&self) -> Result<(), KvError> {
         let bad = |field: &'static str, reason: String| KvError::InvalidGeometry { field, reason };
-        for (field, value) in [
-            ("layers", self.layers),
-            ("kv_heads", self.kv_heads),
-            ("head_dim", self.head_dim),
+        for (field, value, min, max) in [
+            ("layers", self.layers, 1, MAX_LAYERS),
+            ("kv_heads", self.kv_heads, 1, MAX_HEADS),
+            ("head_dim", self.head_dim, 1, MAX_HEAD_DIM),
+            ("context", self.context, 2, MAX_CONTEXT),
         ] {
-            if value == 0 {
-                return Err(bad(field, "must be at least 1".into()));
+            if value < min {
+                return Err(bad(field, format!("must be at least {min}, got {value}")));
+            }
+            if value > max {
+                return Err(bad(field, format!("is {value}, above the limit of {max}")));
             }
         }
-        if self.context < 2 {
+        // Both factors are at most 2^12: no overflow.
+        if self.buffers() > MAX_BUFFERS {
             return Err(bad(
-                "context",
-                format!("must be at least 2, got {}", self.context),
+                "kv_heads",
+                format!(
+                    "gives 2 x layers x kv_heads = {} K/V buffers, above the limit of {MAX_BUFFERS}",
+                    self.buffers()
+                ),
             ));
         }
         if self.ar_variants.is_empty() {
             return Err(bad("ar", "needs at least one AR variant".into()));
+        }
+        if self.ar_variants.len() > MAX_AR_VARIANTS {
+            return Err(bad(
+                "ar",
+                format!(
+                    "lists {} AR variants, above the limit of {MAX_AR_VARIANTS}",
+                    self.ar_variants.len()
+                ),
+            ));
         }
         let mut seen = Vec::new();
         for &n in &self.ar_variants {
@@ -124,13 +146,6 @@ impl Geometry {
                 ),
             ));
         }
-        self.buffers()
-            .checked_mul(self.row_bytes())
-            .and_then(|b| b.checked_mul(self.context))
-            .and_then(|b| b.checked_mul(2))
-            .ok_or(KvError::SizeOverflow {
-                what: "buffers x rows x row bytes",
-            })?;
         Ok(())
     }
 
@@ -206,23 +221,35 @@ pub enum Reserve {
 }
 
 impl Reserve {
-    /// R for a geometry.
-    pub fn rows(&self, geometry: &Geometry) -> usize {
+    /// R for a geometry; [`KvError::ReserveTooLarge`] above [`MAX_RESERVE_ROWS`].
+    pub fn rows(&self, geometry: &Geometry) -> Result<usize, KvError> {
         let w_max = geometry.max_window();
-        match *self {
+        // Each extra is compared with the limit before it is added, so nothing overflows or saturates.
+        let extra = match *self {
             Reserve::Factor(f) => {
                 let extra = ((f - 1.0).max(0.0) * (geometry.capacity() as f64)).floor();
-                w_max + extra as usize
+                (extra <= MAX_RESERVE_ROWS as f64).then_some(extra as usize)
             }
-            Reserve::Spare(k) => w_max + k,
-            Reserve::Rows(r) => r,
-        }
+            Reserve::Spare(k) => Some(k),
+            Reserve::Rows(r) => return self.limit(Some(r)),
+        };
+        self.limit(extra.filter(|&e| e <= MAX_RESERVE_ROWS).map(|e| w_max + e))
+    }
+
+    fn limit(&self, rows: Option<usize>) -> Result<usize, KvError> {
+        rows.filter(|&r| r <= MAX_RESERVE_ROWS)
+            .ok_or_else(|| KvError::ReserveTooLarge {
+                reserve: self.to_string(),
+                maximum: MAX_RESERVE_ROWS,
+            })
     }
 }
 
 impl std::fmt::Display for Reserve {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            // Debug keeps huge and tiny factors short (1e300x rather than 301 digits).
+            Reserve::Factor(x) if x.abs() >= 1e15 => write!(f, "{x:?}x"),
             Reserve::Factor(x) => write!(f, "{x}x"),
             Reserve::Spare(k) => write!(f, "+{k}"),
             Reserve::Rows(r) => write!(f, "{r} rows"),
@@ -293,8 +320,15 @@ pub(crate) struct Layout {
 
 impl CacheSpec {
     /// A spec whose buffers all share one encoding (float types: [`QuantSpec::float`]).
+    /// An invalid geometry gets no encodings (its buffer count may be absurd); every use of the spec
+    /// refuses it with the geometry's own error.
     pub fn uniform(geometry: Geometry, strategy: Strategy, encoding: QuantSpec) -> CacheSpec {
-        let encodings = vec![encoding; geometry.buffers()];
+        let buffers = if geometry.validate().is_ok() {
+            geometry.buffers()
+        } else {
+            0
+        };
+        let encodings = vec![encoding; buffers];
         CacheSpec {
             geometry,
             strategy,
@@ -368,13 +402,11 @@ impl CacheSpec {
             }
             Ok(())
         };
-        let overflow = KvError::SizeOverflow {
-            what: "region rows",
-        };
+        let rows = |n: usize| Size::new("region rows", n);
         match self.strategy {
             Strategy::Shift { reserve, .. } => {
                 in_place("shift")?;
-                let r = reserve.rows(g);
+                let r = reserve.rows(g)?;
                 let minimum = w_max + g.max_ar();
                 if r < minimum {
                     return Err(KvError::ReserveTooSmall {
@@ -385,24 +417,23 @@ impl CacheSpec {
                     });
                 }
                 Ok(Layout {
-                    region_rows: b.checked_mul(r).ok_or(overflow)?,
+                    region_rows: rows(b).times(r).get()?,
                     buffer_stride_rows: r,
                 })
             }
             Strategy::Conveyor => {
                 in_place("conveyor")?;
                 // Buffer b's rows end at b*S + W_max + capacity at the latest.
-                let rows = (b - 1)
-                    .checked_mul(g.context)
-                    .and_then(|x| x.checked_add(w_max + g.capacity()))
-                    .ok_or(overflow)?;
                 Ok(Layout {
-                    region_rows: rows,
+                    region_rows: rows(b - 1)
+                        .times(g.context)
+                        .plus(w_max + g.capacity())
+                        .get()?,
                     buffer_stride_rows: g.context,
                 })
             }
             Strategy::SmartMask | Strategy::Naive => Ok(Layout {
-                region_rows: b.checked_mul(w_max + g.max_ar()).ok_or(overflow)?,
+                region_rows: rows(b).times(w_max + g.max_ar()).get()?,
                 buffer_stride_rows: w_max,
             }),
         }
@@ -411,18 +442,15 @@ impl CacheSpec {
     /// The exact number of bytes the cache allocates for its region, computed without allocating.
     pub fn region_bytes(&self) -> Result<usize, KvError> {
         let layout = self.layout()?;
-        layout
-            .region_rows
-            .checked_mul(self.geometry.row_bytes())
-            .ok_or(KvError::SizeOverflow {
-                what: "region bytes",
-            })
+        Size::new("region bytes", layout.region_rows)
+            .times(self.geometry.row_bytes())
+            .get()
     }
 
-    /// `shift`'s reservation R in rows per buffer (None for other strategies).
+    /// `shift`'s reservation R in rows per buffer (None for other strategies or a refused reservation).
     pub fn reserve_rows(&self) -> Option<usize> {
         match self.strategy {
-            Strategy::Shift { reserve, .. } => Some(reserve.rows(&self.geometry)),
+            Strategy::Shift { reserve, .. } => reserve.rows(&self.geometry).ok(),
             _ => None,
         }
     }
@@ -498,13 +526,13 @@ mod tests {
     #[test]
     fn reserve_rows_follow_the_formula() {
         let g = llama2_7b();
-        assert_eq!(Reserve::Factor(2.0).rows(&g), 4094);
-        assert_eq!(Reserve::Factor(1.5).rows(&g), 2047 + 1023);
-        assert_eq!(Reserve::Spare(64).rows(&g), 2047 + 64);
-        assert_eq!(Reserve::Rows(3000).rows(&g), 3000);
+        assert_eq!(Reserve::Factor(2.0).rows(&g).unwrap(), 4094);
+        assert_eq!(Reserve::Factor(1.5).rows(&g).unwrap(), 2047 + 1023);
+        assert_eq!(Reserve::Spare(64).rows(&g).unwrap(), 2047 + 64);
+        assert_eq!(Reserve::Rows(3000).rows(&g).unwrap(), 3000);
         // With a prefill variant the window is still S - min(ar).
         let g2 = Geometry::new(2, 2, 8, 512, &[1, 32], DataType::U8);
-        assert_eq!(Reserve::Factor(2.0).rows(&g2), 2 * 511);
+        assert_eq!(Reserve::Factor(2.0).rows(&g2).unwrap(), 2 * 511);
     }
 
     #[test]
@@ -637,5 +665,73 @@ mod tests {
             wrong.region_bytes(),
             Err(KvError::EncodingDataType { .. })
         ));
+    }
+
+    #[test]
+    fn dimensions_above_their_limits_are_refused_before_anything_is_sized() {
+        let huge = 1usize << 40;
+        type Set = fn(&mut Geometry, usize);
+        let fields: [(&str, usize, Set); 4] = [
+            ("layers", MAX_LAYERS, |g, v| g.layers = v),
+            ("kv_heads", MAX_HEADS, |g, v| g.kv_heads = v),
+            ("head_dim", MAX_HEAD_DIM, |g, v| g.head_dim = v),
+            ("context", MAX_CONTEXT, |g, v| g.context = v),
+        ];
+        for (field, max, set) in fields {
+            let mut g = llama2_7b();
+            set(&mut g, huge);
+            // No per-buffer table of 2^40+ entries is built: the spec is refused by its geometry.
+            let spec = spec(g, Strategy::Naive);
+            assert!(spec.encodings.is_empty());
+            assert_eq!(
+                spec.region_bytes().unwrap_err().to_string(),
+                format!("invalid geometry: `{field}` is {huge}, above the limit of {max}")
+            );
+        }
+        let mut g = llama2_7b();
+        g.layers = MAX_LAYERS;
+        g.kv_heads = MAX_HEADS;
+        assert_eq!(
+            g.validate().unwrap_err().to_string(),
+            "invalid geometry: `kv_heads` gives 2 x layers x kv_heads = 33554432 K/V buffers, \
+             above the limit of 262144"
+        );
+        g.kv_heads = 1;
+        g.ar_variants = (1..=65).collect();
+        assert!(
+            g.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("65 AR variants")
+        );
+    }
+
+    #[test]
+    fn reservations_above_the_limit_are_refused_not_wrapped() {
+        let g = llama2_7b();
+        for (reserve, text) in [
+            (Reserve::Factor(1e300), "1e300x"),
+            (Reserve::Factor(f64::MAX), "1.7976931348623157e308x"),
+            (Reserve::Spare(usize::MAX), "+18446744073709551615"),
+            (Reserve::Spare(MAX_RESERVE_ROWS), "+67108864"),
+            (Reserve::Rows(usize::MAX), "18446744073709551615 rows"),
+        ] {
+            let e = reserve.rows(&g).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "shift reservation of {text} exceeds the limit of 67108864 rows per buffer"
+                )
+            );
+            let strategy = Strategy::Shift {
+                reserve,
+                stagger: false,
+            };
+            assert_eq!(spec(g.clone(), strategy).region_bytes().unwrap_err(), e);
+        }
+        assert_eq!(
+            Reserve::Rows(MAX_RESERVE_ROWS).rows(&g).unwrap(),
+            MAX_RESERVE_ROWS
+        );
     }
 }

@@ -43,6 +43,7 @@ mod error;
 mod geometry;
 mod plan;
 mod region;
+pub mod size;
 pub mod workload;
 
 pub use cache::KvCache;
@@ -53,3 +54,7 @@ pub use geometry::{
 };
 pub use plan::{Plan, TensorBinding, TensorId};
 pub use region::{HostAllocator, REGION_ALIGN, Region, RegionAllocator, RegionMemory};
+pub use size::{
+    MAX_AR_VARIANTS, MAX_BUFFERS, MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS,
+    MAX_RESERVE_ROWS, Size,
+};

@@ -35,9 +35,11 @@ pub trait RegionAllocator: std::fmt::Debug {
     fn allocate(&self, bytes: usize, align: usize) -> Result<Box<dyn RegionMemory>, KvError>;
 }
 
-/// Aligned, zeroed host memory. Every page is touched at allocation (`prefault`, on by default) so
-/// that, like a device allocation, the memory is committed before the first step and page faults
-/// never land in a step's latency.
+/// Aligned, zeroed host memory. With `prefault` (the default) every page is touched at allocation
+/// so that, like a device allocation, the memory is committed before the first step and page faults
+/// never land in a step's latency. Without it the memory comes zeroed from `calloc`, which maps
+/// large allocations lazily: pages that are never written (e.g. by a short `htpkv plan` simulation of
+/// a large cache) are never backed by RAM.
 #[derive(Debug, Clone, Copy)]
 pub struct HostAllocator {
     /// Touch every page when allocating.
@@ -52,28 +54,33 @@ impl Default for HostAllocator {
 
 #[derive(Debug)]
 struct HostMemory {
+    /// The aligned start handed out, inside the allocation.
     ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    /// The allocation itself (over-sized by the alignment) and its layout, for `dealloc`.
+    base: std::ptr::NonNull<u8>,
     layout: Layout,
 }
 
 // SAFETY: HostMemory exclusively owns its allocation; moving that ownership between threads is sound.
 unsafe impl Send for HostMemory {}
 
-// SAFETY: `ptr` comes from `alloc_zeroed` with `layout` (size `layout.size()`, the requested alignment),
-// is owned by this value alone and freed only in Drop.
+// SAFETY: `base` comes from `alloc_zeroed` with `layout`, whose size is `len + align - 1`; `ptr` is
+// the first `align`-aligned address in it, so `ptr .. ptr + len` lies inside the allocation, which is
+// owned by this value alone and freed only in Drop.
 unsafe impl RegionMemory for HostMemory {
     fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
     fn len(&self) -> usize {
-        self.layout.size()
+        self.len
     }
 }
 
 impl Drop for HostMemory {
     fn drop(&mut self) {
         // SAFETY: allocated in `HostAllocator::allocate` with exactly this layout, freed once.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        unsafe { std::alloc::dealloc(self.base.as_ptr(), self.layout) }
     }
 }
 
@@ -84,22 +91,38 @@ impl RegionAllocator for HostAllocator {
             align,
             reason,
         };
-        let layout =
-            Layout::from_size_align(bytes.max(1), align).map_err(|e| fail(e.to_string()))?;
+        if !align.is_power_of_two() {
+            return Err(fail("the alignment is not a power of two".into()));
+        }
+        let len = bytes.max(1);
+        // A small alignment makes `alloc_zeroed` a `calloc` (lazily mapped when large) rather than an
+        // aligned allocation followed by a memset of every page; the region is aligned by hand inside.
+        let size = len
+            .checked_add(align - 1)
+            .ok_or_else(|| fail("the size overflows".into()))?;
+        let layout = Layout::from_size_align(size, 16).map_err(|e| fail(e.to_string()))?;
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(raw).ok_or_else(|| fail("out of memory".into()))?;
+        let base = std::ptr::NonNull::new(raw).ok_or_else(|| fail("out of memory".into()))?;
+        let skip = (align - base.as_ptr() as usize % align) % align;
+        // SAFETY: `skip < align`, so `base + skip + len <= base + size`: inside the allocation.
+        let ptr = unsafe { base.add(skip) };
         if self.prefault {
             const PAGE: usize = 4096;
             let mut at = 0;
-            while at < layout.size() {
-                // SAFETY: `at < layout.size()`, inside the allocation we own; a volatile write of the
-                // zero already there commits the page without changing the contents.
+            while at < len {
+                // SAFETY: `at < len`, inside the region we own; a volatile write of the zero already
+                // there commits the page without changing the contents.
                 unsafe { std::ptr::write_volatile(ptr.as_ptr().add(at), 0) };
                 at += PAGE;
             }
         }
-        Ok(Box::new(HostMemory { ptr, layout }))
+        Ok(Box::new(HostMemory {
+            ptr,
+            len,
+            base,
+            layout,
+        }))
     }
 }
 
@@ -161,5 +184,45 @@ impl Region {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_slice`, and the exclusive borrow of `self` makes this the only access.
         unsafe { std::slice::from_raw_parts_mut(self.memory.as_ptr(), self.len) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Resident set size of this process, from /proc/self/statm (Linux), in bytes.
+    #[cfg(target_os = "linux")]
+    fn rss_bytes() -> usize {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    }
+
+    #[test]
+    fn regions_are_aligned_zeroed_and_writable() {
+        for prefault in [false, true] {
+            for bytes in [0, 1, 4095, 4097, 1 << 20] {
+                let mut r = Region::allocate(&HostAllocator { prefault }, bytes).unwrap();
+                assert_eq!(r.len(), bytes);
+                assert!((r.as_ptr() as usize).is_multiple_of(REGION_ALIGN));
+                assert!(r.as_slice().iter().all(|&b| b == 0));
+                r.as_mut_slice().fill(7);
+                assert!(r.as_slice().iter().all(|&b| b == 7));
+            }
+        }
+    }
+
+    /// Without prefaulting, a large region costs no RAM until written.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn without_prefault_untouched_pages_stay_unmapped() {
+        const GIB: usize = 1 << 30;
+        let before = rss_bytes();
+        let mut r = Region::allocate(&HostAllocator { prefault: false }, 2 * GIB).unwrap();
+        r.as_mut_slice()[GIB] = 1;
+        let grown = rss_bytes().saturating_sub(before);
+        assert!(grown < GIB / 4, "RSS grew by {grown} bytes");
+        assert_eq!(r.as_slice()[GIB + 1], 0);
     }
 }
