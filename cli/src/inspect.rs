@@ -35,7 +35,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     } else {
         binary_text(&args.file.display().to_string(), &info)
     };
-    crate::write_stdout(text.as_bytes())
+    crate::output::to_stdout(|out| out.write_all(text.as_bytes()))
 }
 
 fn opt<T: std::fmt::Display>(v: Option<T>) -> String {

@@ -31,19 +31,6 @@ enum Command {
     Inspect(inspect::InspectArgs),
 }
 
-/// Writes `bytes` to stdout and flushes. A reader that went away (`| head`) is not an error: the
-/// output is simply no longer wanted. Any other write error (e.g. `/dev/full`) is.
-pub(crate) fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(bytes).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(anyhow::Error::new(e).context("writing to stdout"))
-        }
-        _ => Ok(()),
-    }
-}
-
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
