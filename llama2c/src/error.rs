@@ -9,15 +9,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ModelError {
-    /// Reading a file failed.
-    #[error("cannot read {path}: {source}")]
-    Io {
-        /// The file that could not be read.
-        path: PathBuf,
-        /// The underlying I/O error.
-        #[source]
-        source: std::io::Error,
-    },
+    /// Reading a file failed, or it is larger than its cap.
+    #[error(transparent)]
+    File(#[from] crate::fsio::FileError),
 
     /// The data ends inside `what` (a checkpoint section or a tokenizer entry).
     #[error(

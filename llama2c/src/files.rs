@@ -107,7 +107,7 @@ impl ModelFiles {
 }
 
 /// Lower-case hex SHA-256 of `bytes` (FIPS 180-4; a small self-contained implementation for
-/// verifying model files, not tuned for speed).
+/// verifying model files and keying compiled models; it hashes in place, without copying).
 pub fn sha256_hex(bytes: &[u8]) -> String {
     const K: [u32; 64] = [
         0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
@@ -125,15 +125,17 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
         0x5be0cd19,
     ];
-    let mut msg = bytes.to_vec();
     let bit_len = (bytes.len() as u64).wrapping_mul(8);
-    msg.push(0x80);
-    while msg.len() % 64 != 56 {
-        msg.push(0);
+    let full = bytes.len() / 64 * 64;
+    // The padded tail: the last partial block, 0x80, zeros, the bit length (one or two blocks).
+    let mut tail = bytes[full..].to_vec();
+    tail.push(0x80);
+    while tail.len() % 64 != 56 {
+        tail.push(0);
     }
-    msg.extend_from_slice(&bit_len.to_be_bytes());
+    tail.extend_from_slice(&bit_len.to_be_bytes());
     let mut w = [0u32; 64];
-    for block in msg.chunks_exact(64) {
+    for block in bytes[..full].chunks_exact(64).chain(tail.chunks_exact(64)) {
         for (i, c) in block.chunks_exact(4).enumerate() {
             w[i] = u32::from_be_bytes([c[0], c[1], c[2], c[3]]);
         }
@@ -190,6 +192,11 @@ mod tests {
         assert_eq!(
             sha256_hex(b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
+        );
+        // Many full blocks hashed in place, then the padded tail.
+        assert_eq!(
+            sha256_hex(&vec![b'a'; 1_000_000]),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"
         );
     }
 

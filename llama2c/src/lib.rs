@@ -19,6 +19,7 @@
 mod checkpoint;
 mod error;
 mod files;
+pub mod fsio;
 mod model;
 pub mod ops;
 mod tokenizer;
