@@ -91,7 +91,7 @@ pub enum FileError {
     Verify {
         path: PathBuf,
         #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        source: BoxError,
     },
 }
 
@@ -258,6 +258,12 @@ fn file_type_name(ft: &std::fs::FileType) -> &'static str {
     }
 }
 
+/// The error a verifier returns.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A check of the written temporary file (its path) before it replaces the target.
+pub type Verifier<'a> = &'a mut dyn FnMut(&Path) -> Result<(), BoxError>;
+
 /// Writes `contents` to `path` atomically (see the module docs) after [`check_output`].
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), FileError> {
     write_atomic_verified(path, contents, &[], &mut |_| Ok(()))
@@ -270,7 +276,7 @@ pub fn write_atomic_verified(
     path: &Path,
     contents: &[u8],
     inputs: &[&Path],
-    verify: &mut dyn FnMut(&Path) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
+    verify: Verifier<'_>,
 ) -> Result<(), FileError> {
     check_output(path, inputs)?;
     let dir = match path.parent() {
@@ -297,7 +303,7 @@ fn write_verify_rename(
     tmp: &Path,
     path: &Path,
     contents: &[u8],
-    verify: &mut dyn FnMut(&Path) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
+    verify: Verifier<'_>,
 ) -> Result<(), FileError> {
     // create_new: never follow or reuse whatever sits at the temporary name.
     let mut f = File::options()
