@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use crate::ModelError;
-use crate::files::sha256_hex;
+use crate::files::sha256;
 use crate::fsio::{CappedFile, FileKind};
 
 /// Size of the checkpoint header in bytes (7 × i32).
@@ -324,9 +324,9 @@ pub struct Checkpoint {
     pub config: Config,
     /// Weights (sizes consistent with `config`).
     pub weights: Weights,
-    /// SHA-256 (hex) of the bytes it was parsed from (of [`Checkpoint::to_bytes`] when built
-    /// from parts).
-    sha256: String,
+    /// SHA-256 of the bytes it was parsed from (of [`Checkpoint::to_bytes`] when built from
+    /// parts).
+    sha256: [u8; 32],
 }
 
 impl PartialEq for Checkpoint {
@@ -359,8 +359,13 @@ impl Checkpoint {
 
     /// SHA-256 (lower-case hex) of the checkpoint's bytes: of the file for a loaded checkpoint
     /// (what `sha256sum` prints), of [`Checkpoint::to_bytes`] for one built from parts.
-    pub fn sha256_hex(&self) -> &str {
-        &self.sha256
+    pub fn sha256_hex(&self) -> String {
+        crate::files::hex(&self.sha256)
+    }
+
+    /// [`Self::sha256_hex`] as bytes.
+    pub fn sha256(&self) -> [u8; 32] {
+        self.sha256
     }
 
     /// Parses a checkpoint from memory. `origin` labels errors (e.g. a path).
@@ -422,7 +427,7 @@ impl Checkpoint {
         Ok(Checkpoint {
             config,
             weights,
-            sha256: sha256_hex(bytes),
+            sha256: sha256(bytes),
         })
     }
 
@@ -488,9 +493,9 @@ impl Checkpoint {
         let mut ckpt = Checkpoint {
             config,
             weights,
-            sha256: String::new(),
+            sha256: [0; 32],
         };
-        ckpt.sha256 = sha256_hex(&ckpt.to_bytes());
+        ckpt.sha256 = sha256(&ckpt.to_bytes());
         Ok(ckpt)
     }
 

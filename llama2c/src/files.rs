@@ -109,6 +109,16 @@ impl ModelFiles {
 /// Lower-case hex SHA-256 of `bytes` (FIPS 180-4; a small self-contained implementation for
 /// verifying model files and keying compiled models; it hashes in place, without copying).
 pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&sha256(bytes))
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// SHA-256 of `bytes` (see [`sha256_hex`]).
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
     const K: [u32; 64] = [
         0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
         0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
@@ -172,7 +182,11 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
             *x = x.wrapping_add(y);
         }
     }
-    h.iter().map(|v| format!("{v:08x}")).collect()
+    let mut out = [0u8; 32];
+    for (o, v) in out.chunks_exact_mut(4).zip(h) {
+        o.copy_from_slice(&v.to_be_bytes());
+    }
+    out
 }
 
 #[cfg(test)]

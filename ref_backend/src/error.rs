@@ -1,19 +1,11 @@
 //! Error types of the reference backend.
 
-use std::path::PathBuf;
-
 /// Errors reading or writing a compiled model file.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
-    /// An I/O operation on `path` failed.
-    #[error("cannot {op} {}: {source}", path.display())]
-    Io {
-        /// What was being done (`read`, `create`, `write`, `sync`, `rename`).
-        op: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// Reading or writing the file failed, it is too large, or the output path was refused.
+    #[error(transparent)]
+    File(#[from] llama2c::fsio::FileError),
     /// The data ends before a field that must be there.
     #[error(
         "{origin}: truncated compiled model: expected {expected} byte(s) of {what} at offset {offset}, but only {available} remain"
@@ -59,6 +51,18 @@ pub enum FormatError {
         origin: String,
         offset: u64,
         extra: u64,
+    },
+    /// A weight, norm or scale is NaN or infinite (the checksum may be right: it only proves
+    /// the bytes are the ones written).
+    #[error("{origin}: {what}[{index}] is {value} at offset {offset}: weights must be finite")]
+    NonFinite {
+        origin: String,
+        /// The tensor (e.g. `rms_att`, `wq scale`).
+        what: String,
+        /// Index of the value within the tensor.
+        index: usize,
+        offset: u64,
+        value: f32,
     },
     /// A field holds a value that is invalid or inconsistent with the rest of the file.
     #[error("{origin}: invalid compiled model at offset {offset}: {reason}")]
