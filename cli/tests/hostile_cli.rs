@@ -189,10 +189,10 @@ fn a_failed_compile_keeps_the_existing_output() {
     let work = scratch("keep");
     let out = work.join("good.htpkv");
     std::fs::write(&out, b"the good file").unwrap();
-    let o = run(
-        &compile_args(&dir, &out, &["--calibration-tokens", "1048577"]),
-        &work,
-    );
+    let mut args = compile_args(&dir, &out, &[]);
+    assert_eq!(args[9], "--calibration-tokens");
+    args[10] = "1048577".into();
+    let o = run(&args, &work);
     assert_eq!(
         failure(&o),
         "error: compiling: invalid compile options: calibration_tokens 1048577 exceeds the maximum 1048576 (the file format's limit)"
