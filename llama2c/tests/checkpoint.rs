@@ -271,3 +271,20 @@ fn serialization_matches_the_upstream_layout() {
     assert!(max_diff < 1e-3, "RoPE table differs by {max_diff}");
     assert_eq!(Checkpoint::from_bytes(&out, "y").unwrap(), ck);
 }
+
+#[test]
+fn a_loaded_checkpoint_knows_the_sha256_of_its_file() {
+    let Some(files) = common::model_files("a_loaded_checkpoint_knows_the_sha256_of_its_file")
+    else {
+        return;
+    };
+    let ckpt = Checkpoint::load(&files.checkpoint).unwrap();
+    assert_eq!(ckpt.sha256_hex(), llama2c::STORIES260K_SHA256);
+    // Built from parts, it is the digest of its serialization.
+    let rebuilt = Checkpoint::new(ckpt.config, ckpt.weights.clone()).unwrap();
+    assert_eq!(
+        rebuilt.sha256_hex(),
+        llama2c::sha256_hex(&rebuilt.to_bytes())
+    );
+    assert!(rebuilt == ckpt);
+}

@@ -73,21 +73,22 @@ pub enum FormatError {
     },
 }
 
-/// Errors of [`crate::compile`].
+/// Errors of [`crate::compile`]. Each message says what failed; the cause, if any, is the
+/// `source` (printed after it by a `{:#}` report), never repeated in the message.
 #[derive(Debug, thiserror::Error)]
 pub enum CompileError {
     /// The options cannot be compiled for this model.
     #[error("invalid compile options: {reason}")]
     InvalidOptions { reason: String },
     /// The float model rejected a calibration input (e.g. a token id out of range).
-    #[error("calibration prompt {prompt}: {source}")]
+    #[error("calibration prompt {prompt}")]
     Calibration {
         prompt: usize,
         #[source]
         source: llama2c::ModelError,
     },
     /// An encoding could not be made (e.g. an observer that saw no finite value).
-    #[error("cannot make the encoding of {what}: {source}")]
+    #[error("cannot make the encoding of {what}")]
     Quant {
         what: String,
         #[source]

@@ -290,3 +290,19 @@ fn options_the_file_cannot_hold_are_refused_before_compiling() {
     );
     assert_eq!(calls, 0, "nothing was computed");
 }
+
+/// Issue 14 row 14: messages carry their own context once and the cause once, as the source.
+#[test]
+fn compile_errors_name_the_cause_once() {
+    let ckpt = common::synthetic(true);
+    let mut o = CompileOptions::new(32, vec![1, 4]);
+    o.calibration_prompts = vec![vec![1, 9999]];
+    let e = compile(&ckpt, &o, &mut |_| {}).unwrap_err();
+    assert_eq!(e.to_string(), "calibration prompt 0");
+    let cause = std::error::Error::source(&e).expect("a source").to_string();
+    assert_eq!(cause, "token id 9999 out of range: vocabulary size is 64");
+    let e = CompiledModel::read(std::path::Path::new("/nonexistent/m.htpkv")).unwrap_err();
+    assert_eq!(e.to_string(), "cannot open /nonexistent/m.htpkv");
+    let cause = std::error::Error::source(&e).expect("a source").to_string();
+    assert_eq!(cause, "No such file or directory (os error 2)");
+}
