@@ -230,6 +230,11 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let generate = checked.generate;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    // A prompt that cannot fit is refused before it is printed.
+    engine
+        .session()
+        .encode_fitting(engine.tokenizer(), &args.prompt)
+        .map_err(htpkv::engine::EngineError::from)?;
     // Like llama2.c, the story starts with the prompt itself.
     if !args.json && !args.prompt.is_empty() {
         write!(out, "{}", args.prompt)?;

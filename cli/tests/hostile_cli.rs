@@ -400,4 +400,5 @@ fn an_overlong_prompt_is_refused_fast() {
         "{err}"
     );
     assert!(started.elapsed() < Duration::from_secs(120));
+    assert!(o.stdout.is_empty(), "the refused prompt was printed");
 }
