@@ -372,7 +372,7 @@ impl Checkpoint {
     ///
     /// Errors: [`ModelError::BadHeader`] for an invalid header, [`ModelError::Truncated`] naming
     /// the first section that is short, [`ModelError::TrailingBytes`] when the data is longer
-    /// than the header implies.
+    /// than the header implies, [`ModelError::NonFinite`] for a NaN or infinite weight.
     pub fn from_bytes(bytes: &[u8], origin: &str) -> Result<Checkpoint, ModelError> {
         let config = Config::from_header(bytes, origin)?;
         let found = bytes.len() as u64;
@@ -398,6 +398,23 @@ impl Checkpoint {
                 expected: offset,
                 found,
             });
+        }
+        // The legacy RoPE tables are ignored; every weight must be finite.
+        let mut at = HEADER_BYTES as u64;
+        for (name, b) in &parts {
+            if !name.starts_with("freq_cis")
+                && let Some(i) = b
+                    .chunks_exact(4)
+                    .position(|c| !f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite())
+            {
+                return Err(ModelError::NonFinite {
+                    origin: origin.to_owned(),
+                    tensor: name,
+                    index: i,
+                    offset: at + 4 * i as u64,
+                });
+            }
+            at += b.len() as u64;
         }
         let get = |want: &str| -> Vec<f32> {
             parts

@@ -42,6 +42,19 @@ pub enum ModelError {
         found: u64,
     },
 
+    /// A checkpoint weight is NaN or infinite.
+    #[error("{origin}: weight {tensor}[{index}] at offset {offset} is not finite")]
+    NonFinite {
+        /// File path or caller label.
+        origin: String,
+        /// The tensor (section) holding it.
+        tensor: &'static str,
+        /// Index of the value in the tensor.
+        index: usize,
+        /// Byte offset in the file.
+        offset: u64,
+    },
+
     /// A checkpoint header field is out of range or inconsistent with another field.
     #[error("{origin}: bad checkpoint header field {field} = {value}: {reason}")]
     BadHeader {

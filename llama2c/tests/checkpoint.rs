@@ -288,3 +288,28 @@ fn a_loaded_checkpoint_knows_the_sha256_of_its_file() {
     );
     assert!(rebuilt == ckpt);
 }
+
+/// Found by the `checkpoint` fuzz target: a NaN weight loaded (and compiled into nonsense).
+#[test]
+fn non_finite_weights_are_refused() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus/checkpoint/nan_weight");
+    let e = Checkpoint::load(&path).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ModelError::NonFinite {
+                tensor: "w2",
+                index: 57,
+                offset: 2112,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .ends_with("weight w2[57] at offset 2112 is not finite"),
+        "{e}"
+    );
+}
