@@ -20,6 +20,9 @@ pub struct Tokenizer {
     max_token_length: usize,
     /// The longest piece, in bytes (the file's `max_token_length` is not trusted).
     max_piece_bytes: usize,
+    /// True when some piece is empty: then a merge can cover more text than its piece holds, and
+    /// [`Tokenizer::min_tokens`] gives no bound.
+    has_empty_piece: bool,
     lookup: HashMap<Vec<u8>, u32>,
 }
 
@@ -202,11 +205,13 @@ impl Tokenizer {
             lookup.entry(p.clone()).or_insert(id as u32);
         }
         let max_piece_bytes = pieces.iter().map(Vec::len).max().unwrap_or(0);
+        let has_empty_piece = pieces.iter().any(Vec::is_empty);
         Tokenizer {
             pieces,
             scores,
             max_token_length,
             max_piece_bytes,
+            has_empty_piece,
             lookup,
         }
     }
@@ -360,12 +365,14 @@ impl Tokenizer {
         });
     }
 
-    /// A lower bound on the number of tokens `text` encodes to (without BOS/EOS): every token
-    /// stands for at most as many bytes of text as its piece has, so a text of `b` bytes (plus
-    /// the dummy-prefix space) needs at least `ceil((b + 1) / longest piece)` tokens. Callers
-    /// use it to refuse a prompt that cannot fit before encoding it.
+    /// A lower bound on the number of tokens `text` encodes to (without BOS/EOS): when no piece
+    /// is empty, every token stands for at most as many bytes of text as its piece has (a merged
+    /// piece is the concatenation of its parts), so a text of `b` bytes (plus the dummy-prefix
+    /// space) needs at least `ceil((b + 1) / longest piece)` tokens. With an empty piece in the
+    /// vocabulary there is no such bound and this returns 0. Callers use it to refuse a prompt
+    /// that cannot fit before encoding it.
     pub fn min_tokens(&self, text: &str) -> usize {
-        if text.is_empty() {
+        if text.is_empty() || self.has_empty_piece {
             return 0;
         }
         (text.len() + 1).div_ceil(self.max_piece_bytes.max(1))

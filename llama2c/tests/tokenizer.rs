@@ -311,3 +311,17 @@ fn nan_scores_are_refused() {
         "nan.bin: bad tokenizer entry 0: the score is NaN"
     );
 }
+
+/// Found by the `tokenizer` fuzz target: when byte-fallback pieces are empty, a merge covers
+/// more text than its piece holds, so no byte-length bound may be claimed.
+#[test]
+fn min_tokens_is_a_true_lower_bound_with_empty_pieces() {
+    let mut pieces: Vec<Vec<u8>> = vec![b"<unk>".to_vec(), b"<s>".to_vec(), b"</s>".to_vec()];
+    pieces.extend((0..256).map(|_| Vec::new()));
+    pieces.push(b" ".to_vec());
+    let t = Tokenizer::from_pieces(pieces.clone(), vec![0.0; pieces.len()], 5);
+    let text = "aaaaaaaaaa";
+    let ids = t.encode(text, false, false);
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert!(t.min_tokens(text) <= ids.len());
+}
