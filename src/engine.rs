@@ -4,7 +4,7 @@
 use crate::backend::Backend;
 use crate::reference::ReferenceBackend;
 use crate::sampler::SamplerError;
-use crate::session::{GenerateOptions, Generation, Session, SessionError, SessionStats, TextCodec};
+use crate::session::{GenerateOptions, Generation, Session, SessionError, SessionStats};
 use kv_manager::{HostAllocator, RegionAllocator, Reserve, Strategy};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::DataType;
@@ -107,20 +107,33 @@ impl EngineOptions {
 pub enum EngineError {
     #[error(transparent)]
     Model(#[from] llama2c::ModelError),
-    #[error("compiling the model: {0}")]
+    #[error("compiling the model")]
     Compile(#[from] ref_backend::CompileError),
-    #[error("compiled model: {0}")]
+    /// The compiled model file cannot be used (its message names the file).
+    #[error(transparent)]
     Format(#[from] ref_backend::FormatError),
+    /// A compiled model file was compiled from another checkpoint than the one in use.
+    #[error(
+        "{} was compiled from a checkpoint with sha256 {compiled_from}, but {} has sha256 {checkpoint_sha256}; recompile it or use the model it was made from",
+        compiled.display(),
+        checkpoint.display()
+    )]
+    CheckpointMismatch {
+        compiled: PathBuf,
+        compiled_from: String,
+        checkpoint: PathBuf,
+        checkpoint_sha256: String,
+    },
     #[error(transparent)]
     Session(#[from] SessionError),
     #[error("{0}")]
     BadOption(String),
-    /// An I/O failure; the message carries the I/O error (not also chained as a source, so reports
-    /// print it once).
-    #[error("{what} {}: {error}", path.display())]
+    /// An I/O failure: the message says what was done to which file, the I/O error is the source.
+    #[error("{what} {}", path.display())]
     Io {
         what: &'static str,
         path: PathBuf,
+        #[source]
         error: std::io::Error,
     },
     #[error("QNN backend: {0}")]
@@ -141,10 +154,12 @@ impl EngineError {
     pub fn kind(&self) -> &'static str {
         match self {
             EngineError::Model(llama2c::ModelError::ModelNotFound { .. }) => "model_not_found",
-            EngineError::Model(llama2c::ModelError::Io { .. }) => "io",
+            EngineError::Model(llama2c::ModelError::File(_)) => "io",
             EngineError::Model(_) => "bad_model",
             EngineError::Compile(_) => "compile",
+            EngineError::Format(ref_backend::FormatError::File(_)) => "io",
             EngineError::Format(_) => "bad_model",
+            EngineError::CheckpointMismatch { .. } => "bad_model",
             EngineError::Session(SessionError::Kv(kv_manager::KvError::ContextFull { .. })) => {
                 "context_full"
             }
@@ -183,6 +198,7 @@ pub fn compile_options(
     tokenizer: &Tokenizer,
 ) -> Result<CompileOptions, EngineError> {
     let context = options.context.unwrap_or(checkpoint.config.seq_len);
+    check_geometry(&checkpoint.config, context, &options.ar, options.kv_dtype)?;
     let mut opts = CompileOptions::new(context, options.ar.clone());
     opts.kv_dtype = options.kv_dtype;
     opts.weights = options
@@ -196,8 +212,32 @@ pub fn compile_options(
     Ok(opts)
 }
 
-/// Loads the compiled model for `checkpoint_path` and `opts` from `cache_dir`, or compiles it and
-/// stores it there (atomically). `progress` receives human-readable status lines.
+/// Checks, before anything is compiled, that a KV cache can serve graphs of this context and these
+/// AR variants (the rules of [`kv_manager::Geometry::validate`], e.g. the largest and the smallest
+/// AR variant must fit in the context together).
+pub fn check_geometry(
+    config: &llama2c::Config,
+    context: usize,
+    ar: &[usize],
+    kv_dtype: DataType,
+) -> Result<(), EngineError> {
+    let geometry = kv_manager::Geometry::new(
+        config.n_layers,
+        config.n_kv_heads,
+        config.head_dim(),
+        context,
+        ar,
+        kv_dtype,
+    );
+    geometry
+        .validate()
+        .map_err(|e| EngineError::BadOption(e.to_string()))
+}
+
+/// Loads the compiled model for `checkpoint` and `opts` from `cache_dir`, or compiles it and
+/// stores it there (atomically). A cache entry is used only when it was compiled from this
+/// checkpoint (the SHA-256 recorded in the file, not only the one in its name) with these
+/// options. `progress` receives human-readable status lines.
 pub fn compiled_model(
     checkpoint_path: &Path,
     checkpoint: &Checkpoint,
@@ -205,16 +245,11 @@ pub fn compiled_model(
     cache_dir: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(CompiledModel, PathBuf), EngineError> {
-    let bytes = std::fs::read(checkpoint_path).map_err(|error| EngineError::Io {
-        what: "reading",
-        path: checkpoint_path.to_path_buf(),
-        error,
-    })?;
     let stem = checkpoint_path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let digest = llama2c::sha256_hex(&bytes);
+    let digest = checkpoint.sha256_hex();
     let path = cache_dir.join(format!(
         "{stem}-{}-{}.htpkv",
         &digest[..16],
@@ -222,6 +257,10 @@ pub fn compiled_model(
     ));
     if path.exists() {
         match CompiledModel::read(&path) {
+            Ok(model) if model.checkpoint_sha256_hex() != digest => progress(&format!(
+                "{} was compiled from another checkpoint; recompiling",
+                path.display()
+            )),
             Ok(model) if model.options() == opts => return Ok((model, path)),
             Ok(_) => progress(&format!(
                 "{} was compiled with other options; recompiling",
@@ -250,9 +289,30 @@ pub fn compiled_model(
         path: cache_dir.to_path_buf(),
         error,
     })?;
-    model.write(&path)?;
+    model.write(&path, &[checkpoint_path])?;
     progress(&format!("compiled model cached at {}", path.display()));
     Ok((model, path))
+}
+
+/// Reads a compiled model given by the user and checks that it was compiled from `checkpoint`
+/// (whose tokenizer will decode its output).
+fn read_compiled(
+    path: &Path,
+    checkpoint_path: &Path,
+    checkpoint: &Checkpoint,
+) -> Result<CompiledModel, EngineError> {
+    let model = CompiledModel::read(path)?;
+    let (compiled_from, checkpoint_sha256) =
+        (model.checkpoint_sha256_hex(), checkpoint.sha256_hex());
+    if compiled_from != checkpoint_sha256 {
+        return Err(EngineError::CheckpointMismatch {
+            compiled: path.to_path_buf(),
+            compiled_from,
+            checkpoint: checkpoint_path.to_path_buf(),
+            checkpoint_sha256,
+        });
+    }
+    Ok(model)
 }
 
 /// A model ready to generate: session (backend + KV cache) and tokenizer.
@@ -260,6 +320,7 @@ pub struct Engine {
     session: Session<Box<dyn Backend>>,
     tokenizer: Tokenizer,
     compiled_path: PathBuf,
+    compiled_options: Option<CompileOptions>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -294,13 +355,15 @@ impl Engine {
                 (Some(model), path)
             }
         };
+        let mut compiled_options = None;
         let (backend, allocator): (Box<dyn Backend>, Box<dyn RegionAllocator>) =
             match &options.backend {
                 BackendChoice::Reference => {
                     let model = match model {
                         Some(m) => m,
-                        None => CompiledModel::read(&compiled_path)?,
+                        None => read_compiled(&compiled_path, &files.checkpoint, &checkpoint)?,
                     };
+                    compiled_options = Some(model.options().clone());
                     let backend = ReferenceBackend::new(Arc::new(model));
                     (Box::new(backend), Box::new(HostAllocator::default()))
                 }
@@ -333,6 +396,7 @@ impl Engine {
             session,
             tokenizer,
             compiled_path,
+            compiled_options,
         })
     }
 
@@ -351,7 +415,7 @@ impl Engine {
     /// Runs `text` into the cache without generating (BOS first when the cache is empty); returns the
     /// number of cached tokens.
     pub fn prefill(&mut self, text: &str) -> Result<usize, EngineError> {
-        let tokens = TextCodec::encode(&self.tokenizer, text, self.session.is_empty());
+        let tokens = self.session.encode_fitting(&self.tokenizer, text)?;
         if tokens.is_empty() {
             return Ok(self.session.len());
         }
@@ -402,6 +466,12 @@ impl Engine {
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The options the model in use was compiled with, as read from its file (`None` with the QNN
+    /// backend, which hands the file to the QNN library unparsed).
+    pub fn compiled_options(&self) -> Option<&CompileOptions> {
+        self.compiled_options.as_ref()
     }
 
     /// The compiled model file in use.

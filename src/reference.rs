@@ -90,7 +90,7 @@ impl Backend for ReferenceBackend {
         // SAFETY: the caller upholds `Backend::execute`'s contract, which is `execute_raw`'s.
         unsafe { g.execute_raw(&ins, &outs) }.map_err(|e| BackendError {
             backend: "reference",
-            message: e.to_string(),
+            message: format!("executing graph #{graph}"),
             source: Some(Box::new(e)),
         })
     }

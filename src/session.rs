@@ -30,9 +30,18 @@ pub enum SessionError {
     /// Nothing to run, or a malformed request.
     #[error("{0}")]
     Input(String),
-    /// The prompt does not fit in what is left of the context.
-    #[error("the prompt has {prompt} tokens but the context holds only {room} more")]
-    PromptTooLong { prompt: usize, room: usize },
+    /// The prompt does not fit in what is left of the context. With `at_least`, the prompt was
+    /// refused before it was tokenized, from a lower bound on its token count
+    /// ([`TextCodec::min_tokens`]).
+    #[error(
+        "the prompt has {}{prompt} tokens but the context holds only {room} more",
+        if *at_least { "at least " } else { "" }
+    )]
+    PromptTooLong {
+        prompt: usize,
+        room: usize,
+        at_least: bool,
+    },
 }
 
 /// Where the bytes of one graph input come from.
@@ -620,6 +629,12 @@ pub trait TextCodec {
     fn encode(&self, text: &str, bos: bool) -> Vec<u32>;
     /// Bytes of `token` following `prev`.
     fn decode_piece(&self, prev: u32, token: u32) -> Vec<u8>;
+    /// A lower bound on the number of tokens of `text` (without BOS), cheap to compute, so a
+    /// prompt that cannot fit is refused before it is tokenized. 0 is always correct.
+    fn min_tokens(&self, text: &str) -> usize {
+        let _ = text;
+        0
+    }
 }
 
 impl TextCodec for llama2c::Tokenizer {
@@ -629,6 +644,9 @@ impl TextCodec for llama2c::Tokenizer {
     fn decode_piece(&self, prev: u32, token: u32) -> Vec<u8> {
         llama2c::Tokenizer::decode_piece(self, prev, token)
     }
+    fn min_tokens(&self, text: &str) -> usize {
+        llama2c::Tokenizer::min_tokens(self, text)
+    }
 }
 
 /// BOS and EOS ids of llama2.c tokenizers.
@@ -636,6 +654,34 @@ pub const BOS: u32 = 1;
 pub const EOS: u32 = 2;
 
 impl<B: Backend> Session<B> {
+    /// Tokenizes `text` (with BOS when the cache is empty) if it fits in what is left of the
+    /// context; a text that cannot fit is refused before tokenizing when its byte length shows it.
+    pub fn encode_fitting(
+        &self,
+        codec: &dyn TextCodec,
+        text: &str,
+    ) -> Result<Vec<u32>, SessionError> {
+        let bos = self.cache.is_empty();
+        let room = self.capacity().saturating_sub(self.cache.len());
+        let at_least = codec.min_tokens(text) + usize::from(bos && !text.is_empty());
+        if at_least > room {
+            return Err(SessionError::PromptTooLong {
+                prompt: at_least,
+                room,
+                at_least: true,
+            });
+        }
+        let tokens = codec.encode(text, bos);
+        if tokens.len() > room {
+            return Err(SessionError::PromptTooLong {
+                prompt: tokens.len(),
+                room,
+                at_least: false,
+            });
+        }
+        Ok(tokens)
+    }
+
     /// Generates text after `prompt`. When the cache is empty the prompt starts with BOS; otherwise it
     /// continues the cached text. Text streams to `on_text` in valid UTF-8 pieces; returning false stops.
     pub fn generate(
@@ -646,17 +692,11 @@ impl<B: Backend> Session<B> {
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Generation, SessionError> {
         let mut sampler = Sampler::new(options.sampler)?;
-        let prompt_tokens = codec.encode(prompt, self.cache.is_empty());
+        let prompt_tokens = self.encode_fitting(codec, prompt)?;
         if prompt_tokens.is_empty() {
             return Err(SessionError::Input(
                 "the prompt encodes to no tokens".into(),
             ));
-        }
-        if self.cache.len() + prompt_tokens.len() > self.capacity() {
-            return Err(SessionError::PromptTooLong {
-                prompt: prompt_tokens.len(),
-                room: self.capacity() - self.cache.len(),
-            });
         }
         self.prefill(&prompt_tokens)?;
         let mut prev = *prompt_tokens.last().expect("non-empty");

@@ -5,11 +5,12 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use llama2c::fsio::{FileKind, check_output, read_capped};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::DataType;
 use ref_backend::{
-    CompileOptions, CompiledModel, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS,
-    Granularity, KLayout, Progress, Stage, WeightType,
+    CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS, Granularity, KLayout,
+    Progress, Stage, WeightType,
 };
 
 /// Arguments of `htpkv compile`.
@@ -81,15 +82,21 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             (files.checkpoint, tok.clone().unwrap_or(files.tokenizer))
         }
     };
-    let ckpt = Checkpoint::load(&ckpt_path)
-        .with_context(|| format!("loading checkpoint {}", ckpt_path.display()))?;
-    let tok = Tokenizer::load(&tok_path, ckpt.config.vocab_size)
-        .with_context(|| format!("loading tokenizer {}", tok_path.display()))?;
+    // Refuse a bad output path before any work; it is checked again when written.
+    let mut inputs = vec![ckpt_path.as_path(), tok_path.as_path()];
+    inputs.extend(args.calibration_prompts.as_deref());
+    check_output(&args.out, &inputs)?;
+    let ckpt = Checkpoint::load(&ckpt_path).context("loading the checkpoint")?;
+    let context = args.context.unwrap_or(ckpt.config.seq_len);
+    htpkv::engine::check_geometry(&ckpt.config, context, &args.ar, args.kv_dtype)?;
+    let tok =
+        Tokenizer::load(&tok_path, ckpt.config.vocab_size).context("loading the tokenizer")?;
 
     let texts: Vec<String> = match &args.calibration_prompts {
         Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .with_context(|| format!("reading calibration prompts {}", p.display()))?;
+            let bytes = read_capped(p, FileKind::PROMPTS)?;
+            let text = String::from_utf8(bytes)
+                .with_context(|| format!("calibration prompt file {} is not UTF-8", p.display()))?;
             let lines: Vec<String> = text
                 .lines()
                 .map(str::trim)
@@ -106,7 +113,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             .map(|s| s.to_string())
             .collect(),
     };
-    let mut opts = CompileOptions::new(args.context.unwrap_or(ckpt.config.seq_len), args.ar);
+    let mut opts = CompileOptions::new(context, args.ar);
     opts.kv_dtype = args.kv_dtype;
     opts.weights = args.weights;
     opts.k_layout = args.k_layout;
@@ -134,19 +141,15 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     .context("compiling")?;
     bar.finish_and_clear();
 
-    model
-        .write(&args.out)
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    // Read the file back: the same validation the runtime does.
-    let back = CompiledModel::read(&args.out)
-        .with_context(|| format!("verifying {}", args.out.display()))?;
+    // Written only after it was read back and found equal (the runtime's validation).
+    model.write(&args.out, &inputs)?;
     let size = std::fs::metadata(&args.out).map(|m| m.len()).unwrap_or(0);
-    let c = back.config();
+    let c = model.config();
     println!(
         "wrote {} ({size} bytes) in {:.2?}: fingerprint {}",
         args.out.display(),
         started.elapsed(),
-        back.options().fingerprint_hex()
+        model.options().fingerprint_hex()
     );
     println!(
         "model: dim {} layers {} heads {}/{} head_dim {} vocab {}; KV {} ({}, {}), weights {}",
@@ -156,12 +159,12 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         c.n_kv_heads,
         c.head_dim(),
         c.vocab_size,
-        back.options().kv_dtype,
-        back.options().k_layout.name(),
-        back.options().granularity.name(),
-        back.options().weights.name()
+        model.options().kv_dtype,
+        model.options().k_layout.name(),
+        model.options().granularity.name(),
+        model.options().weights.name()
     );
-    for g in back.graphs() {
+    for g in model.graphs() {
         println!(
             "graph {}: {} inputs, {} outputs, window {} rows",
             g.name(),

@@ -2,8 +2,10 @@
 
 use anyhow::Context;
 use htpkv::engine::{BackendChoice, Engine, EngineOptions};
-use htpkv::sampler::SamplerOptions;
+use htpkv::sampler::{Sampler, SamplerOptions};
 use htpkv::session::{GenerateOptions, StopReason};
+use quant::DataType;
+use ref_backend::WeightType;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -32,22 +34,26 @@ pub struct GenerateArgs {
     /// Random seed (with temperature > 0).
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// KV cache element type: u8, u16, f16, f32.
-    #[arg(long, default_value = "u16")]
-    kv_dtype: String,
-    /// Weight type: i8, f16, f32.
-    #[arg(long, default_value = "i8")]
-    weights: String,
+    /// KV cache element type: u8, u16, f16, f32 [default: u16]. With --compiled: taken from the
+    /// file; given, it must match the file.
+    #[arg(long)]
+    kv_dtype: Option<String>,
+    /// Weight type: i8, f16, f32 [default: i8]. With --compiled: taken from the file; given, it
+    /// must match the file.
+    #[arg(long)]
+    weights: Option<String>,
     /// KV update strategy: shift, conveyor, smart_mask, naive (default: shift on the reference
     /// backend, smart_mask with --backend qnn, where sliding windows cost a memory handle per step).
     #[arg(long)]
     update: Option<String>,
-    /// Context length S (default: the model's).
+    /// Context length S (default: the model's). With --compiled: taken from the file; given, it
+    /// must match the file.
     #[arg(long)]
     context: Option<usize>,
-    /// AR variants of the compiled graphs, e.g. 1,32.
-    #[arg(long, value_delimiter = ',', default_value = "1,32")]
-    ar: Vec<usize>,
+    /// AR variants of the compiled graphs, e.g. 1,32 [default: 1,32]. With --compiled: taken from
+    /// the file; given, they must match the file.
+    #[arg(long, value_delimiter = ',')]
+    ar: Option<Vec<usize>>,
     /// Backend: reference (in process) or qnn (a QNN backend library).
     #[arg(long, default_value = "reference")]
     backend: String,
@@ -72,7 +78,37 @@ pub struct GenerateArgs {
     json: bool,
 }
 
-pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+/// What a run actually uses, read back from the loaded model.
+#[derive(Debug, PartialEq)]
+struct Ran {
+    context: usize,
+    ar: Vec<usize>,
+    kv_dtype: DataType,
+    /// `None` when the backend does not say (QNN).
+    weights: Option<WeightType>,
+}
+
+impl Ran {
+    fn of(engine: &Engine) -> Ran {
+        let g = &engine.session().cache().spec().geometry;
+        Ran {
+            context: g.context,
+            ar: g.ar_variants.clone(),
+            kv_dtype: g.dtype,
+            weights: engine.compiled_options().map(|o| o.weights),
+        }
+    }
+}
+
+/// Every option, parsed and checked before any work (loading, compiling).
+struct Checked {
+    engine: EngineOptions,
+    generate: GenerateOptions,
+    kv_dtype: Option<DataType>,
+    weights: Option<WeightType>,
+}
+
+fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
     let backend = match args.backend.as_str() {
         "reference" => BackendChoice::Reference,
         "qnn" => {
@@ -98,30 +134,34 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         }
         other => anyhow::bail!("unknown backend `{other}` (expected reference or qnn)"),
     };
+    let kv_dtype = args
+        .kv_dtype
+        .as_deref()
+        .map(|s| s.parse::<DataType>())
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--kv-dtype: {e}"))?;
+    let weights = args
+        .weights
+        .as_deref()
+        .map(|s| s.parse::<WeightType>())
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--weights: {e}"))?;
     let strategy = match &args.update {
         Some(name) => EngineOptions::parse_strategy(name)?,
         None => EngineOptions::default_strategy(&backend),
     };
-    let options = EngineOptions {
+    let defaults = EngineOptions::default();
+    let engine = EngineOptions {
         model_dir: args.model_dir.clone(),
         compiled: args.compiled.clone(),
         backend,
         strategy,
-        kv_dtype: args
-            .kv_dtype
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--kv-dtype: {e}"))?,
-        weights: args.weights.clone(),
+        kv_dtype: kv_dtype.unwrap_or(defaults.kv_dtype),
+        weights: weights.map_or(defaults.weights, |w| w.name().to_owned()),
         context: args.context,
-        ar: args.ar.clone(),
+        ar: args.ar.clone().unwrap_or(defaults.ar),
         cache_dir: None,
     };
-    let quiet = args.json;
-    let mut engine = Engine::open(&options, &mut |line| {
-        if !quiet {
-            eprintln!("{line}");
-        }
-    })?;
     let generate = GenerateOptions {
         max_tokens: args.steps,
         sampler: SamplerOptions {
@@ -130,8 +170,88 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             seed: args.seed,
         },
     };
+    Sampler::new(generate.sampler)?;
+    Ok(Checked {
+        engine,
+        generate,
+        kv_dtype,
+        weights,
+    })
+}
+
+/// With --compiled, the file decides; an option given explicitly must agree with it.
+fn check_against_file(args: &GenerateArgs, c: &Checked, ran: &Ran) -> anyhow::Result<()> {
+    let Some(file) = &args.compiled else {
+        return Ok(());
+    };
+    let file = file.display();
+    let mut conflicts = Vec::new();
+    if let Some(s) = args.context.filter(|&s| s != ran.context) {
+        conflicts.push(format!(
+            "--context {s}, but the file's context is {}",
+            ran.context
+        ));
+    }
+    if let Some(ar) = args.ar.as_ref().filter(|&ar| *ar != ran.ar) {
+        conflicts.push(format!(
+            "--ar {}, but the file's AR variants are {}",
+            join(ar),
+            join(&ran.ar)
+        ));
+    }
+    if let Some(kv) = c.kv_dtype.filter(|&kv| kv != ran.kv_dtype) {
+        conflicts.push(format!(
+            "--kv-dtype {kv}, but the file's KV dtype is {}",
+            ran.kv_dtype
+        ));
+    }
+    if let Some(w) = c.weights {
+        match ran.weights {
+            Some(f) if f != w => conflicts.push(format!(
+                "--weights {}, but the file's weights are {}",
+                w.name(),
+                f.name()
+            )),
+            Some(_) => {}
+            None => conflicts.push(format!(
+                "--weights {}, but the {} backend does not tell the file's weight type",
+                w.name(),
+                args.backend
+            )),
+        }
+    }
+    if conflicts.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "--compiled {file} contradicts the options given: {}; drop these options (the file decides) or compile a new file",
+        conflicts.join("; ")
+    )
+}
+
+fn join(v: &[usize]) -> String {
+    v.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+}
+
+pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    let checked = check_args(&args)?;
+    let quiet = args.json;
+    let mut engine = Engine::open(&checked.engine, &mut |line| {
+        if !quiet {
+            eprintln!("{line}");
+        }
+    })?;
+    let ran = Ran::of(&engine);
+    check_against_file(&args, &checked, &ran)?;
+    let strategy = checked.engine.strategy;
+    let generate = checked.generate;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    // A prompt that cannot fit is refused before it is printed.
+    engine
+        .session()
+        .encode_fitting(engine.tokenizer(), &args.prompt)
+        .map_err(htpkv::engine::EngineError::from)?;
     // Like llama2.c, the story starts with the prompt itself.
     if !args.json && !args.prompt.is_empty() {
         write!(out, "{}", args.prompt)?;
@@ -176,8 +296,10 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
                 "peak_handles": m.peak_handles,
                 "max_handles": m.max_handles,
             })),
-            "kv_dtype": args.kv_dtype,
-            "weights": args.weights,
+            "kv_dtype": ran.kv_dtype.to_string(),
+            "weights": ran.weights.map(WeightType::name),
+            "context": ran.context,
+            "ar": ran.ar,
             "prefill_tokens_per_second": stats.prefill_tokens_per_second(),
             "decode_tokens_per_second": stats.decode_tokens_per_second(),
             "kv": {

@@ -11,6 +11,8 @@
 use std::path::Path;
 
 use crate::ModelError;
+use crate::files::sha256;
+use crate::fsio::{CappedFile, FileKind};
 
 /// Size of the checkpoint header in bytes (7 × i32).
 pub const HEADER_BYTES: usize = 28;
@@ -313,12 +315,24 @@ impl Weights {
 }
 
 /// A loaded checkpoint: validated config plus weights whose sizes match it.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Two checkpoints are equal when their config and weights are (the digest of their bytes may
+/// differ in the ignored legacy RoPE tables).
+#[derive(Debug, Clone)]
 pub struct Checkpoint {
     /// Hyper-parameters.
     pub config: Config,
     /// Weights (sizes consistent with `config`).
     pub weights: Weights,
+    /// SHA-256 of the bytes it was parsed from (of [`Checkpoint::to_bytes`] when built from
+    /// parts).
+    sha256: [u8; 32],
+}
+
+impl PartialEq for Checkpoint {
+    fn eq(&self, other: &Self) -> bool {
+        self.config == other.config && self.weights == other.weights
+    }
 }
 
 fn read_f32s(bytes: &[u8]) -> Vec<f32> {
@@ -330,19 +344,35 @@ fn read_f32s(bytes: &[u8]) -> Vec<f32> {
 
 impl Checkpoint {
     /// Reads and validates a checkpoint file (see the module docs for the format).
+    ///
+    /// The file is read under [`FileKind::CHECKPOINT`]'s cap; a stream (FIFO, device) stops
+    /// after the size its header implies.
     pub fn load(path: &Path) -> Result<Checkpoint, ModelError> {
-        let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Checkpoint::from_bytes(&bytes, &path.display().to_string())
+        let origin = path.display().to_string();
+        let mut file = CappedFile::open(path, FileKind::CHECKPOINT)?;
+        let mut bytes = Vec::new();
+        file.read_up_to(&mut bytes, HEADER_BYTES as u64)?;
+        let config = Config::from_header(&bytes, &origin)?;
+        file.read_rest(&mut bytes, config.file_bytes())?;
+        Checkpoint::from_bytes(&bytes, &origin)
+    }
+
+    /// SHA-256 (lower-case hex) of the checkpoint's bytes: of the file for a loaded checkpoint
+    /// (what `sha256sum` prints), of [`Checkpoint::to_bytes`] for one built from parts.
+    pub fn sha256_hex(&self) -> String {
+        crate::files::hex(&self.sha256)
+    }
+
+    /// [`Self::sha256_hex`] as bytes.
+    pub fn sha256(&self) -> [u8; 32] {
+        self.sha256
     }
 
     /// Parses a checkpoint from memory. `origin` labels errors (e.g. a path).
     ///
     /// Errors: [`ModelError::BadHeader`] for an invalid header, [`ModelError::Truncated`] naming
     /// the first section that is short, [`ModelError::TrailingBytes`] when the data is longer
-    /// than the header implies.
+    /// than the header implies, [`ModelError::NonFinite`] for a NaN or infinite weight.
     pub fn from_bytes(bytes: &[u8], origin: &str) -> Result<Checkpoint, ModelError> {
         let config = Config::from_header(bytes, origin)?;
         let found = bytes.len() as u64;
@@ -369,6 +399,23 @@ impl Checkpoint {
                 found,
             });
         }
+        // The legacy RoPE tables are ignored; every weight must be finite.
+        let mut at = HEADER_BYTES as u64;
+        for (name, b) in &parts {
+            if !name.starts_with("freq_cis")
+                && let Some(i) = b
+                    .chunks_exact(4)
+                    .position(|c| !f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite())
+            {
+                return Err(ModelError::NonFinite {
+                    origin: origin.to_owned(),
+                    tensor: name,
+                    index: i,
+                    offset: at + 4 * i as u64,
+                });
+            }
+            at += b.len() as u64;
+        }
         let get = |want: &str| -> Vec<f32> {
             parts
                 .iter()
@@ -394,7 +441,11 @@ impl Checkpoint {
                 Some(get("wcls"))
             },
         };
-        Ok(Checkpoint { config, weights })
+        Ok(Checkpoint {
+            config,
+            weights,
+            sha256: sha256(bytes),
+        })
     }
 
     /// Builds a checkpoint from parts, checking every tensor's size against `config` (and that
@@ -456,7 +507,13 @@ impl Checkpoint {
                 reason: "a field does not fit in i32".to_owned(),
             });
         }
-        Ok(Checkpoint { config, weights })
+        let mut ckpt = Checkpoint {
+            config,
+            weights,
+            sha256: [0; 32],
+        };
+        ckpt.sha256 = sha256(&ckpt.to_bytes());
+        Ok(ckpt)
     }
 
     /// The classifier matrix `(vocab, dim)`: `wcls` if present, else the token embedding.

@@ -9,15 +9,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ModelError {
-    /// Reading a file failed.
-    #[error("cannot read {path}: {source}")]
-    Io {
-        /// The file that could not be read.
-        path: PathBuf,
-        /// The underlying I/O error.
-        #[source]
-        source: std::io::Error,
-    },
+    /// Reading a file failed, or it is larger than its cap.
+    #[error(transparent)]
+    File(#[from] crate::fsio::FileError),
 
     /// The data ends inside `what` (a checkpoint section or a tokenizer entry).
     #[error(
@@ -46,6 +40,19 @@ pub enum ModelError {
         expected: u64,
         /// Actual size.
         found: u64,
+    },
+
+    /// A checkpoint weight is NaN or infinite.
+    #[error("{origin}: weight {tensor}[{index}] at offset {offset} is not finite")]
+    NonFinite {
+        /// File path or caller label.
+        origin: String,
+        /// The tensor (section) holding it.
+        tensor: &'static str,
+        /// Index of the value in the tensor.
+        index: usize,
+        /// Byte offset in the file.
+        offset: u64,
     },
 
     /// A checkpoint header field is out of range or inconsistent with another field.

@@ -112,8 +112,18 @@ impl ModelFiles {
 }
 
 /// Lower-case hex SHA-256 of `bytes` (FIPS 180-4; a small self-contained implementation for
-/// verifying model files, not tuned for speed).
+/// verifying model files and keying compiled models; it hashes in place, without copying).
 pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&sha256(bytes))
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// SHA-256 of `bytes` (see [`sha256_hex`]).
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
     const K: [u32; 64] = [
         0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
         0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
@@ -130,15 +140,17 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
         0x5be0cd19,
     ];
-    let mut msg = bytes.to_vec();
     let bit_len = (bytes.len() as u64).wrapping_mul(8);
-    msg.push(0x80);
-    while msg.len() % 64 != 56 {
-        msg.push(0);
+    let full = bytes.len() / 64 * 64;
+    // The padded tail: the last partial block, 0x80, zeros, the bit length (one or two blocks).
+    let mut tail = bytes[full..].to_vec();
+    tail.push(0x80);
+    while tail.len() % 64 != 56 {
+        tail.push(0);
     }
-    msg.extend_from_slice(&bit_len.to_be_bytes());
+    tail.extend_from_slice(&bit_len.to_be_bytes());
     let mut w = [0u32; 64];
-    for block in msg.chunks_exact(64) {
+    for block in bytes[..full].chunks_exact(64).chain(tail.chunks_exact(64)) {
         for (i, c) in block.chunks_exact(4).enumerate() {
             w[i] = u32::from_be_bytes([c[0], c[1], c[2], c[3]]);
         }
@@ -175,7 +187,11 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
             *x = x.wrapping_add(y);
         }
     }
-    h.iter().map(|v| format!("{v:08x}")).collect()
+    let mut out = [0u8; 32];
+    for (o, v) in out.chunks_exact_mut(4).zip(h) {
+        o.copy_from_slice(&v.to_be_bytes());
+    }
+    out
 }
 
 #[cfg(test)]
@@ -195,6 +211,11 @@ mod tests {
         assert_eq!(
             sha256_hex(b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
+        );
+        // Many full blocks hashed in place, then the padded tail.
+        assert_eq!(
+            sha256_hex(&vec![b'a'; 1_000_000]),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"
         );
     }
 

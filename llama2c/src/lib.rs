@@ -19,6 +19,7 @@
 mod checkpoint;
 mod error;
 mod files;
+pub mod fsio;
 mod model;
 pub mod ops;
 mod tokenizer;
@@ -28,7 +29,7 @@ pub use error::ModelError;
 pub use files::{
     CHECKPOINT_NAME, EMBEDDED_MODEL_DIR, GENERIC_CHECKPOINT_NAME, GENERIC_TOKENIZER_NAME,
     MODEL_DIR_ENV, ModelFiles, STORIES260K_BYTES, STORIES260K_SHA256, TOK512_BYTES, TOK512_SHA256,
-    TOKENIZER_NAME, sha256_hex,
+    TOKENIZER_NAME, hex, sha256, sha256_hex,
 };
 pub use model::FloatModel;
 pub use ops::{argmax, dot, matmul, rmsnorm, rmsnorm_inplace, rope_rotate, silu, softmax};

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::ModelError;
+use crate::fsio::{FileKind, read_capped};
 
 /// A loaded vocabulary with scores and a piece → id lookup.
 #[derive(Debug, Clone)]
@@ -17,7 +18,57 @@ pub struct Tokenizer {
     pieces: Vec<Vec<u8>>,
     scores: Vec<f32>,
     max_token_length: usize,
+    /// The longest piece, in bytes (the file's `max_token_length` is not trusted).
+    max_piece_bytes: usize,
+    /// True when some piece is empty: then a merge can cover more text than its piece holds, and
+    /// [`Tokenizer::min_tokens`] gives no bound.
+    has_empty_piece: bool,
     lookup: HashMap<Vec<u8>, u32>,
+}
+
+/// One symbol of the merge loop: a token in a doubly linked list.
+#[derive(Debug, Clone, Copy)]
+struct Symbol {
+    id: u32,
+    prev: Option<usize>,
+    next: Option<usize>,
+    /// Incremented whenever `id` changes, to recognise stale candidates.
+    generation: u32,
+    alive: bool,
+}
+
+/// A candidate merge of symbol `left` with its successor `right` into `id`.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    score: f32,
+    left: usize,
+    right: usize,
+    id: u32,
+    left_generation: u32,
+    right_generation: u32,
+}
+
+impl PartialEq for Candidate {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for Candidate {}
+
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Candidate {
+    /// Higher score first, then the leftmost pair (the heap pops the greatest).
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.score
+            .total_cmp(&other.score)
+            .then_with(|| other.left.cmp(&self.left))
+    }
 }
 
 /// Parses `<0xNN>` into the byte `NN`.
@@ -39,11 +90,9 @@ impl Tokenizer {
     pub const BYTE_OFFSET: u32 = 3;
 
     /// Reads a tokenizer file holding exactly `vocab_size` entries.
+    /// The file is read under [`FileKind::TOKENIZER`]'s cap.
     pub fn load(path: &Path, vocab_size: usize) -> Result<Tokenizer, ModelError> {
-        let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let bytes = read_capped(path, FileKind::TOKENIZER)?;
         Tokenizer::from_bytes(&bytes, vocab_size, &path.display().to_string())
     }
 
@@ -96,6 +145,13 @@ impl Tokenizer {
                 read4(off + 4)
                     .ok_or_else(|| truncated(format!("tokenizer entry {id} (length)"), off + 8))?,
             );
+            if score.is_nan() {
+                return Err(ModelError::BadTokenizer {
+                    origin: origin.to_owned(),
+                    index: id,
+                    reason: "the score is NaN".to_owned(),
+                });
+            }
             if len < 0 {
                 return Err(ModelError::BadTokenizer {
                     origin: origin.to_owned(),
@@ -148,10 +204,14 @@ impl Tokenizer {
         for (id, p) in pieces.iter().enumerate() {
             lookup.entry(p.clone()).or_insert(id as u32);
         }
+        let max_piece_bytes = pieces.iter().map(Vec::len).max().unwrap_or(0);
+        let has_empty_piece = pieces.iter().any(Vec::is_empty);
         Tokenizer {
             pieces,
             scores,
             max_token_length,
+            max_piece_bytes,
+            has_empty_piece,
             lookup,
         }
     }
@@ -211,33 +271,111 @@ impl Tokenizer {
                 None => tokens.extend(s.iter().map(|&b| self.byte_token(b))),
             }
         }
-        // Greedy merges: best score wins, leftmost on ties.
-        let mut pair = Vec::with_capacity(2 * self.max_token_length.max(8));
-        loop {
-            let mut best: Option<(usize, u32, f32)> = None;
-            for i in start..tokens.len().saturating_sub(1) {
-                pair.clear();
-                pair.extend_from_slice(self.piece(tokens[i]).unwrap_or_default());
-                pair.extend_from_slice(self.piece(tokens[i + 1]).unwrap_or_default());
-                if let Some(id) = self.lookup(&pair) {
-                    let sc = self.scores.get(id as usize).copied().unwrap_or(f32::MIN);
-                    if best.is_none_or(|(_, _, b)| sc > b) {
-                        best = Some((i, id, sc));
-                    }
-                }
-            }
-            match best {
-                Some((i, id, _)) => {
-                    tokens[i] = id;
-                    tokens.remove(i + 1);
-                }
-                None => break,
-            }
-        }
+        self.merge(&mut tokens, start);
         if eos {
             tokens.push(Self::EOS);
         }
         tokens
+    }
+
+    /// Greedy merges over `tokens[start..]`: the adjacent pair whose concatenation is in the
+    /// vocabulary with the best score is merged, leftmost on ties, until no pair is left.
+    ///
+    /// The same result as rescanning all pairs after every merge, in O(n log n): the symbols form
+    /// a linked list and the candidate pairs a max-heap keyed by (score, leftmost); a candidate
+    /// is dropped when either of its symbols changed after it was pushed. A pair whose merged
+    /// piece has a NaN score is never merged (files with NaN scores are refused on load).
+    fn merge(&self, tokens: &mut Vec<u32>, start: usize) {
+        let ids = &tokens[start..];
+        let n = ids.len();
+        if n < 2 {
+            return;
+        }
+        let mut syms: Vec<Symbol> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| Symbol {
+                id,
+                prev: i.checked_sub(1),
+                next: (i + 1 < n).then_some(i + 1),
+                generation: 0,
+                alive: true,
+            })
+            .collect();
+        let mut heap = std::collections::BinaryHeap::new();
+        let mut pair = Vec::with_capacity(2 * self.max_piece_bytes.max(8));
+        for left in 0..n - 1 {
+            self.push_candidate(&mut heap, &mut pair, &syms, left);
+        }
+        while let Some(c) = heap.pop() {
+            let (l, r) = (c.left, c.right);
+            if !syms[l].alive
+                || !syms[r].alive
+                || syms[l].generation != c.left_generation
+                || syms[r].generation != c.right_generation
+            {
+                continue;
+            }
+            syms[l].id = c.id;
+            syms[l].generation += 1;
+            syms[r].alive = false;
+            syms[l].next = syms[r].next;
+            if let Some(nn) = syms[r].next {
+                syms[nn].prev = Some(l);
+            }
+            if let Some(p) = syms[l].prev {
+                self.push_candidate(&mut heap, &mut pair, &syms, p);
+            }
+            self.push_candidate(&mut heap, &mut pair, &syms, l);
+        }
+        let merged: Vec<u32> = syms.iter().filter(|s| s.alive).map(|s| s.id).collect();
+        tokens.truncate(start);
+        tokens.extend(merged);
+    }
+
+    /// Pushes the pair (`left`, its successor) when its concatenation is a piece.
+    fn push_candidate(
+        &self,
+        heap: &mut std::collections::BinaryHeap<Candidate>,
+        pair: &mut Vec<u8>,
+        syms: &[Symbol],
+        left: usize,
+    ) {
+        let Some(right) = syms[left].next else {
+            return;
+        };
+        pair.clear();
+        pair.extend_from_slice(self.piece(syms[left].id).unwrap_or_default());
+        pair.extend_from_slice(self.piece(syms[right].id).unwrap_or_default());
+        let Some(id) = self.lookup(pair) else {
+            return;
+        };
+        let score = self.scores.get(id as usize).copied().unwrap_or(f32::MIN);
+        if score.is_nan() {
+            return;
+        }
+        heap.push(Candidate {
+            // + 0.0 turns -0.0 into 0.0, so that they tie as in a `>` comparison.
+            score: score + 0.0,
+            left,
+            right,
+            id,
+            left_generation: syms[left].generation,
+            right_generation: syms[right].generation,
+        });
+    }
+
+    /// A lower bound on the number of tokens `text` encodes to (without BOS/EOS): when no piece
+    /// is empty, every token stands for at most as many bytes of text as its piece has (a merged
+    /// piece is the concatenation of its parts), so a text of `b` bytes (plus the dummy-prefix
+    /// space) needs at least `ceil((b + 1) / longest piece)` tokens. With an empty piece in the
+    /// vocabulary there is no such bound and this returns 0. Callers use it to refuse a prompt
+    /// that cannot fit before encoding it.
+    pub fn min_tokens(&self, text: &str) -> usize {
+        if text.is_empty() || self.has_empty_piece {
+            return 0;
+        }
+        (text.len() + 1).div_ceil(self.max_piece_bytes.max(1))
     }
 
     /// Bytes to print for `token` following `prev` (llama2.c's `decode`): the piece with its

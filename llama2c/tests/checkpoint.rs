@@ -186,8 +186,62 @@ fn load_reports_path_in_errors() {
     let missing = std::env::temp_dir().join("htpkv-llama2c-definitely-missing.bin");
     assert!(matches!(
         Checkpoint::load(&missing),
-        Err(ModelError::Io { ref path, .. }) if *path == missing
+        Err(ModelError::File(llama2c::fsio::FileError::Io { ref path, op: "open", .. })) if *path == missing
     ));
+}
+
+/// Issue 14 row 5: `/dev/zero` as a checkpoint or tokenizer was read without end.
+#[test]
+fn dev_zero_fails_fast_as_checkpoint_and_tokenizer() {
+    let zero = std::path::Path::new("/dev/zero");
+    let started = std::time::Instant::now();
+    let e = Checkpoint::load(zero).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("/dev/zero: bad checkpoint header field dim = 0"),
+        "{e}"
+    );
+    let e = llama2c::Tokenizer::load(zero, 512).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "tokenizer /dev/zero is larger than the 67108864-byte cap for a tokenizer"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+}
+
+/// A checkpoint arriving through a stream stops after the size its header implies.
+#[test]
+fn a_stream_is_read_only_as_far_as_the_header_implies() {
+    let Some(bytes) = real_bytes("a_stream_is_read_only_as_far_as_the_header_implies") else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("htpkv-ckpt-fifo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("ckpt");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("SKIPPED: mkfifo unavailable");
+        return;
+    }
+    // The writer sends the checkpoint and then keeps going with zeros.
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+            let _ = f.write_all(&bytes);
+            let zeros = vec![0u8; 1 << 16];
+            for _ in 0..64 {
+                if f.write_all(&zeros).is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let e = Checkpoint::load(&fifo).unwrap_err();
+    assert!(matches!(e, ModelError::TrailingBytes { .. }), "{e}");
+    writer.join().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -216,4 +270,46 @@ fn serialization_matches_the_upstream_layout() {
         .fold(0.0f32, f32::max);
     assert!(max_diff < 1e-3, "RoPE table differs by {max_diff}");
     assert_eq!(Checkpoint::from_bytes(&out, "y").unwrap(), ck);
+}
+
+#[test]
+fn a_loaded_checkpoint_knows_the_sha256_of_its_file() {
+    let Some(files) = common::model_files("a_loaded_checkpoint_knows_the_sha256_of_its_file")
+    else {
+        return;
+    };
+    let ckpt = Checkpoint::load(&files.checkpoint).unwrap();
+    assert_eq!(ckpt.sha256_hex(), llama2c::STORIES260K_SHA256);
+    // Built from parts, it is the digest of its serialization.
+    let rebuilt = Checkpoint::new(ckpt.config, ckpt.weights.clone()).unwrap();
+    assert_eq!(
+        rebuilt.sha256_hex(),
+        llama2c::sha256_hex(&rebuilt.to_bytes())
+    );
+    assert!(rebuilt == ckpt);
+}
+
+/// Found by the `checkpoint` fuzz target: a NaN weight loaded (and compiled into nonsense).
+#[test]
+fn non_finite_weights_are_refused() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus/checkpoint/nan_weight");
+    let e = Checkpoint::load(&path).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ModelError::NonFinite {
+                tensor: "w2",
+                index: 57,
+                offset: 2112,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .ends_with("weight w2[57] at offset 2112 is not finite"),
+        "{e}"
+    );
 }

@@ -199,3 +199,129 @@ fn malformed_files_are_rejected() {
         Err(ModelError::BadTokenizer { .. })
     ));
 }
+
+/// A small deterministic generator (xorshift64*), so the varied texts are reproducible.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn varied_text(rng: &mut Rng, alphabet: &[&str], len: usize) -> String {
+    (0..len)
+        .map(|_| alphabet[rng.below(alphabet.len())])
+        .collect()
+}
+
+const ALPHABET: &[&str] = &[
+    "a", "b", "e", "t", "h", "o", "n", " ", " ", "the ", "and ", "Lily", ".", ",", "\n", "é", "日",
+    "🎉", "ing ", "was ", "'", "1",
+];
+
+#[test]
+fn encode_matches_the_naive_reference_on_varied_real_text() {
+    let Some((_, t)) = real("encode_matches_the_naive_reference_on_varied_real_text") else {
+        return;
+    };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for round in 0..40 {
+        let len = 1 + rng.below(60);
+        let s = varied_text(&mut rng, ALPHABET, len);
+        assert_eq!(
+            t.encode(&s, false, false),
+            reference_encode(&t, &s),
+            "round {round}: {s:?}"
+        );
+    }
+}
+
+/// Toy vocabularies with many equal, negative-zero and infinite scores exercise the tie rule
+/// (best score, then leftmost) of the heap-based merge against the naive rescanning one.
+#[test]
+fn encode_matches_the_naive_reference_on_toy_vocabularies_with_ties() {
+    let mut rng = Rng(42);
+    let letters = ["a", "b", "c", " "];
+    for round in 0..30 {
+        let mut pieces: Vec<Vec<u8>> =
+            vec![b"<unk>".to_vec(), b"\n<s>\n".to_vec(), b"\n</s>\n".to_vec()];
+        pieces.extend((0..=255u8).map(|b| format!("<0x{b:02X}>").into_bytes()));
+        let mut scores = vec![0.0f32; pieces.len()];
+        let score_choices = [0.0, -0.0, -1.0, -1.0, -2.0, 1.0, f32::NEG_INFINITY];
+        for l in letters {
+            pieces.push(l.as_bytes().to_vec());
+            scores.push(0.0);
+        }
+        for _ in 0..25 {
+            let len = 2 + rng.below(4);
+            let p: String = (0..len).map(|_| letters[rng.below(4)]).collect();
+            pieces.push(p.into_bytes());
+            scores.push(score_choices[rng.below(score_choices.len())]);
+        }
+        let t = Tokenizer::from_pieces(pieces, scores, 8);
+        for _ in 0..10 {
+            let len = 1 + rng.below(40);
+            let s = varied_text(&mut rng, &letters, len);
+            assert_eq!(
+                t.encode(&s, true, false)[1..],
+                reference_encode(&t, &s),
+                "round {round}: {s:?}"
+            );
+        }
+    }
+}
+
+/// Issue 14 row 6: a 24,000-token prompt took 132 s in the quadratic merge loop.
+#[test]
+fn long_text_encodes_in_subquadratic_time() {
+    let Some((_, t)) = real("long_text_encodes_in_subquadratic_time") else {
+        return;
+    };
+    let mut rng = Rng(7);
+    let text = varied_text(&mut rng, ALPHABET, 40_000);
+    let started = std::time::Instant::now();
+    let ids = t.encode(&text, true, false);
+    let took = started.elapsed();
+    assert!(ids.len() > 20_000, "{} tokens", ids.len());
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "encoding {} bytes took {took:?}",
+        text.len()
+    );
+    assert_eq!(t.decode(&ids), text.as_bytes());
+    assert!(t.min_tokens(&text) < ids.len());
+}
+
+#[test]
+fn nan_scores_are_refused() {
+    let mut b = 4i32.to_le_bytes().to_vec();
+    b.extend(f32::NAN.to_le_bytes());
+    b.extend(1i32.to_le_bytes());
+    b.push(b'a');
+    let e = Tokenizer::from_bytes(&b, 1, "nan.bin").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "nan.bin: bad tokenizer entry 0: the score is NaN"
+    );
+}
+
+/// Found by the `tokenizer` fuzz target: when byte-fallback pieces are empty, a merge covers
+/// more text than its piece holds, so no byte-length bound may be claimed.
+#[test]
+fn min_tokens_is_a_true_lower_bound_with_empty_pieces() {
+    let mut pieces: Vec<Vec<u8>> = vec![b"<unk>".to_vec(), b"<s>".to_vec(), b"</s>".to_vec()];
+    pieces.extend((0..256).map(|_| Vec::new()));
+    pieces.push(b" ".to_vec());
+    let t = Tokenizer::from_pieces(pieces.clone(), vec![0.0; pieces.len()], 5);
+    let text = "aaaaaaaaaa";
+    let ids = t.encode(text, false, false);
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert!(t.min_tokens(text) <= ids.len());
+}

@@ -137,7 +137,7 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
 
-    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], FormatError> {
+    pub(crate) fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], FormatError> {
         let s = self.take(N, what)?;
         let mut a = [0u8; N];
         a.copy_from_slice(s);

@@ -96,6 +96,13 @@ impl CompiledModel {
         &self.data.options
     }
 
+    /// SHA-256 (lower-case hex) of the checkpoint this model was compiled from, as
+    /// [`llama2c::Checkpoint::sha256_hex`] gives it: a runtime checks it against the checkpoint
+    /// (and tokenizer) it is about to use with the model.
+    pub fn checkpoint_sha256_hex(&self) -> String {
+        llama2c::hex(&self.data.checkpoint_sha256)
+    }
+
     /// [`CompileOptions::fingerprint`] of the options.
     pub fn fingerprint(&self) -> u64 {
         self.data.options.fingerprint()
@@ -191,6 +198,13 @@ pub(crate) fn validate_options(config: &Config, opts: &CompileOptions) -> Result
     if opts.needs_calibration() && opts.calibration_tokens == 0 {
         return Err("calibration_tokens must be at least 1".into());
     }
+    if opts.calibration_tokens > llama2c::limits::MAX_SEQ_LEN {
+        return Err(format!(
+            "calibration_tokens {} exceeds the maximum {} (the file format's limit)",
+            opts.calibration_tokens,
+            llama2c::limits::MAX_SEQ_LEN
+        ));
+    }
     Ok(())
 }
 
@@ -272,6 +286,7 @@ pub fn compile(
     let data = ModelData {
         config: c,
         options: opts.clone(),
+        checkpoint_sha256: ckpt.sha256(),
         embedding,
         rms_att: w.rms_att.clone(),
         wq,

@@ -1,19 +1,11 @@
 //! Error types of the reference backend.
 
-use std::path::PathBuf;
-
 /// Errors reading or writing a compiled model file.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
-    /// An I/O operation on `path` failed.
-    #[error("cannot {op} {}: {source}", path.display())]
-    Io {
-        /// What was being done (`read`, `create`, `write`, `sync`, `rename`).
-        op: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// Reading or writing the file failed, it is too large, or the output path was refused.
+    #[error(transparent)]
+    File(#[from] llama2c::fsio::FileError),
     /// The data ends before a field that must be there.
     #[error(
         "{origin}: truncated compiled model: expected {expected} byte(s) of {what} at offset {offset}, but only {available} remain"
@@ -60,6 +52,18 @@ pub enum FormatError {
         offset: u64,
         extra: u64,
     },
+    /// A weight, norm or scale is NaN or infinite (the checksum may be right: it only proves
+    /// the bytes are the ones written).
+    #[error("{origin}: {what}[{index}] is {value} at offset {offset}: weights must be finite")]
+    NonFinite {
+        origin: String,
+        /// The tensor (e.g. `rms_att`, `wq scale`).
+        what: String,
+        /// Index of the value within the tensor.
+        index: usize,
+        offset: u64,
+        value: f32,
+    },
     /// A field holds a value that is invalid or inconsistent with the rest of the file.
     #[error("{origin}: invalid compiled model at offset {offset}: {reason}")]
     Corrupt {
@@ -69,21 +73,22 @@ pub enum FormatError {
     },
 }
 
-/// Errors of [`crate::compile`].
+/// Errors of [`crate::compile`]. Each message says what failed; the cause, if any, is the
+/// `source` (printed after it by a `{:#}` report), never repeated in the message.
 #[derive(Debug, thiserror::Error)]
 pub enum CompileError {
     /// The options cannot be compiled for this model.
     #[error("invalid compile options: {reason}")]
     InvalidOptions { reason: String },
     /// The float model rejected a calibration input (e.g. a token id out of range).
-    #[error("calibration prompt {prompt}: {source}")]
+    #[error("calibration prompt {prompt}")]
     Calibration {
         prompt: usize,
         #[source]
         source: llama2c::ModelError,
     },
     /// An encoding could not be made (e.g. an observer that saw no finite value).
-    #[error("cannot make the encoding of {what}: {source}")]
+    #[error("cannot make the encoding of {what}")]
     Quant {
         what: String,
         #[source]

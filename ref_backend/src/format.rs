@@ -8,23 +8,29 @@
 //! offset 12  flags        u32      0 (reserved)
 //! offset 16  payload_len  u64
 //! offset 24  crc32        u32      CRC-32 (IEEE) of the payload
-//! offset 28  payload      payload_len bytes: five sections, in this order
+//! offset 28  payload      payload_len bytes: six sections, in this order
 //! ```
 //!
 //! Each section is a 4-byte tag, a u64 body length and the body: `OPTS` (compile options),
-//! `CONF` (model hyper-parameters), `ENCS` (i16 activation encodings, KV encodings), `WGTS`
+//! `CKPT` (the 32-byte SHA-256 of the checkpoint it was compiled from), `CONF` (model
+//! hyper-parameters), `ENCS` (i16 activation encodings, KV encodings), `WGTS`
 //! (matrices: kind u8 (0 i8, 1 f16, 2 f32), rows u64, cols u64, then i8: f32 row scales +
 //! i8 values, f16: u16 bits, f32: f32 values; norm vectors as u64 count + f32 values) and
 //! `GRPH` (graph names and tensor descriptions). Counts are u64; strings are a u64 length and
 //! UTF-8 bytes.
 //!
 //! Reading checks the magic, the version, the payload length, the checksum, every count
-//! against the bytes that remain, and the consistency of everything with the configuration
-//! and options (the graph descriptions must equal the ones this build derives from them).
+//! against the bytes that remain, the consistency of everything with the configuration
+//! and options (the graph descriptions must equal the ones this build derives from them), and
+//! that every weight, norm and scale is finite ([`FormatError::NonFinite`]), so a damaged file
+//! whose checksum was fixed up is still refused. A file is read under the
+//! [`FileKind::COMPILED`] cap; a stream stops after the length its header declares.
+//!
+//! Version history: 1 had no `CKPT` section; 2 adds it.
 
-use std::io::Write;
 use std::path::Path;
 
+use llama2c::fsio::{CappedFile, FileKind};
 use llama2c::{Config, limits};
 use quant::{Encoding, QuantSpec, ScaleOffset};
 
@@ -38,7 +44,7 @@ use crate::types::{Granularity, KLayout, TensorDType, TensorDesc, TensorRole, We
 /// Magic bytes at the start of every file.
 pub const MAGIC: [u8; 8] = *b"HTPKVREF";
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Size of the fixed header before the payload.
 pub const HEADER_LEN: usize = 28;
 
@@ -50,6 +56,7 @@ impl CompiledModel {
         let d = &*self.data;
         let mut payload = Writer::default();
         section(&mut payload, b"OPTS", |w| d.options.encode(w));
+        section(&mut payload, b"CKPT", |w| w.bytes(&d.checkpoint_sha256));
         section(&mut payload, b"CONF", |w| write_config(w, &d.config));
         section(&mut payload, b"ENCS", |w| {
             w.len(d.act.len());
@@ -107,22 +114,33 @@ impl CompiledModel {
         out
     }
 
-    /// Writes the model to `path` atomically (see [`write_atomic`]).
-    pub fn write(&self, path: &Path) -> Result<(), FormatError> {
-        write_atomic(path, &self.to_bytes()).map_err(|source| FormatError::Io {
-            op: "write",
-            path: path.to_path_buf(),
-            source,
-        })
+    /// Writes the model to `path` atomically (see [`write_atomic`]), refusing a `path` that is
+    /// not a regular file or is one of `inputs`; the new file replaces an old one only after it
+    /// was read back, validated and found equal to `self`.
+    pub fn write(&self, path: &Path, inputs: &[&Path]) -> Result<(), FormatError> {
+        let bytes = self.to_bytes();
+        llama2c::fsio::write_atomic_verified(path, &bytes, inputs, &mut |tmp| {
+            let back = CompiledModel::read(tmp)?;
+            if back != *self {
+                return Err("it differs from the compiled model after reading it back".into());
+            }
+            Ok(())
+        })?;
+        Ok(())
     }
 
-    /// Reads and validates a model file.
+    /// Reads and validates a model file (see the module docs for the size cap).
     pub fn read(path: &Path) -> Result<CompiledModel, FormatError> {
-        let bytes = std::fs::read(path).map_err(|source| FormatError::Io {
-            op: "read",
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let mut file = CappedFile::open(path, FileKind::COMPILED)?;
+        let mut bytes = Vec::new();
+        file.read_up_to(&mut bytes, HEADER_LEN as u64)?;
+        // Only a plausible header lets a stream be read further than the header.
+        if bytes.len() == HEADER_LEN && bytes.starts_with(&MAGIC) {
+            let mut declared = [0u8; 8];
+            declared.copy_from_slice(&bytes[16..24]);
+            let total = (HEADER_LEN as u64).saturating_add(u64::from_le_bytes(declared));
+            file.read_rest(&mut bytes, total)?;
+        }
         CompiledModel::from_bytes(&bytes, &path.display().to_string())
     }
 
@@ -191,6 +209,10 @@ impl CompiledModel {
         let options = read_options(&mut s)?;
         close_section(&s)?;
 
+        let mut s = open_section(&mut p, b"CKPT")?;
+        let checkpoint_sha256: [u8; 32] = s.array("checkpoint SHA-256")?;
+        close_section(&s)?;
+
         let mut s = open_section(&mut p, b"CONF")?;
         let config = read_config(&mut s)?;
         close_section(&s)?;
@@ -243,6 +265,7 @@ impl CompiledModel {
         let data = ModelData {
             config,
             options,
+            checkpoint_sha256,
             embedding,
             rms_att,
             wq,
@@ -640,7 +663,10 @@ fn read_matrix(
             for _ in 0..rows {
                 let at = s.offset();
                 let v = s.f32(&format!("{name} scale"))?;
-                if !(v.is_finite() && v > 0.0) {
+                if !v.is_finite() {
+                    return Err(non_finite(s, &format!("{name} scale"), scales.len(), at, v));
+                }
+                if v <= 0.0 {
                     return Err(s.corrupt_at(at, format!("matrix {name} has scale {v}")));
                 }
                 scales.push(v);
@@ -649,11 +675,13 @@ fn read_matrix(
             Matrix::from_i8(rows, cols, scales, q)
         }
         1 => {
+            let at = s.offset();
             let b = s.take(n * 2, name)?;
-            let w = b
+            let w: Vec<f32> = b
                 .chunks_exact(2)
                 .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect();
+            check_finite(s, name, at, 2, &w)?;
             Matrix::Float {
                 rows,
                 cols,
@@ -662,11 +690,13 @@ fn read_matrix(
             }
         }
         _ => {
+            let at = s.offset();
             let b = s.take(n * 4, name)?;
-            let w = b
+            let w: Vec<f32> = b
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
+            check_finite(s, name, at, 4, &w)?;
             Matrix::Float {
                 rows,
                 cols,
@@ -686,7 +716,34 @@ fn read_norm(s: &mut Reader<'_>, name: &str, len: usize) -> Result<Vec<f32>, For
             format!("{name} has {} value(s), expected {len}", v.len()),
         ));
     }
+    // The values follow the u64 count.
+    check_finite(s, name, at + 8, 4, &v)?;
     Ok(v)
+}
+
+/// Refuses the first value of `values` that is NaN or infinite; `at` is the offset of the first
+/// value and `width` the stored size of one.
+fn check_finite(
+    s: &Reader<'_>,
+    name: &str,
+    at: u64,
+    width: u64,
+    values: &[f32],
+) -> Result<(), FormatError> {
+    match values.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(non_finite(s, name, i, at + i as u64 * width, values[i])),
+    }
+}
+
+fn non_finite(s: &Reader<'_>, name: &str, index: usize, offset: u64, value: f32) -> FormatError {
+    FormatError::NonFinite {
+        origin: s.origin.to_owned(),
+        what: name.to_owned(),
+        index,
+        offset,
+        value,
+    }
 }
 
 fn write_desc(w: &mut Writer, t: &TensorDesc) {
@@ -744,32 +801,6 @@ fn read_desc(s: &mut Reader<'_>) -> Result<TensorDesc, FormatError> {
     })
 }
 
-/// Writes `contents` to `path` atomically: a temporary file in the same directory is written,
-/// fsynced and renamed over `path`, then the directory is fsynced (best effort). Readers see the
-/// old file or the new one, never a partial write; on error the temporary file is removed.
-pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "file".into());
-    let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(contents)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result?;
-    if let Ok(d) = std::fs::File::open(&dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
-}
+/// The one atomic file writer of htpkv (compiled models, SVG plots), re-exported here for the
+/// crates that already depend on this one.
+pub use llama2c::fsio::write_atomic;

@@ -229,6 +229,8 @@ impl Matrix {
 pub(crate) struct ModelData {
     pub(crate) config: Config,
     pub(crate) options: CompileOptions,
+    /// SHA-256 of the checkpoint this was compiled from ([`llama2c::Checkpoint::sha256`]).
+    pub(crate) checkpoint_sha256: [u8; 32],
     /// `(vocab, dim)`; also the classifier when `classifier` is `None` (tied).
     pub(crate) embedding: Matrix,
     pub(crate) rms_att: Vec<f32>,

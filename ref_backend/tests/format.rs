@@ -73,7 +73,7 @@ fn round_trip_bytes_and_file() {
         );
         assert_eq!(back.fingerprint(), m.fingerprint());
         let path = dir.join(format!("m{i}.htpkv"));
-        m.write(&path).expect("write");
+        m.write(&path, &[]).expect("write");
         let read = CompiledModel::read(&path).expect("read");
         assert!(read == m, "model {i} differs after write/read");
         // Graph lookup.
@@ -205,4 +205,104 @@ fn consistent_checksum_but_bad_content_never_panics() {
         }
     }
     assert!(errors > 0);
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Issue 14 row 12: a NaN norm (or weight) with a fixed-up checksum loaded and printed `<unk>`.
+#[test]
+fn non_finite_norms_and_weights_are_refused_even_with_a_right_checksum() {
+    let ckpt = common::synthetic(false);
+    let m = models().swap_remove(3); // f32 weights, separate classifier
+    let bytes = m.to_bytes();
+    let cases: [(&str, &[f32], f32); 3] = [
+        ("rms_att", &ckpt.weights.rms_att[..4], f32::NAN),
+        ("rms_final", &ckpt.weights.rms_final[..4], f32::INFINITY),
+        ("wq", &ckpt.weights.wq[..4], f32::NEG_INFINITY),
+    ];
+    for (name, head, bad) in cases {
+        let needle = f32_bytes(head);
+        let at = bytes
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .unwrap_or_else(|| panic!("{name} not found"));
+        let mut b = bytes.clone();
+        b[at..at + 4].copy_from_slice(&bad.to_le_bytes());
+        match CompiledModel::from_bytes(&reseal(b), "nan.htpkv") {
+            Err(e @ FormatError::NonFinite { .. }) => {
+                let msg = e.to_string();
+                assert_eq!(
+                    msg,
+                    format!("nan.htpkv: {name}[0] is {bad} at offset {at}: weights must be finite")
+                );
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_file_records_the_checkpoint_it_was_compiled_from() {
+    let ckpt = common::synthetic(true);
+    let m = models().swap_remove(0);
+    assert_eq!(m.checkpoint_sha256_hex(), ckpt.sha256_hex());
+    let back = CompiledModel::from_bytes(&m.to_bytes(), "mem").unwrap();
+    assert_eq!(back.checkpoint_sha256_hex(), ckpt.sha256_hex());
+    let other = common::synthetic(false);
+    assert_ne!(other.sha256_hex(), ckpt.sha256_hex());
+}
+
+/// Issue 14 rows 5 and 7: `/dev/zero` as a model, and writing over a device or an input.
+#[test]
+fn special_files_are_refused_for_reading_and_writing() {
+    let e = CompiledModel::read(std::path::Path::new("/dev/zero")).unwrap_err();
+    assert!(matches!(e, FormatError::BadMagic { .. }), "{e}");
+    let m = models().swap_remove(0);
+    let e = m.write(std::path::Path::new("/dev/null"), &[]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "refusing to write /dev/null: it is a character device, not a regular file"
+    );
+    let dir = std::env::temp_dir().join(format!("htpkv_ref_refuse_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("model.bin");
+    std::fs::write(&input, b"checkpoint").unwrap();
+    let e = m.write(&input, &[&input]).unwrap_err();
+    assert!(e.to_string().contains("same file as the input"), "{e}");
+    assert_eq!(std::fs::read(&input).unwrap(), b"checkpoint");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue 14 row 8: 2^20 + 1 calibration tokens compiled, then the file failed to read back.
+#[test]
+fn options_the_file_cannot_hold_are_refused_before_compiling() {
+    let ckpt = common::synthetic(true);
+    let mut o = CompileOptions::new(32, vec![1, 4]);
+    o.calibration_prompts = common::synthetic_prompts(64);
+    o.calibration_tokens = llama2c::limits::MAX_SEQ_LEN + 1;
+    let mut calls = 0;
+    let e = compile(&ckpt, &o, &mut |_| calls += 1).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid compile options: calibration_tokens 1048577 exceeds the maximum 1048576 (the file format's limit)"
+    );
+    assert_eq!(calls, 0, "nothing was computed");
+}
+
+/// Issue 14 row 14: messages carry their own context once and the cause once, as the source.
+#[test]
+fn compile_errors_name_the_cause_once() {
+    let ckpt = common::synthetic(true);
+    let mut o = CompileOptions::new(32, vec![1, 4]);
+    o.calibration_prompts = vec![vec![1, 9999]];
+    let e = compile(&ckpt, &o, &mut |_| {}).unwrap_err();
+    assert_eq!(e.to_string(), "calibration prompt 0");
+    let cause = std::error::Error::source(&e).expect("a source").to_string();
+    assert_eq!(cause, "token id 9999 out of range: vocabulary size is 64");
+    let e = CompiledModel::read(std::path::Path::new("/nonexistent/m.htpkv")).unwrap_err();
+    assert_eq!(e.to_string(), "cannot open /nonexistent/m.htpkv");
+    let cause = std::error::Error::source(&e).expect("a source").to_string();
+    assert_eq!(cause, "No such file or directory (os error 2)");
 }

@@ -1,0 +1,11 @@
+//! Replays the `jni_options` fuzz corpus (see fuzz/README.md) through its check.
+
+#[path = "../../fuzz/checks/jni_options.rs"]
+mod jni_options;
+#[path = "../../fuzz/checks/replay.rs"]
+mod replay;
+
+#[test]
+fn jni_options_corpus() {
+    replay::replay("jni_options", jni_options::check);
+}
