@@ -47,13 +47,13 @@ use std::str::FromStr;
 /// A config that could not be read, parsed or validated.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The file could not be read. The message carries the I/O error itself (it is not also chained
-    /// as a source, so reports print it once).
-    #[error("{}: cannot read the config: {error}", .path.display())]
-    Read {
-        path: PathBuf,
-        error: std::io::Error,
-    },
+    /// The file could not be read (missing, a directory, over the 1 MiB config cap — so
+    /// `/dev/zero` stops at the cap —, an I/O error); the error names the file.
+    #[error(transparent)]
+    File(#[from] llama2c::fsio::FileError),
+    /// The file is not UTF-8 text.
+    #[error("{}: the config is not UTF-8 text", .path.display())]
+    NotText { path: PathBuf },
     /// A field is missing, unknown, of the wrong type, or has a value the schema or the KV manager
     /// refuses.
     #[error("{}{}: field `{field}`: {problem}; expected {expected}", .path.display(), location(*.line, *.column))]
@@ -86,7 +86,7 @@ impl ConfigError {
     pub fn field(&self) -> Option<&str> {
         match self {
             ConfigError::Field { field, .. } => Some(field),
-            ConfigError::Read { .. } => None,
+            ConfigError::File(_) | ConfigError::NotText { .. } => None,
         }
     }
 
@@ -444,9 +444,9 @@ impl Config {
     /// Reads, parses and validates a config file.
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+        let bytes = llama2c::fsio::read_capped(path, llama2c::fsio::FileKind::CONFIG)?;
+        let text = String::from_utf8(bytes).map_err(|_| ConfigError::NotText {
             path: path.to_path_buf(),
-            error,
         })?;
         Config::from_yaml(&text, path)
     }

@@ -136,6 +136,9 @@ pub enum EngineError {
         #[source]
         error: std::io::Error,
     },
+    /// A file that could not be read (it names the file; capped, see `llama2c::fsio`).
+    #[error(transparent)]
+    File(#[from] llama2c::fsio::FileError),
     #[error("QNN backend: {0}")]
     Qnn(String),
     #[error("budget: {0}")]
@@ -171,7 +174,7 @@ impl EngineError {
             EngineError::Session(SessionError::Token { .. }) => "bad_option",
             EngineError::Session(SessionError::Graphs(_)) => "bad_model",
             EngineError::BadOption(_) => "bad_option",
-            EngineError::Io { .. } => "io",
+            EngineError::Io { .. } | EngineError::File(_) => "io",
             EngineError::Qnn(_) => "qnn",
             EngineError::Budget(_) => "budget",
         }

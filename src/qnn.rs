@@ -30,6 +30,16 @@ fn qnn_err(e: qnn_ffi::QnnError) -> EngineError {
     EngineError::Qnn(e.to_string())
 }
 
+/// A backend error whose cause is a QNN error: the message says what was being done, the cause is
+/// the source (printed once by reports).
+fn backend_err_from(what: &str, e: qnn_ffi::QnnError) -> BackendError {
+    BackendError {
+        backend: "qnn",
+        message: what.to_string(),
+        source: Some(Box::new(e)),
+    }
+}
+
 fn backend_err(message: String) -> BackendError {
     BackendError {
         backend: "qnn",
@@ -278,11 +288,7 @@ impl QnnBackend {
         let probe_host = memory == QnnMemory::Auto;
         let memory = MemoryUse::resolve(memory, reference, rpcmem.is_some());
         let system = QnnSystemLibrary::load(system_lib.unwrap_or(backend_lib)).map_err(qnn_err)?;
-        let binary = std::fs::read(binary_path).map_err(|error| EngineError::Io {
-            what: "reading the context binary",
-            path: binary_path.to_path_buf(),
-            error,
-        })?;
+        let binary = llama2c::fsio::read_capped(binary_path, llama2c::fsio::FileKind::COMPILED)?;
         let graphs = binary_graphs(&system, &binary)?;
         let log = qnn_ffi::Log::new(&lib, LogLevel::Warn).ok();
         let backend = qnn_ffi::Backend::new(&lib, log.as_ref()).map_err(qnn_err)?;
@@ -447,7 +453,7 @@ impl Backend for QnnBackend {
         for d in descs_in.iter().chain(&descs_out).flatten() {
             self.handles
                 .get(d)
-                .map_err(|e| backend_err(format!("registering memory: {e}")))?;
+                .map_err(|e| backend_err_from("registering memory", e))?;
         }
         let bind = |d: &Option<MemDescriptor>, ptr: *mut u8, len: usize| -> TensorData<'_> {
             match d.as_ref().and_then(|d| self.handles.get_existing(d)) {
@@ -466,11 +472,9 @@ impl Backend for QnnBackend {
             .zip(outputs)
             .map(|(d, b)| bind(d, b.ptr, b.len))
             .collect();
-        g.execute(&ins, &outs).map_err(|e| BackendError {
-            backend: "qnn",
-            message: e.to_string(),
-            source: Some(Box::new(e)),
-        })
+        let what = format!("executing graph `{}`", g.name());
+        g.execute(&ins, &outs)
+            .map_err(|e| backend_err_from(&what, e))
     }
 }
 

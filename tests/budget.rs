@@ -199,7 +199,13 @@ fn bad_configs_name_file_field_and_expectation() {
         assert!(msg.contains(needle), "{name}: {msg}");
     }
     let err = Config::load(dir.join("absent.yaml")).unwrap_err();
-    assert!(matches!(err, ConfigError::Read { .. }), "{err}");
+    assert!(matches!(err, ConfigError::File(_)), "{err}");
+    // Row 5 of the hostile-input issue: an endless input stops at the config cap.
+    let err = Config::load("/dev/zero").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "config /dev/zero is larger than the 1048576-byte cap for a config"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context as _;
 use qnn_ffi::{BinaryInfo, GraphInfo, Quantization, TensorInfo};
 use serde_json::{Value, json};
 
@@ -24,8 +23,7 @@ pub struct InspectArgs {
 
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let system = qnn_ffi::QnnSystemLibrary::load_from(args.qnn_system.as_deref())?;
-    let binary = std::fs::read(&args.file)
-        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let binary = llama2c::fsio::read_capped(&args.file, llama2c::fsio::FileKind::COMPILED)?;
     let mut ctx = qnn_ffi::SystemContext::new(&system)?;
     let info = ctx.binary_info(&binary)?;
     let text = if args.json {
