@@ -565,8 +565,8 @@ fn plot_regions(
         markers,
         legend,
     };
-    write_atomic(path, chart.render().as_bytes())
-        .with_context(|| format!("writing {}", path.display()))
+    // The writer's errors name the file.
+    Ok(write_atomic(path, chart.render().as_bytes())?)
 }
 
 /// One simulated step, as printed.
