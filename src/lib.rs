@@ -12,6 +12,7 @@ pub mod backend;
 pub mod budget;
 pub mod config;
 pub mod engine;
+pub mod persist;
 pub mod qnn;
 pub mod qnn_memory;
 pub mod reference;
