@@ -70,6 +70,13 @@ pub struct GenerateArgs {
     /// Print one JSON document (text and stats) to stdout instead of streaming text.
     #[arg(long)]
     json: bool,
+    /// After generating, save the session (tokens, K/V rows, last logits) to FILE, atomically.
+    #[arg(long, value_name = "FILE")]
+    save: Option<PathBuf>,
+    /// Before generating, restore a session saved with --save (same model, any --update); the
+    /// prompt is appended after its text, and an empty prompt continues it.
+    #[arg(long, value_name = "FILE")]
+    resume: Option<PathBuf>,
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
@@ -122,6 +129,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             eprintln!("{line}");
         }
     })?;
+    if let Some(path) = &args.resume {
+        engine.session_mut().restore(path).context("--resume")?;
+    }
     let generate = GenerateOptions {
         max_tokens: args.steps,
         sampler: SamplerOptions {
@@ -150,6 +160,11 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             }
         }
     })?;
+    if let Some(path) = &args.save {
+        let session = engine.session_mut();
+        session.feed_last(&generation)?;
+        session.save(path).context("--save")?;
+    }
     if let Some(e) = write_failed {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             return Ok(());
