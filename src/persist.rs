@@ -122,7 +122,7 @@ pub fn fingerprint(graphs: &[GraphDesc]) -> u32 {
 }
 
 impl<B: Backend> Session<B> {
-    /// Writes the session to `path` atomically (see the [module docs](self) for the format).
+    /// Writes the session to `path` atomically (format: [`crate::persist`]).
     pub fn save(&self, path: &Path) -> Result<(), PersistError> {
         let bytes = encode(
             fingerprint(self.backend().graphs()),
@@ -252,18 +252,21 @@ fn decode(data: &[u8]) -> Result<SavedSession, PersistError> {
     if version != VERSION {
         return Err(PersistError::Version { found: version });
     }
-    r.u32("reserved")?;
+    let reserved = r.u32("reserved")?;
+    if reserved != 0 {
+        return Err(PersistError::Malformed(format!(
+            "reserved header field is {reserved:#x}, not 0"
+        )));
+    }
     let payload_len = u64::from_le_bytes(r.take(8, "payload length")?.try_into().expect("8"));
     let stored = r.u32("checksum")?;
     let fingerprint = r.u32("fingerprint")?;
-    let available = data.len() - HEADER;
-    if payload_len != available as u64 {
-        return Err(PersistError::Truncated {
-            field: "payload",
-            offset: HEADER,
-            needed: payload_len,
-            available,
-        });
+    r.check(payload_len, "payload")?;
+    if payload_len < (data.len() - HEADER) as u64 {
+        return Err(PersistError::Malformed(format!(
+            "{} bytes after the {payload_len}-byte payload",
+            (data.len() - HEADER) as u64 - payload_len
+        )));
     }
     let computed = crc32(&data[HEADER..]);
     if stored != computed {
@@ -272,7 +275,7 @@ fn decode(data: &[u8]) -> Result<SavedSession, PersistError> {
     let (snapshot, tokens, logits) = read_payload(&mut r)?;
     if r.pos != data.len() {
         return Err(PersistError::Malformed(format!(
-            "{} bytes after the last row",
+            "the payload has {} bytes after the last row",
             data.len() - r.pos
         )));
     }
@@ -510,4 +513,58 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
         .and_then(|d| d.sync_all())
         .map_err(io("syncing the directory", dir))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> (KvSnapshot, Vec<u32>, Vec<f32>) {
+        let shape = RowShape {
+            layers: 1,
+            kv_heads: 1,
+            head_dim: 2,
+            dtype: DataType::U16,
+        };
+        let so = |scale, offset| ScaleOffset { scale, offset };
+        let encodings = vec![
+            QuantSpec {
+                dtype: DataType::U16,
+                encoding: Encoding::PerAxis {
+                    axis: 3,
+                    params: vec![so(0.5, -3), so(0.25, 7)],
+                },
+            },
+            QuantSpec {
+                dtype: DataType::U16,
+                encoding: Encoding::PerTensor(so(0.125, -32768)),
+            },
+        ];
+        let rows = vec![(0..12).collect(), (100..112).collect()];
+        let snapshot = KvSnapshot {
+            shape,
+            encodings,
+            len: 3,
+            rows,
+        };
+        (snapshot, vec![1, 5, 9], vec![0.5, -1.0, f32::MIN_POSITIVE])
+    }
+
+    #[test]
+    fn files_round_trip_and_every_prefix_or_bit_flip_is_an_error() {
+        let (snapshot, tokens, logits) = sample();
+        let bytes = encode(0xabcd_ef01, &snapshot, &tokens, &logits);
+        let saved = decode(&bytes).unwrap();
+        assert_eq!(saved.fingerprint, 0xabcd_ef01);
+        assert_eq!(saved.snapshot, snapshot);
+        assert_eq!((saved.tokens, saved.logits), (tokens, logits));
+        for cut in 0..bytes.len() {
+            assert!(decode(&bytes[..cut]).is_err(), "prefix of {cut} bytes");
+        }
+        for at in (0..bytes.len()).filter(|&at| !(28..32).contains(&at)) {
+            let mut flipped = bytes.clone();
+            flipped[at] ^= 0x04;
+            assert!(decode(&flipped).is_err(), "bit flip at {at}");
+        }
+    }
 }
