@@ -373,3 +373,52 @@ fn a_bad_session_file_is_refused_and_changes_nothing() {
     assert!(matches!(err, PersistError::Io { .. }), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `generate`, `feed_last`, save, restore, `generate("")` continues the text of one longer run; at a
+/// full context `feed_last` drops the last logits, so continuing is refused instead of repeating.
+#[test]
+fn feed_last_lets_a_resumed_generation_continue_the_same_text() {
+    use htpkv::session::{GenerateOptions, SessionError};
+    let Some((ckpt, tok)) = model() else { return };
+    let mut opts = CompileOptions::new(48, vec![1, 8]);
+    opts.kv_dtype = DataType::U16;
+    opts.calibration_prompts = vec![tok.encode("Once upon a time", true, false)];
+    let compiled = Arc::new(ref_backend::compile(&ckpt, &opts, &mut |_| {}).unwrap());
+    let options = |max_tokens| GenerateOptions {
+        max_tokens,
+        sampler: Default::default(),
+    };
+    let dir = scratch_dir("feed");
+    let path = dir.join("s.session");
+    let mut whole = session(&compiled, Strategy::Naive);
+    let whole = whole
+        .generate(&tok, "A frog", &options(24), &mut |_| true)
+        .unwrap();
+    let mut first = session(&compiled, Strategy::Conveyor);
+    let head = first
+        .generate(&tok, "A frog", &options(12), &mut |_| true)
+        .unwrap();
+    first.feed_last(&head).unwrap();
+    first.save(&path).unwrap();
+    let mut second = session(&compiled, Strategy::SHIFT_2X);
+    second.restore(&path).unwrap();
+    let tail = second
+        .generate(&tok, "", &options(12), &mut |_| true)
+        .unwrap();
+    assert_eq!([head.tokens, tail.tokens].concat(), whole.tokens);
+    assert_eq!(format!("{}{}", head.text, tail.text), whole.text);
+    // Run to the end of the context, then save: nothing to continue from.
+    let rest = second
+        .generate(&tok, "", &options(1000), &mut |_| true)
+        .unwrap();
+    assert_eq!(rest.stop, htpkv::session::StopReason::ContextFull);
+    second.feed_last(&rest).unwrap();
+    second.save(&path).unwrap();
+    first.restore(&path).unwrap();
+    assert!(first.last_logits().is_empty());
+    let err = first
+        .generate(&tok, "", &options(1), &mut |_| true)
+        .unwrap_err();
+    assert!(matches!(err, SessionError::Input(_)), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
