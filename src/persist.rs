@@ -99,7 +99,9 @@ struct SavedSession {
 
 /// The model's identity: CRC-32 of every graph's name and tensors (name, role, layer, head, shape,
 /// element type, encoding). Two compilations of one checkpoint with the same options agree; another
-/// checkpoint, context, AR set, K/V layout or calibration gives another fingerprint.
+/// context, AR set, K/V layout, element type or calibration gives another fingerprint. Weights are not
+/// part of a graph description: checkpoints of one architecture differ only through their calibrated
+/// encodings, and with float K/V they share a fingerprint.
 pub fn fingerprint(graphs: &[GraphDesc]) -> u32 {
     let mut w = Vec::new();
     for g in graphs {
