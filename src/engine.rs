@@ -466,6 +466,11 @@ impl Engine {
         &self.session
     }
 
+    /// The session, to save, restore or step it.
+    pub fn session_mut(&mut self) -> &mut Session<Box<dyn Backend>> {
+        &mut self.session
+    }
+
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer

@@ -4,6 +4,8 @@
 //! This root crate re-exports the building blocks:
 //! - [`quant`]: QNN fixed-point quantization math and calibration observers;
 //! - [`kv_manager`]: the KV cache region, its update strategies and IO binding plans.
+//!
+//! A [`session::Session`] runs steps; [`persist`] saves and restores one to a file.
 
 pub use kv_manager;
 pub use quant;
@@ -12,6 +14,7 @@ pub mod backend;
 pub mod budget;
 pub mod config;
 pub mod engine;
+pub mod persist;
 pub mod qnn;
 pub mod qnn_memory;
 pub mod reference;

@@ -260,6 +260,8 @@ pub struct Session<B: Backend> {
     mask: Vec<u8>,
     logits: Vec<f32>,
     last_logits: Vec<f32>,
+    /// The token ids in the cache, in order.
+    tokens: Vec<u32>,
     stats: SessionStats,
 }
 
@@ -351,6 +353,7 @@ impl<B: Backend> Session<B> {
             mask: Vec::new(),
             logits: Vec::new(),
             last_logits: Vec::new(),
+            tokens: Vec::new(),
             stats: SessionStats::default(),
         })
     }
@@ -398,15 +401,27 @@ impl<B: Backend> Session<B> {
         &self.last_logits
     }
 
+    /// The token ids in the cache, in order.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The cache, the cached token ids and the last logits, for restoring a saved session.
+    pub(crate) fn state_mut(&mut self) -> (&mut KvCache, &mut Vec<u32>, &mut Vec<f32>) {
+        (&mut self.cache, &mut self.tokens, &mut self.last_logits)
+    }
+
     /// Empties the cache.
     pub fn reset(&mut self) {
         self.cache.reset();
+        self.tokens.clear();
         self.last_logits.clear();
     }
 
     /// Truncates the cache to `len` tokens (the logits of the last token are then unknown).
     pub fn rollback(&mut self, len: usize) -> Result<(), SessionError> {
         self.cache.rollback(len)?;
+        self.tokens.truncate(len);
         self.last_logits.clear();
         Ok(())
     }
@@ -489,6 +504,7 @@ impl<B: Backend> Session<B> {
         // another or a visible past row (property-tested in kv_manager); the region outlives the call.
         unsafe { self.backend.execute(index, &inputs, &outputs)? };
         self.cache.commit(tokens.len())?;
+        self.tokens.extend_from_slice(tokens);
         let last = tokens.len() - 1;
         self.last_logits.clear();
         self.last_logits
@@ -683,7 +699,8 @@ impl<B: Backend> Session<B> {
     }
 
     /// Generates text after `prompt`. When the cache is empty the prompt starts with BOS; otherwise it
-    /// continues the cached text. Text streams to `on_text` in valid UTF-8 pieces; returning false stops.
+    /// continues the cached text, and an empty prompt continues from the last logits (e.g. of a
+    /// restored session). Text streams to `on_text` in valid UTF-8 pieces; returning false stops.
     pub fn generate(
         &mut self,
         codec: &dyn TextCodec,
@@ -693,13 +710,16 @@ impl<B: Backend> Session<B> {
     ) -> Result<Generation, SessionError> {
         let mut sampler = Sampler::new(options.sampler)?;
         let prompt_tokens = self.encode_fitting(codec, prompt)?;
-        if prompt_tokens.is_empty() {
+        let continuing = prompt_tokens.is_empty() && !self.last_logits.is_empty();
+        if prompt_tokens.is_empty() && !continuing {
             return Err(SessionError::Input(
                 "the prompt encodes to no tokens".into(),
             ));
         }
-        self.prefill(&prompt_tokens)?;
-        let mut prev = *prompt_tokens.last().expect("non-empty");
+        if !continuing {
+            self.prefill(&prompt_tokens)?;
+        }
+        let mut prev = *self.tokens.last().unwrap_or(&BOS);
         let mut tokens = Vec::new();
         let mut text = String::new();
         let mut utf8 = Utf8Stream::default();

@@ -200,3 +200,225 @@ fn generation_stops_at_the_context_limit() {
     assert_eq!(s.len(), 47);
     assert!(s.backend().graphs().len() == 2);
 }
+
+/// Greedy decode of `steps` tokens after the session's last logits; the logits of every step as bits.
+fn greedy_logits(s: &mut Session<ReferenceBackend>, steps: usize) -> Vec<Vec<u32>> {
+    let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut out = vec![bits(s.last_logits())];
+    for _ in 0..steps {
+        let token = llama2c::argmax(s.last_logits()) as u32;
+        out.push(bits(s.decode(token).expect("decode")));
+    }
+    out
+}
+
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("htpkv-persist-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Save after a prefill and some decode steps, restore into a fresh session of every strategy
+/// (including `shift` -> `smart_mask`): the next logits are bit-identical to never having stopped.
+#[test]
+fn restoring_a_saved_session_continues_bit_identically_under_every_strategy() {
+    let Some((ckpt, tok)) = model() else { return };
+    let compiled = compile(&ckpt, &tok, DataType::U8, WeightType::I8, &[1, 32]);
+    let prompt = tok.encode(
+        "Once upon a time, there was a big bear who lived in a cave near the river.",
+        true,
+        false,
+    );
+    let dir = scratch_dir("strategies");
+    for saved_under in STRATEGIES {
+        let mut uninterrupted = session(&compiled, saved_under);
+        uninterrupted.prefill(&prompt).unwrap();
+        let head = greedy_logits(&mut uninterrupted, 10);
+        let path = dir.join(format!("{}.session", saved_under.name()));
+        uninterrupted.save(&path).unwrap();
+        let tail = greedy_logits(&mut uninterrupted, 30);
+        for restored_under in STRATEGIES {
+            let mut resumed = session(&compiled, restored_under);
+            // Some history of its own, which the restore replaces.
+            resumed
+                .prefill(&tok.encode("A cat sat.", true, false))
+                .unwrap();
+            resumed.restore(&path).unwrap();
+            assert_eq!(resumed.len(), prompt.len() + 10);
+            assert_eq!(resumed.tokens()[..prompt.len()], prompt[..]);
+            assert_eq!(
+                greedy_logits(&mut resumed, 30),
+                tail,
+                "saved under {}, restored under {}",
+                saved_under.name(),
+                restored_under.name()
+            );
+        }
+        assert_eq!(head.len(), 11);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Every bad file is a typed error and leaves the session exactly as it was.
+#[test]
+fn a_bad_session_file_is_refused_and_changes_nothing() {
+    use htpkv::persist::PersistError;
+    let Some((ckpt, tok)) = model() else { return };
+    let compiled = compile(&ckpt, &tok, DataType::U8, WeightType::I8, &[1, 32]);
+    let dir = scratch_dir("bad");
+    let mut source = session(&compiled, Strategy::SHIFT_2X);
+    source
+        .prefill(&tok.encode("The sun was warm.", true, false))
+        .unwrap();
+    let good = dir.join("good.session");
+    source.save(&good).unwrap();
+    let bytes = std::fs::read(&good).unwrap();
+    // Nothing but the file is left in the directory (the temporary file was renamed).
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+
+    let mut target = session(&compiled, Strategy::SmartMask);
+    target
+        .prefill(&tok.encode("A dog ran home.", true, false))
+        .unwrap();
+    let state = |s: &Session<ReferenceBackend>| {
+        (
+            s.tokens().to_vec(),
+            s.last_logits().to_vec(),
+            s.cache().export_rows(),
+        )
+    };
+    let before = state(&target);
+    let with_crc = |mut b: Vec<u8>| {
+        let crc = ref_backend::crc32(&b[32..]);
+        b[24..28].copy_from_slice(&crc.to_le_bytes());
+        b
+    };
+    let mut cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", Vec::new()),
+        ("magic only", bytes[..8].to_vec()),
+        ("header only", bytes[..32].to_vec()),
+        ("truncated", bytes[..bytes.len() - 1].to_vec()),
+        ("one byte more", [bytes.clone(), vec![0]].concat()),
+        ("far too long", vec![0; bytes.len() * 100]),
+    ];
+    let mut flipped = bytes.clone();
+    flipped[bytes.len() / 2] ^= 0x10;
+    cases.push(("corrupted", flipped));
+    let mut magic = bytes.clone();
+    magic[0] = b'X';
+    cases.push(("magic", magic));
+    let mut version = bytes.clone();
+    version[8] = 9;
+    cases.push(("version", version));
+    let mut other_model = bytes.clone();
+    other_model[28] ^= 1;
+    cases.push(("fingerprint", other_model));
+    // A checksummed payload announcing 2^32 - 1 tokens: refused without allocating them.
+    let mut huge = bytes.clone();
+    let len_at = 32 + 13 + source.cache().spec().encodings.len() * 10;
+    huge[len_at..len_at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    cases.push(("huge count", with_crc(huge)));
+    // Layers and kv-heads swapped: well formed, same sizes, another geometry.
+    let mut swapped = bytes.clone();
+    assert_ne!(bytes[32..36], bytes[36..40], "layers == kv_heads");
+    swapped[32..36].copy_from_slice(&bytes[36..40]);
+    swapped[36..40].copy_from_slice(&bytes[32..36]);
+    cases.push(("geometry", with_crc(swapped)));
+    for (what, data) in cases {
+        let path = dir.join(format!("{what}.session"));
+        std::fs::write(&path, &data).unwrap();
+        let err = target.restore(&path).expect_err(what);
+        let expected = match what {
+            "empty" | "magic only" | "header only" | "truncated" => {
+                matches!(err, PersistError::Truncated { .. })
+            }
+            "huge count" => matches!(
+                err,
+                PersistError::Truncated {
+                    field: "token ids",
+                    ..
+                }
+            ),
+            "one byte more" => matches!(err, PersistError::Malformed(_)),
+            "far too long" => matches!(err, PersistError::TooLarge { .. }),
+            "corrupted" => matches!(err, PersistError::Checksum { .. }),
+            "magic" => matches!(err, PersistError::Magic { .. }),
+            "version" => matches!(err, PersistError::Version { found: 9 }),
+            "fingerprint" => matches!(err, PersistError::OtherModel { .. }),
+            "geometry" => matches!(err, PersistError::Cache(_)),
+            _ => unreachable!(),
+        };
+        assert!(expected, "{what}: {err}");
+        assert!(state(&target) == before, "{what} changed the session");
+    }
+    // Another model: a u16 cache (other geometry), and other AR variants (other graphs).
+    for other in [
+        compile(&ckpt, &tok, DataType::U16, WeightType::I8, &[1, 32]),
+        compile(&ckpt, &tok, DataType::U8, WeightType::I8, &[1, 16]),
+    ] {
+        let mut s = session(&other, Strategy::Naive);
+        let err = s.restore(&good).expect_err("another model");
+        assert!(
+            matches!(
+                err,
+                PersistError::Cache(_) | PersistError::OtherModel { .. }
+            ),
+            "{err}"
+        );
+        assert!(s.is_empty());
+    }
+    // A missing directory: an I/O error naming the path, and no file.
+    let missing = dir.join("no/such/dir/x.session");
+    let err = source.save(&missing).expect_err("missing dir");
+    assert!(matches!(err, PersistError::Io { .. }), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `generate`, `feed_last`, save, restore, `generate("")` continues the text of one longer run; at a
+/// full context `feed_last` drops the last logits, so continuing is refused instead of repeating.
+#[test]
+fn feed_last_lets_a_resumed_generation_continue_the_same_text() {
+    use htpkv::session::{GenerateOptions, SessionError};
+    let Some((ckpt, tok)) = model() else { return };
+    let mut opts = CompileOptions::new(48, vec![1, 8]);
+    opts.kv_dtype = DataType::U16;
+    opts.calibration_prompts = vec![tok.encode("Once upon a time", true, false)];
+    let compiled = Arc::new(ref_backend::compile(&ckpt, &opts, &mut |_| {}).unwrap());
+    let options = |max_tokens| GenerateOptions {
+        max_tokens,
+        sampler: Default::default(),
+    };
+    let dir = scratch_dir("feed");
+    let path = dir.join("s.session");
+    let mut whole = session(&compiled, Strategy::Naive);
+    let whole = whole
+        .generate(&tok, "A frog", &options(24), &mut |_| true)
+        .unwrap();
+    let mut first = session(&compiled, Strategy::Conveyor);
+    let head = first
+        .generate(&tok, "A frog", &options(12), &mut |_| true)
+        .unwrap();
+    first.feed_last(&head).unwrap();
+    first.save(&path).unwrap();
+    let mut second = session(&compiled, Strategy::SHIFT_2X);
+    second.restore(&path).unwrap();
+    let tail = second
+        .generate(&tok, "", &options(12), &mut |_| true)
+        .unwrap();
+    assert_eq!([head.tokens, tail.tokens].concat(), whole.tokens);
+    assert_eq!(format!("{}{}", head.text, tail.text), whole.text);
+    // Run to the end of the context, then save: nothing to continue from.
+    let rest = second
+        .generate(&tok, "", &options(1000), &mut |_| true)
+        .unwrap();
+    assert_eq!(rest.stop, htpkv::session::StopReason::ContextFull);
+    second.feed_last(&rest).unwrap();
+    second.save(&path).unwrap();
+    first.restore(&path).unwrap();
+    assert!(first.last_logits().is_empty());
+    let err = first
+        .generate(&tok, "", &options(1), &mut |_| true)
+        .unwrap_err();
+    assert!(matches!(err, SessionError::Input(_)), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -76,6 +76,13 @@ pub struct GenerateArgs {
     /// Print one JSON document (text and stats) to stdout instead of streaming text.
     #[arg(long)]
     json: bool,
+    /// After generating, save the session (tokens, K/V rows, last logits) to FILE, atomically.
+    #[arg(long, value_name = "FILE")]
+    save: Option<PathBuf>,
+    /// Before generating, restore a session saved with --save (same model, any --update); the
+    /// prompt is appended after its text, and an empty prompt continues it.
+    #[arg(long, value_name = "FILE")]
+    resume: Option<PathBuf>,
 }
 
 /// What a run actually uses, read back from the loaded model.
@@ -243,6 +250,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     })?;
     let ran = Ran::of(&engine);
     check_against_file(&args, &checked, &ran)?;
+    if let Some(path) = &args.resume {
+        engine.session_mut().restore(path).context("--resume")?;
+    }
     let strategy = checked.engine.strategy;
     let generate = checked.generate;
     let stdout = std::io::stdout();
@@ -270,6 +280,11 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             }
         }
     })?;
+    if let Some(path) = &args.save {
+        let session = engine.session_mut();
+        session.feed_last(&generation)?;
+        session.save(path).context("--save")?;
+    }
     if let Some(e) = write_failed {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             return Ok(());

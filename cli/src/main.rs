@@ -26,7 +26,7 @@ enum Command {
     /// Compile a llama2.c checkpoint into a reference-backend context binary.
     Compile(compile::CompileArgs),
     /// Generate text with a compiled model (compiled and cached on first use).
-    Generate(generate::GenerateArgs),
+    Generate(Box<generate::GenerateArgs>),
     /// List the graphs and IO tensors of a context binary through a QNN system library.
     Inspect(inspect::InspectArgs),
 }
@@ -37,7 +37,7 @@ fn main() -> std::process::ExitCode {
         Command::Budget(args) => budget::run_budget(args),
         Command::Plan(args) => budget::run_plan(args),
         Command::Compile(args) => compile::run(args),
-        Command::Generate(args) => generate::run(args),
+        Command::Generate(args) => generate::run(*args),
         Command::Inspect(args) => inspect::run(args),
     };
     match result {

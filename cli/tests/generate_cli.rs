@@ -206,3 +206,47 @@ fn compile_writes_a_file_and_rejects_a_truncated_checkpoint() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("cut.htpkv"));
 }
+
+/// 20 tokens saved, then 20 resumed (under another strategy) read exactly like one run of 40.
+#[test]
+fn generate_save_then_resume_continues_the_same_text() {
+    let Some(dir) = model_dir() else { return };
+    let work = scratch("resume");
+    let (dir, file) = (dir.to_str().unwrap(), work.join("story.session"));
+    let file = file.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model-dir", dir];
+        args.extend_from_slice(extra);
+        text(&htpkv(&args, &work))
+            .trim_end_matches('\n')
+            .to_string()
+    };
+    let first = run(&["--steps", "20", "--save", file, "--update", "shift"]);
+    let second = run(&["--steps", "20", "--resume", file, "--update", "smart_mask"]);
+    let whole = run(&["--steps", "40"]);
+    assert!(
+        first.len() > 20 && second.len() > 20,
+        "{first:?} {second:?}"
+    );
+    assert_eq!(format!("{first}{second}"), whole);
+    // A file that is not a session: a clear error, no text.
+    let bogus = work.join("bogus.session");
+    std::fs::write(&bogus, b"hello").unwrap();
+    let o = htpkv(
+        &[
+            "generate",
+            "--model-dir",
+            dir,
+            "--resume",
+            bogus.to_str().unwrap(),
+        ],
+        &work,
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--resume") && err.contains("truncated"),
+        "{err}"
+    );
+    assert!(o.stdout.is_empty());
+}

@@ -29,9 +29,9 @@ enum State {
 
 /// A location of one token's row: `start` byte, then `step` bytes between consecutive channels.
 #[derive(Debug, Clone, Copy)]
-struct RowRef {
-    start: usize,
-    step: usize,
+pub(crate) struct RowRef {
+    pub(crate) start: usize,
+    pub(crate) step: usize,
 }
 
 /// An application-managed KV cache for static-shape graphs.
@@ -289,6 +289,57 @@ impl KvCache {
         if let State::Shift { start, v1, .. } = &mut self.state {
             v1.copy_from_slice(start);
         }
+    }
+
+    /// The region as mutable bytes, for the snapshot import.
+    pub(crate) fn region_mut(&mut self) -> &mut [u8] {
+        self.region.as_mut_slice()
+    }
+
+    /// Where token `token` (< len) of buffer `buffer` lives now, whatever the strategy and layout.
+    pub(crate) fn token_row(&self, buffer: usize, token: usize) -> RowRef {
+        let g = &self.spec.geometry;
+        let (rb, e) = (g.row_bytes(), g.dtype.size_bytes());
+        match &self.state {
+            State::Shift { reserve, v1, .. } => {
+                let end = v1[buffer / (2 * g.kv_heads)];
+                RowRef {
+                    start: (buffer * reserve + end - self.len + token) * rb,
+                    step: e,
+                }
+            }
+            State::Conveyor => RowRef {
+                start: (buffer * g.context + g.max_window() + token) * rb,
+                step: e,
+            },
+            State::Slots { stride, .. } => {
+                let (tensor, head) = match g.granularity {
+                    Granularity::PerHead => (buffer, 0),
+                    Granularity::PerLayer => {
+                        let (layer, head, kind) = g.buffer_coords(buffer);
+                        (layer * 2 + usize::from(kind == TensorKind::Value), head)
+                    }
+                };
+                let slot = if self.spec.strategy == Strategy::Naive {
+                    stride - self.len + token
+                } else {
+                    token
+                };
+                self.slot_row(tensor, head, slot, *stride)
+            }
+        }
+    }
+
+    /// Empties the cache and makes it hold `len` tokens whose rows are then written at
+    /// [`KvCache::token_row`] (the snapshot import; `len <= capacity` is checked by the caller).
+    pub(crate) fn reset_to_len(&mut self, len: usize) {
+        self.reset();
+        let w_max = self.spec.geometry.max_window();
+        if let State::Slots { stride, .. } = &mut self.state {
+            // Any layout is free while empty; the largest window holds the whole capacity.
+            *stride = w_max;
+        }
+        self.len = len;
     }
 
     fn add_copy(&mut self, bytes: usize) {

@@ -101,4 +101,11 @@ pub enum KvError {
         expected: usize,
         found: usize,
     },
+    /// A snapshot does not fit the cache it is imported into.
+    #[error("snapshot does not fit this cache: {what} is {snapshot}, the cache has {cache}")]
+    SnapshotMismatch {
+        what: &'static str,
+        cache: String,
+        snapshot: String,
+    },
 }

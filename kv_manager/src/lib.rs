@@ -36,6 +36,12 @@
 //! S - 1`). Hence no step overwrites a valid row or a row being read, with zero copies for any mix of AR
 //! variants, partial commits, rollbacks and resets; the property tests check exactly this. The region
 //! ends after the last buffer's last possible output: `(B - 1)*S + W_max + (S - 1)` rows.
+//!
+//! ## Snapshots
+//! [`KvCache::export_rows`] reads the valid rows of every buffer in logical order (token 0..len) into
+//! a [`KvSnapshot`], whatever the strategy and layout; [`KvCache::import_rows`] refills a cache of the
+//! same row shape and encodings, with any strategy and layout, so that later steps see exactly those
+//! rows (see [`snapshot`]). Sessions are saved and restored this way.
 
 mod cache;
 mod counters;
@@ -44,6 +50,7 @@ mod geometry;
 mod plan;
 mod region;
 pub mod size;
+pub mod snapshot;
 pub mod workload;
 
 pub use cache::KvCache;
@@ -58,3 +65,4 @@ pub use size::{
     MAX_AR_VARIANTS, MAX_BUFFERS, MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS,
     MAX_RESERVE_ROWS, Size,
 };
+pub use snapshot::{KvSnapshot, RowShape};

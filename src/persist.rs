@@ -1,0 +1,572 @@
+//! Saving and restoring a session: [`Session::save`] and [`Session::restore`].
+//!
+//! A session file holds what the next step needs and nothing of the cache's layout: the valid K/V
+//! rows of every buffer in logical order and in their stored (fixed-point) bytes, the buffers'
+//! encodings, the token ids (their count is the length; positions are 0..len), the logits of the last
+//! token and the model fingerprint. Restoring into a session of the same model with any strategy
+//! gives bit-identical next logits to never having stopped.
+//!
+//! # File format (version 1, little endian)
+//! ```text
+//! offset 0   magic        8 bytes  "HTPKVSES"
+//! offset 8   version      u32      1
+//! offset 12  reserved     u32      0
+//! offset 16  payload_len  u64      bytes after the 32-byte header (must be all of them)
+//! offset 24  crc32        u32      CRC-32 (IEEE) of the payload
+//! offset 28  fingerprint  u32      CRC-32 of the model's graph descriptions (see `fingerprint`)
+//! payload:
+//!   layers, kv_heads, head_dim  u32 each;  dtype  u8 (0 u8, 1 u16, 2 i8, 3 i16, 4 f16, 5 f32)
+//!   per buffer (layer, kv-head, K then V): encoding = dtype u8, kind u8 (0 float, 1 per-tensor,
+//!     2 per-axis), then scale f32 + offset i32 (per-tensor) or axis u32, count u32, count x
+//!     (scale f32, offset i32) (per-axis)
+//!   len u32, then len token ids u32
+//!   logits count u32 (0 or the vocabulary size), then that many f32
+//!   per buffer: len x head_dim elements, token 0 first, channels in order
+//! ```
+//!
+//! Reading checks the file length against the most a session of this model can take before reading
+//! it, and every count against the bytes left before using it. The file is written atomically: a
+//! temporary file in the same directory, fsync, rename over the target, fsync of the directory.
+//! Every refusal is a [`PersistError`] and leaves the session exactly as it was.
+
+use crate::backend::{Backend, GraphDesc};
+use crate::session::{Generation, Session, SessionError, StopReason};
+use kv_manager::{KvError, KvSnapshot, RowShape};
+use quant::{DataType, Encoding, QuantSpec, ScaleOffset};
+use ref_backend::crc32;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 8] = b"HTPKVSES";
+/// The file format version this build writes and reads.
+pub const VERSION: u32 = 1;
+const HEADER: usize = 32;
+
+/// Why a session could not be saved or restored.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    /// Reading, writing, syncing or renaming a file failed.
+    #[error("{op} {}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file does not start with the session magic.
+    #[error("not an htpkv session file (it starts with {found:02x?})")]
+    Magic { found: Vec<u8> },
+    /// The file was written by another version of the format.
+    #[error("session file version {found} is not supported (this build reads version {VERSION})")]
+    Version { found: u32 },
+    /// The file is longer than any session of this model can be.
+    #[error("session file is {len} bytes, more than the {max} a session of this model takes")]
+    TooLarge { len: u64, max: u64 },
+    /// The file ends before a field it announces.
+    #[error(
+        "session file truncated: {field} at offset {offset} needs {needed} bytes, {available} left"
+    )]
+    Truncated {
+        field: &'static str,
+        offset: usize,
+        needed: u64,
+        available: usize,
+    },
+    /// The payload does not match its checksum.
+    #[error("session file corrupted: stored checksum {stored:08x}, computed {computed:08x}")]
+    Checksum { stored: u32, computed: u32 },
+    /// A field holds a value no writer produces.
+    #[error("session file malformed: {0}")]
+    Malformed(String),
+    /// The K/V rows do not fit this session's cache (geometry, encodings, length).
+    #[error("session file does not fit this model's KV cache")]
+    Cache(#[source] KvError),
+    /// The file was saved for another compiled model.
+    #[error(
+        "session file was saved for another model (fingerprint {file:08x}, this model {model:08x})"
+    )]
+    OtherModel { file: u32, model: u32 },
+}
+
+/// A parsed session file.
+#[derive(Debug)]
+struct SavedSession {
+    fingerprint: u32,
+    snapshot: KvSnapshot,
+    tokens: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+/// The model's identity: CRC-32 of every graph's name and tensors (name, role, layer, head, shape,
+/// element type, encoding). Two compilations of one checkpoint with the same options agree; another
+/// context, AR set, K/V layout, element type or calibration gives another fingerprint. Weights are not
+/// part of a graph description: checkpoints of one architecture differ only through their calibrated
+/// encodings, and with float K/V they share a fingerprint.
+pub fn fingerprint(graphs: &[GraphDesc]) -> u32 {
+    let mut w = Vec::new();
+    for g in graphs {
+        put_str(&mut w, &g.name);
+        for t in g.inputs.iter().chain(&g.outputs) {
+            put_str(&mut w, &t.name);
+            put_str(
+                &mut w,
+                &format!("{:?} {:?} {:?} {:?}", t.role, t.layer, t.head, t.dtype),
+            );
+            put_u32(&mut w, t.shape.len() as u32);
+            t.shape.iter().for_each(|&d| put_u32(&mut w, d as u32));
+            match &t.quant {
+                Some(q) => put_encoding(&mut w, q),
+                None => w.push(0xff),
+            }
+        }
+    }
+    crc32(&w)
+}
+
+impl<B: Backend> Session<B> {
+    /// Writes the session to `path` atomically (format: [`crate::persist`]).
+    pub fn save(&self, path: &Path) -> Result<(), PersistError> {
+        let bytes = encode(
+            fingerprint(self.backend().graphs()),
+            &self.cache().export_rows(),
+            self.tokens(),
+            self.last_logits(),
+        );
+        write_atomically(path, &bytes)
+    }
+
+    /// Replaces the session's tokens, K/V rows and last logits with those saved in `path`. The file
+    /// must come from the same compiled model (any strategy); on any error the session is unchanged.
+    pub fn restore(&mut self, path: &Path) -> Result<(), PersistError> {
+        let data = read_bounded(path, self.max_file_bytes())?;
+        let saved = decode(&data)?;
+        saved
+            .snapshot
+            .check_fits(self.cache())
+            .map_err(PersistError::Cache)?;
+        let model = fingerprint(self.backend().graphs());
+        if saved.fingerprint != model {
+            return Err(PersistError::OtherModel {
+                file: saved.fingerprint,
+                model,
+            });
+        }
+        if let Some(&t) = saved
+            .tokens
+            .iter()
+            .find(|&&t| t as usize >= self.vocab_size())
+        {
+            return Err(PersistError::Malformed(format!(
+                "token {t} is outside the vocabulary of {} tokens",
+                self.vocab_size()
+            )));
+        }
+        if !saved.logits.is_empty()
+            && (saved.logits.len() != self.vocab_size() || saved.tokens.is_empty())
+        {
+            return Err(PersistError::Malformed(format!(
+                "{} logits for {} tokens and a vocabulary of {}",
+                saved.logits.len(),
+                saved.tokens.len(),
+                self.vocab_size()
+            )));
+        }
+        let (cache, tokens, logits) = self.state_mut();
+        cache
+            .import_rows(&saved.snapshot)
+            .map_err(PersistError::Cache)?;
+        *tokens = saved.tokens;
+        *logits = saved.logits;
+        Ok(())
+    }
+
+    /// Runs the last token of `generation` into the cache when `generate` sampled it without feeding it
+    /// back (it stopped on the token budget or the callback), so that the cache holds the whole text and
+    /// the logits of its last token: a session saved then continues exactly where the text stopped.
+    /// When the context has no room left for it, the last logits are dropped instead, so continuing
+    /// is refused rather than repeating that token.
+    pub fn feed_last(&mut self, generation: &Generation) -> Result<(), SessionError> {
+        let Some(&last) = generation.tokens.last() else {
+            return Ok(());
+        };
+        match generation.stop {
+            StopReason::EndOfText => Ok(()),
+            _ if self.len() < self.capacity() => self.decode(last).map(|_| ()),
+            _ => self.rollback(self.len()),
+        }
+    }
+
+    /// The largest file a session of this model can be saved as.
+    fn max_file_bytes(&self) -> u64 {
+        let shape = RowShape::of(&self.cache().spec().geometry);
+        let mut encodings = Vec::new();
+        self.cache()
+            .spec()
+            .encodings
+            .iter()
+            .for_each(|q| put_encoding(&mut encodings, q));
+        let capacity = self.capacity() as u64;
+        let per_token = 4 + shape.buffers() as u64 * shape.row_bytes() as u64;
+        (HEADER + 13 + encodings.len() + 8) as u64
+            + 4 * self.vocab_size() as u64
+            + capacity * per_token
+    }
+}
+
+fn encode(fingerprint: u32, snapshot: &KvSnapshot, tokens: &[u32], logits: &[f32]) -> Vec<u8> {
+    let mut p = Vec::new();
+    let shape = snapshot.shape;
+    for n in [shape.layers, shape.kv_heads, shape.head_dim] {
+        put_u32(&mut p, n as u32);
+    }
+    p.push(dtype_code(shape.dtype));
+    snapshot
+        .encodings
+        .iter()
+        .for_each(|q| put_encoding(&mut p, q));
+    put_u32(&mut p, tokens.len() as u32);
+    tokens.iter().for_each(|&t| put_u32(&mut p, t));
+    put_u32(&mut p, logits.len() as u32);
+    logits
+        .iter()
+        .for_each(|x| p.extend_from_slice(&x.to_le_bytes()));
+    snapshot.rows.iter().for_each(|r| p.extend_from_slice(r));
+    let mut out = Vec::with_capacity(HEADER + p.len());
+    out.extend_from_slice(MAGIC);
+    put_u32(&mut out, VERSION);
+    put_u32(&mut out, 0);
+    out.extend_from_slice(&(p.len() as u64).to_le_bytes());
+    put_u32(&mut out, crc32(&p));
+    put_u32(&mut out, fingerprint);
+    out.extend_from_slice(&p);
+    out
+}
+
+fn decode(data: &[u8]) -> Result<SavedSession, PersistError> {
+    let mut r = Reader { data, pos: 0 };
+    let magic = r.take(8, "magic")?;
+    if magic != MAGIC {
+        return Err(PersistError::Magic {
+            found: magic.to_vec(),
+        });
+    }
+    let version = r.u32("version")?;
+    if version != VERSION {
+        return Err(PersistError::Version { found: version });
+    }
+    let reserved = r.u32("reserved")?;
+    if reserved != 0 {
+        return Err(PersistError::Malformed(format!(
+            "reserved header field is {reserved:#x}, not 0"
+        )));
+    }
+    let payload_len = u64::from_le_bytes(r.take(8, "payload length")?.try_into().expect("8"));
+    let stored = r.u32("checksum")?;
+    let fingerprint = r.u32("fingerprint")?;
+    r.check(payload_len, "payload")?;
+    if payload_len < (data.len() - HEADER) as u64 {
+        return Err(PersistError::Malformed(format!(
+            "{} bytes after the {payload_len}-byte payload",
+            (data.len() - HEADER) as u64 - payload_len
+        )));
+    }
+    let computed = crc32(&data[HEADER..]);
+    if stored != computed {
+        return Err(PersistError::Checksum { stored, computed });
+    }
+    let (snapshot, tokens, logits) = read_payload(&mut r)?;
+    if r.pos != data.len() {
+        return Err(PersistError::Malformed(format!(
+            "the payload has {} bytes after the last row",
+            data.len() - r.pos
+        )));
+    }
+    Ok(SavedSession {
+        fingerprint,
+        snapshot,
+        tokens,
+        logits,
+    })
+}
+
+fn read_payload(r: &mut Reader<'_>) -> Result<(KvSnapshot, Vec<u32>, Vec<f32>), PersistError> {
+    let shape = RowShape {
+        layers: r.u32("layers")? as usize,
+        kv_heads: r.u32("kv_heads")? as usize,
+        head_dim: r.u32("head_dim")? as usize,
+        dtype: dtype_from(r.u8("dtype")?)?,
+    };
+    // Each buffer's encoding takes at least 2 bytes: the count is bounded by the file.
+    let buffers = (shape.layers as u64)
+        .saturating_mul(shape.kv_heads as u64)
+        .saturating_mul(2);
+    r.check(buffers.saturating_mul(2), "encodings")?;
+    let buffers = buffers as usize;
+    let encodings = (0..buffers)
+        .map(|_| read_encoding(r))
+        .collect::<Result<Vec<_>, _>>()?;
+    let len = r.count(4, "token ids")?;
+    let tokens = (0..len)
+        .map(|_| r.u32("token id"))
+        .collect::<Result<_, _>>()?;
+    let count = r.count(4, "logits")?;
+    let logits = (0..count)
+        .map(|_| r.u32("logit").map(f32::from_bits))
+        .collect::<Result<_, _>>()?;
+    let buffer_bytes = (len as u64).saturating_mul(shape.row_bytes() as u64);
+    r.check(buffer_bytes.saturating_mul(buffers as u64), "K/V rows")?;
+    let rows = (0..buffers)
+        .map(|_| {
+            r.take(buffer_bytes as usize, "K/V rows")
+                .map(<[u8]>::to_vec)
+        })
+        .collect::<Result<_, _>>()?;
+    let snapshot = KvSnapshot {
+        shape,
+        encodings,
+        len,
+        rows,
+    };
+    Ok((snapshot, tokens, logits))
+}
+
+fn read_encoding(r: &mut Reader<'_>) -> Result<QuantSpec, PersistError> {
+    let dtype = dtype_from(r.u8("encoding dtype")?)?;
+    let scale_offset = |r: &mut Reader<'_>| -> Result<ScaleOffset, PersistError> {
+        Ok(ScaleOffset {
+            scale: f32::from_bits(r.u32("scale")?),
+            offset: r.u32("offset")? as i32,
+        })
+    };
+    let encoding = match r.u8("encoding kind")? {
+        0 => Encoding::Float,
+        1 => Encoding::PerTensor(scale_offset(r)?),
+        2 => {
+            let axis = r.u32("axis")? as usize;
+            let count = r.count(8, "per-axis encodings")?;
+            let params = (0..count)
+                .map(|_| scale_offset(r))
+                .collect::<Result<_, _>>()?;
+            Encoding::PerAxis { axis, params }
+        }
+        kind => {
+            return Err(PersistError::Malformed(format!(
+                "unknown encoding kind {kind}"
+            )));
+        }
+    };
+    Ok(QuantSpec { dtype, encoding })
+}
+
+fn put_u32(w: &mut Vec<u8>, v: u32) {
+    w.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_str(w: &mut Vec<u8>, s: &str) {
+    put_u32(w, s.len() as u32);
+    w.extend_from_slice(s.as_bytes());
+}
+
+fn put_encoding(w: &mut Vec<u8>, q: &QuantSpec) {
+    w.push(dtype_code(q.dtype));
+    let put_so = |w: &mut Vec<u8>, so: &ScaleOffset| {
+        put_u32(w, so.scale.to_bits());
+        put_u32(w, so.offset as u32);
+    };
+    match &q.encoding {
+        Encoding::Float => w.push(0),
+        Encoding::PerTensor(so) => {
+            w.push(1);
+            put_so(w, so);
+        }
+        Encoding::PerAxis { axis, params } => {
+            w.push(2);
+            put_u32(w, *axis as u32);
+            put_u32(w, params.len() as u32);
+            params.iter().for_each(|so| put_so(w, so));
+        }
+    }
+}
+
+fn dtype_code(dtype: DataType) -> u8 {
+    DataType::ALL
+        .iter()
+        .position(|&d| d == dtype)
+        .expect("listed") as u8
+}
+
+fn dtype_from(code: u8) -> Result<DataType, PersistError> {
+    DataType::ALL
+        .get(usize::from(code))
+        .copied()
+        .ok_or_else(|| PersistError::Malformed(format!("unknown data type code {code}")))
+}
+
+/// Reads little-endian fields, checking every size against the bytes left before using it.
+struct Reader<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn check(&self, needed: u64, field: &'static str) -> Result<(), PersistError> {
+        let available = self.data.len() - self.pos;
+        if needed > available as u64 {
+            return Err(PersistError::Truncated {
+                field,
+                offset: self.pos,
+                needed,
+                available,
+            });
+        }
+        Ok(())
+    }
+
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], PersistError> {
+        self.check(n as u64, field)?;
+        let out = &self.data[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(out)
+    }
+
+    fn u8(&mut self, field: &'static str) -> Result<u8, PersistError> {
+        Ok(self.take(1, field)?[0])
+    }
+
+    fn u32(&mut self, field: &'static str) -> Result<u32, PersistError> {
+        Ok(u32::from_le_bytes(
+            self.take(4, field)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    /// A u32 count of `elem` -byte items that must fit in the bytes left.
+    fn count(&mut self, elem: u64, field: &'static str) -> Result<usize, PersistError> {
+        let n = self.u32(field)?;
+        self.check(u64::from(n) * elem, field)?;
+        Ok(n as usize)
+    }
+}
+
+/// Reads `path` if it is at most `max` bytes (checked before reading, and while reading).
+fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, PersistError> {
+    let io = |op| {
+        move |source| PersistError::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    };
+    let file = std::fs::File::open(path).map_err(io("opening"))?;
+    let len = file.metadata().map_err(io("reading the size of"))?.len();
+    if len > max {
+        return Err(PersistError::TooLarge { len, max });
+    }
+    let mut data = Vec::with_capacity(len as usize);
+    file.take(max + 1)
+        .read_to_end(&mut data)
+        .map_err(io("reading"))?;
+    if data.len() as u64 > max {
+        return Err(PersistError::TooLarge {
+            len: data.len() as u64,
+            max,
+        });
+    }
+    Ok(data)
+}
+
+/// Writes `bytes` to a temporary file next to `path`, syncs it, renames it over `path` and syncs the
+/// directory: `path` holds either its old contents or all of the new ones, even after a crash.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
+    let io = |op, at: &Path| {
+        let at = at.to_path_buf();
+        move |source| PersistError::Io {
+            op,
+            path: at,
+            source,
+        }
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().ok_or_else(|| PersistError::Io {
+        op: "saving to",
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"),
+    })?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp).map_err(io("creating", &tmp))?;
+        f.write_all(bytes).map_err(io("writing", &tmp))?;
+        f.sync_all().map_err(io("syncing", &tmp))?;
+        std::fs::rename(&tmp, path).map_err(io("renaming the temporary file to", path))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    // The rename is durable once the directory entry is.
+    #[cfg(unix)]
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("syncing the directory", dir))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> (KvSnapshot, Vec<u32>, Vec<f32>) {
+        let shape = RowShape {
+            layers: 1,
+            kv_heads: 1,
+            head_dim: 2,
+            dtype: DataType::U16,
+        };
+        let so = |scale, offset| ScaleOffset { scale, offset };
+        let encodings = vec![
+            QuantSpec {
+                dtype: DataType::U16,
+                encoding: Encoding::PerAxis {
+                    axis: 3,
+                    params: vec![so(0.5, -3), so(0.25, 7)],
+                },
+            },
+            QuantSpec {
+                dtype: DataType::U16,
+                encoding: Encoding::PerTensor(so(0.125, -32768)),
+            },
+        ];
+        let rows = vec![(0..12).collect(), (100..112).collect()];
+        let snapshot = KvSnapshot {
+            shape,
+            encodings,
+            len: 3,
+            rows,
+        };
+        (snapshot, vec![1, 5, 9], vec![0.5, -1.0, f32::MIN_POSITIVE])
+    }
+
+    #[test]
+    fn files_round_trip_and_every_prefix_or_bit_flip_is_an_error() {
+        let (snapshot, tokens, logits) = sample();
+        let bytes = encode(0xabcd_ef01, &snapshot, &tokens, &logits);
+        let saved = decode(&bytes).unwrap();
+        assert_eq!(saved.fingerprint, 0xabcd_ef01);
+        assert_eq!(saved.snapshot, snapshot);
+        assert_eq!((saved.tokens, saved.logits), (tokens, logits));
+        for cut in 0..bytes.len() {
+            assert!(decode(&bytes[..cut]).is_err(), "prefix of {cut} bytes");
+        }
+        for at in (0..bytes.len()).filter(|&at| !(28..32).contains(&at)) {
+            let mut flipped = bytes.clone();
+            flipped[at] ^= 0x04;
+            assert!(decode(&flipped).is_err(), "bit flip at {at}");
+        }
+    }
+}
