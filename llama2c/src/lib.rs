@@ -29,6 +29,6 @@ pub use files::{
     CHECKPOINT_NAME, GENERIC_CHECKPOINT_NAME, GENERIC_TOKENIZER_NAME, MODEL_DIR_ENV, ModelFiles,
     STORIES260K_BYTES, STORIES260K_SHA256, TOK512_BYTES, TOK512_SHA256, TOKENIZER_NAME, sha256_hex,
 };
-pub use model::FloatModel;
+pub use model::{FloatModel, llama_config};
 pub use ops::{argmax, dot, matmul, rmsnorm, rmsnorm_inplace, rope_rotate, silu, softmax};
 pub use tokenizer::Tokenizer;
