@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::gguf::GgufError;
+
 /// Everything that can go wrong describing, loading or running a model.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -43,6 +45,16 @@ pub enum Error {
         /// The I/O error.
         #[source]
         source: std::io::Error,
+    },
+
+    /// A GGUF file is malformed or holds something this crate does not support.
+    #[error("bad GGUF file {origin}")]
+    Gguf {
+        /// File path or caller label.
+        origin: String,
+        /// What is wrong.
+        #[source]
+        source: GgufError,
     },
 
     /// A metadata key the loader needs is missing or has the wrong type.

@@ -6,6 +6,7 @@
 mod config;
 mod error;
 mod forward;
+pub mod gguf;
 pub mod ops;
 mod weights;
 
