@@ -86,6 +86,14 @@ pub enum Error {
         reason: String,
     },
 
+    /// The chat template could not be compiled or rendered.
+    #[error("chat template")]
+    Template {
+        /// The template engine's error.
+        #[source]
+        source: minijinja::Error,
+    },
+
     /// A token id is not below the vocabulary size.
     #[error("token {token} is out of range for a vocabulary of {vocab_size}")]
     TokenOutOfRange {

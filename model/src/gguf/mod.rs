@@ -6,12 +6,14 @@
 //! a [`GgufError`], never a huge allocation or a panic. Metadata is held compactly (numeric
 //! arrays as typed vectors), so its memory is a small multiple of the bytes it was read from.
 
+mod llama;
 mod types;
 mod value;
 
 use std::collections::HashSet;
 use std::io::{Read, Seek, SeekFrom};
 
+pub use llama::{GgufModel, gguf_name, llama_config, read_weights};
 pub use types::{GgmlType, dequantize};
 pub use value::{Array, Value};
 
