@@ -382,4 +382,4 @@ fn add(x: &mut [f32], y: &[f32]) {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

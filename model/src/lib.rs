@@ -8,6 +8,7 @@ mod config;
 mod error;
 mod forward;
 pub mod gguf;
+pub mod hf;
 pub mod ops;
 mod tokenizer;
 mod weights;
