@@ -148,3 +148,6 @@ impl ChatTemplate {
         self.env.render_str(&self.source, ctx).map_err(template_err)
     }
 }
+
+#[cfg(test)]
+mod tests;

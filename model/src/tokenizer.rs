@@ -218,3 +218,6 @@ fn add_typed_tokens(
     inner.add_tokens(&of_type(TOKEN_TYPE_USER_DEFINED, false));
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -245,3 +245,6 @@ fn reject_rope_scaling(m: &Meta<'_>) -> Result<(), Error> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -386,4 +386,4 @@ fn read_tensor_info<R: Read>(b: &mut Bounded<R>, i: u64) -> Result<TensorInfo, G
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -40,6 +40,17 @@ impl Writer {
         self.kv.push((k.into(), 9, p));
         self
     }
+    pub fn i32_array(&mut self, k: &str, v: &[i32]) -> &mut Self {
+        let mut p = 5u32.to_le_bytes().to_vec();
+        p.extend((v.len() as u64).to_le_bytes());
+        v.iter().for_each(|x| p.extend(x.to_le_bytes()));
+        self.kv.push((k.into(), 9, p));
+        self
+    }
+    pub fn bool(&mut self, k: &str, v: bool) -> &mut Self {
+        self.kv.push((k.into(), 7, vec![u8::from(v)]));
+        self
+    }
     pub fn f32_tensor(&mut self, name: &str, dims: &[u64], data: &[f32]) -> &mut Self {
         let bytes = data.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.tensors
