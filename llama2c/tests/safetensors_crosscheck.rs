@@ -71,7 +71,7 @@ fn max_logit_diff(ck: &Arc<Checkpoint>, tok: &Tokenizer, permute: bool) -> f32 {
     let hf = HfModel::load(&dir).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(hf.config.rope.pairing, ::model::RopePairing::HalfSplit);
-    let mut theirs = ::model::FloatModel::new(hf.config.clone(), Arc::new(hf.weights), 64).unwrap();
+    let mut theirs = ::model::FloatModel::new(hf.config.clone(), hf.weights.clone(), 64).unwrap();
     let mut ours = FloatModel::new(ck.clone());
     let tokens = tok.encode(
         "Once upon a time, a little dog found a red ball.",

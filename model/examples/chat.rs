@@ -3,7 +3,6 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use model::gguf::GgufModel;
@@ -21,7 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let prompt = chat.render_chat(&[Message::new("user", &question.to_string_lossy())], true)?;
     let ids = tok.encode(&prompt, true)?;
     let stop = m.config.special.stop_tokens();
-    let mut fm = FloatModel::new(m.config.clone(), Arc::new(m.weights), 1024)?;
+    let mut fm = FloatModel::new(m.config.clone(), m.weights.clone(), 1024)?;
     let t1 = Instant::now();
     for (pos, &t) in ids[..ids.len() - 1].iter().enumerate() {
         fm.forward(t, pos)?;

@@ -6,6 +6,7 @@
 //! `qwen2` (Q/K/V biases).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value as Json;
@@ -20,8 +21,8 @@ use crate::{
 pub struct HfModel {
     /// The description.
     pub config: LlamaConfig,
-    /// Weights as f32.
-    pub weights: Weights,
+    /// Weights as f32, shareable with [`crate::FloatModel`].
+    pub weights: Arc<Weights>,
 }
 
 /// Hugging Face's name of tensor `t`.
@@ -72,7 +73,10 @@ impl HfModel {
         if let Some(t) = wanted.first() {
             return Err(Error::MissingTensor { name: hf_name(*t) });
         }
-        Ok(HfModel { config, weights })
+        Ok(HfModel {
+            config,
+            weights: Arc::new(weights),
+        })
     }
 }
 

@@ -5,11 +5,11 @@
 //! environment variable `CI` is set, and otherwise print how to fetch it and pass.
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use model::gguf::GgufModel;
-use model::{ChatTemplate, FloatModel, HfTokenizer, Message, Weights};
+use model::{ChatTemplate, FloatModel, HfTokenizer, Message};
 
 const FETCH: &str = "run scripts/fetch-smollm2.sh to fetch SmolLM2-135M-Instruct";
 
@@ -151,8 +151,7 @@ fn float_forward_answers_paris() {
         .render_chat(&[Message::new("user", QUESTION)], true)
         .unwrap();
     let ids = tok.encode(&prompt, true).unwrap();
-    let weights: Arc<Weights> = Arc::new(m.weights.clone());
-    let mut fm = FloatModel::new(m.config.clone(), weights, 256).unwrap();
+    let mut fm = FloatModel::new(m.config.clone(), m.weights.clone(), 256).unwrap();
     let t0 = Instant::now();
     let answer = fm
         .generate_greedy(&ids, 32, &m.config.special.stop_tokens())

@@ -8,6 +8,7 @@
 use std::fs::File;
 use std::io::{BufReader, Read, Seek};
 use std::path::Path;
+use std::sync::Arc;
 
 use super::{GgufFile, Value};
 use crate::{
@@ -20,8 +21,8 @@ use crate::{
 pub struct GgufModel {
     /// The description.
     pub config: LlamaConfig,
-    /// Dequantized weights.
-    pub weights: Weights,
+    /// Dequantized weights, shareable with [`crate::FloatModel`].
+    pub weights: Arc<Weights>,
     /// Header and metadata.
     pub file: GgufFile,
 }
@@ -72,7 +73,7 @@ impl GgufModel {
         let weights = read_weights(&file, &config, &mut f, &origin)?;
         Ok(GgufModel {
             config,
-            weights,
+            weights: Arc::new(weights),
             file,
         })
     }
