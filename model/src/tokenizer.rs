@@ -1,6 +1,11 @@
-//! Hugging Face tokenizers: from a `tokenizer.json`, or built from GGUF metadata
-//! (`tokenizer.ggml.model = gpt2`: byte-level BPE vocabulary and merges, with the
-//! pre-tokenizer that `tokenizer.ggml.pre` names).
+//! Hugging Face tokenizers: from a `tokenizer.json`, or built from GGUF metadata:
+//! - `tokenizer.ggml.model = gpt2`: byte-level BPE vocabulary and merges, with the
+//!   pre-tokenizer that `tokenizer.ggml.pre` names;
+//! - `tokenizer.ggml.model = llama`: SentencePiece BPE (vocabulary with scores, `<0xXX>` byte
+//!   fallback, `▁` for spaces, a leading space unless `tokenizer.ggml.add_space_prefix` is
+//!   false). Its merges are derived from the scores: every split of a piece into two pieces of
+//!   the vocabulary is a merge, ranked by the merged piece's score, so merging the
+//!   lowest-ranked pair first is SentencePiece's highest-score-first rule.
 //!
 //! Pre-tokenizers known by their GGUF name: `gpt2`/`default` (GPT-2's regex), `smollm` and
 //! `starcoder` (single digits, then GPT-2's regex), `llama-bpe`/`llama3` (Llama 3's regex),
@@ -8,8 +13,16 @@
 
 use std::path::Path;
 
+use tokenizers::decoders::DecoderWrapper;
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::normalizers::{
+    NormalizerWrapper, Prepend, Replace, Sequence as NormalizerSequence,
+};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -53,15 +66,7 @@ impl HfTokenizer {
 
     /// Builds the tokenizer a GGUF file describes (`tokenizer.ggml.*`).
     pub fn from_gguf(file: &GgufFile) -> Result<Self, Error> {
-        let model = str_key(file, "tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(tok_err(
-                "tokenizer.ggml.model",
-                format!("{model} is not supported (gpt2)"),
-            ));
-        }
         let tokens = string_array(file, "tokenizer.ggml.tokens")?;
-        let merges = string_array(file, "tokenizer.ggml.merges")?;
         let vocab: Vocab = tokens
             .iter()
             .enumerate()
@@ -70,22 +75,20 @@ impl HfTokenizer {
         if vocab.len() != tokens.len() {
             return Err(tok_err("tokenizer.ggml.tokens", "a token appears twice"));
         }
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, split_merges(merges)?)
-            .build()
-            .map_err(|e| tok_err("byte-level BPE", e))?;
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        let pre = file
-            .get("tokenizer.ggml.pre")
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
-        inner.with_decoder(Some(ByteLevel::default()));
+        let model = str_key(file, "tokenizer.ggml.model")?;
+        let (mut inner, bos_default) = match model {
+            "gpt2" => (byte_level_bpe(file, vocab)?, false),
+            "llama" => (sentencepiece_bpe(file, tokens, vocab)?, true),
+            other => {
+                let why = format!("{other} is not supported (gpt2, llama)");
+                return Err(tok_err("tokenizer.ggml.model", why));
+            }
+        };
         add_typed_tokens(&mut inner, file, tokens)?;
         let add_bos = file
             .get("tokenizer.ggml.add_bos_token")
             .and_then(Value::as_bool)
-            .unwrap_or(false);
+            .unwrap_or(bos_default);
         let bos = file
             .get("tokenizer.ggml.bos_token_id")
             .and_then(Value::as_u64);
@@ -129,6 +132,103 @@ impl HfTokenizer {
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
+}
+
+/// GPT-2 style byte-level BPE with the pre-tokenizer `tokenizer.ggml.pre` names.
+fn byte_level_bpe(file: &GgufFile, vocab: Vocab) -> Result<tokenizers::Tokenizer, Error> {
+    let merges = string_array(file, "tokenizer.ggml.merges")?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, split_merges(merges)?)
+        .build()
+        .map_err(|e| tok_err("byte-level BPE", e))?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let pre = file
+        .get("tokenizer.ggml.pre")
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
+    inner.with_decoder(Some(ByteLevel::default()));
+    Ok(inner)
+}
+
+/// SentencePiece BPE: merges from the scores, byte fallback, `▁` for spaces.
+fn sentencepiece_bpe(
+    file: &GgufFile,
+    tokens: &[String],
+    vocab: Vocab,
+) -> Result<tokenizers::Tokenizer, Error> {
+    let key = "tokenizer.ggml.scores";
+    let scores = match file.get(key).and_then(Value::as_array) {
+        Some(Array::Float(s)) if s.len() == tokens.len() => s,
+        _ => {
+            return Err(tok_err(
+                key,
+                format!("missing, or not {} floats", tokens.len()),
+            ));
+        }
+    };
+    let merges = sentencepiece_merges(tokens, scores, &vocab);
+    let mut bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .fuse_unk(true)
+        .byte_fallback(true);
+    let unk = file
+        .get("tokenizer.ggml.unknown_token_id")
+        .and_then(Value::as_u64);
+    if let Some(unk) = unk.and_then(|u| tokens.get(u as usize)) {
+        bpe = bpe.unk_token(unk.clone());
+    }
+    let bpe = bpe.build().map_err(|e| tok_err("SentencePiece BPE", e))?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let prefix = file
+        .get("tokenizer.ggml.add_space_prefix")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    let (normalizer, decoder) = sentencepiece_text_rules(prefix)?;
+    inner.with_normalizer(Some(normalizer));
+    inner.with_decoder(Some(decoder));
+    Ok(inner)
+}
+
+/// Every split of a piece into two pieces of the vocabulary, ranked by the merged piece's
+/// score (highest first; ties in vocabulary order).
+fn sentencepiece_merges(tokens: &[String], scores: &[f32], vocab: &Vocab) -> Vec<(String, String)> {
+    let mut ranked: Vec<(f32, u32, u32, u32)> = Vec::new();
+    for (id, piece) in tokens.iter().enumerate() {
+        for (i, _) in piece.char_indices().skip(1) {
+            let (l, r) = piece.split_at(i);
+            if let (Some(&li), Some(&ri)) = (vocab.get(l), vocab.get(r)) {
+                ranked.push((scores[id], id as u32, li, ri));
+            }
+        }
+    }
+    let key = |e: &(f32, u32, u32, u32)| (e.1, e.2, e.3);
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(key(a).cmp(&key(b))));
+    let piece = |i: u32| tokens[i as usize].clone();
+    ranked
+        .into_iter()
+        .map(|(_, _, l, r)| (piece(l), piece(r)))
+        .collect()
+}
+
+/// Normalizer and decoder of SentencePiece text: spaces as `▁`, an optional leading space.
+fn sentencepiece_text_rules(prefix: bool) -> Result<(NormalizerWrapper, DecoderWrapper), Error> {
+    let replace =
+        |from: &str, to: &str| Replace::new(from, to).map_err(|e| tok_err("SentencePiece", e));
+    let mut norm: Vec<NormalizerWrapper> = vec![replace(" ", "▁")?.into()];
+    let mut dec: Vec<DecoderWrapper> = vec![
+        replace("▁", " ")?.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ];
+    if prefix {
+        norm.insert(0, Prepend::new("▁".to_owned()).into());
+        dec.push(Strip::new(' ', 1, 0).into());
+    }
+    Ok((
+        NormalizerSequence::new(norm).into(),
+        DecoderSequence::new(dec).into(),
+    ))
 }
 
 fn str_key<'a>(file: &'a GgufFile, key: &str) -> Result<&'a str, Error> {
