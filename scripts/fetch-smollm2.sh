@@ -63,5 +63,6 @@ mkdir -p "$dest_dir"
 staged="$(mktemp "$dest_dir/.fetch.XXXXXX")"
 trap 'rm -rf "$tmp" "$staged"' EXIT
 cp "$model" "$staged"
+chmod 644 "$staged"
 mv -f "$staged" "$dest"
 echo "fetched and verified: $dest"
