@@ -166,40 +166,15 @@ impl Meta<'_> {
 
 /// The model description from a GGUF header.
 pub fn llama_config(file: &GgufFile, origin: &str) -> Result<LlamaConfig, Error> {
-    let arch_key = "general.architecture";
     let mut m = Meta {
         file,
         origin,
         arch: String::new(),
     };
-    let arch = m.get(arch_key, "a string", |v| v.as_str().map(str::to_owned))?;
-    let arch = arch.ok_or_else(|| m.err(arch_key, "missing"))?;
-    let pairing = match arch.as_str() {
-        "llama" => RopePairing::Adjacent,
-        "qwen2" => RopePairing::HalfSplit,
-        other => {
-            return Err(m.err(
-                arch_key,
-                format!("architecture {other} is not supported (llama, qwen2)"),
-            ));
-        }
-    };
-    m.arch = arch;
+    let pairing = architecture(&mut m)?;
     reject_rope_scaling(&m)?;
     let n_heads = m.required("attention.head_count")?;
     let dim = m.required("embedding_length")?;
-    let vocab = file
-        .tensor(&gguf_name(Tensor::TokenEmbedding))
-        .and_then(|t| t.shape().first().copied());
-    let vocab_size = match m.usize("vocab_size")? {
-        Some(v) => v,
-        None => vocab.ok_or_else(|| {
-            m.err(
-                "token_embd.weight",
-                "missing, so the vocabulary size is unknown",
-            )
-        })?,
-    };
     let config = LlamaConfig {
         n_layers: m.required("block_count")?,
         dim,
@@ -209,7 +184,7 @@ pub fn llama_config(file: &GgufFile, origin: &str) -> Result<LlamaConfig, Error>
             .usize("attention.key_length")?
             .unwrap_or(dim / n_heads.max(1)),
         hidden_dim: m.required("feed_forward_length")?,
-        vocab_size,
+        vocab_size: vocab_size(&m)?,
         context_length: m.required("context_length")?,
         rms_eps: m.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
         rope: RopeConfig {
@@ -221,15 +196,49 @@ pub fn llama_config(file: &GgufFile, origin: &str) -> Result<LlamaConfig, Error>
         qkv_bias: file
             .tensor(&gguf_name(Tensor::Layer(0, LayerTensor::QBias)))
             .is_some(),
-        special: SpecialTokens {
-            bos: m.token("bos")?,
-            eos: m.token("eos")?,
-            eot: m.token("eot")?,
-            pad: m.token("padding")?,
-        },
+        special: special_tokens(&m)?,
     };
     config.validate()?;
     Ok(config)
+}
+
+/// Reads `general.architecture` into `m.arch`; returns the RoPE pairing of its GGUF layout.
+fn architecture(m: &mut Meta<'_>) -> Result<RopePairing, Error> {
+    let key = "general.architecture";
+    let arch = m.get(key, "a string", |v| v.as_str().map(str::to_owned))?;
+    let arch = arch.ok_or_else(|| m.err(key, "missing"))?;
+    let pairing = match arch.as_str() {
+        "llama" => RopePairing::Adjacent,
+        "qwen2" => RopePairing::HalfSplit,
+        other => {
+            let why = format!("architecture {other} is not supported (llama, qwen2)");
+            return Err(m.err(key, why));
+        }
+    };
+    m.arch = arch;
+    Ok(pairing)
+}
+
+/// `{arch}.vocab_size`, else the embedding's row count.
+fn vocab_size(m: &Meta<'_>) -> Result<usize, Error> {
+    if let Some(v) = m.usize("vocab_size")? {
+        return Ok(v);
+    }
+    let name = gguf_name(Tensor::TokenEmbedding);
+    let rows = m
+        .file
+        .tensor(&name)
+        .and_then(|t| t.shape().first().copied());
+    rows.ok_or_else(|| m.err(&name, "missing, so the vocabulary size is unknown"))
+}
+
+fn special_tokens(m: &Meta<'_>) -> Result<SpecialTokens, Error> {
+    Ok(SpecialTokens {
+        bos: m.token("bos")?,
+        eos: m.token("eos")?,
+        eot: m.token("eot")?,
+        pad: m.token("padding")?,
+    })
 }
 
 fn reject_rope_scaling(m: &Meta<'_>) -> Result<(), Error> {
