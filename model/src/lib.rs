@@ -62,5 +62,5 @@ pub use chat::{ChatTemplate, Message};
 pub use config::{Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, limits};
 pub use error::Error;
 pub use forward::{FloatModel, NoTap, Site, Tap};
-pub use tokenizer::HfTokenizer;
+pub use tokenizer::{HfTokenizer, TextStream};
 pub use weights::{LayerTensor, LayerWeights, Tensor, WeightSource, Weights, check_weights};

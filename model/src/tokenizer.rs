@@ -118,6 +118,13 @@ impl HfTokenizer {
             .map_err(|e| tok_err("decode", e))
     }
 
+    /// An incremental decoder for streaming output: feed ids one at a time and get text as
+    /// soon as it forms whole characters (a multi-byte character split over tokens comes out
+    /// with its last token).
+    pub fn stream(&self, skip_special: bool) -> TextStream<'_> {
+        TextStream(self.inner.decode_stream(skip_special))
+    }
+
     /// The id of token string `token`.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
@@ -229,6 +236,31 @@ fn sentencepiece_text_rules(prefix: bool) -> Result<(NormalizerWrapper, DecoderW
         NormalizerSequence::new(norm).into(),
         DecoderSequence::new(dec).into(),
     ))
+}
+
+type InnerStream<'a> = tokenizers::DecodeStream<
+    'a,
+    tokenizers::ModelWrapper,
+    NormalizerWrapper,
+    PreTokenizerWrapper,
+    tokenizers::processors::PostProcessorWrapper,
+    DecoderWrapper,
+>;
+
+/// Streaming decoder of one [`HfTokenizer`] (see [`HfTokenizer::stream`]).
+pub struct TextStream<'a>(InnerStream<'a>);
+
+impl std::fmt::Debug for TextStream<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TextStream")
+    }
+}
+
+impl TextStream<'_> {
+    /// Adds token `id`; returns the text it completes, if any.
+    pub fn step(&mut self, id: u32) -> Result<Option<String>, Error> {
+        self.0.step(id).map_err(|e| tok_err("decode", e))
+    }
 }
 
 fn str_key<'a>(file: &'a GgufFile, key: &str) -> Result<&'a str, Error> {

@@ -114,6 +114,16 @@ fn tokenizer_encodes_chatml_specials_words_and_digits() {
         let ids = tok.encode(s, false).unwrap();
         assert_eq!(tok.decode(&ids, false).unwrap(), s);
     }
+    // Streaming: the emoji and CJK characters span several byte-level tokens.
+    let s = "Ünïcödé — 東京 🙂 done";
+    let ids = tok.encode(s, false).unwrap();
+    let mut stream = tok.stream(false);
+    let mut text = String::new();
+    for &id in &ids {
+        text.extend(stream.step(id).unwrap());
+    }
+    assert_eq!(text, s);
+    assert!(ids.len() > s.split(' ').count() + 4, "{ids:?}");
 }
 
 #[test]
