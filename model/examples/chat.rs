@@ -27,6 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let prefill = t1.elapsed().as_secs_f64();
     let (mut token, mut pos, mut out) = (ids[ids.len() - 1], ids.len() - 1, Vec::new());
+    let mut text = tok.stream(true);
     let t2 = Instant::now();
     while pos < fm.context() && out.len() < 256 {
         let next = argmax(fm.forward(token, pos)?) as u32;
@@ -34,7 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             break;
         }
         out.push(next);
-        print!("{}", tok.decode(&[next], true)?);
+        print!("{}", text.step(next)?.unwrap_or_default());
         std::io::stdout().flush()?;
         (token, pos) = (next, pos + 1);
     }

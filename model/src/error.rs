@@ -47,6 +47,13 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The path is neither a GGUF file nor a folder with a config.json.
+    #[error("{path} is neither a GGUF file nor a folder with a config.json")]
+    UnknownFormat {
+        /// The path.
+        path: PathBuf,
+    },
+
     /// A GGUF file is malformed or holds something this crate does not support.
     #[error("bad GGUF file {origin}")]
     Gguf {

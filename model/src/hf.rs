@@ -307,4 +307,4 @@ fn rope_scaling(f: &Fields<'_>) -> Result<Option<Llama3Scaling>, Error> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -16,6 +16,8 @@
 //! - [`FloatModel`]: one token at a time with its own KV cache; a [`Tap`] sees intermediate
 //!   values (calibration). Matrix-vector products run on rayon's pool, split by output rows
 //!   (results do not depend on the thread count).
+//! - [`load`] and [`describe`] take either format (a GGUF file or an HF folder) and give the
+//!   model with its tokenizer and chat template, or only its description.
 //! - [`HfTokenizer`] (the `tokenizers` crate, pure Rust: `fancy-regex`, no C toolchain) from a
 //!   `tokenizer.json` or from GGUF metadata; [`ChatTemplate`] renders the model's Jinja chat
 //!   template with minijinja.
@@ -54,6 +56,7 @@ mod error;
 mod forward;
 pub mod gguf;
 pub mod hf;
+mod load;
 pub mod ops;
 mod tokenizer;
 mod weights;
@@ -62,5 +65,6 @@ pub use chat::{ChatTemplate, Message};
 pub use config::{Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, limits};
 pub use error::Error;
 pub use forward::{FloatModel, NoTap, Site, Tap};
+pub use load::{LoadedModel, ModelFormat, describe, format_of, load};
 pub use tokenizer::{HfTokenizer, TextStream};
 pub use weights::{LayerTensor, LayerWeights, Tensor, WeightSource, Weights, check_weights};

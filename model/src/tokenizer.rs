@@ -352,4 +352,4 @@ fn add_typed_tokens(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

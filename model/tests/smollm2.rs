@@ -72,6 +72,8 @@ fn description_matches_the_published_geometry() {
     assert!(c.tied_output && !c.qkv_bias);
     assert_eq!(c.rope.pairing, model::RopePairing::Adjacent);
     assert_eq!((c.special.bos, c.special.eos), (Some(1), Some(2)));
+    // The header alone gives the same description.
+    assert_eq!(&model::describe(&model_path()).unwrap(), c);
 }
 
 #[test]

@@ -58,17 +58,8 @@ pub fn gguf_name(t: Tensor) -> String {
 impl GgufModel {
     /// Reads and dequantizes the model in the GGUF file at `path`.
     pub fn load(path: &Path) -> Result<GgufModel, Error> {
-        let io = |source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let (mut f, file) = open(path)?;
         let origin = path.display().to_string();
-        let mut f = File::open(path).map_err(io)?;
-        let len = f.metadata().map_err(io)?.len();
-        let file = GgufFile::read(BufReader::new(&mut f), len).map_err(|source| Error::Gguf {
-            origin: origin.clone(),
-            source,
-        })?;
         let config = llama_config(&file, &origin)?;
         let weights = read_weights(&file, &config, &mut f, &origin)?;
         Ok(GgufModel {
@@ -77,6 +68,27 @@ impl GgufModel {
             file,
         })
     }
+
+    /// The description and header of the GGUF file at `path`, without reading the weights.
+    pub fn describe(path: &Path) -> Result<(LlamaConfig, GgufFile), Error> {
+        let (_, file) = open(path)?;
+        Ok((llama_config(&file, &path.display().to_string())?, file))
+    }
+}
+
+/// Opens `path` and parses its header.
+fn open(path: &Path) -> Result<(File, GgufFile), Error> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = File::open(path).map_err(io)?;
+    let len = f.metadata().map_err(io)?.len();
+    let file = GgufFile::read(BufReader::new(&mut f), len).map_err(|source| Error::Gguf {
+        origin: path.display().to_string(),
+        source,
+    })?;
+    Ok((f, file))
 }
 
 /// Reads every tensor `config` needs from `r`, checking each shape.
@@ -257,4 +269,4 @@ fn reject_rope_scaling(m: &Meta<'_>) -> Result<(), Error> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

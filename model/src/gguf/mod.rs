@@ -6,7 +6,7 @@
 //! a [`GgufError`], never a huge allocation or a panic. Metadata is held compactly (numeric
 //! arrays as typed vectors), so its memory is a small multiple of the bytes it was read from.
 
-mod llama;
+pub(crate) mod llama;
 mod types;
 mod value;
 

@@ -7,7 +7,7 @@ use super::*;
 use crate::WeightSource;
 use crate::forward::tests::synthetic;
 
-fn tiny_json() -> Json {
+pub(crate) fn tiny_json() -> Json {
     json!({
         "model_type": "llama", "hidden_size": 16, "num_attention_heads": 4,
         "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 24,
@@ -76,7 +76,7 @@ fn config_json_errors_name_the_field() {
     ));
 }
 
-fn temp_dir(name: &str) -> PathBuf {
+pub(crate) fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("htpkv-model-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
@@ -99,7 +99,12 @@ fn encode(data: &[f32], dtype: Dtype) -> Vec<u8> {
 
 /// Writes `w` as HF safetensors in two shards (layer 1 in the second), with `dtype_of`
 /// choosing each tensor's dtype.
-fn write_model(dir: &Path, c: &LlamaConfig, w: &Weights, dtype_of: impl Fn(Tensor) -> Dtype) {
+pub(crate) fn write_model(
+    dir: &Path,
+    c: &LlamaConfig,
+    w: &Weights,
+    dtype_of: impl Fn(Tensor) -> Dtype,
+) {
     type Entry = (String, Dtype, Vec<usize>, Vec<u8>);
     let mut shards: [Vec<Entry>; 2] = Default::default();
     for t in Tensor::required(c) {

@@ -18,7 +18,7 @@ const TOKENS: [&str; 11] = [
 ];
 const MERGES: [&str; 3] = ["h i", "Ġ hi", "1 2"];
 
-fn vocab_gguf(pre: &str) -> Writer {
+pub(crate) fn vocab_gguf(pre: &str) -> Writer {
     let mut g = Writer::default();
     g.str("tokenizer.ggml.model", "gpt2")
         .str("tokenizer.ggml.pre", pre);

@@ -7,7 +7,7 @@ use crate::gguf::tests::Writer;
 use crate::{Error, WeightSource};
 
 /// A llama GGUF of the tiny description with synthetic f32 weights.
-fn tiny_gguf(c: &LlamaConfig, w: &Weights) -> Writer {
+pub(crate) fn tiny_gguf(c: &LlamaConfig, w: &Weights) -> Writer {
     let mut g = Writer::default();
     g.str("general.architecture", "llama")
         .u32("llama.block_count", c.n_layers as u32)
