@@ -256,27 +256,28 @@ impl GgufFile {
 
     fn check_tensor_data(&self, len: u64) -> Result<(), GgufError> {
         for t in &self.tensors {
-            let bad = |reason: String| GgufError::BadTensorData {
-                name: t.name.clone(),
-                offset: t.offset,
-                bytes: t.n_bytes,
-                reason,
-            };
             if !t.offset.is_multiple_of(self.alignment) {
-                return Err(bad(format!("is not aligned to {}", self.alignment)));
+                let why = format!("is not aligned to {}", self.alignment);
+                return Err(bad_data(t, why));
             }
-            let end = self
-                .data_offset
-                .checked_add(t.offset)
-                .and_then(|s| s.checked_add(t.n_bytes));
-            if end.is_none_or(|e| e > len) {
-                let start = self.data_offset.saturating_add(t.offset);
-                return Err(bad(format!(
-                    "starts at byte {start}, beyond the file's {len} bytes"
-                )));
-            }
+            self.data_start(t, len)?;
         }
         Ok(())
+    }
+
+    /// Absolute offset of `t`'s data, checked to end within a file of `len` bytes.
+    fn data_start(&self, t: &TensorInfo, len: u64) -> Result<u64, GgufError> {
+        let start = self.data_offset.checked_add(t.offset);
+        match start.and_then(|s| s.checked_add(t.n_bytes)) {
+            Some(end) if end <= len => Ok(self.data_offset + t.offset),
+            _ => {
+                let start = self.data_offset.saturating_add(t.offset);
+                let why = format!(
+                    "starts at byte {start}, and does not end within the file's {len} bytes"
+                );
+                Err(bad_data(t, why))
+            }
+        }
     }
 
     /// The value of metadata `key`.
@@ -289,7 +290,9 @@ impl GgufFile {
         self.tensors.iter().find(|t| t.name == name)
     }
 
-    /// Reads tensor `t` of this file from `r` (the same file) and dequantizes it to f32.
+    /// Reads tensor `t` of this file from `r` (the same file) and dequantizes it to f32. The
+    /// tensor's size is checked against its element count and against `r`'s length before
+    /// anything is allocated, so a hand-made [`TensorInfo`] cannot cause a huge allocation.
     pub fn read_f32(
         &self,
         r: &mut (impl Read + Seek),
@@ -301,12 +304,29 @@ impl GgufFile {
                 ty: t.ty,
             });
         }
-        r.seek(SeekFrom::Start(self.data_offset + t.offset))?;
+        let be = t.ty.block_elems();
+        let bytes = (t.n_elements / be).checked_mul(t.ty.block_bytes());
+        if !t.n_elements.is_multiple_of(be) || bytes != Some(t.n_bytes) {
+            let why = format!("{} bytes do not hold {} elements", t.n_bytes, t.n_elements);
+            return Err(bad_data(t, why));
+        }
+        let len = r.seek(SeekFrom::End(0))?;
+        let start = self.data_start(t, len)?;
+        r.seek(SeekFrom::Start(start))?;
         let mut raw = vec![0u8; t.n_bytes as usize];
         r.read_exact(&mut raw)?;
         let mut out = vec![0.0f32; t.n_elements as usize];
         dequantize(t.ty, &raw, &mut out);
         Ok(out)
+    }
+}
+
+fn bad_data(t: &TensorInfo, reason: String) -> GgufError {
+    GgufError::BadTensorData {
+        name: t.name.clone(),
+        offset: t.offset,
+        bytes: t.n_bytes,
+        reason,
     }
 }
 

@@ -132,6 +132,23 @@ fn round_trip_metadata_and_tensors() {
 }
 
 #[test]
+fn hand_made_tensor_infos_are_checked_before_reading() {
+    let bytes = sample().bytes();
+    let f = parse(&bytes).unwrap();
+    let mut r = Cursor::new(&bytes);
+    let mut t = f.tensor("t.weight").unwrap().clone();
+    (t.n_elements, t.n_bytes) = (1 << 60, 1 << 62);
+    let err = f.read_f32(&mut r, &t).unwrap_err();
+    assert!(matches!(err, GgufError::BadTensorData { .. }), "{err}");
+    t.n_bytes = 24; // 6 floats' bytes for 2^60 elements
+    let err = f.read_f32(&mut r, &t).unwrap_err();
+    assert!(matches!(err, GgufError::BadTensorData { .. }), "{err}");
+    let mut q = f.tensor("q.weight").unwrap().clone();
+    q.n_elements = 16; // not a whole Q8_0 block
+    assert!(f.read_f32(&mut r, &q).is_err());
+}
+
+#[test]
 fn numeric_arrays_are_typed() {
     let mut w = Writer::default();
     let mut p = 5u32.to_le_bytes().to_vec(); // i32
