@@ -80,7 +80,9 @@ pub struct FloatModel<W: ?Sized> {
 
 impl<W: WeightSource + ?Sized> FloatModel<W> {
     /// Validates `config`, checks that `weights` holds every tensor it needs with the right
-    /// size, and allocates a KV cache of `context` positions (`1..=config.context_length`).
+    /// size, and allocates a KV cache of `context` positions (`1..=config.context_length`):
+    /// `2 · n_layers · context · kv_dim` floats, so choose `context` for the memory at hand
+    /// (SmolLM2-135M: 46 KiB per position).
     pub fn new(config: LlamaConfig, weights: Arc<W>, context: usize) -> Result<Self, Error> {
         config.validate()?;
         check_weights(&config, &*weights)?;
@@ -88,13 +90,12 @@ impl<W: WeightSource + ?Sized> FloatModel<W> {
             let why = format!("must be in 1..={}", config.context_length);
             return Err(Error::config("context", context, why));
         }
-        let cache = config.n_layers * context * config.kv_dim();
         let c = &config;
         Ok(FloatModel {
             rope: Rope::new(c.head_dim, &c.rope),
             context,
-            key_cache: vec![0.0; cache],
-            value_cache: vec![0.0; cache],
+            key_cache: kv_cache(c, context)?,
+            value_cache: kv_cache(c, context)?,
             filled: 0,
             s: Scratch {
                 x: vec![0.0; c.dim],
@@ -372,6 +373,30 @@ impl<'a, W: WeightSource + ?Sized> Net<'a, W> {
         };
         matmul(&mut s.logits, &s.xb, self.tensor(cls));
         tap.observe(n, Site::Logits, &s.logits);
+    }
+}
+
+/// One zeroed cache (keys or values) of `context` positions; a size that overflows or cannot
+/// be reserved is an error naming the context, not an abort.
+fn kv_cache(c: &LlamaConfig, context: usize) -> Result<Vec<f32>, Error> {
+    let n = c
+        .n_layers
+        .checked_mul(context)
+        .and_then(|n| n.checked_mul(c.kv_dim()));
+    let mut v = Vec::new();
+    match n.map(|n| (n, v.try_reserve_exact(n))) {
+        Some((n, Ok(()))) => {
+            v.resize(n, 0.0);
+            Ok(v)
+        }
+        _ => {
+            let why = format!(
+                "a KV cache of {} x {context} x {} floats cannot be allocated",
+                c.n_layers,
+                c.kv_dim()
+            );
+            Err(Error::config("context", context, why))
+        }
     }
 }
 

@@ -38,6 +38,32 @@ fn rejects_missing_or_missized_weights_and_bad_context() {
 }
 
 #[test]
+fn unallocatable_kv_cache_is_an_error() {
+    // Sizes no loaded model reaches (1 << 40 layers overflow, 1 PiB cannot be reserved).
+    let mut c = tiny();
+    c.context_length = crate::limits::MAX_CONTEXT;
+    c.n_layers = 1 << 40;
+    c.n_kv_heads = 4;
+    assert!(matches!(
+        kv_cache(&c, 1 << 24),
+        Err(Error::InvalidConfig {
+            field: "context",
+            ..
+        })
+    ));
+    c.n_layers = 1 << 20;
+    assert!(matches!(
+        kv_cache(&c, 1 << 24),
+        Err(Error::InvalidConfig {
+            field: "context",
+            ..
+        })
+    ));
+    c.n_layers = 2;
+    assert_eq!(kv_cache(&c, 3).unwrap(), vec![0.0; 2 * 3 * 16]);
+}
+
+#[test]
 fn step_errors_leave_the_cache_alone() {
     let c = tiny();
     let mut m = FloatModel::new(c.clone(), Arc::new(synthetic(&c, 2)), 4).unwrap();
