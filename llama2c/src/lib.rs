@@ -31,6 +31,6 @@ pub use files::{
     MODEL_DIR_ENV, ModelFiles, STORIES260K_BYTES, STORIES260K_SHA256, TOK512_BYTES, TOK512_SHA256,
     TOKENIZER_NAME, hex, sha256, sha256_hex,
 };
-pub use model::FloatModel;
+pub use model::{FloatModel, llama_config};
 pub use ops::{argmax, dot, matmul, rmsnorm, rmsnorm_inplace, rope_rotate, silu, softmax};
 pub use tokenizer::Tokenizer;

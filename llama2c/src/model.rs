@@ -1,97 +1,172 @@
-//! The f32 reference forward pass (llama2.c semantics), one token at a time with its own KV cache.
+//! The f32 reference forward pass over a llama2.c checkpoint: [`model::FloatModel`] with the
+//! checkpoint as its weights and llama2.c's description (RMSNorm epsilon 1e-5, RoPE theta 10000
+//! with adjacent pairs, BOS 1, EOS 2).
 
 use std::sync::Arc;
 
-use crate::ops::{dot, matmul, rmsnorm, rope_rotate, silu, softmax};
+use ::model::{
+    LayerTensor, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, Tensor, WeightSource,
+};
+
+use crate::ops::{RMS_EPS, ROPE_THETA};
 use crate::{Checkpoint, Config, ModelError, Tokenizer};
 
+/// The model description of a llama2.c checkpoint with this header.
+pub fn llama_config(c: &Config) -> LlamaConfig {
+    LlamaConfig {
+        n_layers: c.n_layers,
+        dim: c.dim,
+        n_heads: c.n_heads,
+        n_kv_heads: c.n_kv_heads,
+        head_dim: c.head_dim(),
+        hidden_dim: c.hidden_dim,
+        vocab_size: c.vocab_size,
+        context_length: c.seq_len,
+        rms_eps: RMS_EPS,
+        rope: RopeConfig {
+            theta: ROPE_THETA,
+            scaling: None,
+            pairing: RopePairing::Adjacent,
+        },
+        tied_output: c.shared_classifier,
+        qkv_bias: false,
+        special: SpecialTokens {
+            bos: Some(Tokenizer::BOS),
+            eos: Some(Tokenizer::EOS),
+            ..SpecialTokens::default()
+        },
+    }
+}
+
+/// One layer's slice of a tensor stored concatenated over `n_layers` layers.
+fn layer_slice(v: &[f32], n_layers: usize, layer: usize) -> Option<&[f32]> {
+    let per = v.len() / n_layers.max(1);
+    v.get(layer * per..(layer + 1) * per)
+}
+
+impl WeightSource for Checkpoint {
+    fn tensor(&self, t: Tensor) -> Option<&[f32]> {
+        let w = &self.weights;
+        let all = match t {
+            Tensor::TokenEmbedding => return Some(&w.token_embedding),
+            Tensor::OutputNorm => return Some(&w.rms_final),
+            Tensor::Output => return w.wcls.as_deref(),
+            Tensor::Layer(_, lt) => match lt {
+                LayerTensor::AttnNorm => &w.rms_att,
+                LayerTensor::Q => &w.wq,
+                LayerTensor::K => &w.wk,
+                LayerTensor::V => &w.wv,
+                LayerTensor::O => &w.wo,
+                LayerTensor::FfnNorm => &w.rms_ffn,
+                LayerTensor::Gate => &w.w1,
+                LayerTensor::Up => &w.w3,
+                LayerTensor::Down => &w.w2,
+                LayerTensor::QBias | LayerTensor::KBias | LayerTensor::VBias => return None,
+            },
+        };
+        let Tensor::Layer(l, _) = t else { return None };
+        (l < self.config.n_layers)
+            .then(|| layer_slice(all, self.config.n_layers, l))
+            .flatten()
+    }
+}
+
 /// Plain f32 Llama decoder over a shared [`Checkpoint`], with a KV cache laid out
-/// `[layer][pos][kv_dim]` (keys after RoPE). All scratch buffers are allocated once in
-/// [`FloatModel::new`]; [`FloatModel::forward`] does not allocate.
+/// `[layer][pos][kv_dim]` (keys after RoPE) for `seq_len` positions. All scratch buffers are
+/// allocated once in [`FloatModel::new`]; [`FloatModel::forward`] does not allocate.
 ///
 /// Positions must be fed in order: `forward(token, pos)` needs positions `0..pos` in the cache,
 /// so `pos` may be at most the number of cached positions. Feeding an earlier position
 /// overwrites it and truncates the cache there (rollback).
 #[derive(Debug, Clone)]
 pub struct FloatModel {
-    ckpt: Arc<Checkpoint>,
-    key_cache: Vec<f32>,
-    value_cache: Vec<f32>,
-    filled: usize,
-    x: Vec<f32>,
-    xb: Vec<f32>,
-    xb2: Vec<f32>,
-    q: Vec<f32>,
-    hb: Vec<f32>,
-    hb2: Vec<f32>,
-    att: Vec<f32>,
-    logits: Vec<f32>,
+    inner: ::model::FloatModel<Checkpoint>,
+}
+
+fn weight_error(e: ::model::Error) -> ModelError {
+    let (expected, found) = match &e {
+        ::model::Error::TensorShape {
+            expected, found, ..
+        } => (expected.iter().product(), found.iter().product()),
+        _ => (0, 0),
+    };
+    ModelError::WeightShape {
+        tensor: "checkpoint weights",
+        expected,
+        found,
+    }
+}
+
+fn step_error(e: ::model::Error) -> ModelError {
+    match e {
+        ::model::Error::TokenOutOfRange { token, vocab_size } => {
+            ModelError::TokenOutOfRange { token, vocab_size }
+        }
+        ::model::Error::PositionOutOfRange { pos, context } => ModelError::PositionOutOfRange {
+            pos,
+            seq_len: context,
+        },
+        ::model::Error::PositionGap { pos, filled } => ModelError::PositionGap { pos, filled },
+        other => weight_error(other),
+    }
 }
 
 impl FloatModel {
     /// Allocates the KV cache (`2 · n_layers · seq_len · kv_dim` floats) and scratch buffers.
+    ///
+    /// # Panics
+    /// If the checkpoint's weights do not match its config, which [`Checkpoint::new`] and
+    /// [`Checkpoint::from_bytes`] guarantee; use [`FloatModel::try_new`] for hand-made ones.
     pub fn new(ckpt: Arc<Checkpoint>) -> Self {
-        let c = ckpt.config;
-        let cache = c.n_layers * c.seq_len * c.kv_dim();
-        FloatModel {
-            key_cache: vec![0.0; cache],
-            value_cache: vec![0.0; cache],
-            filled: 0,
-            x: vec![0.0; c.dim],
-            xb: vec![0.0; c.dim],
-            xb2: vec![0.0; c.dim],
-            q: vec![0.0; c.dim],
-            hb: vec![0.0; c.hidden_dim],
-            hb2: vec![0.0; c.hidden_dim],
-            att: vec![0.0; c.seq_len],
-            logits: vec![0.0; c.vocab_size],
-            ckpt,
-        }
+        Self::try_new(ckpt).expect("a validated checkpoint has weights matching its config")
+    }
+
+    /// [`FloatModel::new`] that reports inconsistent weights as [`ModelError::WeightShape`].
+    pub fn try_new(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
+        let desc = llama_config(&ckpt.config);
+        let context = ckpt.config.seq_len;
+        let inner = ::model::FloatModel::new(desc, ckpt, context).map_err(weight_error)?;
+        Ok(FloatModel { inner })
     }
 
     /// The model's hyper-parameters.
     pub fn config(&self) -> &Config {
-        &self.ckpt.config
+        &self.inner.weights().config
     }
 
     /// The shared checkpoint.
     pub fn checkpoint(&self) -> &Arc<Checkpoint> {
-        &self.ckpt
+        self.inner.weights()
+    }
+
+    /// The general forward this model runs on.
+    pub fn float_model(&self) -> &::model::FloatModel<Checkpoint> {
+        &self.inner
     }
 
     /// Forgets all cached positions (the next call must use `pos == 0`).
     pub fn reset(&mut self) {
-        self.filled = 0;
+        self.inner.reset();
     }
 
     /// Number of positions currently in the KV cache.
     pub fn cached_len(&self) -> usize {
-        self.filled
+        self.inner.cached_len()
     }
 
     /// Keys of `layer` at `pos` (`kv_dim` floats, after RoPE), or `None` if not cached.
     pub fn key_cache(&self, layer: usize, pos: usize) -> Option<&[f32]> {
-        self.cache_row(&self.key_cache, layer, pos)
+        self.inner.key_cache(layer, pos)
     }
 
     /// Values of `layer` at `pos` (`kv_dim` floats), or `None` if not cached.
     pub fn value_cache(&self, layer: usize, pos: usize) -> Option<&[f32]> {
-        self.cache_row(&self.value_cache, layer, pos)
-    }
-
-    fn cache_row<'a>(&self, cache: &'a [f32], layer: usize, pos: usize) -> Option<&'a [f32]> {
-        let c = &self.ckpt.config;
-        if layer >= c.n_layers || pos >= self.filled {
-            return None;
-        }
-        let kv = c.kv_dim();
-        let off = (layer * c.seq_len + pos) * kv;
-        cache.get(off..off + kv)
+        self.inner.value_cache(layer, pos)
     }
 
     /// Logits of the last successful [`forward`](Self::forward) call.
     pub fn logits(&self) -> &[f32] {
-        &self.logits
+        self.inner.logits()
     }
 
     /// Runs one token at position `pos` and returns the `vocab_size` logits.
@@ -100,95 +175,19 @@ impl FloatModel {
     /// [`ModelError::PositionOutOfRange`] (`pos >= seq_len`), [`ModelError::PositionGap`]
     /// (`pos > cached_len()`).
     pub fn forward(&mut self, token: u32, pos: usize) -> Result<&[f32], ModelError> {
-        let c = self.ckpt.config;
-        if token as usize >= c.vocab_size {
-            return Err(ModelError::TokenOutOfRange {
-                token,
-                vocab_size: c.vocab_size,
-            });
-        }
-        if pos >= c.seq_len {
-            return Err(ModelError::PositionOutOfRange {
-                pos,
-                seq_len: c.seq_len,
-            });
-        }
-        if pos > self.filled {
-            return Err(ModelError::PositionGap {
-                pos,
-                filled: self.filled,
-            });
-        }
-        let FloatModel {
-            ckpt,
-            key_cache,
-            value_cache,
-            filled,
-            x,
-            xb,
-            xb2,
-            q,
-            hb,
-            hb2,
-            att,
-            logits,
-        } = self;
-        let w = &ckpt.weights;
-        let (hd, kv_dim, kv_mul) = (c.head_dim(), c.kv_dim(), c.kv_mul());
-        let scale = 1.0 / (hd as f32).sqrt();
+        self.inner.forward(token, pos).map_err(step_error)
+    }
 
-        x.copy_from_slice(w.embedding(token as usize));
-        for l in 0..c.n_layers {
-            rmsnorm(xb, x, w.rms_att(l));
-            let base = l * c.seq_len * kv_dim;
-            let row = base + pos * kv_dim;
-            matmul(q, xb, w.wq(l));
-            let k = &mut key_cache[row..row + kv_dim];
-            matmul(k, xb, w.wk(l));
-            rope_rotate(k, pos, hd);
-            matmul(&mut value_cache[row..row + kv_dim], xb, w.wv(l));
-            rope_rotate(q, pos, hd);
-
-            let keys = &key_cache[base..base + (pos + 1) * kv_dim];
-            let vals = &value_cache[base..base + (pos + 1) * kv_dim];
-            for h in 0..c.n_heads {
-                let qh = &q[h * hd..(h + 1) * hd];
-                let kv_off = (h / kv_mul) * hd;
-                let a = &mut att[..=pos];
-                for (t, s) in a.iter_mut().enumerate() {
-                    let kt = &keys[t * kv_dim + kv_off..t * kv_dim + kv_off + hd];
-                    *s = dot(qh, kt) * scale;
-                }
-                softmax(a);
-                let out = &mut xb[h * hd..(h + 1) * hd];
-                out.fill(0.0);
-                for (t, &p) in a.iter().enumerate() {
-                    let vt = &vals[t * kv_dim + kv_off..t * kv_dim + kv_off + hd];
-                    for (o, &v) in out.iter_mut().zip(vt) {
-                        *o += p * v;
-                    }
-                }
-            }
-            matmul(xb2, xb, w.wo(l));
-            for (a, b) in x.iter_mut().zip(xb2.iter()) {
-                *a += b;
-            }
-
-            rmsnorm(xb, x, w.rms_ffn(l));
-            matmul(hb, xb, w.w1(l));
-            matmul(hb2, xb, w.w3(l));
-            for (g, u) in hb.iter_mut().zip(hb2.iter()) {
-                *g = silu(*g) * u;
-            }
-            matmul(xb, hb, w.w2(l));
-            for (a, b) in x.iter_mut().zip(xb.iter()) {
-                *a += b;
-            }
-        }
-        rmsnorm(xb, x, &w.rms_final);
-        matmul(logits, xb, ckpt.classifier());
-        *filled = pos + 1;
-        Ok(&self.logits)
+    /// [`forward`](Self::forward) that shows intermediate values to `tap` (calibration).
+    pub fn forward_tapped(
+        &mut self,
+        token: u32,
+        pos: usize,
+        tap: &mut dyn ::model::Tap,
+    ) -> Result<&[f32], ModelError> {
+        self.inner
+            .forward_tapped(token, pos, tap)
+            .map_err(step_error)
     }
 
     /// Greedy (argmax) generation with llama2.c's loop: at most `steps` forward calls (clamped
@@ -203,7 +202,7 @@ impl FloatModel {
         steps: usize,
     ) -> Result<Vec<u32>, ModelError> {
         self.reset();
-        let steps = steps.min(self.ckpt.config.seq_len);
+        let steps = steps.min(self.config().seq_len);
         let mut seq: Vec<u32> = if prompt.is_empty() {
             vec![Tokenizer::BOS]
         } else {

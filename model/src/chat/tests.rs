@@ -1,0 +1,79 @@
+use super::*;
+
+fn msgs() -> Vec<Message> {
+    vec![
+        Message::new("user", "  hi \n"),
+        Message::new("assistant", "yo"),
+    ]
+}
+
+#[test]
+fn hf_whitespace_rules_and_python_methods() {
+    let src = "{% for m in messages %}\n    {{ m.role }}: {{ m.content.strip() }}\n{% endfor %}";
+    let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+    // trim_blocks drops the newline after a block tag, lstrip_blocks the indentation before one.
+    assert_eq!(
+        t.render_chat(&msgs(), false).unwrap(),
+        "    user: hi\n    assistant: yo\n"
+    );
+    let src = "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{% endfor %}\
+               {% if add_generation_prompt %}>{% endif %}{{ eos_token }}";
+    let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+    assert_eq!(
+        t.render_chat(&msgs(), true).unwrap(),
+        "<s>[user][assistant]></s>"
+    );
+    assert_eq!(
+        t.render_chat(&msgs(), false).unwrap(),
+        "<s>[user][assistant]</s>"
+    );
+}
+
+#[test]
+fn raise_exception_and_syntax_errors_are_template_errors() {
+    let src =
+        "{% if messages[0].role != 'system' %}{{ raise_exception('system first') }}{% endif %}";
+    let t = ChatTemplate::new(src, "", "").unwrap();
+    let err = t.render_chat(&msgs(), true).unwrap_err();
+    let Error::Template { source } = &err else {
+        panic!("{err:?}")
+    };
+    assert!(source.to_string().contains("system first"), "{source}");
+    assert!(matches!(
+        ChatTemplate::new("{% for %}", "", ""),
+        Err(Error::Template { .. })
+    ));
+}
+
+fn config_file(name: &str, json: serde_json::Value) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("htpkv-chat-{}-{name}.json", std::process::id()));
+    std::fs::write(&p, json.to_string()).unwrap();
+    p
+}
+
+#[test]
+fn tokenizer_config_json_string_and_list_forms() {
+    let p = config_file(
+        "string",
+        serde_json::json!({"chat_template": "{{ bos_token }}{{ messages[0].content }}",
+                           "bos_token": {"content": "<s>"}, "eos_token": "</s>"}),
+    );
+    let t = ChatTemplate::from_tokenizer_config(&p).unwrap();
+    assert_eq!(t.render_chat(&msgs()[1..], false).unwrap(), "<s>yo");
+    let p2 = config_file(
+        "list",
+        serde_json::json!({"chat_template": [{"name": "tool_use", "template": "T"},
+                                             {"name": "default", "template": "D{{ eos_token }}"}],
+                           "eos_token": "</s>"}),
+    );
+    let t = ChatTemplate::from_tokenizer_config(&p2).unwrap();
+    assert_eq!(t.render_chat(&msgs(), false).unwrap(), "D</s>");
+    let p3 = config_file("none", serde_json::json!({"eos_token": "</s>"}));
+    assert!(matches!(
+        ChatTemplate::from_tokenizer_config(&p3),
+        Err(Error::HfConfig { .. })
+    ));
+    for p in [p, p2, p3] {
+        std::fs::remove_file(p).unwrap();
+    }
+}

@@ -1,0 +1,151 @@
+//! The crate's error types.
+
+use std::path::PathBuf;
+
+use crate::gguf::GgufError;
+
+/// Everything that can go wrong describing, loading or running a model.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A model description field is out of range or inconsistent with another field.
+    #[error("invalid model description: {field} = {value}: {reason}")]
+    InvalidConfig {
+        /// The field, e.g. `n_kv_heads`.
+        field: &'static str,
+        /// The offending value.
+        value: String,
+        /// What was expected instead.
+        reason: String,
+    },
+
+    /// A weight tensor the description needs is absent.
+    #[error("weight tensor {name} is missing")]
+    MissingTensor {
+        /// Tensor name in the file's naming scheme.
+        name: String,
+    },
+
+    /// A weight tensor has the wrong number of elements or the wrong shape.
+    #[error("weight tensor {name} has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        /// Tensor name.
+        name: String,
+        /// Expected shape, outermost dimension first.
+        expected: Vec<usize>,
+        /// Shape found.
+        found: Vec<usize>,
+    },
+
+    /// Reading a file failed.
+    #[error("cannot read {path}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The path is neither a GGUF file nor a folder with a config.json.
+    #[error("{path} is neither a GGUF file nor a folder with a config.json")]
+    UnknownFormat {
+        /// The path.
+        path: PathBuf,
+    },
+
+    /// A GGUF file is malformed or holds something this crate does not support.
+    #[error("bad GGUF file {origin}")]
+    Gguf {
+        /// File path or caller label.
+        origin: String,
+        /// What is wrong.
+        #[source]
+        source: GgufError,
+    },
+
+    /// A metadata key the loader needs is missing or has the wrong type.
+    #[error("{origin}: metadata {key}: {reason}")]
+    Metadata {
+        /// File path or caller label.
+        origin: String,
+        /// The key, e.g. `llama.block_count`.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// A safetensors file is malformed.
+    #[error("bad safetensors file {origin}: {reason}")]
+    Safetensors {
+        /// File path.
+        origin: String,
+        /// What is wrong (the safetensors crate's message).
+        reason: String,
+    },
+
+    /// A config.json is malformed or misses a needed field.
+    #[error("bad model config {origin}: {reason}")]
+    HfConfig {
+        /// File path.
+        origin: String,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// The chat template could not be compiled or rendered.
+    #[error("chat template")]
+    Template {
+        /// The template engine's error.
+        #[source]
+        source: minijinja::Error,
+    },
+
+    /// A token id is not below the vocabulary size.
+    #[error("token {token} is out of range for a vocabulary of {vocab_size}")]
+    TokenOutOfRange {
+        /// The id.
+        token: u32,
+        /// Vocabulary size.
+        vocab_size: usize,
+    },
+
+    /// A position is not below the cache's context length.
+    #[error("position {pos} is out of range for a context of {context}")]
+    PositionOutOfRange {
+        /// The position.
+        pos: usize,
+        /// Context length of the KV cache.
+        context: usize,
+    },
+
+    /// A position skips ahead of the cached positions.
+    #[error("position {pos} skips ahead: only {filled} positions are cached")]
+    PositionGap {
+        /// The position.
+        pos: usize,
+        /// Number of cached positions.
+        filled: usize,
+    },
+
+    /// Building or running a tokenizer failed.
+    #[error("tokenizer: {reason}")]
+    Tokenizer {
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn config(
+        field: &'static str,
+        value: impl ToString,
+        reason: impl Into<String>,
+    ) -> Self {
+        Error::InvalidConfig {
+            field,
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+}

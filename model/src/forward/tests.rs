@@ -1,0 +1,270 @@
+use super::*;
+use crate::config::tests::tiny;
+use crate::{RopePairing, Weights};
+
+/// Deterministic pseudo-random weights for `c` (small values, so logits stay moderate).
+pub(crate) fn synthetic(c: &LlamaConfig, seed: u64) -> Weights {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.5
+    };
+    let mut w = Weights::with_layers(c.n_layers);
+    for t in Tensor::required(c) {
+        let data = (0..t.len(c)).map(|_| next()).collect();
+        w.set(t, data).unwrap();
+    }
+    w
+}
+
+#[test]
+fn rejects_missing_or_missized_weights_and_bad_context() {
+    let c = tiny();
+    let mut w = synthetic(&c, 1);
+    assert!(FloatModel::new(c.clone(), Arc::new(w.clone()), 0).is_err());
+    assert!(FloatModel::new(c.clone(), Arc::new(w.clone()), 17).is_err());
+    w.set(Tensor::Layer(1, LayerTensor::Up), vec![0.0; 5])
+        .unwrap();
+    let err = FloatModel::new(c.clone(), Arc::new(w), 8).unwrap_err();
+    assert!(matches!(err, Error::TensorShape { .. }), "{err}");
+    let mut untied = c.clone();
+    untied.tied_output = false;
+    let err = FloatModel::new(untied, Arc::new(synthetic(&c, 1)), 8).unwrap_err();
+    assert!(matches!(err, Error::MissingTensor { .. }), "{err}");
+}
+
+#[test]
+fn unallocatable_kv_cache_is_an_error() {
+    // Sizes no loaded model reaches (1 << 40 layers overflow, 1 PiB cannot be reserved).
+    let mut c = tiny();
+    c.context_length = crate::limits::MAX_CONTEXT;
+    c.n_layers = 1 << 40;
+    c.n_kv_heads = 4;
+    assert!(matches!(
+        kv_cache(&c, 1 << 24),
+        Err(Error::InvalidConfig {
+            field: "context",
+            ..
+        })
+    ));
+    c.n_layers = 1 << 20;
+    assert!(matches!(
+        kv_cache(&c, 1 << 24),
+        Err(Error::InvalidConfig {
+            field: "context",
+            ..
+        })
+    ));
+    c.n_layers = 2;
+    assert_eq!(kv_cache(&c, 3).unwrap(), vec![0.0; 2 * 3 * 16]);
+}
+
+#[test]
+fn step_errors_leave_the_cache_alone() {
+    let c = tiny();
+    let mut m = FloatModel::new(c.clone(), Arc::new(synthetic(&c, 2)), 4).unwrap();
+    assert!(matches!(
+        m.forward(32, 0),
+        Err(Error::TokenOutOfRange { token: 32, .. })
+    ));
+    assert!(matches!(
+        m.forward(1, 1),
+        Err(Error::PositionGap { pos: 1, filled: 0 })
+    ));
+    for p in 0..4 {
+        m.forward(3, p).unwrap();
+    }
+    assert!(matches!(
+        m.forward(1, 4),
+        Err(Error::PositionOutOfRange { pos: 4, context: 4 })
+    ));
+    assert_eq!(m.cached_len(), 4);
+}
+
+/// Observes every site, checking widths.
+struct Recorder(Vec<(usize, Site, usize)>);
+impl Tap for Recorder {
+    fn observe(&mut self, layer: usize, site: Site, values: &[f32]) {
+        self.0.push((layer, site, values.len()));
+    }
+}
+
+#[test]
+fn tap_sees_every_site_with_its_width() {
+    let c = tiny();
+    let mut m = FloatModel::new(c.clone(), Arc::new(synthetic(&c, 3)), 4).unwrap();
+    let mut rec = Recorder(Vec::new());
+    let logits = m.forward_tapped(5, 0, &mut rec).unwrap().to_vec();
+    assert_eq!(rec.0.len(), c.n_layers * 8 + 2);
+    assert_eq!(rec.0[1], (0, Site::Query, c.q_dim()));
+    assert_eq!(rec.0[2], (0, Site::Key, c.kv_dim()));
+    assert_eq!(rec.0[6], (0, Site::FfnHidden, c.hidden_dim));
+    assert_eq!(
+        *rec.0.last().unwrap(),
+        (c.n_layers, Site::Logits, c.vocab_size)
+    );
+    // Tapping does not change results.
+    m.reset();
+    assert_eq!(m.forward(5, 0).unwrap(), &logits[..]);
+}
+
+/// Plain f64 forward over the whole sequence without a cache: explicit per-pair RoPE (either
+/// layout), GQA, biases, untied classifier. Returns the logits of every position.
+fn reference(c: &LlamaConfig, w: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
+    let g =
+        |t: Tensor| -> Vec<f64> { w.tensor(t).unwrap().iter().map(|&v| f64::from(v)).collect() };
+    let lt = |l, t| g(Tensor::Layer(l, t));
+    let mv = |m: &[f64], x: &[f64]| -> Vec<f64> {
+        m.chunks(x.len())
+            .map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum())
+            .collect()
+    };
+    let norm = |x: &[f64], gw: &[f64]| -> Vec<f64> {
+        let r =
+            (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64 + f64::from(c.rms_eps)).sqrt();
+        x.iter().zip(gw).map(|(v, g)| v / r * g).collect()
+    };
+    let hd = c.head_dim;
+    let rope = |v: &mut [f64], pos: usize| {
+        for head in v.chunks_mut(hd) {
+            for k in 0..hd / 2 {
+                let (i, j) = match c.rope.pairing {
+                    RopePairing::Adjacent => (2 * k, 2 * k + 1),
+                    RopePairing::HalfSplit => (k, k + hd / 2),
+                };
+                let f = f64::from(c.rope.theta).powf(-(2.0 * k as f64) / hd as f64);
+                let (sn, cs) = (pos as f64 * f).sin_cos();
+                let (a, b) = (head[i], head[j]);
+                head[i] = a * cs - b * sn;
+                head[j] = a * sn + b * cs;
+            }
+        }
+    };
+    let with_bias = |mut y: Vec<f64>, l, t| {
+        if c.qkv_bias {
+            y.iter_mut().zip(lt(l, t)).for_each(|(a, b)| *a += b);
+        }
+        y
+    };
+    let emb = g(Tensor::TokenEmbedding);
+    let mut xs: Vec<Vec<f64>> = tokens
+        .iter()
+        .map(|&t| emb[t as usize * c.dim..(t as usize + 1) * c.dim].to_vec())
+        .collect();
+    use LayerTensor as L;
+    for l in 0..c.n_layers {
+        let hs: Vec<Vec<f64>> = xs.iter().map(|x| norm(x, &lt(l, L::AttnNorm))).collect();
+        let mut qs: Vec<_> = hs
+            .iter()
+            .map(|h| with_bias(mv(&lt(l, L::Q), h), l, L::QBias))
+            .collect();
+        let mut ks: Vec<_> = hs
+            .iter()
+            .map(|h| with_bias(mv(&lt(l, L::K), h), l, L::KBias))
+            .collect();
+        let vs: Vec<_> = hs
+            .iter()
+            .map(|h| with_bias(mv(&lt(l, L::V), h), l, L::VBias))
+            .collect();
+        for p in 0..tokens.len() {
+            rope(&mut qs[p], p);
+            rope(&mut ks[p], p);
+        }
+        for p in 0..tokens.len() {
+            let mut o = vec![0.0; c.q_dim()];
+            for h in 0..c.n_heads {
+                let kvh = h / c.kv_mul();
+                let q = &qs[p][h * hd..(h + 1) * hd];
+                let sc: Vec<f64> = (0..=p)
+                    .map(|t| {
+                        let k = &ks[t][kvh * hd..(kvh + 1) * hd];
+                        q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let m = sc.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for (t, et) in e.iter().enumerate() {
+                    for i in 0..hd {
+                        o[h * hd + i] += et / z * vs[t][kvh * hd + i];
+                    }
+                }
+            }
+            let att = mv(&lt(l, L::O), &o);
+            xs[p].iter_mut().zip(att).for_each(|(a, b)| *a += b);
+            let h2 = norm(&xs[p], &lt(l, L::FfnNorm));
+            let a = mv(&lt(l, L::Gate), &h2);
+            let b = mv(&lt(l, L::Up), &h2);
+            let gated: Vec<f64> = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| x / (1.0 + (-x).exp()) * y)
+                .collect();
+            let down = mv(&lt(l, L::Down), &gated);
+            xs[p].iter_mut().zip(down).for_each(|(a, b)| *a += b);
+        }
+    }
+    let cls = g(if c.tied_output {
+        Tensor::TokenEmbedding
+    } else {
+        Tensor::Output
+    });
+    let fin = g(Tensor::OutputNorm);
+    xs.iter().map(|x| mv(&cls, &norm(x, &fin))).collect()
+}
+
+fn assert_matches_reference(c: LlamaConfig, seed: u64) {
+    let w = synthetic(&c, seed);
+    let tokens: Vec<u32> = (0..10)
+        .map(|i| (i * 13 + 5) % c.vocab_size as u32)
+        .collect();
+    let want = reference(&c, &w, &tokens);
+    let mut m = FloatModel::new(c, Arc::new(w), 12).unwrap();
+    for (p, &t) in tokens.iter().enumerate() {
+        let got = m.forward(t, p).unwrap();
+        for (g, w) in got.iter().zip(&want[p]) {
+            assert!(
+                (f64::from(*g) - w).abs() < 1e-4 * (1.0 + w.abs()),
+                "pos {p}: {g} vs {w}"
+            );
+        }
+    }
+}
+
+#[test]
+fn forward_matches_f64_reference_for_each_option() {
+    let base = tiny();
+    assert_matches_reference(base.clone(), 7);
+    let mut c = base.clone();
+    c.rope.pairing = RopePairing::HalfSplit;
+    c.rope.theta = 1e5;
+    c.rms_eps = 1e-6;
+    assert_matches_reference(c, 8);
+    let mut c = base.clone();
+    c.qkv_bias = true;
+    c.tied_output = false;
+    c.head_dim = 8; // q_dim 32 != dim 16
+    c.n_kv_heads = 1;
+    assert_matches_reference(c, 9);
+}
+
+#[test]
+fn greedy_stops_on_stop_token_and_limits() {
+    let c = tiny();
+    let mut m = FloatModel::new(c.clone(), Arc::new(synthetic(&c, 4)), 8).unwrap();
+    let free = m.generate_greedy(&[1, 2, 3], 100, &[]).unwrap();
+    // Context 8: the forwards at positions 2..=7 each produce one token (the last one unfed).
+    assert_eq!(free.len(), 6);
+    let first = free[0];
+    assert!(
+        m.generate_greedy(&[1, 2, 3], 100, &[first])
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(m.generate_greedy(&[1, 2, 3], 2, &[]).unwrap(), free[..2]);
+    assert!(m.generate_greedy(&[], 4, &[]).unwrap().is_empty());
+}

@@ -1,0 +1,138 @@
+use std::io::Cursor;
+
+use super::*;
+use crate::config::tests::tiny;
+use crate::forward::tests::synthetic;
+use crate::gguf::tests::Writer;
+use crate::{Error, WeightSource};
+
+/// A llama GGUF of the tiny description with synthetic f32 weights.
+pub(crate) fn tiny_gguf(c: &LlamaConfig, w: &Weights) -> Writer {
+    let mut g = Writer::default();
+    g.str("general.architecture", "llama")
+        .u32("llama.block_count", c.n_layers as u32)
+        .u32("llama.embedding_length", c.dim as u32)
+        .u32("llama.attention.head_count", c.n_heads as u32)
+        .u32("llama.attention.head_count_kv", c.n_kv_heads as u32)
+        .u32("llama.feed_forward_length", c.hidden_dim as u32)
+        .u32("llama.context_length", c.context_length as u32)
+        .f32("llama.attention.layer_norm_rms_epsilon", c.rms_eps)
+        .f32("llama.rope.freq_base", c.rope.theta)
+        .u32("tokenizer.ggml.bos_token_id", 1)
+        .u32("tokenizer.ggml.eos_token_id", 2);
+    for t in Tensor::required(c) {
+        let dims: Vec<u64> = t.shape(c).iter().rev().map(|&d| d as u64).collect();
+        g.f32_tensor(&gguf_name(t), &dims, w.tensor(t).unwrap());
+    }
+    g
+}
+
+fn load(g: &Writer) -> Result<(LlamaConfig, Weights), Error> {
+    let bytes = g.bytes();
+    let file = GgufFile::read(Cursor::new(&bytes), bytes.len() as u64).unwrap();
+    let config = llama_config(&file, "test.gguf")?;
+    let weights = read_weights(&file, &config, &mut Cursor::new(&bytes), "test.gguf")?;
+    Ok((config, weights))
+}
+
+#[test]
+fn description_and_weights_round_trip() {
+    let c = tiny();
+    let w = synthetic(&c, 21);
+    let (got_c, got_w) = load(&tiny_gguf(&c, &w)).unwrap();
+    assert_eq!(got_c, c);
+    assert_eq!(got_w, w);
+}
+
+#[test]
+fn untied_output_and_qwen2_biases_are_detected() {
+    let mut c = tiny();
+    c.tied_output = false;
+    c.qkv_bias = true;
+    c.rope.pairing = RopePairing::HalfSplit;
+    let w = synthetic(&c, 22);
+    let mut g = tiny_gguf(&c, &w);
+    for kv in &mut g.kv {
+        kv.0 = kv.0.replace("llama.", "qwen2.");
+        if kv.0 == "general.architecture" {
+            kv.2 = crate::gguf::tests::gguf_str("qwen2");
+        }
+    }
+    let (got_c, got_w) = load(&g).unwrap();
+    assert_eq!(got_c, c);
+    assert_eq!(got_w, w);
+}
+
+fn metadata_key(e: Error) -> String {
+    match e {
+        Error::Metadata { key, .. } => key,
+        other => panic!("expected a metadata error, got {other:?}"),
+    }
+}
+
+#[test]
+fn metadata_problems_name_the_key() {
+    let c = tiny();
+    let w = synthetic(&c, 23);
+    let edit = |f: &dyn Fn(&mut Writer)| {
+        let mut g = tiny_gguf(&c, &w);
+        f(&mut g);
+        load(&g).unwrap_err()
+    };
+    let drop_key = |k: &'static str| move |g: &mut Writer| g.kv.retain(|kv| kv.0 != k);
+    assert_eq!(
+        metadata_key(edit(&drop_key("llama.block_count"))),
+        "llama.block_count"
+    );
+    let arch = edit(&|g: &mut Writer| g.kv[0].2 = crate::gguf::tests::gguf_str("gpt2"));
+    assert_eq!(metadata_key(arch), "general.architecture");
+    let wrong_type = edit(&|g: &mut Writer| {
+        g.kv.retain(|kv| kv.0 != "llama.embedding_length");
+        g.str("llama.embedding_length", "16");
+    });
+    assert_eq!(metadata_key(wrong_type), "llama.embedding_length");
+    let scaled = edit(&|g: &mut Writer| {
+        g.str("llama.rope.scaling.type", "yarn");
+    });
+    assert_eq!(metadata_key(scaled), "llama.rope.scaling.type");
+    let freqs = edit(&|g: &mut Writer| {
+        g.f32_tensor("rope_freqs.weight", &[2], &[1.0, 1.0]);
+    });
+    assert_eq!(metadata_key(freqs), "rope_freqs.weight");
+    let bad_heads = edit(&|g: &mut Writer| {
+        g.kv.retain(|kv| kv.0 != "llama.attention.head_count_kv");
+        g.u32("llama.attention.head_count_kv", 3);
+    });
+    assert!(matches!(
+        bad_heads,
+        Error::InvalidConfig {
+            field: "n_kv_heads",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn missing_or_misshapen_tensors_are_errors() {
+    let c = tiny();
+    let w = synthetic(&c, 24);
+    let mut g = tiny_gguf(&c, &w);
+    g.tensors.retain(|t| t.0 != "blk.1.ffn_up.weight");
+    let err = load(&g).unwrap_err();
+    assert!(
+        matches!(&err, Error::MissingTensor { name } if name == "blk.1.ffn_up.weight"),
+        "{err}"
+    );
+    let mut g = tiny_gguf(&c, &w);
+    let t = g
+        .tensors
+        .iter_mut()
+        .find(|t| t.0 == "blk.0.attn_k.weight")
+        .unwrap();
+    t.1 = vec![8, 16]; // transposed
+    let err = load(&g).unwrap_err();
+    assert!(
+        matches!(&err, Error::TensorShape { found, .. } if found == &[16, 8]),
+        "{err}"
+    );
+}

@@ -1,0 +1,310 @@
+//! Hugging Face model folders: `config.json` for the description and `*.safetensors` (one file
+//! or shards) for the weights, as f32, f16 or bf16, converted to f32 on load.
+//!
+//! HF stores Q/K rows in the order its `rotate_half` RoPE expects, so the description's RoPE
+//! pairing is [`RopePairing::HalfSplit`]. Model types: `llama`, `mistral` (no sliding window),
+//! `qwen2` (Q/K/V biases).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value as Json;
+
+use crate::{
+    Error, LayerTensor, Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, Tensor,
+    Weights,
+};
+
+/// A model read from a Hugging Face folder.
+#[derive(Debug, Clone)]
+pub struct HfModel {
+    /// The description.
+    pub config: LlamaConfig,
+    /// Weights as f32, shareable with [`crate::FloatModel`].
+    pub weights: Arc<Weights>,
+}
+
+/// Hugging Face's name of tensor `t`.
+pub fn hf_name(t: Tensor) -> String {
+    use LayerTensor as L;
+    match t {
+        Tensor::TokenEmbedding => "model.embed_tokens.weight".into(),
+        Tensor::OutputNorm => "model.norm.weight".into(),
+        Tensor::Output => "lm_head.weight".into(),
+        Tensor::Layer(l, lt) => {
+            let s = match lt {
+                L::AttnNorm => "input_layernorm.weight",
+                L::Q => "self_attn.q_proj.weight",
+                L::K => "self_attn.k_proj.weight",
+                L::V => "self_attn.v_proj.weight",
+                L::QBias => "self_attn.q_proj.bias",
+                L::KBias => "self_attn.k_proj.bias",
+                L::VBias => "self_attn.v_proj.bias",
+                L::O => "self_attn.o_proj.weight",
+                L::FfnNorm => "post_attention_layernorm.weight",
+                L::Gate => "mlp.gate_proj.weight",
+                L::Up => "mlp.up_proj.weight",
+                L::Down => "mlp.down_proj.weight",
+            };
+            format!("model.layers.{l}.{s}")
+        }
+    }
+}
+
+impl HfModel {
+    /// Reads `dir/config.json` and every `dir/*.safetensors`.
+    pub fn load(dir: &Path) -> Result<HfModel, Error> {
+        let config = config_from_file(&dir.join("config.json"))?;
+        let files = safetensors_files(dir)?;
+        let mut weights = Weights::with_layers(config.n_layers);
+        let mut wanted = Tensor::required(&config);
+        for path in &files {
+            let bytes = std::fs::read(path).map_err(|source| Error::Io {
+                path: path.clone(),
+                source,
+            })?;
+            let st = SafeTensors::deserialize(&bytes).map_err(|e| Error::Safetensors {
+                origin: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            wanted = take_tensors(&st, &config, wanted, &mut weights, path)?;
+        }
+        if let Some(t) = wanted.first() {
+            return Err(Error::MissingTensor { name: hf_name(*t) });
+        }
+        Ok(HfModel {
+            config,
+            weights: Arc::new(weights),
+        })
+    }
+}
+
+/// The folder's `*.safetensors` files in name order (at least one).
+fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, Error> {
+    let io = |source| Error::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let path = entry.map_err(io)?.path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    if files.is_empty() {
+        let name = format!("{}/*.safetensors", dir.display());
+        return Err(Error::MissingTensor { name });
+    }
+    Ok(files)
+}
+
+/// Converts the tensors of `wanted` that `st` holds into `weights`; returns those still missing.
+fn take_tensors(
+    st: &SafeTensors<'_>,
+    config: &LlamaConfig,
+    wanted: Vec<Tensor>,
+    weights: &mut Weights,
+    path: &Path,
+) -> Result<Vec<Tensor>, Error> {
+    let mut missing = Vec::new();
+    for t in wanted {
+        let name = hf_name(t);
+        let Ok(view) = st.tensor(&name) else {
+            missing.push(t);
+            continue;
+        };
+        if view.shape() != t.shape(config) {
+            return Err(Error::TensorShape {
+                name,
+                expected: t.shape(config),
+                found: view.shape().to_vec(),
+            });
+        }
+        let data = to_f32(view.dtype(), view.data()).ok_or_else(|| Error::Safetensors {
+            origin: path.display().to_string(),
+            reason: format!(
+                "tensor {name} has dtype {:?} (f32, f16, bf16 are read)",
+                view.dtype()
+            ),
+        })?;
+        weights.set(t, data)?;
+    }
+    Ok(missing)
+}
+
+fn to_f32(dtype: Dtype, b: &[u8]) -> Option<Vec<f32>> {
+    Some(match dtype {
+        Dtype::F32 => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::F16 => b
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => b
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => return None,
+    })
+}
+
+/// Reads a `config.json`.
+pub fn config_from_file(path: &Path) -> Result<LlamaConfig, Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    config_from_json(&text, &path.display().to_string())
+}
+
+/// Typed access to config.json fields with errors naming the field.
+struct Fields<'a> {
+    json: &'a Json,
+    origin: &'a str,
+}
+
+impl Fields<'_> {
+    fn err(&self, reason: String) -> Error {
+        Error::HfConfig {
+            origin: self.origin.to_owned(),
+            reason,
+        }
+    }
+
+    fn usize_opt(&self, key: &str) -> Result<Option<usize>, Error> {
+        match &self.json[key] {
+            Json::Null => Ok(None),
+            v => v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| self.err(format!("{key} = {v} is not a non-negative integer"))),
+        }
+    }
+
+    fn usize(&self, key: &str) -> Result<usize, Error> {
+        self.usize_opt(key)?
+            .ok_or_else(|| self.err(format!("{key} is missing")))
+    }
+
+    fn f32_or(&self, key: &str, default: f32) -> Result<f32, Error> {
+        match &self.json[key] {
+            Json::Null => Ok(default),
+            v => v
+                .as_f64()
+                .map(|f| f as f32)
+                .ok_or_else(|| self.err(format!("{key} = {v} is not a number"))),
+        }
+    }
+
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool, Error> {
+        match &self.json[key] {
+            Json::Null => Ok(default),
+            v => v
+                .as_bool()
+                .ok_or_else(|| self.err(format!("{key} = {v} is not a boolean"))),
+        }
+    }
+
+    /// A token id, or the first and second of a list of ids.
+    fn ids(&self, key: &str) -> Result<(Option<u32>, Option<u32>), Error> {
+        let one = |v: &Json| v.as_u64().and_then(|n| u32::try_from(n).ok());
+        let bad = || {
+            self.err(format!(
+                "{key} = {} is not a token id or a list of them",
+                self.json[key]
+            ))
+        };
+        match &self.json[key] {
+            Json::Null => Ok((None, None)),
+            Json::Array(list) => {
+                let ids: Option<Vec<u32>> = list.iter().map(one).collect();
+                let ids = ids.ok_or_else(bad)?;
+                Ok((ids.first().copied(), ids.get(1).copied()))
+            }
+            v => one(v).map(|id| (Some(id), None)).ok_or_else(bad),
+        }
+    }
+}
+
+/// The description from the text of a `config.json`; `origin` labels errors.
+pub fn config_from_json(text: &str, origin: &str) -> Result<LlamaConfig, Error> {
+    let json: Json = serde_json::from_str(text).map_err(|e| Error::HfConfig {
+        origin: origin.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let f = Fields {
+        json: &json,
+        origin,
+    };
+    let model_type = json["model_type"].as_str().unwrap_or("llama");
+    if !matches!(model_type, "llama" | "mistral" | "qwen2") {
+        return Err(f.err(format!(
+            "model_type {model_type} is not supported (llama, mistral, qwen2)"
+        )));
+    }
+    let (dim, n_heads) = (f.usize("hidden_size")?, f.usize("num_attention_heads")?);
+    let (eos, eot) = f.ids("eos_token_id")?;
+    let config = LlamaConfig {
+        n_layers: f.usize("num_hidden_layers")?,
+        dim,
+        n_heads,
+        n_kv_heads: f.usize_opt("num_key_value_heads")?.unwrap_or(n_heads),
+        head_dim: f.usize_opt("head_dim")?.unwrap_or(dim / n_heads.max(1)),
+        hidden_dim: f.usize("intermediate_size")?,
+        vocab_size: f.usize("vocab_size")?,
+        context_length: f.usize("max_position_embeddings")?,
+        rms_eps: f.f32_or("rms_norm_eps", 1e-6)?,
+        rope: RopeConfig {
+            theta: f.f32_or("rope_theta", 10000.0)?,
+            scaling: rope_scaling(&f)?,
+            pairing: RopePairing::HalfSplit,
+        },
+        tied_output: f.bool_or("tie_word_embeddings", false)?,
+        qkv_bias: model_type == "qwen2" || f.bool_or("attention_bias", false)?,
+        special: SpecialTokens {
+            bos: f.ids("bos_token_id")?.0,
+            eos,
+            eot,
+            pad: f.ids("pad_token_id")?.0,
+        },
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// `rope_scaling`: absent/null, or `llama3` (key `rope_type`, or `type` in older files).
+fn rope_scaling(f: &Fields<'_>) -> Result<Option<Llama3Scaling>, Error> {
+    let s = &f.json["rope_scaling"];
+    if s.is_null() {
+        return Ok(None);
+    }
+    let ty = s["rope_type"].as_str().or(s["type"].as_str()).unwrap_or("");
+    if ty == "default" {
+        return Ok(None);
+    }
+    if ty != "llama3" {
+        return Err(f.err(format!(
+            "rope_scaling type {ty:?} is not supported (llama3)"
+        )));
+    }
+    let sub = Fields {
+        json: s,
+        origin: f.origin,
+    };
+    let num = |k: &str| sub.f32_or(k, f32::NAN);
+    Ok(Some(Llama3Scaling {
+        factor: num("factor")?,
+        low_freq_factor: num("low_freq_factor")?,
+        high_freq_factor: num("high_freq_factor")?,
+        original_context: sub.usize("original_max_position_embeddings")?,
+    }))
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

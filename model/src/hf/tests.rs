@@ -1,0 +1,200 @@
+use std::collections::HashMap;
+
+use safetensors::tensor::TensorView;
+use serde_json::json;
+
+use super::*;
+use crate::WeightSource;
+use crate::forward::tests::synthetic;
+
+pub(crate) fn tiny_json() -> Json {
+    json!({
+        "model_type": "llama", "hidden_size": 16, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 24,
+        "vocab_size": 32, "max_position_embeddings": 16, "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0, "tie_word_embeddings": true,
+        "bos_token_id": 1, "eos_token_id": [2, 3]
+    })
+}
+
+#[test]
+fn config_json_fills_the_description() {
+    let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
+    assert_eq!(
+        (c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim),
+        (2, 16, 4, 2, 4)
+    );
+    assert_eq!((c.hidden_dim, c.vocab_size, c.context_length), (24, 32, 16));
+    assert_eq!(
+        (c.rms_eps, c.rope.theta, c.rope.pairing),
+        (1e-5, 1e5, RopePairing::HalfSplit)
+    );
+    assert!(c.tied_output && !c.qkv_bias && c.rope.scaling.is_none());
+    assert_eq!(
+        (c.special.bos, c.special.eos, c.special.eot),
+        (Some(1), Some(2), Some(3))
+    );
+    let mut j = tiny_json();
+    j["model_type"] = json!("qwen2");
+    j["rope_scaling"] = json!({"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+    let c = config_from_json(&j.to_string(), "t").unwrap();
+    assert!(c.qkv_bias);
+    let s = c.rope.scaling.unwrap();
+    assert_eq!(
+        (
+            s.factor,
+            s.low_freq_factor,
+            s.high_freq_factor,
+            s.original_context
+        ),
+        (32.0, 1.0, 4.0, 8192)
+    );
+}
+
+#[test]
+fn config_json_errors_name_the_field() {
+    let cases: [(&str, Json); 5] = [
+        ("hidden_size", json!(null)),
+        ("model_type", json!("gpt2")),
+        ("rope_scaling", json!({"type": "yarn", "factor": 4.0})),
+        ("eos_token_id", json!("</s>")),
+        ("num_key_value_heads", json!(3)),
+    ];
+    for (key, value) in cases {
+        let mut j = tiny_json();
+        j[key] = value;
+        let err = config_from_json(&j.to_string(), "cfg.json").unwrap_err();
+        let text = format!("{err}");
+        let named = text.contains(key)
+            || matches!(&err, Error::InvalidConfig { field, .. } if *field == "n_kv_heads");
+        assert!(named, "{key}: {text}");
+    }
+    assert!(matches!(
+        config_from_json("{", "x"),
+        Err(Error::HfConfig { .. })
+    ));
+}
+
+pub(crate) fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("htpkv-model-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn encode(data: &[f32], dtype: Dtype) -> Vec<u8> {
+    match dtype {
+        Dtype::F16 => data
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
+        Dtype::BF16 => data
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect(),
+        _ => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+/// Writes `w` as HF safetensors in two shards (layer 1 in the second), with `dtype_of`
+/// choosing each tensor's dtype.
+pub(crate) fn write_model(
+    dir: &Path,
+    c: &LlamaConfig,
+    w: &Weights,
+    dtype_of: impl Fn(Tensor) -> Dtype,
+) {
+    type Entry = (String, Dtype, Vec<usize>, Vec<u8>);
+    let mut shards: [Vec<Entry>; 2] = Default::default();
+    for t in Tensor::required(c) {
+        let shard = usize::from(matches!(t, Tensor::Layer(1, _)));
+        let dt = dtype_of(t);
+        shards[shard].push((hf_name(t), dt, t.shape(c), encode(w.tensor(t).unwrap(), dt)));
+    }
+    for (i, shard) in shards.iter().enumerate() {
+        let views: HashMap<String, TensorView<'_>> = shard
+            .iter()
+            .map(|(n, dt, shape, b)| (n.clone(), TensorView::new(*dt, shape.clone(), b).unwrap()))
+            .collect();
+        let bytes = safetensors::serialize(views, None).unwrap();
+        std::fs::write(
+            dir.join(format!("model-0000{}-of-00002.safetensors", i + 1)),
+            bytes,
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn sharded_safetensors_load_in_f32_f16_bf16() {
+    let dir = temp_dir("shards");
+    std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
+    let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
+    let w = synthetic(&c, 11);
+    let dtype_of = |t: Tensor| match t {
+        Tensor::Layer(_, LayerTensor::Q) => Dtype::F16,
+        Tensor::Layer(_, LayerTensor::Down) => Dtype::BF16,
+        _ => Dtype::F32,
+    };
+    write_model(&dir, &c, &w, dtype_of);
+    let m = HfModel::load(&dir).unwrap();
+    assert_eq!(m.config, c);
+    for t in Tensor::required(&c) {
+        let (got, want) = (m.weights.tensor(t).unwrap(), w.tensor(t).unwrap());
+        let tol = match dtype_of(t) {
+            Dtype::F16 => 1e-3,
+            Dtype::BF16 => 1e-2,
+            _ => 0.0,
+        };
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() <= tol * w.abs().max(1e-2), "{t}: {g} vs {w}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn missing_misshapen_and_unsupported_tensors_are_errors() {
+    let dir = temp_dir("bad");
+    let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
+    std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
+    assert!(matches!(
+        HfModel::load(&dir),
+        Err(Error::MissingTensor { .. })
+    ));
+    let w = synthetic(&c, 12);
+    write_model(&dir, &c, &w, |_| Dtype::F32);
+    std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
+    let err = HfModel::load(&dir).unwrap_err();
+    assert!(
+        matches!(&err, Error::MissingTensor { name } if name.starts_with("model.layers.1.")),
+        "{err}"
+    );
+    // The second shard again, with one tensor of the wrong shape.
+    let mut j = tiny_json();
+    j["intermediate_size"] = json!(20);
+    std::fs::write(dir.join("config.json"), j.to_string()).unwrap();
+    write_model(&dir, &c, &w, |_| Dtype::F32);
+    assert!(matches!(
+        HfModel::load(&dir),
+        Err(Error::TensorShape { .. })
+    ));
+    std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
+    // Same byte count as f32, but integers.
+    write_model(&dir, &c, &w, |t| {
+        if t == Tensor::OutputNorm {
+            Dtype::I32
+        } else {
+            Dtype::F32
+        }
+    });
+    let err = HfModel::load(&dir).unwrap_err();
+    assert!(matches!(err, Error::Safetensors { .. }), "{err}");
+    std::fs::write(dir.join("model-00001-of-00002.safetensors"), b"garbage").unwrap();
+    assert!(matches!(
+        HfModel::load(&dir),
+        Err(Error::Safetensors { .. })
+    ));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

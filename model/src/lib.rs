@@ -1,0 +1,70 @@
+//! Llama-family models for htpkv: one model description, the loaders that fill it, the float
+//! kernels and the f32 reference forward (the numerical oracle), HF tokenizers and chat
+//! templates.
+//!
+//! - [`LlamaConfig`]: layers, widths, heads and KV heads (GQA), head width, RMSNorm epsilon,
+//!   RoPE theta, Llama 3 scaling and pair layout ([`RopePairing`]), tied output, Q/K/V biases,
+//!   special ids. [`LlamaConfig::validate`] bounds every dimension ([`limits`]) and checks
+//!   divisibility; every loader calls it.
+//! - Weights: [`Tensor`] names each tensor and gives its shape from the description (one
+//!   place); the forward reads them through [`WeightSource`] (owned [`Weights`], or a
+//!   llama2.c checkpoint in the `llama2c` crate, without a copy).
+//! - Loaders: [`gguf`] (GGUF v2/v3; `llama` and `qwen2`; F32, F16, BF16, Q4_0, Q4_1, Q8_0,
+//!   Q4_K, Q6_K dequantized to f32 on load) and [`hf`] (`config.json` + safetensors shards in
+//!   f32/f16/bf16). GGUF stores Q/K with adjacent RoPE pairs (llama.cpp's converter permutes
+//!   them), HF with half-split pairs; the description records which.
+//! - [`FloatModel`]: one token at a time with its own KV cache; a [`Tap`] sees intermediate
+//!   values (calibration). Matrix-vector products run on rayon's pool, split by output rows
+//!   (results do not depend on the thread count).
+//! - [`load`] and [`describe`] take either format (a GGUF file or an HF folder) and give the
+//!   model with its tokenizer and chat template, or only its description.
+//! - [`HfTokenizer`] (the `tokenizers` crate, pure Rust: `fancy-regex`, no C toolchain) from a
+//!   `tokenizer.json` or from GGUF metadata; [`ChatTemplate`] renders the model's Jinja chat
+//!   template with minijinja.
+//!
+//! Policies:
+//! - Hostile files give typed errors ([`Error`], [`gguf::GgufError`]): every count, length,
+//!   dimension product, offset and size in a GGUF header is checked against the file before
+//!   anything is allocated for it; metadata takes a small multiple of the bytes it came from.
+//! - Unsupported features are errors, never a silently different model: other architectures,
+//!   RoPE scaling other than `llama3` (GGUF's `rope_freqs` tensors included), tensor types
+//!   outside the list above, pre-tokenizers other than `gpt2`, `smollm`/`starcoder`,
+//!   `llama-bpe`/`llama3` and `qwen2`.
+//!
+//! The test model is SmolLM2-135M-Instruct (GGUF Q4_1), fetched by `scripts/fetch-smollm2.sh`
+//! into `models/smollm2-135m-instruct/`. Its tests fail when the file is missing and `CI` is
+//! set, and are skipped with a message otherwise. Try it with
+//! `cargo run --release -p model --example chat -- models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf "What is the capital of France?"`.
+//!
+//! ```no_run
+//! use model::gguf::GgufModel;
+//! use model::{ChatTemplate, FloatModel, HfTokenizer, Message};
+//! # fn main() -> Result<(), model::Error> {
+//! let m = GgufModel::load("SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
+//! let tok = HfTokenizer::from_gguf(&m.file)?;
+//! let prompt = ChatTemplate::from_gguf(&m.file)?
+//!     .render_chat(&[Message::new("user", "What is the capital of France?")], true)?;
+//! let mut fm = FloatModel::new(m.config.clone(), m.weights.clone(), 512)?;
+//! let answer = fm.generate_greedy(&tok.encode(&prompt, true)?, 64, &m.config.special.stop_tokens())?;
+//! println!("{}", tok.decode(&answer, true)?);
+//! # Ok(()) }
+//! ```
+
+pub mod chat;
+mod config;
+mod error;
+mod forward;
+pub mod gguf;
+pub mod hf;
+mod load;
+pub mod ops;
+mod tokenizer;
+mod weights;
+
+pub use chat::{ChatTemplate, Message};
+pub use config::{Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, limits};
+pub use error::Error;
+pub use forward::{FloatModel, NoTap, Site, Tap};
+pub use load::{LoadedModel, ModelFormat, describe, format_of, load};
+pub use tokenizer::{HfTokenizer, TextStream};
+pub use weights::{LayerTensor, LayerWeights, Tensor, WeightSource, Weights, check_weights};

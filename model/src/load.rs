@@ -1,0 +1,129 @@
+//! One entry point for a model on disk, whatever its format: a GGUF file, or a Hugging Face
+//! folder (`config.json`, `*.safetensors`, `tokenizer.json`, optionally
+//! `tokenizer_config.json` for the chat template and `add_bos_token`).
+
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::Value as Json;
+
+use crate::gguf::GgufModel;
+use crate::hf::{HfModel, config_from_file};
+use crate::{ChatTemplate, Error, HfTokenizer, LlamaConfig, Weights};
+
+/// How a model is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelFormat {
+    /// A GGUF file.
+    Gguf,
+    /// A Hugging Face folder with `config.json` and safetensors.
+    HfFolder,
+}
+
+/// A model with what it takes to chat with it.
+#[derive(Debug)]
+pub struct LoadedModel {
+    /// The description.
+    pub config: LlamaConfig,
+    /// f32 weights.
+    pub weights: Arc<Weights>,
+    /// Its tokenizer.
+    pub tokenizer: HfTokenizer,
+    /// Its chat template, when it has one.
+    pub chat: Option<ChatTemplate>,
+}
+
+/// The format of `path`: a folder holding `config.json`, or a file starting with `GGUF`.
+pub fn format_of(path: &Path) -> Result<ModelFormat, Error> {
+    let unknown = || Error::UnknownFormat {
+        path: path.to_path_buf(),
+    };
+    if path.is_dir() {
+        return match path.join("config.json").is_file() {
+            true => Ok(ModelFormat::HfFolder),
+            false => Err(unknown()),
+        };
+    }
+    let mut magic = [0u8; 4];
+    let mut f = std::fs::File::open(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    match f.read_exact(&mut magic) {
+        Ok(()) if &magic == b"GGUF" => Ok(ModelFormat::Gguf),
+        _ => Err(unknown()),
+    }
+}
+
+/// The description of the model at `path` without reading its weights (for budgets and plans).
+pub fn describe(path: &Path) -> Result<LlamaConfig, Error> {
+    match format_of(path)? {
+        ModelFormat::Gguf => Ok(GgufModel::describe(path)?.0),
+        ModelFormat::HfFolder => config_from_file(&path.join("config.json")),
+    }
+}
+
+/// Loads the model at `path` with its tokenizer and chat template.
+pub fn load(path: &Path) -> Result<LoadedModel, Error> {
+    match format_of(path)? {
+        ModelFormat::Gguf => {
+            let m = GgufModel::load(path)?;
+            let tokenizer = HfTokenizer::from_gguf(&m.file)?;
+            let has_template = m.file.get("tokenizer.chat_template").is_some();
+            let chat = has_template
+                .then(|| ChatTemplate::from_gguf(&m.file))
+                .transpose()?;
+            Ok(LoadedModel {
+                config: m.config,
+                weights: m.weights,
+                tokenizer,
+                chat,
+            })
+        }
+        ModelFormat::HfFolder => load_hf(path),
+    }
+}
+
+fn load_hf(dir: &Path) -> Result<LoadedModel, Error> {
+    let m = HfModel::load(dir)?;
+    let tok_config = dir.join("tokenizer_config.json");
+    let (add_bos, chat) = if tok_config.is_file() {
+        (add_bos_token(&tok_config)?, template_if_any(&tok_config)?)
+    } else {
+        (false, None)
+    };
+    let bos = m.config.special.bos.filter(|_| add_bos);
+    let tokenizer = HfTokenizer::from_file(&dir.join("tokenizer.json"), bos)?;
+    Ok(LoadedModel {
+        config: m.config,
+        weights: m.weights,
+        tokenizer,
+        chat,
+    })
+}
+
+fn read_json(path: &Path) -> Result<Json, Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| Error::HfConfig {
+        origin: path.display().to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// `add_bos_token` of a tokenizer_config.json (false when absent).
+fn add_bos_token(path: &Path) -> Result<bool, Error> {
+    Ok(read_json(path)?["add_bos_token"].as_bool().unwrap_or(false))
+}
+
+fn template_if_any(path: &Path) -> Result<Option<ChatTemplate>, Error> {
+    let has = !read_json(path)?["chat_template"].is_null();
+    has.then(|| ChatTemplate::from_tokenizer_config(path))
+        .transpose()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,77 @@
+use super::*;
+use crate::config::tests::tiny;
+use crate::forward::tests::synthetic;
+use crate::gguf::llama::tests::tiny_gguf;
+use crate::gguf::tests::Writer;
+use crate::hf::tests::{temp_dir, tiny_json, write_model};
+use crate::tokenizer::tests::vocab_gguf;
+use crate::{Message, WeightSource};
+
+const TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}";
+
+#[test]
+fn gguf_file_loads_with_tokenizer_and_template() {
+    let dir = temp_dir("load-gguf");
+    let c = tiny();
+    let w = synthetic(&c, 31);
+    let mut g: Writer = tiny_gguf(&c, &w);
+    g.kv.extend(
+        vocab_gguf("smollm")
+            .kv
+            .into_iter()
+            .filter(|kv| !kv.0.ends_with("bos_token_id")),
+    );
+    g.str("tokenizer.chat_template", TEMPLATE);
+    let path = dir.join("tiny.gguf");
+    std::fs::write(&path, g.bytes()).unwrap();
+    assert_eq!(format_of(&path).unwrap(), ModelFormat::Gguf);
+    assert_eq!(describe(&path).unwrap(), c);
+    let m = load(&path).unwrap();
+    assert_eq!(m.config, c);
+    assert_eq!(
+        m.weights.tensor(crate::Tensor::OutputNorm),
+        w.tensor(crate::Tensor::OutputNorm)
+    );
+    let text = m
+        .chat
+        .unwrap()
+        .render_chat(&[Message::new("user", "hi hi")], false)
+        .unwrap();
+    assert_eq!(m.tokenizer.encode(&text, true).unwrap(), [1, 5, 7, 2]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn hf_folder_loads_with_tokenizer_json_and_config() {
+    let dir = temp_dir("load-hf");
+    std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
+    let c = crate::hf::config_from_json(&tiny_json().to_string(), "t").unwrap();
+    write_model(&dir, &c, &synthetic(&c, 32), |_| safetensors::Dtype::F32);
+    let bytes = vocab_gguf("smollm").bytes();
+    let file =
+        crate::gguf::GgufFile::read(std::io::Cursor::new(&bytes), bytes.len() as u64).unwrap();
+    let tok = HfTokenizer::from_gguf(&file).unwrap();
+    tok.inner().save(dir.join("tokenizer.json"), false).unwrap();
+    assert_eq!(format_of(&dir).unwrap(), ModelFormat::HfFolder);
+    assert_eq!(describe(&dir).unwrap(), c);
+    let m = load(&dir).unwrap();
+    assert!(m.chat.is_none());
+    assert_eq!(m.tokenizer.encode("hi", true).unwrap(), [5]);
+    let cfg = serde_json::json!({"add_bos_token": true, "chat_template": TEMPLATE});
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    let m = load(&dir).unwrap();
+    assert!(m.chat.is_some());
+    assert_eq!(m.tokenizer.encode("hi", true).unwrap(), [1, 5]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn other_paths_are_unknown_formats() {
+    let dir = temp_dir("load-unknown");
+    assert!(matches!(format_of(&dir), Err(Error::UnknownFormat { .. })));
+    let f = dir.join("model.bin");
+    std::fs::write(&f, b"GGML and more").unwrap();
+    assert!(matches!(describe(&f), Err(Error::UnknownFormat { .. })));
+    assert!(matches!(load(&dir.join("absent")), Err(Error::Io { .. })));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,233 @@
+//! Float kernels of the Llama forward pass, shared by the float oracle, calibration and the
+//! quantized executor.
+//!
+//! These are programmer-facing kernels: slice lengths are preconditions and a mismatch panics
+//! (documented per function); they never see untrusted input directly.
+
+use rayon::prelude::*;
+
+use crate::config::{Llama3Scaling, RopeConfig, RopePairing};
+
+/// `out[j] = weight[j] * x[j] / sqrt(mean(x²) + eps)`.
+///
+/// # Panics
+/// If `out`, `x` and `weight` differ in length.
+pub fn rmsnorm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
+    assert!(
+        out.len() == x.len() && x.len() == weight.len(),
+        "rmsnorm: out {} / x {} / weight {} lengths differ",
+        out.len(),
+        x.len(),
+        weight.len()
+    );
+    let inv = rms_inverse(x, eps);
+    for ((o, &xv), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = w * (inv * xv);
+    }
+}
+
+/// In-place variant of [`rmsnorm`].
+///
+/// # Panics
+/// If `x` and `weight` differ in length.
+pub fn rmsnorm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
+    assert_eq!(x.len(), weight.len(), "rmsnorm_inplace: lengths differ");
+    let inv = rms_inverse(x, eps);
+    for (v, &w) in x.iter_mut().zip(weight) {
+        *v = w * (inv * *v);
+    }
+}
+
+/// `1 / sqrt(mean(x²) + eps)` (1 for an empty slice).
+fn rms_inverse(x: &[f32], eps: f32) -> f32 {
+    if x.is_empty() {
+        return 1.0;
+    }
+    let ss = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32 + eps;
+    1.0 / ss.sqrt()
+}
+
+/// Unscaled frequency of RoPE pair `k` of a head: `1 / theta^(2k / head_dim)`.
+pub fn rope_frequency(theta: f32, k: usize, head_dim: usize) -> f32 {
+    1.0 / theta.powf((2 * k) as f32 / head_dim as f32)
+}
+
+/// Llama 3's `llama3` rescaling of one frequency: long wavelengths are divided by `factor`,
+/// short ones kept, and the band between interpolated smoothly.
+pub fn llama3_scaled(freq: f32, s: &Llama3Scaling) -> f32 {
+    let old = s.original_context as f32;
+    let wavelen = 2.0 * std::f32::consts::PI / freq;
+    let low_freq_wavelen = old / s.low_freq_factor;
+    let high_freq_wavelen = old / s.high_freq_factor;
+    if wavelen < high_freq_wavelen {
+        freq
+    } else if wavelen > low_freq_wavelen {
+        freq / s.factor
+    } else {
+        let smooth = (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        (1.0 - smooth) * freq / s.factor + smooth * freq
+    }
+}
+
+/// Rotary position embedding for one head width: the per-pair frequencies (scaling applied) and
+/// the pair layout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rope {
+    freqs: Vec<f32>,
+    pairing: RopePairing,
+}
+
+impl Rope {
+    /// Frequencies for `head_dim` (even, checked by [`crate::LlamaConfig::validate`]).
+    pub fn new(head_dim: usize, cfg: &RopeConfig) -> Rope {
+        let freqs = (0..head_dim / 2)
+            .map(|k| {
+                let f = rope_frequency(cfg.theta, k, head_dim);
+                cfg.scaling.as_ref().map_or(f, |s| llama3_scaled(f, s))
+            })
+            .collect();
+        Rope {
+            freqs,
+            pairing: cfg.pairing,
+        }
+    }
+
+    /// The frequency of each pair, `head_dim / 2` values.
+    pub fn frequencies(&self) -> &[f32] {
+        &self.freqs
+    }
+
+    /// Rotates every head in `vec` (one or more heads back to back) to position `pos`.
+    ///
+    /// # Panics
+    /// If `vec.len()` is not a multiple of the head width.
+    pub fn rotate(&self, vec: &mut [f32], pos: usize) {
+        let hd = 2 * self.freqs.len();
+        assert!(
+            hd > 0 && vec.len().is_multiple_of(hd),
+            "Rope::rotate: head_dim {hd} must divide len {}",
+            vec.len()
+        );
+        for head in vec.chunks_exact_mut(hd) {
+            rotate_head(head, self.pairing, |k| pos as f32 * self.freqs[k]);
+        }
+    }
+}
+
+/// Rotates the pairs of one head; `angle(k)` is pair `k`'s angle.
+pub fn rotate_head(head: &mut [f32], pairing: RopePairing, angle: impl Fn(usize) -> f32) {
+    let half = head.len() / 2;
+    for k in 0..half {
+        let (i, j) = match pairing {
+            RopePairing::Adjacent => (2 * k, 2 * k + 1),
+            RopePairing::HalfSplit => (k, k + half),
+        };
+        let (s, c) = angle(k).sin_cos();
+        let (a, b) = (head[i], head[j]);
+        head[i] = a * c - b * s;
+        head[j] = a * s + b * c;
+    }
+}
+
+/// In-place softmax. Entries equal to `-inf` get probability 0 (masking). If every entry is
+/// `-inf` (nothing to attend to) the output is all zeros rather than NaN. An empty slice is a no-op.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        x.fill(0.0);
+        return;
+    }
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Dot product of two equal-length slices (8 partial sums, so it vectorizes).
+///
+/// # Panics
+/// If the lengths differ.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot: lengths differ");
+    let mut acc = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for k in 0..8 {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in ar.iter().zip(br) {
+        s += x * y;
+    }
+    s
+}
+
+/// Matrices with fewer multiply-adds than this run on the calling thread: below it, handing
+/// rows to other threads costs more than it saves.
+pub const PARALLEL_MIN_MACS: usize = 1 << 15;
+
+/// Matrix-vector product with a row-major `(out.len(), x.len())` matrix:
+/// `out[i] = Σ_j w[i·n + j] · x[j]`, `n = x.len()`. Large matrices are split by output rows
+/// over rayon's pool (one thread per core); every row is computed the same way either way, so
+/// the result does not depend on the thread count.
+///
+/// # Panics
+/// If `w.len() != out.len() * x.len()`.
+pub fn matmul(out: &mut [f32], x: &[f32], w: &[f32]) {
+    let n = x.len();
+    assert_eq!(
+        w.len(),
+        out.len() * n,
+        "matmul: w has {} elements, expected {} x {}",
+        w.len(),
+        out.len(),
+        n
+    );
+    if n == 0 {
+        out.fill(0.0);
+        return;
+    }
+    if w.len() < PARALLEL_MIN_MACS {
+        for (o, row) in out.iter_mut().zip(w.chunks_exact(n)) {
+            *o = dot(row, x);
+        }
+        return;
+    }
+    let rows_per_task = (PARALLEL_MIN_MACS / n).max(1);
+    out.par_chunks_mut(rows_per_task)
+        .zip(w.par_chunks(rows_per_task * n))
+        .for_each(|(o, wc)| {
+            for (o, row) in o.iter_mut().zip(wc.chunks_exact(n)) {
+                *o = dot(row, x);
+            }
+        });
+}
+
+/// SiLU (swish): `x · sigmoid(x) = x / (1 + e^-x)`.
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Index of the largest element (the first one on ties; NaNs are never chosen unless all are
+/// NaN). Returns 0 for an empty slice.
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in x.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests;
