@@ -12,7 +12,7 @@ use std::path::Path;
 
 use crate::ModelError;
 use crate::files::sha256;
-use crate::fsio::{CappedFile, FileKind};
+use ::model::fsio::{CappedFile, FileKind};
 
 /// Size of the checkpoint header in bytes (7 × i32).
 pub const HEADER_BYTES: usize = 28;

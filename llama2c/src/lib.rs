@@ -19,7 +19,7 @@
 mod checkpoint;
 mod error;
 mod files;
-pub mod fsio;
+pub use ::model::fsio;
 mod model;
 pub mod ops;
 mod tokenizer;

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::ModelError;
-use crate::fsio::{FileKind, read_capped};
+use ::model::fsio::{FileKind, read_capped};
 
 /// A loaded vocabulary with scores and a piece → id lookup.
 #[derive(Debug, Clone)]

@@ -37,6 +37,9 @@ pub enum Error {
         found: Vec<usize>,
     },
 
+    /// A file could not be read whole (missing, over its size cap, ...); it names the file.
+    #[error(transparent)]
+    File(#[from] crate::fsio::FileError),
     /// Reading a file failed.
     #[error("cannot read {path}")]
     Io {

@@ -60,10 +60,7 @@ impl HfModel {
         let mut weights = Weights::with_layers(config.n_layers);
         let mut wanted = Tensor::required(&config);
         for path in &files {
-            let bytes = std::fs::read(path).map_err(|source| Error::Io {
-                path: path.clone(),
-                source,
-            })?;
+            let bytes = crate::fsio::read_capped(path, crate::fsio::FileKind::SAFETENSORS)?;
             let st = SafeTensors::deserialize(&bytes).map_err(|e| Error::Safetensors {
                 origin: path.display().to_string(),
                 reason: e.to_string(),

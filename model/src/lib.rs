@@ -54,6 +54,7 @@ pub mod chat;
 mod config;
 mod error;
 mod forward;
+pub mod fsio;
 pub mod gguf;
 pub mod hf;
 mod load;

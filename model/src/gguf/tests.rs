@@ -280,3 +280,47 @@ fn alignment_must_be_a_power_of_two() {
     w.u32("general.alignment", 24);
     expect_err(&w.bytes(), |e| matches!(e, GgufError::BadAlignment(24)));
 }
+
+/// Fuzzing of the GGUF parser (issue 14): arbitrary bytes, and a valid file with random byte
+/// edits and truncations, through the header parser, the tensor reader and the description. Each
+/// must end in `Ok` or a typed error: never a panic, a hang or an allocation the file cannot back.
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::sample::Index;
+
+    fn check(bytes: &[u8]) {
+        let Ok(file) = parse(bytes) else { return };
+        let mut cursor = Cursor::new(bytes);
+        for t in &file.tensors {
+            let _ = file.read_f32(&mut cursor, t);
+        }
+        let _ = llama_config(&file, "fuzz");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1500))]
+
+        #[test]
+        fn arbitrary_bytes_after_a_valid_magic(tail in proptest::collection::vec(any::<u8>(), 0..400)) {
+            check(&tail);
+            let mut bytes = b"GGUF\x03\0\0\0".to_vec();
+            bytes.extend(&tail);
+            check(&bytes);
+        }
+
+        #[test]
+        fn edited_and_truncated_valid_files(
+            edits in proptest::collection::vec((any::<Index>(), any::<u8>()), 1..8),
+            cut in any::<Index>(),
+        ) {
+            let mut bytes = sample().bytes();
+            for (at, value) in edits {
+                let i = at.index(bytes.len());
+                bytes[i] = value;
+            }
+            check(&bytes);
+            check(&bytes[..cut.index(bytes.len() + 1)]);
+        }
+    }
+}

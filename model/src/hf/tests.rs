@@ -198,3 +198,52 @@ fn missing_misshapen_and_unsupported_tensors_are_errors() {
     ));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Fuzzing of the safetensors path (issue 14): a valid shard with random byte edits and
+/// truncations, through the header parser and the tensor conversion. Each must end in `Ok` or a
+/// typed error, never a panic.
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::sample::Index;
+
+    fn shard() -> (LlamaConfig, Vec<u8>) {
+        let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
+        let dir = temp_dir("fuzz-shard");
+        write_model(&dir, &c, &synthetic(&c, 3), |_| Dtype::F16);
+        let bytes = std::fs::read(dir.join("model-00001-of-00002.safetensors")).unwrap();
+        (c, bytes)
+    }
+
+    fn check(c: &LlamaConfig, bytes: &[u8]) {
+        let Ok(st) = SafeTensors::deserialize(bytes) else {
+            return;
+        };
+        let mut weights = Weights::with_layers(c.n_layers);
+        let _ = take_tensors(&st, c, Tensor::required(c), &mut weights, Path::new("fuzz"));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        #[test]
+        fn edited_and_truncated_shards(
+            edits in proptest::collection::vec((any::<Index>(), any::<u8>()), 1..8),
+            header_edits in proptest::collection::vec((any::<Index>(), any::<u8>()), 0..4),
+            cut in any::<Index>(),
+        ) {
+            let (c, mut bytes) = shard();
+            for (at, value) in edits {
+                let i = at.index(bytes.len());
+                bytes[i] = value;
+            }
+            // The JSON header sits in the first few hundred bytes: edit it more often.
+            let header = bytes.len().min(512);
+            for (at, value) in header_edits {
+                bytes[at.index(header)] = value;
+            }
+            check(&c, &bytes);
+            check(&c, &bytes[..cut.index(bytes.len() + 1)]);
+        }
+    }
+}

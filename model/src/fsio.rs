@@ -14,6 +14,10 @@
 //! | compiled model ([`FileKind::COMPILED`]) | 64 GiB (a stream also stops after the size its header implies) |
 //! | calibration prompts ([`FileKind::PROMPTS`]) | 16 MiB |
 //! | YAML config ([`FileKind::CONFIG`]) | 1 MiB |
+//! | safetensors shard ([`FileKind::SAFETENSORS`]) | 64 GiB |
+//!
+//! GGUF files are not read whole: their header is parsed against the file's length and every
+//! tensor is read at its checked offset (`gguf`).
 //!
 //! # Output files
 //! [`write_atomic`] refuses to replace anything that is not a regular file (a directory, device,
@@ -46,6 +50,8 @@ impl FileKind {
     pub const PROMPTS: FileKind = FileKind::new("calibration prompt file", 16 << 20);
     /// A YAML model config.
     pub const CONFIG: FileKind = FileKind::new("config", 1 << 20);
+    /// A safetensors shard.
+    pub const SAFETENSORS: FileKind = FileKind::new("safetensors shard", 64 << 30);
 
     /// A kind with its cap.
     pub const fn new(what: &'static str, max_bytes: u64) -> FileKind {
