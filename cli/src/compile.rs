@@ -145,33 +145,38 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     model.write(&args.out, &inputs)?;
     let size = std::fs::metadata(&args.out).map(|m| m.len()).unwrap_or(0);
     let c = model.config();
-    println!(
-        "wrote {} ({size} bytes) in {:.2?}: fingerprint {}",
-        args.out.display(),
-        started.elapsed(),
-        model.options().fingerprint_hex()
-    );
-    println!(
-        "model: dim {} layers {} heads {}/{} head_dim {} vocab {}; KV {} ({}, {}), weights {}",
-        c.dim,
-        c.n_layers,
-        c.n_heads,
-        c.n_kv_heads,
-        c.head_dim(),
-        c.vocab_size,
-        model.options().kv_dtype,
-        model.options().k_layout.name(),
-        model.options().granularity.name(),
-        model.options().weights.name()
-    );
-    for g in model.graphs() {
-        println!(
-            "graph {}: {} inputs, {} outputs, window {} rows",
-            g.name(),
-            g.inputs().len(),
-            g.outputs().len(),
-            g.window()
-        );
-    }
-    Ok(())
+    crate::output::to_stdout(|out| {
+        writeln!(
+            out,
+            "wrote {} ({size} bytes) in {:.2?}: fingerprint {}",
+            args.out.display(),
+            started.elapsed(),
+            model.options().fingerprint_hex()
+        )?;
+        writeln!(
+            out,
+            "model: dim {} layers {} heads {}/{} head_dim {} vocab {}; KV {} ({}, {}), weights {}",
+            c.dim,
+            c.n_layers,
+            c.n_heads,
+            c.n_kv_heads,
+            c.head_dim(),
+            c.vocab_size,
+            model.options().kv_dtype,
+            model.options().k_layout.name(),
+            model.options().granularity.name(),
+            model.options().weights.name()
+        )?;
+        for g in model.graphs() {
+            writeln!(
+                out,
+                "graph {}: {} inputs, {} outputs, window {} rows",
+                g.name(),
+                g.inputs().len(),
+                g.outputs().len(),
+                g.window()
+            )?;
+        }
+        Ok(())
+    })
 }

@@ -303,3 +303,53 @@ fn the_handle_cap_deregisters_least_recently_used_handles() {
     let uncapped = generate(&["--backend", "qnn", "--update", "shift"], &[]);
     assert!(uncapped["qnn_memory"]["peak_handles"].as_u64().unwrap() > 100);
 }
+
+/// Issue 14, row 3, for `inspect` and `compile`: a reader that went away ends the command quietly
+/// with success; a full disk is an error saying so.
+#[test]
+fn inspect_and_compile_survive_closed_and_full_stdout() {
+    let lib = library("libqnn_ffi_testlib.so");
+    let out = scratch().join("pipe.htpkv");
+    let commands: [Vec<&str>; 2] = [
+        vec![
+            "inspect",
+            "Cargo.toml",
+            "--qnn-system",
+            lib.to_str().unwrap(),
+        ],
+        vec![
+            "compile",
+            "--context",
+            "32",
+            "--ar",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    ];
+    for args in &commands {
+        let run = |stdout: std::process::Stdio| {
+            Command::new(env!("CARGO_BIN_EXE_htpkv"))
+                .args(args)
+                .env("QNN_FFI_TESTLIB_SYSTEM", "v3")
+                .stdout(stdout)
+                .output()
+                .unwrap()
+        };
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let closed = run(writer.into());
+        assert_eq!(closed.status.code(), Some(0), "{args:?}");
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let full = run(full.into());
+        assert_eq!(full.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&full.stderr);
+        assert!(
+            err.ends_with("error: writing to stdout: No space left on device (os error 28)\n"),
+            "{err}"
+        );
+    }
+}
