@@ -3,22 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn model_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("HTPKV_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/models/stories260K")
-        });
-    if dir.join("stories260K.bin").exists() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "SKIPPED: the stories260K model is absent (looked in {}; set HTPKV_MODEL_DIR)",
-            dir.display()
-        );
-        None
-    }
-}
+mod common;
+use common::model_dir;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("htpkv-cli-{name}-{}", std::process::id()));
@@ -46,7 +32,7 @@ fn text(o: &Output) -> String {
 
 #[test]
 fn generate_streams_the_known_story_and_every_strategy_agrees() {
-    let Some(dir) = model_dir() else { return };
+    let dir = model_dir();
     let cache = scratch("gen");
     let dir = dir.to_str().unwrap();
     let mut outputs = Vec::new();
@@ -86,7 +72,7 @@ fn generate_streams_the_known_story_and_every_strategy_agrees() {
 
 #[test]
 fn generate_json_holds_text_and_stats() {
-    let Some(dir) = model_dir() else { return };
+    let dir = model_dir();
     let cache = scratch("json");
     let o = htpkv(
         &[
@@ -126,7 +112,7 @@ fn missing_model_says_where_to_get_it() {
 
 #[test]
 fn compile_writes_a_file_and_rejects_a_truncated_checkpoint() {
-    let Some(dir) = model_dir() else { return };
+    let dir = model_dir();
     let work = scratch("compile");
     let out = work.join("model.htpkv");
     let ckpt = dir.join("stories260K.bin");
@@ -210,7 +196,7 @@ fn compile_writes_a_file_and_rejects_a_truncated_checkpoint() {
 /// 20 tokens saved, then 20 resumed (under another strategy) read exactly like one run of 40.
 #[test]
 fn generate_save_then_resume_continues_the_same_text() {
-    let Some(dir) = model_dir() else { return };
+    let dir = model_dir();
     let work = scratch("resume");
     let (dir, file) = (dir.to_str().unwrap(), work.join("story.session"));
     let file = file.to_str().unwrap();

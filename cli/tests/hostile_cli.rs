@@ -5,22 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-fn model_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("HTPKV_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/models/stories260K")
-        });
-    if dir.join("stories260K.bin").exists() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "SKIPPED: the stories260K model is absent (looked in {}; set HTPKV_MODEL_DIR)",
-            dir.display()
-        );
-        None
-    }
-}
+mod common;
+use common::model_dir;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("htpkv-hostile-{name}-{}", std::process::id()));
@@ -92,7 +78,7 @@ fn run(args: &[String], cache: &Path) -> Output {
 /// Row 5: /dev/zero as checkpoint or tokenizer was read without a cap (10 GB, hang).
 #[test]
 fn dev_zero_inputs_fail_fast() {
-    let Some(dir) = model_dir() else { return };
+    let dir = model_dir();
     let work = scratch("zero");
     let out = work.join("m.htpkv");
     let started = Instant::now();
@@ -137,7 +123,7 @@ fn dev_zero_inputs_fail_fast() {
 /// Row 7: `--out` a device, FIFO, symlink or the checkpoint itself was replaced by a file.
 #[test]
 fn compile_never_clobbers_special_files_or_its_inputs() {
-    let Some(dir) = model_dir() else { return };
+    let dir = model_dir();
     let work = scratch("clobber");
     let o = run(&compile_args(&dir, Path::new("/dev/null"), &[]), &work);
     assert_eq!(
@@ -185,7 +171,7 @@ fn compile_never_clobbers_special_files_or_its_inputs() {
 /// Row 8: a compile that cannot be read back replaced the good file first.
 #[test]
 fn a_failed_compile_keeps_the_existing_output() {
-    let Some(dir) = model_dir() else { return };
+    let dir = model_dir();
     let work = scratch("keep");
     let out = work.join("good.htpkv");
     std::fs::write(&out, b"the good file").unwrap();
@@ -204,7 +190,7 @@ fn a_failed_compile_keeps_the_existing_output() {
 /// Rows 9, 12 and 14 on one compiled file.
 #[test]
 fn a_compiled_file_decides_and_must_match_its_checkpoint() {
-    let Some(dir) = model_dir() else { return };
+    let dir = model_dir();
     let work = scratch("compiled");
     let out = work.join("u8.htpkv");
     let o = run(&compile_args(&dir, &out, &["--kv-dtype", "u8"]), &work);
@@ -290,7 +276,7 @@ fn a_compiled_file_decides_and_must_match_its_checkpoint() {
 /// Row 12: a cache entry compiled from another checkpoint is recompiled, not used.
 #[test]
 fn a_cache_entry_from_another_checkpoint_is_recompiled() {
-    let Some(dir) = model_dir() else { return };
+    let dir = model_dir();
     let work = scratch("cache");
     let cache = work.join("cache");
     let args = |model_dir: &Path| -> Vec<String> {
@@ -345,7 +331,7 @@ fn a_cache_entry_from_another_checkpoint_is_recompiled() {
 /// Row 16: options are checked before anything is compiled.
 #[test]
 fn every_option_is_checked_before_compiling() {
-    let Some(dir) = model_dir() else { return };
+    let dir = model_dir();
     let work = scratch("options");
     let cache = work.join("cache");
     let cases: [(&[&str], &str); 4] = [
@@ -376,7 +362,7 @@ fn every_option_is_checked_before_compiling() {
 /// Row 6: a 24,000-token prompt was tokenized for 132 s before being refused.
 #[test]
 fn an_overlong_prompt_is_refused_fast() {
-    let Some(dir) = model_dir() else { return };
+    let dir = model_dir();
     let work = scratch("prompt");
     let prompt = "Once upon a time, there was a little girl named Lily. ".repeat(2000);
     let started = Instant::now();
