@@ -1,24 +1,13 @@
 //! `htpkv generate` and `htpkv compile` as a user runs them.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
+use std::process::Output;
 
 mod common;
-use common::model_dir;
+use common::{htpkv, model_dir};
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("htpkv-cli-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn htpkv(args: &[&str], cache: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_htpkv"))
-        .args(args)
-        .env("HTPKV_CACHE_DIR", cache)
-        .env_remove("HTPKV_MODEL_DIR")
-        .output()
-        .expect("runs")
+    common::scratch("cli", name)
 }
 
 fn text(o: &Output) -> String {

@@ -6,22 +6,10 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::model_dir;
+use common::{htpkv, model_dir};
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("htpkv-hostile-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn htpkv(args: &[&str], cache: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_htpkv"))
-        .args(args)
-        .env("HTPKV_CACHE_DIR", cache)
-        .env_remove("HTPKV_MODEL_DIR")
-        .output()
-        .expect("runs")
+    common::scratch("hostile", name)
 }
 
 fn stderr(o: &Output) -> String {

@@ -16,3 +16,21 @@ pub fn model_dir() -> PathBuf {
     );
     dir
 }
+
+/// A fresh, empty scratch directory for one test (named after the test file and `name`).
+pub fn scratch(file: &str, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("htpkv-{file}-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs the `htpkv` binary with compiled models cached in `cache` and no model override.
+pub fn htpkv(args: &[&str], cache: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_htpkv"))
+        .args(args)
+        .env("HTPKV_CACHE_DIR", cache)
+        .env_remove("HTPKV_MODEL_DIR")
+        .output()
+        .expect("runs")
+}
