@@ -8,6 +8,19 @@ use std::time::{Duration, Instant};
 mod common;
 use common::{htpkv, model_dir};
 
+/// A copy of the model in `work/other` whose checkpoint differs in one bit of its last weight;
+/// returns the directory and the altered checkpoint's bytes.
+fn altered_model(dir: &Path, work: &Path) -> (PathBuf, Vec<u8>) {
+    let other = work.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let mut ckpt = std::fs::read(dir.join("stories260K.bin")).unwrap();
+    let last = ckpt.len() - 1;
+    ckpt[last] ^= 0x01;
+    std::fs::write(other.join("stories260K.bin"), &ckpt).unwrap();
+    std::fs::copy(dir.join("tok512.bin"), other.join("tok512.bin")).unwrap();
+    (other, ckpt)
+}
+
 fn scratch(name: &str) -> PathBuf {
     common::scratch("hostile", name)
 }
@@ -225,13 +238,7 @@ fn a_compiled_file_decides_and_must_match_its_checkpoint() {
     assert_eq!(doc["ar"], serde_json::json!([1, 8]));
 
     // Row 12: the same file with another checkpoint (one weight changed) is refused.
-    let other = work.join("other");
-    std::fs::create_dir_all(&other).unwrap();
-    let mut ckpt = std::fs::read(dir.join("stories260K.bin")).unwrap();
-    let last = ckpt.len() - 1;
-    ckpt[last] ^= 0x01;
-    std::fs::write(other.join("stories260K.bin"), &ckpt).unwrap();
-    std::fs::copy(dir.join("tok512.bin"), other.join("tok512.bin")).unwrap();
+    let (other, _) = altered_model(&dir, &work);
     let mut args = gen_args(&[]);
     args[3] = s(&other).into();
     let o = run(&args, &work);
@@ -291,13 +298,7 @@ fn a_cache_entry_from_another_checkpoint_is_recompiled() {
         .collect();
     assert_eq!(entries.len(), 1);
     // Another checkpoint whose cache name is given the first one's entry.
-    let other = work.join("other");
-    std::fs::create_dir_all(&other).unwrap();
-    let mut ckpt = std::fs::read(dir.join("stories260K.bin")).unwrap();
-    let last = ckpt.len() - 1;
-    ckpt[last] ^= 0x01;
-    std::fs::write(other.join("stories260K.bin"), &ckpt).unwrap();
-    std::fs::copy(dir.join("tok512.bin"), other.join("tok512.bin")).unwrap();
+    let (other, ckpt) = altered_model(&dir, &work);
     let digest = llama2c::sha256_hex(&ckpt);
     let name = entries[0]
         .file_name()
