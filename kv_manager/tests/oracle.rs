@@ -12,26 +12,8 @@ use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
 use quant::DataType;
 
-#[derive(Debug, Clone)]
-enum Op {
-    /// Plan AR-`ar_pick % variants`, write random rows, then commit `accept % (n + 1)` (or abandon).
-    Step {
-        ar_pick: usize,
-        accept: Option<usize>,
-        seed: u64,
-    },
-    Rollback(usize),
-    Reset,
-}
-
-fn op() -> impl proptest::strategy::Strategy<Value = Op> {
-    prop_oneof![
-        12 => (any::<usize>(), proptest::option::weighted(0.9, any::<usize>()), any::<u64>())
-            .prop_map(|(ar_pick, accept, seed)| Op::Step { ar_pick, accept, seed }),
-        2 => any::<usize>().prop_map(Op::Rollback),
-        1 => Just(Op::Reset),
-    ]
-}
+mod common;
+use common::{Op, Rng, op};
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -83,17 +65,6 @@ fn case() -> impl proptest::strategy::Strategy<Value = Case> {
                 }
             },
         )
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
 }
 
 /// Checks a plan against the reference rows; returns the error text on a mismatch.
