@@ -10,7 +10,7 @@ use crate::calibrate::calibrate;
 use crate::error::CompileError;
 use crate::exec::Graph;
 use crate::model::{ActSite, LayerData, Matrix, ModelData, graph_name};
-use crate::options::CompileOptions;
+use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS};
 use crate::types::WeightType;
 
 /// A stage of [`compile`].
@@ -198,11 +198,10 @@ pub(crate) fn validate_options(config: &LlamaConfig, opts: &CompileOptions) -> R
     if opts.needs_calibration() && opts.calibration_tokens == 0 {
         return Err("calibration_tokens must be at least 1".into());
     }
-    if opts.calibration_tokens > model::limits::MAX_CONTEXT {
+    if opts.calibration_tokens > MAX_CALIBRATION_TOKENS {
         return Err(format!(
-            "calibration_tokens {} exceeds the maximum {}",
+            "calibration_tokens {} exceeds the maximum {MAX_CALIBRATION_TOKENS} (the file format's limit)",
             opts.calibration_tokens,
-            model::limits::MAX_CONTEXT
         ));
     }
     Ok(())

@@ -45,7 +45,7 @@ use crate::bytes::{Reader, Writer, crc32};
 use crate::compile::{CompiledModel, validate_options};
 use crate::error::FormatError;
 use crate::model::{LayerData, Matrix, ModelData};
-use crate::options::{CompileOptions, kv_code, kv_from_code};
+use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS, kv_code, kv_from_code};
 use crate::types::{Granularity, KLayout, TensorDType, TensorDesc, TensorRole, WeightType};
 
 /// Magic bytes at the start of every file.
@@ -430,7 +430,7 @@ fn read_options(s: &mut Reader<'_>) -> Result<CompileOptions, FormatError> {
         1 => Granularity::PerLayer,
         c => return Err(s.corrupt_at(at, format!("unknown granularity code {c}"))),
     };
-    let calibration_tokens = s.len("calibration tokens", limits::MAX_CONTEXT)?;
+    let calibration_tokens = s.len("calibration tokens", MAX_CALIBRATION_TOKENS)?;
     Ok(CompileOptions {
         context,
         ar,

@@ -20,6 +20,9 @@ pub const DEFAULT_CALIBRATION_PROMPTS: &[&str] = &[
 /// Default length (prompt + greedy continuation, in tokens) of one calibration sequence.
 pub const DEFAULT_CALIBRATION_TOKENS: usize = 128;
 
+/// Largest [`CompileOptions::calibration_tokens`] a compiled file holds (2^20).
+pub const MAX_CALIBRATION_TOKENS: usize = 1 << 20;
+
 /// Version of the calibration algorithm; part of [`CompileOptions::fingerprint`], so cached
 /// compiled files are rebuilt when the calibration changes.
 pub const CALIBRATION_VERSION: u32 = 1;

@@ -282,14 +282,14 @@ fn special_files_are_refused_for_reading_and_writing() {
 fn options_the_file_cannot_hold_are_refused_before_compiling() {
     let ckpt = common::synthetic(true);
     let mut o = CompileOptions::new(32, vec![1, 4]);
-    o.calibration_tokens = model::limits::MAX_CONTEXT + 1;
+    o.calibration_tokens = ref_backend::MAX_CALIBRATION_TOKENS + 1;
     let mut calls = 0;
     let c = llama2c::llama_config(&ckpt.config);
     let prompts = common::synthetic_prompts(64);
     let e = compile(&c, &ckpt, &prompts, &o, ckpt.sha256(), &mut |_| calls += 1).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "invalid compile options: calibration_tokens 16777217 exceeds the maximum 16777216"
+        "invalid compile options: calibration_tokens 1048577 exceeds the maximum 1048576 (the file format's limit)"
     );
     assert_eq!(calls, 0, "nothing was computed");
 }
