@@ -61,5 +61,6 @@ pub use format::FORMAT_VERSION;
 pub use model::{ActSite, MASK_OFFSET, MASK_SCALE, MASKED_AT_OR_BELOW, graph_name, mask_encoding};
 pub use options::{
     CALIBRATION_VERSION, CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS,
+    MAX_CALIBRATION_TOKENS,
 };
 pub use types::{Granularity, KLayout, TensorDType, TensorDesc, TensorRole, WeightType};
