@@ -6,7 +6,7 @@ use quant::{DataType, Encoding, ScaleOffset};
 
 use crate::error::ExecError;
 use crate::model::{ActSite, MASKED_AT_OR_BELOW, ModelData, mask_encoding};
-use crate::types::{Granularity, KLayout, TensorDType, TensorDesc};
+use crate::types::{Granularity, KLayout, TensorDesc};
 
 /// Element codec of one KV head's tensors.
 #[derive(Debug, Clone, Copy)]
@@ -671,10 +671,10 @@ impl Graph {
 /// Helper for callers and tests: the bytes of an f32 mask row value or a u16 mask code.
 ///
 /// `visible = true` gives `0.0` (f32) / `65535` (u16); `false` gives `-inf` / `0`.
-pub fn mask_value_bytes(dtype: TensorDType, visible: bool) -> Vec<u8> {
+pub fn mask_value_bytes(dtype: DataType, visible: bool) -> Vec<u8> {
     match (dtype, visible) {
-        (TensorDType::U16, true) => 65535u16.to_le_bytes().to_vec(),
-        (TensorDType::U16, false) => 0u16.to_le_bytes().to_vec(),
+        (DataType::U16, true) => 65535u16.to_le_bytes().to_vec(),
+        (DataType::U16, false) => 0u16.to_le_bytes().to_vec(),
         (_, true) => 0.0f32.to_le_bytes().to_vec(),
         (_, false) => f32::NEG_INFINITY.to_le_bytes().to_vec(),
     }

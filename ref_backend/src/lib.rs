@@ -62,4 +62,4 @@ pub use model::{ActSite, MASK_OFFSET, MASK_SCALE, MASKED_AT_OR_BELOW, graph_name
 pub use options::{
     CALIBRATION_VERSION, CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS,
 };
-pub use types::{Granularity, KLayout, TensorDType, TensorDesc, TensorRole, WeightType};
+pub use types::{Granularity, KLayout, TensorDesc, TensorRole, WeightType};

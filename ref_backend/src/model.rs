@@ -4,7 +4,7 @@ use llama2c::Config;
 use quant::{DataType, Encoding, QuantError, QuantSpec, ScaleOffset, Symmetry};
 
 use crate::options::CompileOptions;
-use crate::types::{Granularity, KLayout, TensorDType, TensorDesc, TensorRole};
+use crate::types::{Granularity, KLayout, TensorDesc, TensorRole};
 
 /// Scale of the u16 attention-mask encoding: `100 / 65535`.
 pub const MASK_SCALE: f32 = 100.0 / 65535.0;
@@ -278,23 +278,18 @@ impl ModelData {
         let hk = c.n_kv_heads;
         let kvq = o.kv_dtype.is_fixed_point();
         let mut inputs = vec![
-            plain(
-                "input_ids",
-                vec![1, n],
-                TensorDType::I32,
-                TensorRole::InputIds,
-            ),
+            plain("input_ids", vec![1, n], DataType::I32, TensorRole::InputIds),
             plain(
                 "positions",
                 vec![1, n],
-                TensorDType::I32,
+                DataType::I32,
                 TensorRole::Positions,
             ),
             if kvq {
                 TensorDesc {
                     name: "attention_mask".into(),
                     shape: vec![1, 1, n, s],
-                    dtype: TensorDType::U16,
+                    dtype: DataType::U16,
                     encoding: Encoding::PerTensor(mask_encoding()),
                     role: TensorRole::Mask,
                     layer: None,
@@ -304,7 +299,7 @@ impl ModelData {
                 plain(
                     "attention_mask",
                     vec![1, 1, n, s],
-                    TensorDType::F32,
+                    DataType::F32,
                     TensorRole::Mask,
                 )
             },
@@ -312,10 +307,10 @@ impl ModelData {
         let mut outputs = vec![plain(
             "logits",
             vec![1, n, c.vocab_size],
-            TensorDType::F32,
+            DataType::F32,
             TensorRole::Logits,
         )];
-        let dtype = TensorDType::from(o.kv_dtype);
+        let dtype = o.kv_dtype;
         let kshape = |rows: usize, lead: usize| match o.k_layout {
             KLayout::Rows => vec![lead, 1, rows, d],
             KLayout::Transposed => vec![lead, 1, d, rows],
@@ -420,7 +415,7 @@ impl ModelData {
     }
 }
 
-fn plain(name: &str, shape: Vec<usize>, dtype: TensorDType, role: TensorRole) -> TensorDesc {
+fn plain(name: &str, shape: Vec<usize>, dtype: DataType, role: TensorRole) -> TensorDesc {
     TensorDesc {
         name: name.into(),
         shape,
