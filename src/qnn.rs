@@ -15,7 +15,7 @@ use crate::backend::{
 };
 use crate::engine::EngineError;
 use crate::qnn_memory::{MemoryUse, QnnMemory};
-use kv_manager::RegionAllocator;
+use kv_manager::{KvIo, KvTensor, RegionAllocator, TensorKind};
 use qnn_ffi::{
     ClientBuffer, Context, Device, Graph, LogLevel, MemDescriptor, MemHandleCache, QnnLibrary,
     QnnSystemLibrary, Quantization, RpcMemAllocator, SystemContext, TensorData, TensorInfo,
@@ -59,26 +59,14 @@ fn role_of(name: &str) -> Option<(IoRole, Option<usize>, Option<usize>)> {
     if let Some(role) = fixed {
         return Some((role, None, None));
     }
-    for (prefix, role) in [
-        ("past_key_", IoRole::PastKey),
-        ("past_value_", IoRole::PastValue),
-        ("new_key_", IoRole::NewKey),
-        ("new_value_", IoRole::NewValue),
-    ] {
-        if let Some(rest) = name.strip_prefix(prefix) {
-            let mut parts = rest.split('_').map(str::parse::<usize>);
-            let layer = parts.next()?.ok()?;
-            let head = match parts.next() {
-                Some(h) => Some(h.ok()?),
-                None => None,
-            };
-            if parts.next().is_some() {
-                return None;
-            }
-            return Some((role, Some(layer), head));
-        }
-    }
-    None
+    let t = KvTensor::parse(name)?;
+    let role = match (t.io, t.kind) {
+        (KvIo::Past, TensorKind::Key) => IoRole::PastKey,
+        (KvIo::Past, TensorKind::Value) => IoRole::PastValue,
+        (KvIo::New, TensorKind::Key) => IoRole::NewKey,
+        (KvIo::New, TensorKind::Value) => IoRole::NewValue,
+    };
+    Some((role, Some(t.layer), t.head))
 }
 
 /// A short label for the role htpkv recognises in a tensor name, for `htpkv inspect`: htpkv's own

@@ -4,8 +4,8 @@
 use crate::backend::{Backend, BackendError, GraphDesc, InputBuffer, IoRole, OutputBuffer};
 use crate::sampler::{Sampler, SamplerError, SamplerOptions};
 use kv_manager::{
-    CacheSpec, Counters, Geometry, Granularity, KLayout, KvCache, KvError, RegionAllocator,
-    Strategy, TensorKind, encodings_from_graphs,
+    CacheSpec, Counters, Geometry, Granularity, KLayout, KvCache, KvError, KvIo, KvTensor,
+    RegionAllocator, Strategy, TensorKind, encodings_from_graphs,
 };
 use quant::QuantSpec;
 use std::time::Instant;
@@ -285,9 +285,13 @@ impl<B: Backend> Session<B> {
                     let layer = t.layer.unwrap_or(0);
                     Ok(match (geometry.granularity, t.head) {
                         (Granularity::PerHead, Some(h)) => geometry.buffer_index(layer, h, kind),
-                        (Granularity::PerLayer, None) => {
-                            layer * 2 + usize::from(kind == TensorKind::Value)
+                        (Granularity::PerLayer, None) => KvTensor {
+                            io: KvIo::Past,
+                            kind,
+                            layer,
+                            head: None,
                         }
+                        .position(geometry.kv_heads),
                         _ => {
                             return Err(SessionError::Graphs(format!(
                                 "tensor `{}` mixes per-head and per-layer K/V tensors",

@@ -2,6 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use kv_manager::{KvIo, KvTensor, TensorKind};
 use quant::{DataType, Encoding, ScaleOffset};
 
 use crate::error::ExecError;
@@ -207,12 +208,19 @@ impl Graph {
             for h in 0..hk {
                 let kspec = model.kv_spec(l, h, false);
                 let vspec = model.kv_spec(l, h, true);
-                let (past_k, new_k, past_off, new_off) = match o.granularity {
-                    Granularity::PerHead => (3 + 2 * (l * hk + h), 1 + 2 * (l * hk + h), 0, 0),
-                    Granularity::PerLayer => {
-                        (3 + 2 * l, 1 + 2 * l, h * w * d * esize, h * ar * d * esize)
-                    }
+                let (head, past_off, new_off) = match o.granularity {
+                    Granularity::PerHead => (Some(h), 0, 0),
+                    Granularity::PerLayer => (None, h * w * d * esize, h * ar * d * esize),
                 };
+                // Inputs: ids, positions, mask, then the K/V tensors; outputs: logits, then K/V.
+                let key = |io| KvTensor {
+                    io,
+                    kind: TensorKind::Key,
+                    layer: l,
+                    head,
+                };
+                let past_k = 3 + key(KvIo::Past).position(hk);
+                let new_k = 1 + key(KvIo::New).position(hk);
                 slots.push(KvSlot {
                     past_k,
                     past_v: past_k + 1,
