@@ -19,23 +19,6 @@ pub enum IoRole {
     Logits,
 }
 
-/// Element type of a graph tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum IoDType {
-    I32,
-    Quant(DataType),
-}
-
-impl IoDType {
-    /// Bytes of one element.
-    pub fn size_bytes(self) -> usize {
-        match self {
-            IoDType::I32 => 4,
-            IoDType::Quant(t) => t.size_bytes(),
-        }
-    }
-}
-
 /// One input or output tensor of a graph.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IoTensor {
@@ -46,7 +29,7 @@ pub struct IoTensor {
     /// KV head of a per-head K/V tensor (`None` for per-layer tensors and non-K/V tensors).
     pub head: Option<usize>,
     pub shape: Vec<usize>,
-    pub dtype: IoDType,
+    pub dtype: DataType,
     /// Encoding of quantized/float tensors (`None` for i32 tensors).
     pub quant: Option<QuantSpec>,
 }

@@ -154,7 +154,9 @@ pub struct GraphConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KvConfig {
-    pub dtype: KvDtype,
+    /// Element type of the K/V tensors.
+    #[serde(with = "kv_dtype_serde")]
+    pub dtype: DataType,
     #[serde(default)]
     pub k_layout: KLayoutConfig,
     #[serde(default)]
@@ -166,44 +168,27 @@ pub struct KvConfig {
     pub stagger: bool,
 }
 
-/// Element type of the K/V tensors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum KvDtype {
-    U8,
-    U16,
-    I8,
-    I16,
-    F16,
-    F32,
+/// Parses a K/V element type: a [`DataType`] that stores real values (any but `i32`), by its
+/// lowercase name (`u8`, `u16`, `i8`, `i16`, `f16`, `f32`).
+pub fn parse_kv_dtype(name: &str) -> Result<DataType, String> {
+    DataType::REAL
+        .into_iter()
+        .find(|d| d.name() == name)
+        .ok_or_else(|| format!("unknown variant `{name}`; expected {EXPECT_DTYPE}"))
 }
 
-impl KvDtype {
-    /// The quant data type.
-    pub fn data_type(self) -> DataType {
-        match self {
-            KvDtype::U8 => DataType::U8,
-            KvDtype::U16 => DataType::U16,
-            KvDtype::I8 => DataType::I8,
-            KvDtype::I16 => DataType::I16,
-            KvDtype::F16 => DataType::F16,
-            KvDtype::F32 => DataType::F32,
-        }
+/// Serde for `kv.dtype`: the lowercase name, checked by [`parse_kv_dtype`].
+mod kv_dtype_serde {
+    use quant::DataType;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &DataType, s: S) -> Result<S::Ok, S::Error> {
+        d.serialize(s)
     }
-}
 
-impl FromStr for KvDtype {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "u8" => KvDtype::U8,
-            "u16" => KvDtype::U16,
-            "i8" => KvDtype::I8,
-            "i16" => KvDtype::I16,
-            "f16" => KvDtype::F16,
-            "f32" => KvDtype::F32,
-            other => return Err(format!("unknown dtype `{other}`; expected {EXPECT_DTYPE}")),
-        })
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DataType, D::Error> {
+        let name = String::deserialize(d)?;
+        super::parse_kv_dtype(&name).map_err(serde::de::Error::custom)
     }
 }
 
@@ -649,7 +634,7 @@ impl Config {
             head_dim: self.model.head_dim,
             context: self.graph.context,
             ar_variants: self.graph.ar.clone(),
-            dtype: self.kv.dtype.data_type(),
+            dtype: self.kv.dtype,
             k_layout: match self.kv.k_layout {
                 KLayoutConfig::Rows => KLayout::Rows,
                 KLayoutConfig::Transposed => KLayout::Transposed,

@@ -389,14 +389,14 @@ fn put_encoding(w: &mut Vec<u8>, q: &QuantSpec) {
 }
 
 fn dtype_code(dtype: DataType) -> u8 {
-    DataType::ALL
+    DataType::REAL
         .iter()
         .position(|&d| d == dtype)
         .expect("listed") as u8
 }
 
 fn dtype_from(code: u8) -> Result<DataType, PersistError> {
-    DataType::ALL
+    DataType::REAL
         .get(usize::from(code))
         .copied()
         .ok_or_else(|| PersistError::Malformed(format!("unknown data type code {code}")))

@@ -11,16 +11,15 @@
 //! client buffers.
 
 use crate::backend::{
-    Backend, BackendError, GraphDesc, InputBuffer, IoDType, IoRole, IoTensor, MemoryReport,
-    OutputBuffer,
+    Backend, BackendError, GraphDesc, InputBuffer, IoRole, IoTensor, MemoryReport, OutputBuffer,
 };
 use crate::engine::EngineError;
 use crate::qnn_memory::{MemoryUse, QnnMemory};
-use kv_manager::RegionAllocator;
+use kv_manager::{KvIo, KvTensor, RegionAllocator, TensorKind};
 use qnn_ffi::{
-    ClientBuffer, Context, DataType as QnnType, Device, Graph, LogLevel, MemDescriptor,
-    MemHandleCache, QnnLibrary, QnnSystemLibrary, Quantization, RpcMemAllocator, SystemContext,
-    TensorData, TensorInfo,
+    ClientBuffer, Context, Device, Graph, LogLevel, MemDescriptor, MemHandleCache, QnnLibrary,
+    QnnSystemLibrary, Quantization, RpcMemAllocator, SystemContext, TensorData, TensorInfo,
+    qnn_dtype_name,
 };
 use quant::{DataType, Encoding, QuantSpec, ScaleOffset};
 use std::path::Path;
@@ -60,26 +59,14 @@ fn role_of(name: &str) -> Option<(IoRole, Option<usize>, Option<usize>)> {
     if let Some(role) = fixed {
         return Some((role, None, None));
     }
-    for (prefix, role) in [
-        ("past_key_", IoRole::PastKey),
-        ("past_value_", IoRole::PastValue),
-        ("new_key_", IoRole::NewKey),
-        ("new_value_", IoRole::NewValue),
-    ] {
-        if let Some(rest) = name.strip_prefix(prefix) {
-            let mut parts = rest.split('_').map(str::parse::<usize>);
-            let layer = parts.next()?.ok()?;
-            let head = match parts.next() {
-                Some(h) => Some(h.ok()?),
-                None => None,
-            };
-            if parts.next().is_some() {
-                return None;
-            }
-            return Some((role, Some(layer), head));
-        }
-    }
-    None
+    let t = KvTensor::parse(name)?;
+    let role = match (t.io, t.kind) {
+        (KvIo::Past, TensorKind::Key) => IoRole::PastKey,
+        (KvIo::Past, TensorKind::Value) => IoRole::PastValue,
+        (KvIo::New, TensorKind::Key) => IoRole::NewKey,
+        (KvIo::New, TensorKind::Value) => IoRole::NewValue,
+    };
+    Some((role, Some(t.layer), t.head))
 }
 
 /// A short label for the role htpkv recognises in a tensor name, for `htpkv inspect`: htpkv's own
@@ -127,19 +114,6 @@ pub fn role_label(name: &str) -> Option<String> {
     None
 }
 
-fn quant_type(t: QnnType) -> Option<IoDType> {
-    Some(match t {
-        QnnType::I32 => IoDType::I32,
-        QnnType::UFixed8 => IoDType::Quant(DataType::U8),
-        QnnType::UFixed16 => IoDType::Quant(DataType::U16),
-        QnnType::SFixed8 => IoDType::Quant(DataType::I8),
-        QnnType::SFixed16 => IoDType::Quant(DataType::I16),
-        QnnType::F16 => IoDType::Quant(DataType::F16),
-        QnnType::F32 => IoDType::Quant(DataType::F32),
-        _ => return None,
-    })
-}
-
 /// Converts binary-info tensors to the runtime's descriptions.
 pub fn io_tensor(t: &TensorInfo) -> Result<IoTensor, String> {
     let (role, layer, head) = role_of(&t.name).ok_or_else(|| {
@@ -148,25 +122,28 @@ pub fn io_tensor(t: &TensorInfo) -> Result<IoTensor, String> {
             t.name
         )
     })?;
-    let dtype = quant_type(t.dtype)
-        .ok_or_else(|| format!("tensor `{}`: unsupported data type {:?}", t.name, t.dtype))?;
+    let dtype = t.data_type().ok_or_else(|| {
+        format!(
+            "tensor `{}`: unsupported data type {}",
+            t.name,
+            qnn_dtype_name(t.dtype)
+        )
+    })?;
     let quant = match (dtype, &t.quant) {
-        (IoDType::I32, _) => None,
-        (IoDType::Quant(d), Quantization::None) if !d.is_fixed_point() => Some(QuantSpec {
+        (DataType::I32, Quantization::None) => None,
+        (d, Quantization::None) if d.is_float() => Some(QuantSpec {
             dtype: d,
             encoding: Encoding::Float,
         }),
-        (IoDType::Quant(d), Quantization::PerTensor { scale, offset }) if d.is_fixed_point() => {
-            Some(QuantSpec {
-                dtype: d,
-                encoding: Encoding::PerTensor(ScaleOffset {
-                    scale: *scale,
-                    offset: *offset,
-                }),
-            })
-        }
+        (d, Quantization::PerTensor { scale, offset }) if d.is_fixed_point() => Some(QuantSpec {
+            dtype: d,
+            encoding: Encoding::PerTensor(ScaleOffset {
+                scale: *scale,
+                offset: *offset,
+            }),
+        }),
         (
-            IoDType::Quant(d),
+            d,
             Quantization::PerAxis {
                 axis,
                 scale_offsets,
@@ -183,8 +160,8 @@ pub fn io_tensor(t: &TensorInfo) -> Result<IoTensor, String> {
         }),
         (_, q) => {
             return Err(format!(
-                "tensor `{}`: encoding {q:?} does not fit {:?}",
-                t.name, t.dtype
+                "tensor `{}`: encoding {q:?} does not fit {dtype}",
+                t.name
             ));
         }
     };
@@ -331,7 +308,7 @@ impl QnnBackend {
         // SAFETY: the region was just attached by the session that owns it and is at least one
         // byte long; the descriptor covers its first byte only.
         let probe =
-            unsafe { MemDescriptor::host(vec![1], QnnType::U8, region.base, region.len, 0) };
+            unsafe { MemDescriptor::host(vec![1], DataType::U8, region.base, region.len, 0) };
         if self.handles.get(&probe).is_err() {
             self.memory = MemoryUse::Client;
         }
@@ -363,14 +340,14 @@ impl QnnBackend {
             match region.fd.filter(|_| self.memory != MemoryUse::Host) {
                 Some(fd) => MemDescriptor::shared_buffer(
                     info.shape.clone(),
-                    info.dtype,
+                    info.data_type()?,
                     fd,
                     region.len,
                     offset,
                 ),
                 None => MemDescriptor::host(
                     info.shape.clone(),
-                    info.dtype,
+                    info.data_type()?,
                     region.base,
                     region.len,
                     offset,

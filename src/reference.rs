@@ -1,9 +1,9 @@
 //! The in-process reference backend: `ref_backend`'s CPU executor behind the [`Backend`] trait.
 
 use crate::backend::{
-    Backend, BackendError, GraphDesc, InputBuffer, IoDType, IoRole, IoTensor, OutputBuffer,
+    Backend, BackendError, GraphDesc, InputBuffer, IoRole, IoTensor, OutputBuffer,
 };
-use ref_backend::{CompiledModel, TensorDType, TensorDesc, TensorRole};
+use ref_backend::{CompiledModel, TensorDesc, TensorRole};
 use std::sync::Arc;
 
 /// Converts a reference-backend tensor description into the runtime's.
@@ -24,10 +24,7 @@ pub fn io_tensor(t: &TensorDesc) -> IoTensor {
         layer: t.layer.map(|l| l as usize),
         head: t.head.map(|h| h as usize),
         shape: t.shape.clone(),
-        dtype: match t.dtype {
-            TensorDType::I32 => IoDType::I32,
-            other => IoDType::Quant(other.quant().expect("every non-i32 type has a quant type")),
-        },
+        dtype: t.dtype,
         quant: t.quant_spec(),
     }
 }

@@ -1,13 +1,11 @@
 //! The runtime session: a compiled model on a backend, a KV cache built from the model's own tensor
 //! descriptions, a tokenizer and a sampler.
 
-use crate::backend::{
-    Backend, BackendError, GraphDesc, InputBuffer, IoDType, IoRole, OutputBuffer,
-};
+use crate::backend::{Backend, BackendError, GraphDesc, InputBuffer, IoRole, OutputBuffer};
 use crate::sampler::{Sampler, SamplerError, SamplerOptions};
 use kv_manager::{
-    CacheSpec, Counters, Geometry, Granularity, KLayout, KvCache, KvError, RegionAllocator,
-    Strategy, TensorKind, encodings_from_graphs,
+    CacheSpec, Counters, Geometry, Granularity, KLayout, KvCache, KvError, KvIo, KvTensor,
+    RegionAllocator, Strategy, TensorKind, encodings_from_graphs,
 };
 use quant::QuantSpec;
 use std::time::Instant;
@@ -145,10 +143,12 @@ pub fn cache_spec_from_graphs(
         value.shape.first().copied().unwrap_or(0)
     };
     let head_dim = value.shape.last().copied().unwrap_or(0);
-    let dtype = match value.dtype {
-        IoDType::Quant(t) => t,
-        IoDType::I32 => return Err(bad("past_value tensors must not be i32".into())),
-    };
+    let dtype = value.dtype;
+    if !dtype.is_real() {
+        return Err(bad(format!(
+            "past_value tensors must hold real values, not {dtype}"
+        )));
+    }
     let mut ar_variants = Vec::new();
     for g in graphs {
         ar_variants.push(
@@ -285,9 +285,13 @@ impl<B: Backend> Session<B> {
                     let layer = t.layer.unwrap_or(0);
                     Ok(match (geometry.granularity, t.head) {
                         (Granularity::PerHead, Some(h)) => geometry.buffer_index(layer, h, kind),
-                        (Granularity::PerLayer, None) => {
-                            layer * 2 + usize::from(kind == TensorKind::Value)
+                        (Granularity::PerLayer, None) => KvTensor {
+                            io: KvIo::Past,
+                            kind,
+                            layer,
+                            head: None,
                         }
+                        .position(geometry.kv_heads),
                         _ => {
                             return Err(SessionError::Graphs(format!(
                                 "tensor `{}` mixes per-head and per-layer K/V tensors",

@@ -8,7 +8,7 @@ use htpkv::budget::{
     BudgetReport, Prediction, Run, fit_context, human_bytes, min_context, parse_byte_size, predict,
     region_at, report,
 };
-use htpkv::config::{Config, KvDtype, ReserveConfig, Update};
+use htpkv::config::{Config, ReserveConfig, Update, parse_kv_dtype};
 use htpkv::kv_manager::{
     Counters, Geometry, Granularity, HostAllocator, KvCache, MAX_CONTEXT, Size, workload,
 };
@@ -26,8 +26,8 @@ pub struct Overrides {
     #[arg(long, value_name = "R")]
     reserve: Option<ReserveConfig>,
     /// Override kv.dtype (u8, u16, i8, i16, f16, f32).
-    #[arg(long, value_name = "T")]
-    dtype: Option<KvDtype>,
+    #[arg(long, value_name = "T", value_parser = parse_kv_dtype)]
+    dtype: Option<quant::DataType>,
     /// Only this update strategy (shift, conveyor, smart_mask, naive); budget shows all by default.
     #[arg(long, value_name = "U")]
     update: Option<Update>,
@@ -397,7 +397,7 @@ fn print_fit(
         config.model.name,
         config.origin.display(),
         config.graph.ar,
-        config.kv.dtype.data_type(),
+        config.kv.dtype,
         thousands(budget),
         human_bytes(budget)
     )?;
@@ -551,9 +551,7 @@ fn plot_regions(
         let c = &configs[0];
         format!(
             "KV region vs context: {} ({}, AR {:?})",
-            c.model.name,
-            c.kv.dtype.data_type(),
-            c.graph.ar
+            c.model.name, c.kv.dtype, c.graph.ar
         )
     } else {
         format!("KV region vs context: {} models", configs.len())

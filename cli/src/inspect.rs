@@ -72,7 +72,7 @@ fn quant_json(q: &Quantization) -> Value {
 fn tensor_json(t: &TensorInfo) -> Value {
     json!({
         "name": t.name, "id": t.id, "type": format!("{:?}", t.tensor_type),
-        "dtype": t.dtype.name(), "dims": t.shape, "quant": quant_json(&t.quant),
+        "dtype": qnn_ffi::qnn_dtype_name(t.dtype), "dims": t.shape, "quant": quant_json(&t.quant),
         "role": htpkv::qnn::role_label(&t.name),
     })
 }
@@ -135,7 +135,7 @@ fn binary_text(file: &str, info: &BinaryInfo) -> String {
                     "  {dir} {:>4} {:<24} {:<9} {:<20} {:<28} {}\n",
                     t.id,
                     t.name,
-                    t.dtype.name(),
+                    qnn_ffi::qnn_dtype_name(t.dtype),
                     format!("{:?}", t.shape),
                     quant_text(&t.quant),
                     opt(htpkv::qnn::role_label(&t.name)),

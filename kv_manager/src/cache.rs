@@ -4,8 +4,8 @@ use crate::counters::HandleTracker;
 use crate::geometry::Layout;
 use crate::plan::TensorId;
 use crate::{
-    CacheSpec, Counters, Granularity, KLayout, KvError, Plan, Region, RegionAllocator, StepStats,
-    Strategy, TensorKind,
+    CacheSpec, Counters, Granularity, KLayout, KvError, KvIo, Plan, Region, RegionAllocator,
+    StepStats, Strategy, TensorKind,
 };
 use quant::QuantSpec;
 
@@ -316,8 +316,11 @@ impl KvCache {
                 let (tensor, head) = match g.granularity {
                     Granularity::PerHead => (buffer, 0),
                     Granularity::PerLayer => {
-                        let (layer, head, kind) = g.buffer_coords(buffer);
-                        (layer * 2 + usize::from(kind == TensorKind::Value), head)
+                        let (_, head, _) = g.buffer_coords(buffer);
+                        (
+                            g.buffer_tensor(buffer, KvIo::Past).position(g.kv_heads),
+                            head,
+                        )
                     }
                 };
                 let slot = if self.spec.strategy == Strategy::Naive {

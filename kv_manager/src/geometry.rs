@@ -23,6 +23,88 @@ impl std::fmt::Display for TensorKind {
     }
 }
 
+/// Which side of a step a K/V graph tensor is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvIo {
+    /// The past window (a graph input): `past_key_*`, `past_value_*`.
+    Past,
+    /// The step's new rows (a graph output): `new_key_*`, `new_value_*`.
+    New,
+}
+
+/// One K/V graph tensor: the one rule that maps cache buffers to graph tensors, by name and by
+/// position, used by every backend, the session and the KV manager.
+///
+/// Names: `{past|new}_{key|value}_{layer}_{head}` per head, `{past|new}_{key|value}_{layer}` per
+/// layer (`head == None`, the tensor holds every KV head). Positions: the K/V tensors of one side
+/// of a graph come K then V per unit, units in order — (layer, head) per head, layer per layer —
+/// so a per-head tensor's [`KvTensor::position`] is its [`Geometry::buffer_index`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KvTensor {
+    pub io: KvIo,
+    pub kind: TensorKind,
+    pub layer: usize,
+    /// The KV head of a per-head tensor; `None` for a per-layer tensor.
+    pub head: Option<usize>,
+}
+
+impl KvTensor {
+    /// The tensor's name in htpkv's graphs.
+    pub fn name(&self) -> String {
+        let io = match self.io {
+            KvIo::Past => "past",
+            KvIo::New => "new",
+        };
+        let kind = match self.kind {
+            TensorKind::Key => "key",
+            TensorKind::Value => "value",
+        };
+        match self.head {
+            Some(h) => format!("{io}_{kind}_{}_{h}", self.layer),
+            None => format!("{io}_{kind}_{}", self.layer),
+        }
+    }
+
+    /// The K/V tensor a name denotes ([`KvTensor::name`]'s inverse); `None` for any other name.
+    pub fn parse(name: &str) -> Option<KvTensor> {
+        let (io, rest) = match name.split_once('_')? {
+            ("past", rest) => (KvIo::Past, rest),
+            ("new", rest) => (KvIo::New, rest),
+            _ => return None,
+        };
+        let (kind, rest) = match rest.split_once('_')? {
+            ("key", rest) => (TensorKind::Key, rest),
+            ("value", rest) => (TensorKind::Value, rest),
+            _ => return None,
+        };
+        let index = |s: &str| {
+            s.bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| s.parse::<usize>().ok())
+                .flatten()
+        };
+        let (layer, head) = match rest.split_once('_') {
+            Some((l, h)) => (index(l)?, Some(index(h)?)),
+            None => (index(rest)?, None),
+        };
+        Some(KvTensor {
+            io,
+            kind,
+            layer,
+            head,
+        })
+    }
+
+    /// Position among the K/V tensors of one side of a graph with `kv_heads` KV heads per layer.
+    pub fn position(&self, kv_heads: usize) -> usize {
+        let unit = match self.head {
+            Some(h) => self.layer * kv_heads + h,
+            None => self.layer,
+        };
+        unit * 2 + usize::from(self.kind == TensorKind::Value)
+    }
+}
+
 /// Layout of the K tensors (V is always `rows`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KLayout {
@@ -154,9 +236,28 @@ impl Geometry {
         self.layers * self.kv_heads * 2
     }
 
-    /// Index of the buffer of (layer, head, kind): `(layer * kv_heads + head) * 2 + (K=0 | V=1)`.
+    /// Index of the buffer of (layer, head, kind): `(layer * kv_heads + head) * 2 + (K=0 | V=1)`,
+    /// the position of its per-head tensor ([`KvTensor::position`]).
     pub fn buffer_index(&self, layer: usize, head: usize, kind: TensorKind) -> usize {
-        (layer * self.kv_heads + head) * 2 + usize::from(kind == TensorKind::Value)
+        KvTensor {
+            io: KvIo::Past,
+            kind,
+            layer,
+            head: Some(head),
+        }
+        .position(self.kv_heads)
+    }
+
+    /// The graph tensor holding buffer `buffer` at `granularity` (per layer: the layer's tensor,
+    /// in which the buffer is the head-th slice).
+    pub fn buffer_tensor(&self, buffer: usize, io: KvIo) -> KvTensor {
+        let (layer, head, kind) = self.buffer_coords(buffer);
+        KvTensor {
+            io,
+            kind,
+            layer,
+            head: (self.granularity == Granularity::PerHead).then_some(head),
+        }
     }
 
     /// (layer, head, kind) of a buffer index.
@@ -504,6 +605,41 @@ pub fn encodings_from_graphs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kv_tensor_names_round_trip_and_positions_follow_buffers() {
+        let mut g = llama2_7b();
+        g.kv_heads = 3;
+        for b in 0..g.buffers() {
+            let (layer, head, kind) = g.buffer_coords(b);
+            for io in [KvIo::Past, KvIo::New] {
+                let t = g.buffer_tensor(b, io);
+                assert_eq!(KvTensor::parse(&t.name()), Some(t));
+                assert_eq!(t.position(g.kv_heads), g.buffer_index(layer, head, kind));
+                assert_eq!(t.position(g.kv_heads), b);
+            }
+        }
+        g.granularity = Granularity::PerLayer;
+        let t = g.buffer_tensor(g.buffer_index(5, 2, TensorKind::Value), KvIo::New);
+        assert_eq!(t.name(), "new_value_5");
+        assert_eq!(t.position(g.kv_heads), 11);
+        assert_eq!(KvTensor::parse("new_value_5"), Some(t));
+        assert_eq!(
+            KvTensor::parse("past_key_3_1").map(|t| (t.layer, t.head)),
+            Some((3, Some(1)))
+        );
+        for bad in [
+            "past_key_x",
+            "past_key_1_2_3",
+            "past_key_",
+            "past_key_+1",
+            "old_key_1",
+            "past_keys_1",
+            "logits",
+        ] {
+            assert_eq!(KvTensor::parse(bad), None, "{bad}");
+        }
+    }
 
     fn llama2_7b() -> Geometry {
         Geometry::new(32, 32, 128, 2048, &[1], DataType::U16)

@@ -57,7 +57,8 @@ pub use cache::KvCache;
 pub use counters::{Counters, StepStats};
 pub use error::KvError;
 pub use geometry::{
-    CacheSpec, Geometry, Granularity, KLayout, Reserve, Strategy, TensorKind, encodings_from_graphs,
+    CacheSpec, Geometry, Granularity, KLayout, KvIo, KvTensor, Reserve, Strategy, TensorKind,
+    encodings_from_graphs,
 };
 pub use plan::{Plan, TensorBinding, TensorId};
 pub use region::{HostAllocator, REGION_ALIGN, Region, RegionAllocator, RegionMemory};

@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex};
 use crate::bindings as b;
 use crate::error::QnnError;
 use crate::loader::QnnLibrary;
-use crate::types::{DataType, OwnedRawTensor, TensorInfo};
+use quant::DataType;
+
+use crate::types::{OwnedRawTensor, TensorInfo, dtype_to_qnn};
 
 /// Maximum level of messages a backend emits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -391,7 +393,7 @@ impl Context {
                 dimSize: dims.as_mut_ptr(),
                 shapeConfig: std::ptr::null(),
             },
-            dataType: desc.dtype.to_raw(),
+            dataType: dtype_to_qnn(desc.dtype),
             memType: b::QNN_MEM_TYPE_CUSTOM,
             ..Default::default()
         };
@@ -508,7 +510,7 @@ impl MemDescriptor {
             .shape
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d as usize))?;
-        n.checked_mul(self.dtype.size_bytes()?)
+        n.checked_mul(self.dtype.size_bytes())
     }
 
     /// A shared-buffer (fd + offset) registration.
@@ -564,8 +566,7 @@ impl MemDescriptor {
             .ok_or_else(|| QnnError::InvalidRegistration {
                 reason: format!(
                     "cannot size a {} tensor of shape {:?}",
-                    self.dtype.name(),
-                    self.shape
+                    self.dtype, self.shape
                 ),
             })?;
         let (total, offset) = match self.memory {

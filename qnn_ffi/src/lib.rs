@@ -73,4 +73,7 @@ pub use rpcmem::{
     RPCMEM_DEFAULT_FLAGS, RPCMEM_HEAP_ID_SYSTEM, RPCMEM_LIBRARY, RpcBuffer, RpcMemAllocator,
 };
 pub use system::{BinaryInfo, GraphInfo, SystemContext, convert_binary_info};
-pub use types::{DataType, OwnedRawTensor, Quantization, TensorInfo, TensorType, Version};
+pub use types::{
+    OwnedRawTensor, Quantization, TensorInfo, TensorType, Version, dtype_from_qnn, dtype_to_qnn,
+    qnn_dtype_name, qnn_dtype_size,
+};

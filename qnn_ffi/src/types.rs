@@ -2,6 +2,8 @@
 
 use std::ffi::{CStr, CString};
 
+use quant::DataType;
+
 use crate::bindings as b;
 use crate::error::QnnError;
 
@@ -51,142 +53,67 @@ impl std::fmt::Display for Version {
     }
 }
 
-/// Element type of a tensor (`Qnn_DataType_t`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DataType {
-    /// `INT_8`.
-    I8,
-    /// `INT_16`.
-    I16,
-    /// `INT_32`.
-    I32,
-    /// `INT_64`.
-    I64,
-    /// `UINT_8` (plain unsigned, not fixed point).
-    U8,
-    /// `UINT_16`.
-    U16,
-    /// `UINT_32`.
-    U32,
-    /// `UINT_64`.
-    U64,
-    /// `FLOAT_16`.
-    F16,
-    /// `FLOAT_32`.
-    F32,
-    /// `FLOAT_64`.
-    F64,
-    /// `SFIXED_POINT_8` (i8 with an encoding).
-    SFixed8,
-    /// `SFIXED_POINT_16`.
-    SFixed16,
-    /// `SFIXED_POINT_32`.
-    SFixed32,
-    /// `UFIXED_POINT_8` (u8 with an encoding).
-    UFixed8,
-    /// `UFIXED_POINT_16`.
-    UFixed16,
-    /// `UFIXED_POINT_32`.
-    UFixed32,
-    /// `BOOL_8`.
-    Bool8,
-    /// Any other value (4-bit packed types, strings, undefined).
-    Other(u32),
+/// Every raw `Qnn_DataType_t` value with a fixed element size. The low byte spells the bit width
+/// in decimal digits (`0x0008` is 8 bits, `0x0032` is 32).
+const SIZED_QNN_TYPES: [u32; 18] = [
+    b::QNN_DATATYPE_INT_8,
+    b::QNN_DATATYPE_INT_16,
+    b::QNN_DATATYPE_INT_32,
+    b::QNN_DATATYPE_INT_64,
+    b::QNN_DATATYPE_UINT_8,
+    b::QNN_DATATYPE_UINT_16,
+    b::QNN_DATATYPE_UINT_32,
+    b::QNN_DATATYPE_UINT_64,
+    b::QNN_DATATYPE_FLOAT_16,
+    b::QNN_DATATYPE_FLOAT_32,
+    b::QNN_DATATYPE_FLOAT_64,
+    b::QNN_DATATYPE_SFIXED_POINT_8,
+    b::QNN_DATATYPE_SFIXED_POINT_16,
+    b::QNN_DATATYPE_SFIXED_POINT_32,
+    b::QNN_DATATYPE_UFIXED_POINT_8,
+    b::QNN_DATATYPE_UFIXED_POINT_16,
+    b::QNN_DATATYPE_UFIXED_POINT_32,
+    b::QNN_DATATYPE_BOOL_8,
+];
+
+/// The workspace's data type ([`quant::DataType`]) of a raw `Qnn_DataType_t`.
+///
+/// The fixed-point types map to `u8`/`u16`/`i8`/`i16`, `FLOAT_16/32` to `f16`/`f32` and `INT_32`
+/// to `i32`; every other QNN type (64-bit, plain unsigned, 32-bit fixed point, bool, packed
+/// 4-bit, unknown) gives `None`: htpkv's graphs never use them.
+pub fn dtype_from_qnn(raw: u32) -> Option<DataType> {
+    DataType::ALL.into_iter().find(|&d| dtype_to_qnn(d) == raw)
 }
 
-impl DataType {
-    /// From the raw enum value.
-    pub fn from_raw(raw: u32) -> Self {
-        match raw {
-            b::QNN_DATATYPE_INT_8 => DataType::I8,
-            b::QNN_DATATYPE_INT_16 => DataType::I16,
-            b::QNN_DATATYPE_INT_32 => DataType::I32,
-            b::QNN_DATATYPE_INT_64 => DataType::I64,
-            b::QNN_DATATYPE_UINT_8 => DataType::U8,
-            b::QNN_DATATYPE_UINT_16 => DataType::U16,
-            b::QNN_DATATYPE_UINT_32 => DataType::U32,
-            b::QNN_DATATYPE_UINT_64 => DataType::U64,
-            b::QNN_DATATYPE_FLOAT_16 => DataType::F16,
-            b::QNN_DATATYPE_FLOAT_32 => DataType::F32,
-            b::QNN_DATATYPE_FLOAT_64 => DataType::F64,
-            b::QNN_DATATYPE_SFIXED_POINT_8 => DataType::SFixed8,
-            b::QNN_DATATYPE_SFIXED_POINT_16 => DataType::SFixed16,
-            b::QNN_DATATYPE_SFIXED_POINT_32 => DataType::SFixed32,
-            b::QNN_DATATYPE_UFIXED_POINT_8 => DataType::UFixed8,
-            b::QNN_DATATYPE_UFIXED_POINT_16 => DataType::UFixed16,
-            b::QNN_DATATYPE_UFIXED_POINT_32 => DataType::UFixed32,
-            b::QNN_DATATYPE_BOOL_8 => DataType::Bool8,
-            other => DataType::Other(other),
-        }
+/// The raw `Qnn_DataType_t` of a workspace data type (fixed-point types map to QNN's
+/// `*FIXED_POINT_*`, `i32` to `INT_32`).
+pub const fn dtype_to_qnn(dtype: DataType) -> u32 {
+    match dtype {
+        DataType::U8 => b::QNN_DATATYPE_UFIXED_POINT_8,
+        DataType::U16 => b::QNN_DATATYPE_UFIXED_POINT_16,
+        DataType::I8 => b::QNN_DATATYPE_SFIXED_POINT_8,
+        DataType::I16 => b::QNN_DATATYPE_SFIXED_POINT_16,
+        DataType::F16 => b::QNN_DATATYPE_FLOAT_16,
+        DataType::F32 => b::QNN_DATATYPE_FLOAT_32,
+        DataType::I32 => b::QNN_DATATYPE_INT_32,
     }
+}
 
-    /// The raw enum value.
-    pub fn to_raw(self) -> u32 {
-        match self {
-            DataType::I8 => b::QNN_DATATYPE_INT_8,
-            DataType::I16 => b::QNN_DATATYPE_INT_16,
-            DataType::I32 => b::QNN_DATATYPE_INT_32,
-            DataType::I64 => b::QNN_DATATYPE_INT_64,
-            DataType::U8 => b::QNN_DATATYPE_UINT_8,
-            DataType::U16 => b::QNN_DATATYPE_UINT_16,
-            DataType::U32 => b::QNN_DATATYPE_UINT_32,
-            DataType::U64 => b::QNN_DATATYPE_UINT_64,
-            DataType::F16 => b::QNN_DATATYPE_FLOAT_16,
-            DataType::F32 => b::QNN_DATATYPE_FLOAT_32,
-            DataType::F64 => b::QNN_DATATYPE_FLOAT_64,
-            DataType::SFixed8 => b::QNN_DATATYPE_SFIXED_POINT_8,
-            DataType::SFixed16 => b::QNN_DATATYPE_SFIXED_POINT_16,
-            DataType::SFixed32 => b::QNN_DATATYPE_SFIXED_POINT_32,
-            DataType::UFixed8 => b::QNN_DATATYPE_UFIXED_POINT_8,
-            DataType::UFixed16 => b::QNN_DATATYPE_UFIXED_POINT_16,
-            DataType::UFixed32 => b::QNN_DATATYPE_UFIXED_POINT_32,
-            DataType::Bool8 => b::QNN_DATATYPE_BOOL_8,
-            DataType::Other(raw) => raw,
-        }
-    }
+/// Bytes per element of a raw `Qnn_DataType_t`, `None` for packed 4-bit, string and unknown
+/// types.
+pub fn qnn_dtype_size(raw: u32) -> Option<usize> {
+    SIZED_QNN_TYPES.contains(&raw).then(|| {
+        let bits = (raw & 0xFF) as usize;
+        ((bits >> 4) * 10 + (bits & 0xF)) / 8
+    })
+}
 
-    /// Bytes per element, `None` for packed 4-bit, string and unknown types.
-    pub fn size_bytes(self) -> Option<usize> {
-        Some(match self {
-            DataType::I8
-            | DataType::U8
-            | DataType::SFixed8
-            | DataType::UFixed8
-            | DataType::Bool8 => 1,
-            DataType::I16
-            | DataType::U16
-            | DataType::F16
-            | DataType::SFixed16
-            | DataType::UFixed16 => 2,
-            DataType::I32
-            | DataType::U32
-            | DataType::F32
-            | DataType::SFixed32
-            | DataType::UFixed32 => 4,
-            DataType::I64 | DataType::U64 | DataType::F64 => 8,
-            DataType::Other(_) => return None,
-        })
-    }
-
-    /// True for the fixed-point types, whose values decode through an encoding.
-    pub fn is_fixed_point(self) -> bool {
-        matches!(
-            self,
-            DataType::SFixed8
-                | DataType::SFixed16
-                | DataType::SFixed32
-                | DataType::UFixed8
-                | DataType::UFixed16
-                | DataType::UFixed32
-        )
-    }
-
-    /// Short lowercase name (`ufixed8`, `f32`, ...).
-    pub fn name(self) -> String {
-        match self {
-            DataType::Other(raw) => format!("type_{raw:#06x}"),
-            other => format!("{other:?}").to_lowercase(),
-        }
+/// A short name for a raw `Qnn_DataType_t`: the workspace name (`u8`, `f32`, `i32`, ...) when
+/// htpkv uses the type, else `qnn_type_0x....`.
+pub fn qnn_dtype_name(raw: u32) -> String {
+    match dtype_from_qnn(raw) {
+        Some(d) => d.name().to_string(),
+        None => format!("qnn_type_{raw:#06x}"),
     }
 }
 
@@ -272,8 +199,9 @@ pub struct TensorInfo {
     pub name: String,
     /// Input (`AppWrite`) or output (`AppRead`).
     pub tensor_type: TensorType,
-    /// Element type.
-    pub dtype: DataType,
+    /// Element type: the raw `Qnn_DataType_t` (a context binary may hold any QNN type;
+    /// [`TensorInfo::data_type`] converts the ones htpkv uses).
+    pub dtype: u32,
     /// Dimensions, outermost first.
     pub shape: Vec<u32>,
     /// Quantization encoding.
@@ -281,6 +209,11 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
+    /// The workspace data type, `None` for a QNN type htpkv does not use ([`dtype_from_qnn`]).
+    pub fn data_type(&self) -> Option<DataType> {
+        dtype_from_qnn(self.dtype)
+    }
+
     /// Number of elements, `None` on overflow.
     pub fn element_count(&self) -> Option<usize> {
         self.shape
@@ -291,7 +224,8 @@ impl TensorInfo {
     /// Bytes of the tensor's buffer, `None` for types without a fixed element size or on
     /// overflow.
     pub fn byte_size(&self) -> Option<usize> {
-        self.element_count()?.checked_mul(self.dtype.size_bytes()?)
+        self.element_count()?
+            .checked_mul(qnn_dtype_size(self.dtype)?)
     }
 
     /// The byte size, or [`QnnError::InvalidTensor`].
@@ -300,7 +234,7 @@ impl TensorInfo {
             tensor: self.name.clone(),
             reason: format!(
                 "cannot size a {} tensor of shape {:?}",
-                self.dtype.name(),
+                qnn_dtype_name(self.dtype),
                 self.shape
             ),
         })
@@ -352,7 +286,7 @@ impl TensorInfo {
             id: v1.id,
             name,
             tensor_type: TensorType::from_raw(v1.type_),
-            dtype: DataType::from_raw(v1.dataType),
+            dtype: v1.dataType,
             shape,
             quant,
         })
@@ -478,7 +412,7 @@ impl OwnedRawTensor {
             info_quant: info.quant.clone(),
             id: info.id,
             tensor_type: info.tensor_type.to_raw(),
-            dtype: info.dtype.to_raw(),
+            dtype: info.dtype,
         })
     }
 
@@ -603,35 +537,25 @@ mod tests {
 
     #[test]
     fn data_type_round_trips_and_sizes() {
-        let all = [
-            DataType::I8,
-            DataType::I16,
-            DataType::I32,
-            DataType::I64,
-            DataType::U8,
-            DataType::U16,
-            DataType::U32,
-            DataType::U64,
-            DataType::F16,
-            DataType::F32,
-            DataType::F64,
-            DataType::SFixed8,
-            DataType::SFixed16,
-            DataType::SFixed32,
-            DataType::UFixed8,
-            DataType::UFixed16,
-            DataType::UFixed32,
-            DataType::Bool8,
-        ];
-        for d in all {
-            assert_eq!(DataType::from_raw(d.to_raw()), d);
-            // The low byte spells the bit width in decimal digits.
-            let bits = (d.to_raw() & 0xFF) as usize;
-            let decimal_bits = (bits >> 4) * 10 + (bits & 0xF);
-            assert_eq!(d.size_bytes(), Some(decimal_bits / 8), "{d:?}");
+        for d in DataType::ALL {
+            let raw = dtype_to_qnn(d);
+            assert_eq!(dtype_from_qnn(raw), Some(d));
+            assert_eq!(qnn_dtype_size(raw), Some(d.size_bytes()), "{d}");
+            assert_eq!(qnn_dtype_name(raw), d.name());
         }
-        assert_eq!(DataType::from_raw(0x0404), DataType::Other(0x0404));
-        assert_eq!(DataType::Other(0x0404).size_bytes(), None);
+        // Plain unsigned (not fixed point), 64-bit and bool types are sized but not used.
+        for raw in [
+            b::QNN_DATATYPE_UINT_8,
+            b::QNN_DATATYPE_INT_64,
+            b::QNN_DATATYPE_BOOL_8,
+        ] {
+            assert_eq!(dtype_from_qnn(raw), None);
+        }
+        assert_eq!(qnn_dtype_size(b::QNN_DATATYPE_INT_64), Some(8));
+        assert_eq!(qnn_dtype_size(b::QNN_DATATYPE_BOOL_8), Some(1));
+        assert_eq!(qnn_dtype_size(b::QNN_DATATYPE_UFIXED_POINT_32), Some(4));
+        assert_eq!(qnn_dtype_size(0x0404), None);
+        assert_eq!(qnn_dtype_name(0x0404), "qnn_type_0x0404");
     }
 
     #[test]
@@ -641,7 +565,7 @@ mod tests {
                 id: 7,
                 name: "past_key_0".into(),
                 tensor_type: TensorType::AppWrite,
-                dtype: DataType::UFixed8,
+                dtype: b::QNN_DATATYPE_UFIXED_POINT_8,
                 shape: vec![4, 1, 31, 8],
                 quant: Quantization::PerAxis {
                     axis: 0,
@@ -652,7 +576,7 @@ mod tests {
                 id: 1,
                 name: "logits".into(),
                 tensor_type: TensorType::AppRead,
-                dtype: DataType::F32,
+                dtype: b::QNN_DATATYPE_FLOAT_32,
                 shape: vec![1, 1, 512],
                 quant: Quantization::None,
             },
@@ -660,7 +584,7 @@ mod tests {
                 id: 2,
                 name: "mask".into(),
                 tensor_type: TensorType::AppWrite,
-                dtype: DataType::UFixed16,
+                dtype: b::QNN_DATATYPE_UFIXED_POINT_16,
                 shape: vec![1, 1, 1, 32],
                 quant: Quantization::PerTensor {
                     scale: 1.5e-5,
@@ -683,12 +607,12 @@ mod tests {
             id: 0,
             name: "x".into(),
             tensor_type: TensorType::AppWrite,
-            dtype: DataType::F16,
+            dtype: b::QNN_DATATYPE_FLOAT_16,
             shape: vec![2, 3],
             quant: Quantization::None,
         };
         assert_eq!(info.byte_size(), Some(12));
-        info.dtype = DataType::Other(0x0404);
+        info.dtype = 0x0404;
         assert!(matches!(
             info.required_bytes(),
             Err(QnnError::InvalidTensor { .. })

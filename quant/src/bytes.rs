@@ -54,6 +54,12 @@ fn decode_with<const N: usize>(src: &[u8], dst: &mut [f32], f: impl Fn([u8; N]) 
 /// `Ok(None)` means a float tensor.
 fn storage_encoding(spec: &QuantSpec) -> Result<Option<ScaleOffset>, QuantError> {
     let dtype = spec.dtype;
+    if !dtype.is_real() {
+        return Err(QuantError::EncodingMismatch {
+            dtype,
+            reason: "i32 holds integers (token ids, positions), not encoded real values",
+        });
+    }
     match (&spec.encoding, dtype.is_fixed_point()) {
         (Encoding::Float, false) => Ok(None),
         (Encoding::Float, true) => Err(QuantError::EncodingMismatch {
@@ -101,8 +107,9 @@ pub fn encode_f32_to_bytes(
         (DataType::I16, Some(so)) => {
             encode_with(src, dst, |x| quantize::<i16>(x, so).to_le_bytes())
         }
-        // storage_encoding returns Some for every fixed-point type.
-        (DataType::U8 | DataType::I8 | DataType::U16 | DataType::I16, None) => {}
+        // storage_encoding returns Some for every fixed-point type and rejects I32.
+        (DataType::U8 | DataType::I8 | DataType::U16 | DataType::I16, None)
+        | (DataType::I32, _) => {}
     }
     Ok(())
 }
@@ -135,7 +142,8 @@ pub fn decode_bytes_to_f32(
         (DataType::I16, Some(so)) => {
             decode_with(src, dst, |b| dequantize(i16::from_le_bytes(b), so))
         }
-        (DataType::U8 | DataType::I8 | DataType::U16 | DataType::I16, None) => {}
+        (DataType::U8 | DataType::I8 | DataType::U16 | DataType::I16, None)
+        | (DataType::I32, _) => {}
     }
     Ok(())
 }

@@ -69,8 +69,8 @@ pub use types::{DataType, Encoding, QuantSpec, ScaleOffset};
 /// Errors of the quantization crate.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum QuantError {
-    /// A data type name that is not one of the six known types.
-    #[error("unknown data type `{name}` (expected one of u8, u16, i8, i16, f16, f32)")]
+    /// A data type name that is not one of the known types.
+    #[error("unknown data type `{name}` (expected one of u8, u16, i8, i16, f16, f32, i32)")]
     UnknownDataType { name: String },
     /// A scale that is zero, negative, infinite or NaN.
     #[error("invalid scale {scale}: a scale must be finite and greater than zero")]

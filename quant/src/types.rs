@@ -2,10 +2,14 @@
 
 use serde::{Deserialize, Serialize};
 
-/// The element type of a tensor, as QNN names them.
+/// The element type of a tensor, as QNN names them: the one data-type enum of the workspace
+/// (KV caches, weights, graph tensors, configs and the QNN edge all use it).
 ///
 /// `U8`/`U16`/`I8`/`I16` are fixed point (`QNN_DATATYPE_UFIXED_POINT_8/16`,
-/// `QNN_DATATYPE_SFIXED_POINT_8/16`); `F16`/`F32` are IEEE floats.
+/// `QNN_DATATYPE_SFIXED_POINT_8/16`); `F16`/`F32` are IEEE floats; `I32` is a plain signed
+/// integer (`QNN_DATATYPE_INT_32`: token ids, positions) that carries no encoding and holds no
+/// real value. The serde and command-line names are the lowercase variant names (`u8`, `f16`,
+/// `i32`, ...).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DataType {
@@ -15,11 +19,24 @@ pub enum DataType {
     I16,
     F16,
     F32,
+    I32,
 }
 
 impl DataType {
     /// Every data type, in a stable order.
-    pub const ALL: [DataType; 6] = [
+    pub const ALL: [DataType; 7] = [
+        DataType::U8,
+        DataType::U16,
+        DataType::I8,
+        DataType::I16,
+        DataType::F16,
+        DataType::F32,
+        DataType::I32,
+    ];
+
+    /// The types that store real values (fixed point or float): what a KV cache, an activation
+    /// or a weight can be. Every type but [`DataType::I32`].
+    pub const REAL: [DataType; 6] = [
         DataType::U8,
         DataType::U16,
         DataType::I8,
@@ -33,7 +50,7 @@ impl DataType {
         match self {
             DataType::U8 | DataType::I8 => 1,
             DataType::U16 | DataType::I16 | DataType::F16 => 2,
-            DataType::F32 => 4,
+            DataType::F32 | DataType::I32 => 4,
         }
     }
 
@@ -45,19 +62,29 @@ impl DataType {
         )
     }
 
+    /// True for the IEEE float types (`F16`, `F32`).
+    pub const fn is_float(self) -> bool {
+        matches!(self, DataType::F16 | DataType::F32)
+    }
+
+    /// True for the types that store real values (fixed point or float), i.e. all but `I32`.
+    pub const fn is_real(self) -> bool {
+        self.is_fixed_point() || self.is_float()
+    }
+
     /// Bit width of one element.
     pub const fn bits(self) -> u32 {
         (self.size_bytes() * 8) as u32
     }
 
-    /// Smallest and largest stored integer of a fixed-point type; `None` for floats.
+    /// Smallest and largest stored integer of a fixed-point type; `None` for floats and `I32`.
     pub const fn integer_range(self) -> Option<(i32, i32)> {
         match self {
             DataType::U8 => Some((0, u8::MAX as i32)),
             DataType::U16 => Some((0, u16::MAX as i32)),
             DataType::I8 => Some((i8::MIN as i32, i8::MAX as i32)),
             DataType::I16 => Some((i16::MIN as i32, i16::MAX as i32)),
-            DataType::F16 | DataType::F32 => None,
+            DataType::F16 | DataType::F32 | DataType::I32 => None,
         }
     }
 
@@ -70,6 +97,7 @@ impl DataType {
             DataType::I16 => "i16",
             DataType::F16 => "f16",
             DataType::F32 => "f32",
+            DataType::I32 => "i32",
         }
     }
 }
@@ -169,10 +197,10 @@ pub struct QuantSpec {
 impl QuantSpec {
     /// A float tensor of `dtype` (must be `F16` or `F32`).
     pub fn float(dtype: DataType) -> Result<Self, crate::QuantError> {
-        if dtype.is_fixed_point() {
+        if !dtype.is_float() {
             return Err(crate::QuantError::EncodingMismatch {
                 dtype,
-                reason: "a fixed-point type needs a scale/offset encoding",
+                reason: "only f16 and f32 are float types; fixed-point types need a scale/offset and i32 holds no real values",
             });
         }
         Ok(QuantSpec {

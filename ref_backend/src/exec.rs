@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use kv_manager::{KvIo, KvTensor, TensorKind};
 use model::forward::{self, Activations, Input, Kernels, Output, Pass, Positions};
 use model::ops::{Rope, attend};
 use model::{NoTap, Tensor};
@@ -12,7 +13,7 @@ use quant::{DataType, Encoding, ScaleOffset};
 
 use crate::error::ExecError;
 use crate::model::{MASKED_AT_OR_BELOW, ModelData, mask_encoding};
-use crate::types::{Granularity, KLayout, TensorDType, TensorDesc};
+use crate::types::{Granularity, KLayout, TensorDesc};
 
 /// Element codec of one KV head's tensors.
 #[derive(Debug, Clone, Copy)]
@@ -230,12 +231,19 @@ impl Graph {
             for h in 0..hk {
                 let kspec = model.kv_spec(l, h, false);
                 let vspec = model.kv_spec(l, h, true);
-                let (past_k, new_k, past_off, new_off) = match o.granularity {
-                    Granularity::PerHead => (3 + 2 * (l * hk + h), 1 + 2 * (l * hk + h), 0, 0),
-                    Granularity::PerLayer => {
-                        (3 + 2 * l, 1 + 2 * l, h * w * d * esize, h * ar * d * esize)
-                    }
+                let (head, past_off, new_off) = match o.granularity {
+                    Granularity::PerHead => (Some(h), 0, 0),
+                    Granularity::PerLayer => (None, h * w * d * esize, h * ar * d * esize),
                 };
+                // Inputs: ids, positions, mask, then the K/V tensors; outputs: logits, then K/V.
+                let key = |io| KvTensor {
+                    io,
+                    kind: TensorKind::Key,
+                    layer: l,
+                    head,
+                };
+                let past_k = 3 + key(KvIo::Past).position(hk);
+                let new_k = 1 + key(KvIo::New).position(hk);
                 slots.push(KvSlot {
                     past_k,
                     past_v: past_k + 1,
@@ -685,10 +693,10 @@ fn kv_row<'a>(past: &'a [f32], new: &'a [f32], j: usize, w: usize, d: usize) -> 
 /// Helper for callers and tests: the bytes of an f32 mask row value or a u16 mask code.
 ///
 /// `visible = true` gives `0.0` (f32) / `65535` (u16); `false` gives `-inf` / `0`.
-pub fn mask_value_bytes(dtype: TensorDType, visible: bool) -> Vec<u8> {
+pub fn mask_value_bytes(dtype: DataType, visible: bool) -> Vec<u8> {
     match (dtype, visible) {
-        (TensorDType::U16, true) => 65535u16.to_le_bytes().to_vec(),
-        (TensorDType::U16, false) => 0u16.to_le_bytes().to_vec(),
+        (DataType::U16, true) => 65535u16.to_le_bytes().to_vec(),
+        (DataType::U16, false) => 0u16.to_le_bytes().to_vec(),
         (_, true) => 0.0f32.to_le_bytes().to_vec(),
         (_, false) => f32::NEG_INFINITY.to_le_bytes().to_vec(),
     }

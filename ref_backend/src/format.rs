@@ -46,7 +46,7 @@ use crate::compile::{CompiledModel, validate_options};
 use crate::error::FormatError;
 use crate::model::{LayerData, Matrix, ModelData};
 use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS, kv_code, kv_from_code};
-use crate::types::{Granularity, KLayout, TensorDType, TensorDesc, TensorRole, WeightType};
+use crate::types::{Granularity, KLayout, TensorDesc, TensorRole, WeightType};
 
 /// Magic bytes at the start of every file.
 pub const MAGIC: [u8; 8] = *b"HTPKVREF";
@@ -848,7 +848,7 @@ fn write_desc(w: &mut Writer, t: &TensorDesc) {
     for &d in &t.shape {
         w.len(d);
     }
-    w.u8(t.dtype.code());
+    w.u8(crate::types::dtype_code(t.dtype));
     write_encoding(w, &t.encoding);
     w.u8(t.role.code());
     for v in [t.layer, t.head] {
@@ -870,7 +870,7 @@ fn read_desc(s: &mut Reader<'_>) -> Result<TensorDesc, FormatError> {
         shape.push(s.len("tensor dimension", MAX_COUNT)?);
     }
     let at = s.offset();
-    let dtype = TensorDType::from_code(s.u8("tensor dtype")?)
+    let dtype = crate::types::dtype_from_code(s.u8("tensor dtype")?)
         .ok_or_else(|| s.corrupt_at(at, format!("tensor `{name}` has an unknown dtype code")))?;
     let encoding = read_encoding(s)?;
     let at = s.offset();

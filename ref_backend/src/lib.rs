@@ -63,4 +63,4 @@ pub use options::{
     CALIBRATION_VERSION, CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS,
     MAX_CALIBRATION_TOKENS,
 };
-pub use types::{Granularity, KLayout, TensorDType, TensorDesc, TensorRole, WeightType};
+pub use types::{Granularity, KLayout, TensorDesc, TensorRole, WeightType};

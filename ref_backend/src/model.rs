@@ -1,10 +1,11 @@
 //! The compiled model's data: weights (quantized or float), encodings, graph descriptions.
 
+use kv_manager::{KvIo, KvTensor, TensorKind};
 use model::{LayerTensor, LlamaConfig, Tensor};
 use quant::{DataType, Encoding, QuantError, QuantSpec, ScaleOffset, Symmetry};
 
 use crate::options::CompileOptions;
-use crate::types::{Granularity, KLayout, TensorDType, TensorDesc, TensorRole};
+use crate::types::{Granularity, KLayout, TensorDesc, TensorRole};
 
 /// Scale of the u16 attention-mask encoding: `100 / 65535`.
 pub const MASK_SCALE: f32 = 100.0 / 65535.0;
@@ -293,7 +294,7 @@ pub(crate) struct ModelData {
     /// i16 activation encodings (`n_layers * 4 + 1`, see [`act_index`]); empty for float
     /// weights.
     pub(crate) act: Vec<ScaleOffset>,
-    /// KV specs, index `(layer * n_kv_heads + head) * 2 + (0 = K, 1 = V)`.
+    /// KV specs, indexed by buffer ([`KvTensor::position`] of the per-head tensor).
     pub(crate) kv: Vec<QuantSpec>,
 }
 
@@ -344,7 +345,41 @@ impl ModelData {
     }
 
     pub(crate) fn kv_spec(&self, layer: usize, head: usize, value: bool) -> &QuantSpec {
-        &self.kv[(layer * self.config.n_kv_heads + head) * 2 + usize::from(value)]
+        let kind = if value {
+            TensorKind::Value
+        } else {
+            TensorKind::Key
+        };
+        let t = KvTensor {
+            io: KvIo::Past,
+            kind,
+            layer,
+            head: Some(head),
+        };
+        &self.kv[t.position(self.config.n_kv_heads)]
+    }
+
+    /// The encoding of layer `layer`'s K (or V, `value`) tensor: of one head's buffer, or per
+    /// layer (`head == None`) one scale/offset per KV head along axis 0.
+    fn kv_encoding(&self, layer: usize, head: Option<usize>, value: bool) -> Encoding {
+        if let Some(h) = head {
+            return self.kv_spec(layer, h, value).encoding.clone();
+        }
+        if !self.options.kv_dtype.is_fixed_point() {
+            return Encoding::Float;
+        }
+        Encoding::PerAxis {
+            axis: 0,
+            params: (0..self.config.n_kv_heads)
+                .map(|h| match self.kv_spec(layer, h, value).encoding {
+                    Encoding::PerTensor(so) => so,
+                    _ => ScaleOffset {
+                        scale: 1.0,
+                        offset: 0,
+                    },
+                })
+                .collect(),
+        }
     }
 
     /// The input and output descriptions of the AR-`n` graph.
@@ -357,23 +392,18 @@ impl ModelData {
         let hk = c.n_kv_heads;
         let kvq = o.kv_dtype.is_fixed_point();
         let mut inputs = vec![
-            plain(
-                "input_ids",
-                vec![1, n],
-                TensorDType::I32,
-                TensorRole::InputIds,
-            ),
+            plain("input_ids", vec![1, n], DataType::I32, TensorRole::InputIds),
             plain(
                 "positions",
                 vec![1, n],
-                TensorDType::I32,
+                DataType::I32,
                 TensorRole::Positions,
             ),
             if kvq {
                 TensorDesc {
                     name: "attention_mask".into(),
                     shape: vec![1, 1, n, s],
-                    dtype: TensorDType::U16,
+                    dtype: DataType::U16,
                     encoding: Encoding::PerTensor(mask_encoding()),
                     role: TensorRole::Mask,
                     layer: None,
@@ -383,7 +413,7 @@ impl ModelData {
                 plain(
                     "attention_mask",
                     vec![1, 1, n, s],
-                    TensorDType::F32,
+                    DataType::F32,
                     TensorRole::Mask,
                 )
             },
@@ -391,107 +421,46 @@ impl ModelData {
         let mut outputs = vec![plain(
             "logits",
             vec![1, n, c.vocab_size],
-            TensorDType::F32,
+            DataType::F32,
             TensorRole::Logits,
         )];
-        let dtype = TensorDType::from(o.kv_dtype);
+        let dtype = o.kv_dtype;
         let kshape = |rows: usize, lead: usize| match o.k_layout {
             KLayout::Rows => vec![lead, 1, rows, d],
             KLayout::Transposed => vec![lead, 1, d, rows],
         };
         for l in 0..c.n_layers {
-            match o.granularity {
-                Granularity::PerHead => {
-                    for h in 0..hk {
-                        let ke = self.kv_spec(l, h, false).encoding.clone();
-                        let ve = self.kv_spec(l, h, true).encoding.clone();
-                        let kv = |name: String, shape, role, enc| TensorDesc {
-                            name,
-                            shape,
-                            dtype,
-                            encoding: enc,
-                            role,
-                            layer: Some(l as u32),
-                            head: Some(h as u32),
+            let heads: Vec<Option<usize>> = match o.granularity {
+                Granularity::PerHead => (0..hk).map(Some).collect(),
+                Granularity::PerLayer => vec![None],
+            };
+            for head in heads {
+                let lead = if head.is_some() { 1 } else { hk };
+                for (io, rows) in [(KvIo::Past, w), (KvIo::New, n)] {
+                    for kind in [TensorKind::Key, TensorKind::Value] {
+                        let t = KvTensor {
+                            io,
+                            kind,
+                            layer: l,
+                            head,
                         };
-                        inputs.push(kv(
-                            format!("past_key_{l}_{h}"),
-                            kshape(w, 1),
-                            TensorRole::PastKey,
-                            ke.clone(),
-                        ));
-                        inputs.push(kv(
-                            format!("past_value_{l}_{h}"),
-                            vec![1, 1, w, d],
-                            TensorRole::PastValue,
-                            ve.clone(),
-                        ));
-                        outputs.push(kv(
-                            format!("new_key_{l}_{h}"),
-                            kshape(n, 1),
-                            TensorRole::NewKey,
-                            ke,
-                        ));
-                        outputs.push(kv(
-                            format!("new_value_{l}_{h}"),
-                            vec![1, 1, n, d],
-                            TensorRole::NewValue,
-                            ve,
-                        ));
-                    }
-                }
-                Granularity::PerLayer => {
-                    let enc = |value: bool| {
-                        if kvq {
-                            Encoding::PerAxis {
-                                axis: 0,
-                                params: (0..hk)
-                                    .map(|h| match self.kv_spec(l, h, value).encoding {
-                                        Encoding::PerTensor(so) => so,
-                                        _ => ScaleOffset {
-                                            scale: 1.0,
-                                            offset: 0,
-                                        },
-                                    })
-                                    .collect(),
-                            }
-                        } else {
-                            Encoding::Float
+                        let desc = TensorDesc {
+                            name: t.name(),
+                            shape: match kind {
+                                TensorKind::Key => kshape(rows, lead),
+                                TensorKind::Value => vec![lead, 1, rows, d],
+                            },
+                            dtype,
+                            encoding: self.kv_encoding(l, head, kind == TensorKind::Value),
+                            role: kv_role(io, kind),
+                            layer: Some(l as u32),
+                            head: head.map(|h| h as u32),
+                        };
+                        match io {
+                            KvIo::Past => inputs.push(desc),
+                            KvIo::New => outputs.push(desc),
                         }
-                    };
-                    let kv = |name: String, shape, role, enc| TensorDesc {
-                        name,
-                        shape,
-                        dtype,
-                        encoding: enc,
-                        role,
-                        layer: Some(l as u32),
-                        head: None,
-                    };
-                    inputs.push(kv(
-                        format!("past_key_{l}"),
-                        kshape(w, hk),
-                        TensorRole::PastKey,
-                        enc(false),
-                    ));
-                    inputs.push(kv(
-                        format!("past_value_{l}"),
-                        vec![hk, 1, w, d],
-                        TensorRole::PastValue,
-                        enc(true),
-                    ));
-                    outputs.push(kv(
-                        format!("new_key_{l}"),
-                        kshape(n, hk),
-                        TensorRole::NewKey,
-                        enc(false),
-                    ));
-                    outputs.push(kv(
-                        format!("new_value_{l}"),
-                        vec![hk, 1, n, d],
-                        TensorRole::NewValue,
-                        enc(true),
-                    ));
+                    }
                 }
             }
         }
@@ -499,7 +468,16 @@ impl ModelData {
     }
 }
 
-fn plain(name: &str, shape: Vec<usize>, dtype: TensorDType, role: TensorRole) -> TensorDesc {
+fn kv_role(io: KvIo, kind: TensorKind) -> TensorRole {
+    match (io, kind) {
+        (KvIo::Past, TensorKind::Key) => TensorRole::PastKey,
+        (KvIo::Past, TensorKind::Value) => TensorRole::PastValue,
+        (KvIo::New, TensorKind::Key) => TensorRole::NewKey,
+        (KvIo::New, TensorKind::Value) => TensorRole::NewValue,
+    }
+}
+
+fn plain(name: &str, shape: Vec<usize>, dtype: DataType, role: TensorRole) -> TensorDesc {
     TensorDesc {
         name: name.into(),
         shape,

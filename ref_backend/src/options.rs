@@ -128,6 +128,8 @@ pub(crate) fn kv_code(d: DataType) -> u8 {
         DataType::F32 => 3,
         DataType::I8 => 4,
         DataType::I16 => 5,
+        // Never a KV dtype (`validate_options` rejects it); no code reads back as i32.
+        DataType::I32 => 6,
     }
 }
 

@@ -2,105 +2,23 @@
 
 use quant::{DataType, Encoding, QuantSpec};
 
-/// Element type of a graph tensor: QNN's `INT_32` (token ids, positions) plus the quantization
-/// crate's six types.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TensorDType {
-    /// Signed 32-bit integer (`QNN_DATATYPE_INT_32`), unquantized.
-    I32,
-    /// Unsigned 8-bit fixed point.
-    U8,
-    /// Unsigned 16-bit fixed point.
-    U16,
-    /// Signed 8-bit fixed point.
-    I8,
-    /// Signed 16-bit fixed point.
-    I16,
-    /// IEEE half.
-    F16,
-    /// IEEE single.
-    F32,
-}
-
-impl TensorDType {
-    /// Size of one element in bytes.
-    pub const fn size_bytes(self) -> usize {
-        match self {
-            TensorDType::U8 | TensorDType::I8 => 1,
-            TensorDType::U16 | TensorDType::I16 | TensorDType::F16 => 2,
-            TensorDType::I32 | TensorDType::F32 => 4,
-        }
-    }
-
-    /// The quantization data type, `None` for [`TensorDType::I32`].
-    pub const fn quant(self) -> Option<DataType> {
-        match self {
-            TensorDType::I32 => None,
-            TensorDType::U8 => Some(DataType::U8),
-            TensorDType::U16 => Some(DataType::U16),
-            TensorDType::I8 => Some(DataType::I8),
-            TensorDType::I16 => Some(DataType::I16),
-            TensorDType::F16 => Some(DataType::F16),
-            TensorDType::F32 => Some(DataType::F32),
-        }
-    }
-
-    /// Lowercase name (`i32`, `u8`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            TensorDType::I32 => "i32",
-            TensorDType::U8 => "u8",
-            TensorDType::U16 => "u16",
-            TensorDType::I8 => "i8",
-            TensorDType::I16 => "i16",
-            TensorDType::F16 => "f16",
-            TensorDType::F32 => "f32",
-        }
-    }
-
-    pub(crate) const fn code(self) -> u8 {
-        match self {
-            TensorDType::I32 => 0,
-            TensorDType::U8 => 1,
-            TensorDType::U16 => 2,
-            TensorDType::I8 => 3,
-            TensorDType::I16 => 4,
-            TensorDType::F16 => 5,
-            TensorDType::F32 => 6,
-        }
-    }
-
-    pub(crate) const fn from_code(code: u8) -> Option<Self> {
-        Some(match code {
-            0 => TensorDType::I32,
-            1 => TensorDType::U8,
-            2 => TensorDType::U16,
-            3 => TensorDType::I8,
-            4 => TensorDType::I16,
-            5 => TensorDType::F16,
-            6 => TensorDType::F32,
-            _ => return None,
-        })
+/// The file-format code of `dtype` (stable: compiled-model files written by earlier versions
+/// use these codes). Graph tensors use `quant`'s one [`DataType`] enum.
+pub(crate) const fn dtype_code(dtype: DataType) -> u8 {
+    match dtype {
+        DataType::I32 => 0,
+        DataType::U8 => 1,
+        DataType::U16 => 2,
+        DataType::I8 => 3,
+        DataType::I16 => 4,
+        DataType::F16 => 5,
+        DataType::F32 => 6,
     }
 }
 
-impl From<DataType> for TensorDType {
-    fn from(d: DataType) -> Self {
-        match d {
-            DataType::U8 => TensorDType::U8,
-            DataType::U16 => TensorDType::U16,
-            DataType::I8 => TensorDType::I8,
-            DataType::I16 => TensorDType::I16,
-            DataType::F16 => TensorDType::F16,
-            DataType::F32 => TensorDType::F32,
-        }
-    }
-}
-
-impl std::fmt::Display for TensorDType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
+/// The data type of a file-format code, `None` for an unknown code.
+pub(crate) fn dtype_from_code(code: u8) -> Option<DataType> {
+    DataType::ALL.into_iter().find(|&d| dtype_code(d) == code)
 }
 
 /// What a graph tensor is for.
@@ -178,7 +96,7 @@ pub struct TensorDesc {
     /// Dimensions, outermost first.
     pub shape: Vec<usize>,
     /// Element type.
-    pub dtype: TensorDType,
+    pub dtype: DataType,
     /// Quantization encoding: [`Encoding::Float`] for float and `i32` tensors, per tensor for
     /// fixed-point tensors, per axis (axis 0, one pair per KV head) for per-layer KV tensors.
     pub encoding: Encoding,
@@ -203,8 +121,8 @@ impl TensorDesc {
 
     /// The tensor's quantization spec (`None` for `i32` tensors).
     pub fn quant_spec(&self) -> Option<QuantSpec> {
-        Some(QuantSpec {
-            dtype: self.dtype.quant()?,
+        self.dtype.is_real().then(|| QuantSpec {
+            dtype: self.dtype,
             encoding: self.encoding.clone(),
         })
     }

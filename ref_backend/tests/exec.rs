@@ -5,8 +5,7 @@ mod common;
 
 use quant::{DataType, Encoding};
 use ref_backend::{
-    CompileOptions, CompiledModel, ExecError, Granularity, Graph, TensorDType, TensorRole,
-    WeightType,
+    CompileOptions, CompiledModel, ExecError, Granularity, Graph, TensorRole, WeightType,
 };
 
 fn model(kv: DataType, gran: Granularity) -> CompiledModel {
@@ -64,9 +63,9 @@ fn descriptions() {
     assert_eq!(ins.len(), 3 + 2 * c.n_layers * c.n_kv_heads);
     assert_eq!(ins[0].name, "input_ids");
     assert_eq!(ins[0].shape, vec![1, 4]);
-    assert_eq!(ins[0].dtype, TensorDType::I32);
+    assert_eq!(ins[0].dtype, DataType::I32);
     assert_eq!(ins[2].role, TensorRole::Mask);
-    assert_eq!(ins[2].dtype, TensorDType::U16);
+    assert_eq!(ins[2].dtype, DataType::U16);
     assert_eq!(ins[3].name, "past_key_0_0");
     assert_eq!(ins[3].shape, vec![1, 1, 28, c.head_dim]);
     assert_eq!(ins[4].name, "past_value_0_0");

@@ -41,8 +41,8 @@ use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use qnn_ffi::bindings as b;
-use qnn_ffi::{DataType, OwnedRawTensor, Quantization, TensorInfo, TensorType};
-use ref_backend::{CompiledModel, TensorDType, TensorDesc};
+use qnn_ffi::{OwnedRawTensor, Quantization, TensorInfo, TensorType, dtype_to_qnn, qnn_dtype_size};
+use ref_backend::{CompiledModel, TensorDesc};
 
 /// Backend id reported by the provider and in binary info ("HTKV").
 pub const BACKEND_ID: u32 = 0x4854_4B56;
@@ -545,7 +545,7 @@ unsafe fn resolve(
             ));
         }
     }
-    let expected_dtype = data_type(desc).to_raw();
+    let expected_dtype = dtype_to_qnn(desc.dtype);
     if v1.dataType != expected_dtype {
         return bad(format!(
             "tensor `{}`: data type {:#x}, expected {expected_dtype:#x}",
@@ -775,7 +775,7 @@ unsafe fn register_one(context: usize, d: &b::Qnn_MemDescriptor_t) -> Result<Mem
     }
     // SAFETY: caller's contract.
     let dims = unsafe { std::slice::from_raw_parts(shape.dimSize, shape.numDim as usize) };
-    let Some(esize) = DataType::from_raw(d.dataType).size_bytes() else {
+    let Some(esize) = qnn_dtype_size(d.dataType) else {
         return invalid;
     };
     let Some(bytes) = dims
@@ -961,19 +961,6 @@ unsafe extern "C" fn error_get_message(handle: u64, out: *mut *const c_char) -> 
 // System context
 // ------------------------------------------------------------------------------------------
 
-/// The QNN data type of a compiled tensor.
-pub fn data_type(desc: &TensorDesc) -> DataType {
-    match desc.dtype {
-        TensorDType::I32 => DataType::I32,
-        TensorDType::U8 => DataType::UFixed8,
-        TensorDType::U16 => DataType::UFixed16,
-        TensorDType::I8 => DataType::SFixed8,
-        TensorDType::I16 => DataType::SFixed16,
-        TensorDType::F16 => DataType::F16,
-        TensorDType::F32 => DataType::F32,
-    }
-}
-
 /// The QNN description of a compiled tensor (what the system provider reports).
 pub fn tensor_info(desc: &TensorDesc, id: u32, tensor_type: TensorType) -> TensorInfo {
     let quant = match &desc.encoding {
@@ -991,7 +978,7 @@ pub fn tensor_info(desc: &TensorDesc, id: u32, tensor_type: TensorType) -> Tenso
         id,
         name: desc.name.clone(),
         tensor_type,
-        dtype: data_type(desc),
+        dtype: dtype_to_qnn(desc.dtype),
         shape: desc.shape.iter().map(|&d| d as u32).collect(),
         quant,
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use qnn_ffi::bindings as b;
 use qnn_ffi::{
-    Backend, ClientBuffer, Context, DataType, MemDescriptor, OwnedRawTensor, QnnError, QnnLibrary,
+    Backend, ClientBuffer, Context, MemDescriptor, OwnedRawTensor, QnnError, QnnLibrary,
     QnnSystemLibrary, SystemContext, TensorData,
 };
 
@@ -349,13 +349,13 @@ fn bad_memory_registrations_and_handles_are_rejected() {
     let base = region.as_mut_ptr();
     // SAFETY: `region` outlives every registration made here.
     let too_far =
-        unsafe { MemDescriptor::host(vec![1, 1, 8, 8], DataType::UFixed8, base, 4096, 4090) };
+        unsafe { MemDescriptor::host(vec![1, 1, 8, 8], quant::DataType::U8, base, 4096, 4090) };
     assert!(matches!(
         context.register(&too_far),
         Err(QnnError::InvalidRegistration { .. })
     ));
     // SAFETY: as above.
-    let ok = unsafe { MemDescriptor::host(vec![1, 1, 8, 8], DataType::UFixed8, base, 4096, 64) };
+    let ok = unsafe { MemDescriptor::host(vec![1, 1, 8, 8], quant::DataType::U8, base, 4096, 64) };
     let handle = context.register(&ok).expect("register");
     assert!(!handle.raw().is_null());
     drop(handle);

@@ -11,8 +11,8 @@ mod common;
 
 use kv_manager::{HostAllocator, Region};
 use qnn_ffi::{
-    Backend, ClientBuffer, Context, DataType, Device, Graph, Log, LogLevel, MemDescriptor,
-    MemHandleCache, QnnLibrary, QnnSystemLibrary, SystemContext, TensorData,
+    Backend, ClientBuffer, Context, Device, Graph, Log, LogLevel, MemDescriptor, MemHandleCache,
+    QnnLibrary, QnnSystemLibrary, SystemContext, TensorData,
 };
 use ref_backend::{TensorDesc, TensorRole, mask_value_bytes};
 
@@ -172,7 +172,7 @@ fn run_mem_handles(
     ];
     let mut token = bos;
     let mut all = Vec::new();
-    let dtype = |d: &TensorDesc| ref_backend_qnn_dtype(d);
+    let dtype = |d: &TensorDesc| d.dtype;
     for step in 0..steps {
         let v1 = w + step;
         let fixed = step_inputs(descs_in, token, step, step);
@@ -279,10 +279,6 @@ fn run_mem_handles(
     drop(cache);
     drop(region);
     (all, regs, hits)
-}
-
-fn ref_backend_qnn_dtype(d: &TensorDesc) -> DataType {
-    htpkv_ref_qnn::data_type(d)
 }
 
 #[test]

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use llama2c::{Checkpoint, Config, ModelFiles, Tokenizer};
-use ref_backend::{CompileError, CompileOptions, CompiledModel, Graph, TensorDType, TensorRole};
+use ref_backend::{CompileError, CompileOptions, CompiledModel, Graph, TensorRole};
 
 /// The stories260K model and tokenizer, or `None` (with a message) when absent.
 pub fn real_model() -> Option<(Checkpoint, Tokenizer)> {
@@ -224,7 +224,7 @@ impl Harness {
 }
 
 /// The mask dtype of a graph (for tests that build inputs by hand).
-pub fn mask_dtype(graph: &Graph) -> TensorDType {
+pub fn mask_dtype(graph: &Graph) -> quant::DataType {
     graph.inputs()[2].dtype
 }
 
