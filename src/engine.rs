@@ -387,7 +387,8 @@ impl Engine {
                     (Box::new(qnn), allocator)
                 }
             };
-        let session = Session::new(backend, options.strategy, allocator.as_ref())?;
+        let mut session = Session::new(backend, options.strategy, allocator.as_ref())?;
+        session.set_rope(&llama2c::llama_config(&checkpoint.config).rope);
         if session.vocab_size() != tokenizer.vocab_size() {
             return Err(EngineError::BadOption(format!(
                 "the compiled model's logits cover {} tokens but the tokenizer has {}",
@@ -424,6 +425,27 @@ impl Engine {
         }
         self.session.prefill(&tokens)?;
         Ok(self.session.len())
+    }
+
+    /// Makes the cache hold BOS + `text` and returns the number of cached tokens, prefilling only
+    /// what the cache does not already hold (see [`Session::prefill_reusing`]).
+    pub fn prefill_reusing(&mut self, text: &str) -> Result<usize, EngineError> {
+        let tokens = self.tokenizer.encode(text, true, false);
+        if tokens.len() > self.session.capacity() {
+            return Err(SessionError::PromptTooLong {
+                prompt: tokens.len(),
+                room: self.session.capacity(),
+                at_least: false,
+            }
+            .into());
+        }
+        self.session.prefill_reusing(&tokens)?;
+        Ok(self.session.len())
+    }
+
+    /// Sets the policy for a full context (see [`crate::session::Overflow`]).
+    pub fn set_overflow(&mut self, overflow: crate::session::Overflow) -> Result<(), EngineError> {
+        Ok(self.session.set_overflow(overflow)?)
     }
 
     /// Empties the cache.
