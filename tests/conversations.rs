@@ -267,3 +267,56 @@ fn stop_refuses_bad_policies_and_a_slid_session_resumes() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// One loaded model serves sessions on several threads at once (each with its own KV region); every
+/// text equals the one a lone sequential session gives, slides included.
+#[test]
+fn sessions_on_one_model_from_threads_give_the_sequential_texts() {
+    use htpkv::engine::EngineOptions;
+    use htpkv::session::GenerateOptions;
+    let cache_dir = std::env::temp_dir().join(format!("htpkv-conv-model-{}", std::process::id()));
+    let options = EngineOptions {
+        context: Some(64),
+        ar: vec![1, 8],
+        cache_dir: Some(cache_dir.clone()),
+        ..EngineOptions::default()
+    };
+    let model = htpkv::Model::open(&options, &mut |_| {}).expect("model");
+    let prompts = [
+        "Once upon a time",
+        "Tom had a red ball",
+        "The cat sat on the mat",
+        "Lily went to the park",
+    ];
+    let run = |prompt: &str| -> String {
+        let mut s = model.new_session().expect("session");
+        s.set_overflow(Overflow::Slide {
+            n_keep: 4,
+            chunk: 16,
+            positions: SlidePositions::Rerotate,
+        })
+        .unwrap();
+        let options = GenerateOptions {
+            max_tokens: 150,
+            sampler: Default::default(),
+        };
+        s.generate(model.tokenizer(), prompt, &options, &mut |_| true)
+            .expect("generate")
+            .text
+    };
+    let sequential: Vec<String> = prompts.iter().map(|p| run(p)).collect();
+    let threaded: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let run = &run;
+                scope.spawn(move || run(p))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(threaded, sequential);
+    assert!(sequential.windows(2).all(|w| w[0] != w[1]));
+    assert!(model.shared_bytes() > 0);
+    std::fs::remove_dir_all(&cache_dir).unwrap();
+}
