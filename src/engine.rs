@@ -332,31 +332,51 @@ fn read_compiled(
     Ok(model)
 }
 
-/// A model ready to generate: session (backend + KV cache) and tokenizer.
-pub struct Engine {
-    session: Session<Box<dyn Backend>>,
+/// How a [`Model`] makes a session's backend.
+enum Loaded {
+    /// The reference executor: every session shares the compiled model (weights and graphs).
+    Reference(Arc<CompiledModel>),
+    /// A QNN backend library: each session opens its own QNN context from the same binary (QNN
+    /// graphs are not executed concurrently from one context, and each session registers its own
+    /// region), so weights are not shared between sessions on this path.
+    Qnn {
+        backend_lib: PathBuf,
+        system_lib: Option<PathBuf>,
+        memory: crate::qnn_memory::QnnMemory,
+        max_handles: usize,
+    },
+}
+
+/// A loaded model (weights, compiled graphs, tokenizer) that serves any number of sessions, each with
+/// its own KV region, from any threads: `Model` is `Send + Sync` and a [`Session`] is `Send`.
+///
+/// With the reference backend the compiled model is shared (each graph's scratch sits behind a
+/// mutex, so executions of one graph by several sessions take turns). With the QNN backend each
+/// session opens its own context (see `Loaded::Qnn`).
+pub struct Model {
+    loaded: Loaded,
     tokenizer: Tokenizer,
+    strategy: Strategy,
+    rope: model::RopeConfig,
     compiled_path: PathBuf,
     compiled_options: Option<CompileOptions>,
 }
 
-impl std::fmt::Debug for Engine {
+impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine")
-            .field("backend", &self.session.backend().name())
+        f.debug_struct("Model")
             .field("compiled_path", &self.compiled_path)
-            .field("len", &self.session.len())
-            .finish()
+            .field("strategy", &self.strategy)
+            .finish_non_exhaustive()
     }
 }
 
-impl Engine {
-    /// Finds the model, compiles it on first use (cached), loads it on the chosen backend and builds
-    /// the KV cache from the compiled graphs' own tensor descriptions.
+impl Model {
+    /// Finds the model, compiles it on first use (cached) and loads it for the chosen backend.
     pub fn open(
         options: &EngineOptions,
         progress: &mut dyn FnMut(&str),
-    ) -> Result<Engine, EngineError> {
+    ) -> Result<Model, EngineError> {
         let files = ModelFiles::discover(options.model_dir.as_deref())?;
         let checkpoint = Checkpoint::load(&files.checkpoint)?;
         let tokenizer = Tokenizer::load(&files.tokenizer, checkpoint.config.vocab_size)?;
@@ -379,48 +399,130 @@ impl Engine {
             }
         };
         let mut compiled_options = None;
-        let (backend, allocator): (Box<dyn Backend>, Box<dyn RegionAllocator>) =
-            match &options.backend {
-                BackendChoice::Reference => {
-                    let model = match model {
-                        Some(m) => m,
-                        None => read_compiled(&compiled_path, &files.checkpoint, &checkpoint)?,
-                    };
-                    compiled_options = Some(model.options().clone());
-                    let backend = ReferenceBackend::new(Arc::new(model));
-                    (Box::new(backend), Box::new(HostAllocator::default()))
-                }
-                BackendChoice::Qnn {
-                    backend_lib,
-                    system_lib,
-                    memory,
-                    max_handles,
-                } => {
-                    let qnn = crate::qnn::QnnBackend::open(
-                        backend_lib,
-                        system_lib.as_deref(),
-                        &compiled_path,
-                        *memory,
-                        *max_handles,
-                    )?;
-                    let allocator = qnn.region_allocator();
-                    (Box::new(qnn), allocator)
-                }
-            };
-        let session = Session::new(backend, options.strategy, allocator.as_ref())?;
-        if session.vocab_size() != tokenizer.vocab_size() {
-            return Err(EngineError::BadOption(format!(
-                "the compiled model's logits cover {} tokens but the tokenizer has {}",
-                session.vocab_size(),
-                tokenizer.vocab_size()
-            )));
-        }
-        Ok(Engine {
-            session,
+        let loaded = match &options.backend {
+            BackendChoice::Reference => {
+                let model = match model {
+                    Some(m) => m,
+                    None => read_compiled(&compiled_path, &files.checkpoint, &checkpoint)?,
+                };
+                compiled_options = Some(model.options().clone());
+                Loaded::Reference(Arc::new(model))
+            }
+            BackendChoice::Qnn {
+                backend_lib,
+                system_lib,
+                memory,
+                max_handles,
+            } => Loaded::Qnn {
+                backend_lib: backend_lib.clone(),
+                system_lib: system_lib.clone(),
+                memory: *memory,
+                max_handles: *max_handles,
+            },
+        };
+        Ok(Model {
+            loaded,
             tokenizer,
+            strategy: options.strategy,
+            rope: llama2c::llama_config(&checkpoint.config).rope,
             compiled_path,
             compiled_options,
         })
+    }
+
+    /// A new session with its own KV cache (built from the graphs' own tensor descriptions), the
+    /// model's RoPE known (for re-rotating slides) and the `stop` overflow policy.
+    pub fn new_session(&self) -> Result<Session<Box<dyn Backend>>, EngineError> {
+        let (backend, allocator): (Box<dyn Backend>, Box<dyn RegionAllocator>) = match &self.loaded
+        {
+            Loaded::Reference(model) => (
+                Box::new(ReferenceBackend::new(model.clone())),
+                Box::new(HostAllocator::default()),
+            ),
+            Loaded::Qnn {
+                backend_lib,
+                system_lib,
+                memory,
+                max_handles,
+            } => {
+                let qnn = crate::qnn::QnnBackend::open(
+                    backend_lib,
+                    system_lib.as_deref(),
+                    &self.compiled_path,
+                    *memory,
+                    *max_handles,
+                )?;
+                let allocator = qnn.region_allocator();
+                (Box::new(qnn), allocator)
+            }
+        };
+        let mut session = Session::new(backend, self.strategy, allocator.as_ref())?;
+        if session.vocab_size() != self.tokenizer.vocab_size() {
+            return Err(EngineError::BadOption(format!(
+                "the compiled model's logits cover {} tokens but the tokenizer has {}",
+                session.vocab_size(),
+                self.tokenizer.vocab_size()
+            )));
+        }
+        session.set_rope(&self.rope);
+        Ok(session)
+    }
+
+    /// Bytes every session shares: the compiled model (weights and graph descriptions) as its file
+    /// holds it, for the reference backend; 0 with QNN, where each session loads its own context.
+    pub fn shared_bytes(&self) -> u64 {
+        match self.loaded {
+            Loaded::Reference(_) => std::fs::metadata(&self.compiled_path).map_or(0, |m| m.len()),
+            Loaded::Qnn { .. } => 0,
+        }
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The options the model was compiled with (`None` with the QNN backend).
+    pub fn compiled_options(&self) -> Option<&CompileOptions> {
+        self.compiled_options.as_ref()
+    }
+
+    /// The compiled model file in use.
+    pub fn compiled_path(&self) -> &Path {
+        &self.compiled_path
+    }
+}
+
+/// One model and one session: the convenience the CLI's `generate` uses.
+pub struct Engine {
+    model: Arc<Model>,
+    session: Session<Box<dyn Backend>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("backend", &self.session.backend().name())
+            .field("compiled_path", &self.model.compiled_path)
+            .field("len", &self.session.len())
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Opens the model ([`Model::open`]) and one session on it.
+    pub fn open(
+        options: &EngineOptions,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Engine, EngineError> {
+        let model = Arc::new(Model::open(options, progress)?);
+        let session = model.new_session()?;
+        Ok(Engine { model, session })
+    }
+
+    /// The shared model, to open more sessions on it.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
     }
 
     /// Generates text after `prompt` (see [`Session::generate`]).
@@ -432,18 +534,39 @@ impl Engine {
     ) -> Result<Generation, EngineError> {
         Ok(self
             .session
-            .generate(&self.tokenizer, prompt, options, on_text)?)
+            .generate(&self.model.tokenizer, prompt, options, on_text)?)
     }
 
     /// Runs `text` into the cache without generating (BOS first when the cache is empty); returns the
     /// number of cached tokens.
     pub fn prefill(&mut self, text: &str) -> Result<usize, EngineError> {
-        let tokens = self.session.encode_fitting(&self.tokenizer, text)?;
+        let tokens = self.session.encode_fitting(&self.model.tokenizer, text)?;
         if tokens.is_empty() {
             return Ok(self.session.len());
         }
         self.session.prefill(&tokens)?;
         Ok(self.session.len())
+    }
+
+    /// Makes the cache hold BOS + `text` and returns the number of cached tokens, prefilling only
+    /// what the cache does not already hold (see [`Session::prefill_reusing`]).
+    pub fn prefill_reusing(&mut self, text: &str) -> Result<usize, EngineError> {
+        let tokens = self.model.tokenizer.encode(text, true, false);
+        if tokens.len() > self.session.capacity() {
+            return Err(SessionError::PromptTooLong {
+                prompt: tokens.len(),
+                room: self.session.capacity(),
+                at_least: false,
+            }
+            .into());
+        }
+        self.session.prefill_reusing(&tokens)?;
+        Ok(self.session.len())
+    }
+
+    /// Sets the policy for a full context (see [`crate::session::Overflow`]).
+    pub fn set_overflow(&mut self, overflow: crate::session::Overflow) -> Result<(), EngineError> {
+        Ok(self.session.set_overflow(overflow)?)
     }
 
     /// Empties the cache.
@@ -493,18 +616,18 @@ impl Engine {
 
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        &self.model.tokenizer
     }
 
     /// The options the model in use was compiled with, as read from its file (`None` with the QNN
     /// backend, which hands the file to the QNN library unparsed).
     pub fn compiled_options(&self) -> Option<&CompileOptions> {
-        self.compiled_options.as_ref()
+        self.model.compiled_options()
     }
 
     /// The compiled model file in use.
     pub fn compiled_path(&self) -> &Path {
-        &self.compiled_path
+        self.model.compiled_path()
     }
 }
 

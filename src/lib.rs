@@ -20,3 +20,5 @@ pub mod qnn_memory;
 pub mod reference;
 pub mod sampler;
 pub mod session;
+
+pub use engine::{Engine, Model};

@@ -2,14 +2,15 @@
 //!
 //! A session file holds what the next step needs and nothing of the cache's layout: the valid K/V
 //! rows of every buffer in logical order and in their stored (fixed-point) bytes, the buffers'
-//! encodings, the token ids (their count is the length; positions are 0..len), the logits of the last
-//! token and the model fingerprint. Restoring into a session of the same model with any strategy
+//! encodings, the token ids (their count is the length), the position offset (positions are
+//! `offset + 0..len`, after slides that kept positions; 0 otherwise), the logits of the last token and
+//! the model fingerprint. Restoring into a session of the same model with any strategy
 //! gives bit-identical next logits to never having stopped.
 //!
-//! # File format (version 1, little endian)
+//! # File format (version 2, little endian; version 1 had no position offset and is still read)
 //! ```text
 //! offset 0   magic        8 bytes  "HTPKVSES"
-//! offset 8   version      u32      1
+//! offset 8   version      u32      2
 //! offset 12  reserved     u32      0
 //! offset 16  payload_len  u64      bytes after the 32-byte header (must be all of them)
 //! offset 24  crc32        u32      CRC-32 (IEEE) of the payload
@@ -20,6 +21,7 @@
 //!     2 per-axis), then scale f32 + offset i32 (per-tensor) or axis u32, count u32, count x
 //!     (scale f32, offset i32) (per-axis)
 //!   len u32, then len token ids u32
+//!   position offset u32 (version 2 only; offset + len fits an i32)
 //!   logits count u32 (0 or the vocabulary size), then that many f32
 //!   per buffer: len x head_dim elements, token 0 first, channels in order
 //! ```
@@ -39,7 +41,7 @@ use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"HTPKVSES";
 /// The file format version this build writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 const HEADER: usize = 32;
 
 /// Why a session could not be saved or restored.
@@ -57,7 +59,9 @@ pub enum PersistError {
     #[error("not an htpkv session file (it starts with {found:02x?})")]
     Magic { found: Vec<u8> },
     /// The file was written by another version of the format.
-    #[error("session file version {found} is not supported (this build reads version {VERSION})")]
+    #[error(
+        "session file version {found} is not supported (this build reads versions 1 and {VERSION})"
+    )]
     Version { found: u32 },
     /// The file is longer than any session of this model can be.
     #[error("session file is {len} bytes, more than the {max} a session of this model takes")]
@@ -94,6 +98,7 @@ struct SavedSession {
     fingerprint: u32,
     snapshot: KvSnapshot,
     tokens: Vec<u32>,
+    position_offset: usize,
     logits: Vec<f32>,
 }
 
@@ -130,6 +135,7 @@ impl<B: Backend> Session<B> {
             fingerprint(self.backend().graphs()),
             &self.cache().export_rows(),
             self.tokens(),
+            self.cache().position_offset() as u32,
             self.last_logits(),
         );
         write_atomically(path, &bytes)
@@ -175,6 +181,7 @@ impl<B: Backend> Session<B> {
         cache
             .import_rows(&saved.snapshot)
             .map_err(PersistError::Cache)?;
+        cache.set_position_offset(saved.position_offset);
         *tokens = saved.tokens;
         *logits = saved.logits;
         Ok(())
@@ -207,13 +214,19 @@ impl<B: Backend> Session<B> {
             .for_each(|q| put_encoding(&mut encodings, q));
         let capacity = self.capacity() as u64;
         let per_token = 4 + shape.buffers() as u64 * shape.row_bytes() as u64;
-        (HEADER + 13 + encodings.len() + 8) as u64
+        (HEADER + 13 + encodings.len() + 12) as u64
             + 4 * self.vocab_size() as u64
             + capacity * per_token
     }
 }
 
-fn encode(fingerprint: u32, snapshot: &KvSnapshot, tokens: &[u32], logits: &[f32]) -> Vec<u8> {
+fn encode(
+    fingerprint: u32,
+    snapshot: &KvSnapshot,
+    tokens: &[u32],
+    position_offset: u32,
+    logits: &[f32],
+) -> Vec<u8> {
     let mut p = Vec::new();
     let shape = snapshot.shape;
     for n in [shape.layers, shape.kv_heads, shape.head_dim] {
@@ -226,6 +239,7 @@ fn encode(fingerprint: u32, snapshot: &KvSnapshot, tokens: &[u32], logits: &[f32
         .for_each(|q| put_encoding(&mut p, q));
     put_u32(&mut p, tokens.len() as u32);
     tokens.iter().for_each(|&t| put_u32(&mut p, t));
+    put_u32(&mut p, position_offset);
     put_u32(&mut p, logits.len() as u32);
     logits
         .iter()
@@ -251,7 +265,7 @@ fn decode(data: &[u8]) -> Result<SavedSession, PersistError> {
         });
     }
     let version = r.u32("version")?;
-    if version != VERSION {
+    if version != VERSION && version != 1 {
         return Err(PersistError::Version { found: version });
     }
     let reserved = r.u32("reserved")?;
@@ -274,7 +288,7 @@ fn decode(data: &[u8]) -> Result<SavedSession, PersistError> {
     if stored != computed {
         return Err(PersistError::Checksum { stored, computed });
     }
-    let (snapshot, tokens, logits) = read_payload(&mut r)?;
+    let (snapshot, tokens, position_offset, logits) = read_payload(&mut r, version)?;
     if r.pos != data.len() {
         return Err(PersistError::Malformed(format!(
             "the payload has {} bytes after the last row",
@@ -285,11 +299,14 @@ fn decode(data: &[u8]) -> Result<SavedSession, PersistError> {
         fingerprint,
         snapshot,
         tokens,
+        position_offset,
         logits,
     })
 }
 
-fn read_payload(r: &mut Reader<'_>) -> Result<(KvSnapshot, Vec<u32>, Vec<f32>), PersistError> {
+type Payload = (KvSnapshot, Vec<u32>, usize, Vec<f32>);
+
+fn read_payload(r: &mut Reader<'_>, version: u32) -> Result<Payload, PersistError> {
     let shape = RowShape {
         layers: r.u32("layers")? as usize,
         kv_heads: r.u32("kv_heads")? as usize,
@@ -309,6 +326,16 @@ fn read_payload(r: &mut Reader<'_>) -> Result<(KvSnapshot, Vec<u32>, Vec<f32>), 
     let tokens = (0..len)
         .map(|_| r.u32("token id"))
         .collect::<Result<_, _>>()?;
+    let position_offset = if version == 1 {
+        0
+    } else {
+        r.u32("position offset")? as usize
+    };
+    if position_offset + len > i32::MAX as usize {
+        return Err(PersistError::Malformed(format!(
+            "position offset {position_offset} and {len} tokens pass the largest i32 position"
+        )));
+    }
     let count = r.count(4, "logits")?;
     let logits = (0..count)
         .map(|_| r.u32("logit").map(f32::from_bits))
@@ -327,7 +354,7 @@ fn read_payload(r: &mut Reader<'_>) -> Result<(KvSnapshot, Vec<u32>, Vec<f32>), 
         len,
         rows,
     };
-    Ok((snapshot, tokens, logits))
+    Ok((snapshot, tokens, position_offset, logits))
 }
 
 fn read_encoding(r: &mut Reader<'_>) -> Result<QuantSpec, PersistError> {
@@ -555,11 +582,30 @@ mod tests {
     #[test]
     fn files_round_trip_and_every_prefix_or_bit_flip_is_an_error() {
         let (snapshot, tokens, logits) = sample();
-        let bytes = encode(0xabcd_ef01, &snapshot, &tokens, &logits);
+        let bytes = encode(0xabcd_ef01, &snapshot, &tokens, 17, &logits);
         let saved = decode(&bytes).unwrap();
         assert_eq!(saved.fingerprint, 0xabcd_ef01);
+        assert_eq!(saved.position_offset, 17);
         assert_eq!(saved.snapshot, snapshot);
-        assert_eq!((saved.tokens, saved.logits), (tokens, logits));
+        assert_eq!((&saved.tokens, &saved.logits), (&tokens, &logits));
+        // A version 1 file (no position offset) still reads, with offset 0.
+        let mut v1 = encode(0xabcd_ef01, &snapshot, &tokens, 0, &logits);
+        let at = v1.len() - 4 * (logits.len() + 1) - snapshot.rows.concat().len() - 4;
+        v1.drain(at..at + 4);
+        v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let payload = (v1.len() - HEADER) as u64;
+        v1[16..24].copy_from_slice(&payload.to_le_bytes());
+        let crc = crc32(&v1[HEADER..]);
+        v1[24..28].copy_from_slice(&crc.to_le_bytes());
+        let old = decode(&v1).unwrap();
+        assert_eq!((old.position_offset, &old.tokens), (0, &tokens));
+        assert_eq!(old.snapshot, snapshot);
+        let mut far = bytes.clone();
+        let at = far.len() - 4 * (logits.len() + 1) - snapshot.rows.concat().len() - 4;
+        far[at..at + 4].copy_from_slice(&(i32::MAX as u32).to_le_bytes());
+        let crc = crc32(&far[HEADER..]);
+        far[24..28].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(decode(&far), Err(PersistError::Malformed(_))));
         for cut in 0..bytes.len() {
             assert!(decode(&bytes[..cut]).is_err(), "prefix of {cut} bytes");
         }

@@ -10,6 +10,9 @@ use kv_manager::{
 use quant::QuantSpec;
 use std::time::Instant;
 
+mod overflow;
+pub use overflow::{Overflow, SlideEvent, SlidePositions};
+
 /// Errors of the runtime.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -73,6 +76,11 @@ pub struct SessionStats {
     pub prefill_seconds: f64,
     pub decode_tokens: usize,
     pub decode_seconds: f64,
+    /// Prompt tokens found in the cache and not prefilled again ([`Session::prefill_reusing`]).
+    pub reused_tokens: usize,
+    /// Slides (or restarts) when the context filled, and their total wall time.
+    pub slides: usize,
+    pub slide_seconds: f64,
     /// The KV manager's totals.
     pub kv: Counters,
 }
@@ -263,6 +271,12 @@ pub struct Session<B: Backend> {
     /// The token ids in the cache, in order.
     tokens: Vec<u32>,
     stats: SessionStats,
+    overflow: Overflow,
+    rope: Option<overflow::RopeShift>,
+    slides: Vec<SlideEvent>,
+    /// After slides that kept positions: the fewest tokens kept (a rollback to this length or less
+    /// leaves only tokens at their own index, so positions restart there).
+    keep_floor: Option<usize>,
 }
 
 impl<B: Backend> Session<B> {
@@ -359,6 +373,10 @@ impl<B: Backend> Session<B> {
             last_logits: Vec::new(),
             tokens: Vec::new(),
             stats: SessionStats::default(),
+            overflow: Overflow::Stop,
+            rope: None,
+            slides: Vec::new(),
+            keep_floor: None,
         })
     }
 
@@ -396,6 +414,8 @@ impl<B: Backend> Session<B> {
     pub fn stats(&self) -> SessionStats {
         SessionStats {
             kv: *self.cache.counters(),
+            slides: self.slides.len(),
+            slide_seconds: self.slides.iter().map(|s| s.seconds).sum(),
             ..self.stats
         }
     }
@@ -420,6 +440,7 @@ impl<B: Backend> Session<B> {
         self.cache.reset();
         self.tokens.clear();
         self.last_logits.clear();
+        self.keep_floor = None;
     }
 
     /// Truncates the cache to `len` tokens (the logits of the last token are then unknown).
@@ -427,6 +448,10 @@ impl<B: Backend> Session<B> {
         self.cache.rollback(len)?;
         self.tokens.truncate(len);
         self.last_logits.clear();
+        if self.keep_floor.is_some_and(|k| len <= k) {
+            self.cache.set_position_offset(0);
+            self.keep_floor = None;
+        }
         Ok(())
     }
 
@@ -536,6 +561,7 @@ impl<B: Backend> Session<B> {
         let (big, small, capacity) = (geometry.max_ar(), geometry.min_ar(), geometry.capacity());
         let mut rest = tokens;
         while !rest.is_empty() {
+            self.make_room(rest.len().min(big))?;
             let len = self.cache.len();
             let use_big = big > small && rest.len() > small && len + big <= capacity;
             let ar = if use_big { big } else { small };
@@ -548,14 +574,43 @@ impl<B: Backend> Session<B> {
         Ok(&self.last_logits)
     }
 
-    /// Runs one token through the smallest variant (AR-1 for decode). Returns its logits.
+    /// Runs one token through the smallest variant (AR-1 for decode), after making room by the
+    /// overflow policy when the context is full. Returns its logits.
     pub fn decode(&mut self, token: u32) -> Result<&[f32], SessionError> {
         let started = Instant::now();
         let small = self.cache.spec().geometry.min_ar();
+        self.make_room(small)?;
         self.run_step(self.slot_for(small), &[token])?;
         self.stats.decode_tokens += 1;
         self.stats.decode_seconds += started.elapsed().as_secs_f64();
         Ok(&self.last_logits)
+    }
+
+    /// Makes the cache hold `tokens` and returns the last token's logits, reusing the longest prefix
+    /// the cache already holds: it rolls back to the common prefix and prefills only the rest (at
+    /// least the last token, whose logits are needed, unless the cache holds exactly `tokens` and
+    /// their logits). The reused count is added to [`SessionStats::reused_tokens`]. Without slides in
+    /// between, the logits are bit-identical to a cold prefill of `tokens`.
+    pub fn prefill_reusing(&mut self, tokens: &[u32]) -> Result<&[f32], SessionError> {
+        if tokens.is_empty() {
+            return Err(SessionError::Input(
+                "prefill needs at least one token".into(),
+            ));
+        }
+        let common = self
+            .tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if common == tokens.len() && common == self.tokens.len() && !self.last_logits.is_empty() {
+            self.stats.reused_tokens += common;
+            return Ok(&self.last_logits);
+        }
+        let keep = common.min(tokens.len() - 1);
+        self.rollback(keep)?;
+        self.stats.reused_tokens += keep;
+        self.prefill(&tokens[keep..])
     }
 
     /// Samples a token from the last logits.
@@ -682,7 +737,7 @@ impl<B: Backend> Session<B> {
         text: &str,
     ) -> Result<Vec<u32>, SessionError> {
         let bos = self.cache.is_empty();
-        let room = self.capacity().saturating_sub(self.cache.len());
+        let room = self.prompt_room();
         let at_least = codec.min_tokens(text) + usize::from(bos && !text.is_empty());
         if at_least > room {
             return Err(SessionError::PromptTooLong {
@@ -745,7 +800,7 @@ impl<B: Backend> Session<B> {
             if tokens.len() == options.max_tokens {
                 break;
             }
-            if self.cache.len() + 1 > self.capacity() {
+            if self.overflow == Overflow::Stop && self.cache.len() + 1 > self.capacity() {
                 stop = StopReason::ContextFull;
                 break;
             }

@@ -83,6 +83,18 @@ pub struct GenerateArgs {
     /// prompt is appended after its text, and an empty prompt continues it.
     #[arg(long, value_name = "FILE")]
     resume: Option<PathBuf>,
+    /// When the context fills: stop; slide (keep the first --keep tokens, drop the oldest of the
+    /// rest, re-rotate the kept K rows: the default slide, see the README's "Long conversations");
+    /// slide-rerotate; slide-keep-positions (rows keep their positions); restart (re-prefill the
+    /// kept tokens).
+    #[arg(long, default_value = "stop")]
+    overflow: String,
+    /// Tokens kept at the start when sliding (attention sinks, system prompt).
+    #[arg(long, default_value_t = 4)]
+    keep: usize,
+    /// Tokens dropped per slide (at least; default: a quarter of the context after the kept tokens).
+    #[arg(long)]
+    slide_chunk: Option<usize>,
 }
 
 /// What a run actually uses, read back from the loaded model.
@@ -253,6 +265,13 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.resume {
         engine.session_mut().restore(path).context("--resume")?;
     }
+    let chunk = args
+        .slide_chunk
+        .unwrap_or_else(|| (engine.capacity().saturating_sub(args.keep) / 4).max(1));
+    htpkv::session::Overflow::parse(&args.overflow, args.keep, chunk)
+        .and_then(|o| engine.session_mut().set_overflow(o))
+        .map_err(htpkv::engine::EngineError::from)
+        .context("--overflow")?;
     let strategy = checked.engine.strategy;
     let generate = checked.generate;
     let stdout = std::io::stdout();
@@ -317,6 +336,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             "ar": ran.ar,
             "prefill_tokens_per_second": stats.prefill_tokens_per_second(),
             "decode_tokens_per_second": stats.decode_tokens_per_second(),
+            "overflow": args.overflow,
+            "slides": engine.session().slides().iter().map(slide_json).collect::<Vec<_>>(),
+            "reused_tokens": stats.reused_tokens,
             "kv": {
                 "region_bytes": kv.region_bytes,
                 "bytes_copied": kv.bytes_copied,
@@ -331,7 +353,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     writeln!(out)?;
     match generation.stop {
         StopReason::ContextFull => eprintln!(
-            "stopped: the context of {} tokens is full (use --context to compile a longer one, up to the model's)",
+            "stopped: the context of {} tokens is full (use --context to compile a longer one, up to the model's, or --overflow slide to go on)",
             engine.capacity() + 1
         ),
         StopReason::EndOfText | StopReason::MaxTokens | StopReason::Callback => {}
@@ -353,6 +375,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             kv.handles,
             kv.peak_bytes_in_use
         );
+        for e in engine.session().slides() {
+            eprintln!("{}", slide_line(e));
+        }
         if let Some(m) = engine.memory_report() {
             eprintln!(
                 "qnn memory: {}, {} registrations, {} deregistrations, {} live handles (peak {}, cap {})",
@@ -366,4 +391,43 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// One slide for `--stats`.
+fn slide_line(e: &htpkv::session::SlideEvent) -> String {
+    let mut line = format!(
+        "slide at {} tokens: dropped {}, moved {} rows ({} bytes)",
+        e.len_before, e.dropped, e.rows_moved, e.bytes_copied
+    );
+    if e.reprefilled > 0 {
+        line += &format!(", re-prefilled {} tokens", e.reprefilled);
+    }
+    if let Some(r) = e.requant {
+        line += &format!(
+            ", re-rotated {} K values (requantization error max {:.2e}, rms {:.2e}, {} clamped)",
+            r.elements,
+            r.max_abs,
+            r.rms(),
+            r.clamped
+        );
+    }
+    line + &format!(", {:.3} ms", e.seconds * 1e3)
+}
+
+/// One slide for `--json`.
+fn slide_json(e: &htpkv::session::SlideEvent) -> serde_json::Value {
+    serde_json::json!({
+        "len_before": e.len_before,
+        "dropped": e.dropped,
+        "rows_moved": e.rows_moved,
+        "bytes_copied": e.bytes_copied,
+        "reprefilled": e.reprefilled,
+        "seconds": e.seconds,
+        "requant": e.requant.map(|r| serde_json::json!({
+            "elements": r.elements,
+            "clamped": r.clamped,
+            "max_abs": r.max_abs,
+            "rms": r.rms(),
+        })),
+    })
 }

@@ -55,6 +55,8 @@ pub struct KvCache {
     counters: Counters,
     step: StepStats,
     handles: HandleTracker,
+    /// Added to every new token's position (grows when evictions keep positions).
+    position_offset: usize,
 }
 
 impl KvCache {
@@ -130,6 +132,7 @@ impl KvCache {
             counters,
             step: StepStats::default(),
             handles,
+            position_offset: 0,
         })
     }
 
@@ -200,12 +203,19 @@ impl KvCache {
                 context: g.context,
             });
         }
+        let last_position = self.len + self.position_offset + ar;
+        if last_position > i32::MAX as usize {
+            return Err(KvError::PositionsExhausted {
+                position: last_position,
+            });
+        }
         self.step = StepStats::default();
         self.counters.steps += 1;
         self.prepare(ar);
         self.fill_offsets(ar, variant);
         self.plan.ar = ar;
         self.plan.past_len = self.len;
+        self.plan.first_position = self.len + self.position_offset;
         self.plan.fill_mask_and_positions();
         self.pending = Some(ar);
         Ok(&self.plan)
@@ -282,12 +292,56 @@ impl KvCache {
         Ok(())
     }
 
-    /// Empties the cache (counters keep their totals).
+    /// Empties the cache (counters keep their totals) and restarts positions at 0.
     pub fn reset(&mut self) {
         self.pending = None;
         self.len = 0;
+        self.position_offset = 0;
         if let State::Shift { start, v1, .. } = &mut self.state {
             v1.copy_from_slice(start);
+        }
+    }
+
+    /// What is added to a new token's index to make its position: 0 unless evictions kept positions
+    /// ([`crate::PositionMode::Keep`]). Rollbacks keep it; a reset or an import sets it to 0.
+    pub fn position_offset(&self) -> usize {
+        self.position_offset
+    }
+
+    /// Sets the position offset (restoring a saved session whose evictions kept positions).
+    pub fn set_position_offset(&mut self, offset: usize) {
+        self.pending = None;
+        self.position_offset = offset;
+    }
+
+    /// Drops a pending plan.
+    pub(crate) fn discard_plan(&mut self) {
+        self.pending = None;
+    }
+
+    /// True when a strategy keeps token rows anchored at the window's end (`shift`, `naive`): token t
+    /// lives at `end - len + t`, so a shorter length moves every token's place right.
+    pub(crate) fn anchored_at_end(&self) -> bool {
+        matches!(self.state, State::Shift { .. }) || self.spec.strategy == Strategy::Naive
+    }
+
+    /// Sets the length after an eviction moved the rows (see [`crate::evict`]).
+    pub(crate) fn set_len_for_eviction(&mut self, len: usize) {
+        self.len = len;
+    }
+
+    /// Counts an eviction's copies and, with [`crate::PositionMode::Keep`], moves positions on.
+    pub(crate) fn count_eviction(
+        &mut self,
+        eviction: &crate::Eviction,
+        positions: crate::PositionMode,
+    ) {
+        self.counters.evictions += 1;
+        self.counters.tokens_evicted += eviction.dropped;
+        self.counters.rows_moved_by_evictions += eviction.rows_moved;
+        self.counters.bytes_copied += eviction.bytes_copied;
+        if positions == crate::PositionMode::Keep {
+            self.position_offset += eviction.dropped;
         }
     }
 
@@ -605,7 +659,7 @@ impl KvCache {
     }
 }
 
-fn copy_row(bytes: &mut [u8], src: RowRef, dst: RowRef, d: usize, e: usize) {
+pub(crate) fn copy_row(bytes: &mut [u8], src: RowRef, dst: RowRef, d: usize, e: usize) {
     if src.step == e && dst.step == e {
         bytes.copy_within(src.start..src.start + d * e, dst.start);
     } else {

@@ -32,6 +32,11 @@ pub struct Counters {
     pub peak_bytes_in_use: usize,
     /// The region's size in bytes.
     pub region_bytes: usize,
+    /// Evictions ([`crate::KvCache::evict`]), the tokens they dropped and the rows they moved (their
+    /// bytes are counted in `bytes_copied`).
+    pub evictions: usize,
+    pub tokens_evicted: usize,
+    pub rows_moved_by_evictions: usize,
 }
 
 /// Remembers which (group position, variant) keys have been bound, to count handles.

@@ -74,6 +74,25 @@ pub enum KvError {
     #[error("cannot roll back to {requested} tokens: only {len} are cached")]
     InvalidRollback { requested: usize, len: usize },
     /// A size, count or offset does not fit in `usize` (see [`crate::Size`]).
+    /// An eviction outside the cached tokens.
+    #[error("cannot evict {drop} tokens after the first {keep}: only {len} are cached")]
+    InvalidEviction {
+        keep: usize,
+        drop: usize,
+        len: usize,
+    },
+    /// Evictions that kept positions moved them past what the graphs' i32 positions hold.
+    #[error(
+        "position {position} does not fit the graphs' i32 positions (evictions kept positions; reset the cache)"
+    )]
+    PositionsExhausted { position: usize },
+    /// K rows could not be requantized (e.g. a per-axis encoding).
+    #[error("cannot requantize the K rows of layer {layer} head {head}: {reason}")]
+    Requantize {
+        layer: usize,
+        head: usize,
+        reason: String,
+    },
     #[error("{what} overflow the {}-bit size type", usize::BITS)]
     SizeOverflow { what: &'static str },
     /// The `shift` reservation is larger than [`crate::MAX_RESERVE_ROWS`].

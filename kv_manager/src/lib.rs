@@ -46,6 +46,7 @@
 mod cache;
 mod counters;
 mod error;
+pub mod evict;
 mod geometry;
 mod plan;
 mod region;
@@ -56,6 +57,7 @@ pub mod workload;
 pub use cache::KvCache;
 pub use counters::{Counters, StepStats};
 pub use error::KvError;
+pub use evict::{Eviction, PositionMode, RequantError};
 pub use geometry::{
     CacheSpec, Geometry, Granularity, KLayout, KvIo, KvTensor, Reserve, Strategy, TensorKind,
     encodings_from_graphs,

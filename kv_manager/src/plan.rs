@@ -85,7 +85,10 @@ pub struct Plan {
     /// of every past window, column `S - n + i` new token i. Causal among new tokens, so padded tokens of
     /// a partial chunk (the tail of the last prefill chunk) are never seen by real ones.
     pub mask: Vec<f32>,
-    /// Position of each new token: `past_len + i`.
+    /// Position of the first new token: `past_len` plus the cache's position offset (non-zero only
+    /// after evictions that kept positions, see [`crate::PositionMode`]).
+    pub first_position: usize,
+    /// Position of each new token: `first_position + i`.
     pub positions: Vec<i32>,
 }
 
@@ -165,7 +168,7 @@ impl Plan {
         }
         self.positions.clear();
         self.positions
-            .extend((0..n).map(|i| (self.past_len + i) as i32));
+            .extend((0..n).map(|i| (self.first_position + i) as i32));
     }
 
     /// Writes the mask in the fixed-point form a quantized graph takes (`u8`/`u16`/`i8`/`i16`, little
