@@ -13,6 +13,7 @@ pub use quant;
 pub mod backend;
 pub mod budget;
 pub mod config;
+pub mod convention;
 pub mod engine;
 pub mod persist;
 pub mod qnn;
