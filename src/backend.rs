@@ -76,6 +76,8 @@ pub struct GraphDesc {
     pub outputs: Vec<IoTensor>,
     /// Which part of a split model this graph runs (`0 of 1` for a whole model).
     pub part: PartOf,
+    /// How the graph's mask input encodes visible and masked (from its IO convention).
+    pub mask: crate::convention::MaskEncoding,
 }
 
 /// Part `index` (0-based) of a model split into `count` parts.

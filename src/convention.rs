@@ -590,6 +590,54 @@ pub fn role_label(a: &Assigned) -> String {
     format!("{what}{layer}{head}")
 }
 
+/// Encodes a step's mask (`values`: 0.0 where visible, anything else masked) for a graph whose
+/// convention uses [`MaskEncoding::AttendMax`]: the type's highest integer where visible and its
+/// lowest where masked (1.0 / 0.0 for float types). `out` holds `values.len()` elements.
+pub fn attend_max_mask(
+    values: &[f32],
+    dtype: quant::DataType,
+    out: &mut [u8],
+) -> Result<(), quant::QuantError> {
+    let (visible, masked) = match dtype.integer_range() {
+        Some((lo, hi)) => (hi as f32, lo as f32),
+        None => (1.0, 0.0),
+    };
+    let flags: Vec<f32> = values
+        .iter()
+        .map(|&v| if v == 0.0 { visible } else { masked })
+        .collect();
+    // The identity encoding stores each integer as itself.
+    let spec = match dtype.integer_range() {
+        Some(_) => quant::QuantSpec::per_tensor(dtype, quant::ScaleOffset::new(1.0, 0)?)?,
+        None => quant::QuantSpec::float(dtype)?,
+    };
+    quant::encode_f32_to_bytes(&flags, &spec, out)
+}
+
+/// Writes the RoPE cos (or sin) table of a step into `out`, encoded with `spec`: row `i` holds
+/// `cos(positions[i] · f_k)` for the `rope.frequencies()` `f_k` (the table's width is the number of
+/// frequencies, half the rotated head width). One RoPE definition: [`model::ops::Rope`].
+pub fn rope_table(
+    rope: &model::ops::Rope,
+    positions: &[i32],
+    sin: bool,
+    spec: &quant::QuantSpec,
+    out: &mut Vec<u8>,
+) -> Result<(), quant::QuantError> {
+    let freqs = rope.frequencies();
+    let values: Vec<f32> = positions
+        .iter()
+        .flat_map(|&p| {
+            freqs.iter().map(move |f| {
+                let angle = p as f32 * f;
+                if sin { angle.sin() } else { angle.cos() }
+            })
+        })
+        .collect();
+    out.resize(values.len() * spec.dtype.size_bytes(), 0);
+    quant::encode_f32_to_bytes(&values, spec, out)
+}
+
 /// A field of a name pattern.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Field {

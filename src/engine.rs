@@ -175,7 +175,7 @@ impl EngineError {
             EngineError::Session(SessionError::Input(_)) => "bad_option",
             EngineError::Session(SessionError::PromptTooLong { .. }) => "context_full",
             EngineError::Session(SessionError::Token { .. }) => "bad_option",
-            EngineError::Session(SessionError::Graphs(_)) => "bad_model",
+            EngineError::Session(SessionError::Graphs(_) | SessionError::Encode(_)) => "bad_model",
             EngineError::BadOption(_) => "bad_option",
             EngineError::Io { .. } | EngineError::File(_) => "io",
             EngineError::Qnn(_) | EngineError::Convention(_) => "qnn",

@@ -188,6 +188,7 @@ pub fn graph_desc(
             index: name.part,
             count: name.parts,
         },
+        mask: convention.mask,
     };
     let check = |what: &str, named: Option<usize>, found: Option<usize>| match named {
         Some(n) if found != Some(n) => Err(EngineError::Qnn(format!(

@@ -42,6 +42,7 @@ pub fn graph_descs(model: &CompiledModel) -> Vec<GraphDesc> {
             inputs: g.inputs().iter().map(io_tensor).collect(),
             outputs: g.outputs().iter().map(io_tensor).collect(),
             part: Default::default(),
+            mask: Default::default(),
         })
         .collect()
 }
