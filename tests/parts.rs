@@ -165,8 +165,8 @@ impl Backend for Split {
                     ptr: hidden.ptr,
                     len: ids,
                 },
-                // SAFETY: the hidden buffer is ids + pos bytes long (checked above).
                 IoRole::Positions => InputBuffer {
+                    // SAFETY: the hidden buffer is ids + pos bytes long (checked above).
                     ptr: unsafe { hidden.ptr.add(ids) },
                     len: pos,
                 },
