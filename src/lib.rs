@@ -12,6 +12,7 @@ pub use quant;
 
 pub mod backend;
 pub mod budget;
+pub mod bundle;
 pub mod config;
 pub mod convention;
 pub mod engine;
