@@ -10,13 +10,23 @@ use quant::{DataType, QuantSpec};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IoRole {
     InputIds,
+    /// Token embeddings instead of ids (a model whose embedding lookup runs outside the graph).
+    Embeddings,
     Positions,
+    /// RoPE cosine table for the step's positions, `[.., n, width]`.
+    RopeCos,
+    /// RoPE sine table for the step's positions, `[.., n, width]`.
+    RopeSin,
     Mask,
     PastKey,
     PastValue,
     NewKey,
     NewValue,
     Logits,
+    /// The hidden state from the previous part of a split model.
+    HiddenIn,
+    /// The hidden state for the next part of a split model.
+    HiddenOut,
 }
 
 /// One input or output tensor of a graph.
@@ -41,20 +51,50 @@ impl IoTensor {
     }
 }
 
-/// One static graph: an AR-n variant of the model.
+/// One static graph: an AR-n variant of the model, or one part of it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GraphDesc {
     pub name: String,
     pub inputs: Vec<IoTensor>,
     pub outputs: Vec<IoTensor>,
+    /// Which part of a split model this graph runs (`0 of 1` for a whole model).
+    pub part: PartOf,
+    /// How the graph's mask input encodes visible and masked (from its IO convention).
+    pub mask: crate::convention::MaskEncoding,
+}
+
+/// Part `index` (0-based) of a model split into `count` parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PartOf {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl Default for PartOf {
+    fn default() -> Self {
+        PartOf { index: 0, count: 1 }
+    }
 }
 
 impl GraphDesc {
-    /// n: tokens per step (the second dimension of `input_ids`).
+    /// n: tokens per step (the last dimension of `input_ids`; else the rows of the embeddings or
+    /// of the mask, which every part of a split model takes).
     pub fn ar(&self) -> Option<usize> {
+        let find = |role| self.inputs.iter().find(|t| t.role == role);
+        if let Some(ids) = find(IoRole::InputIds) {
+            return ids.shape.last().copied();
+        }
+        let rows = |t: &IoTensor| t.shape.len().checked_sub(2).map(|i| t.shape[i]);
+        find(IoRole::Embeddings)
+            .or_else(|| find(IoRole::Mask))
+            .and_then(rows)
+    }
+
+    /// S: the context length (the mask's last dimension).
+    pub fn context(&self) -> Option<usize> {
         self.inputs
             .iter()
-            .find(|t| t.role == IoRole::InputIds)
+            .find(|t| t.role == IoRole::Mask)
             .and_then(|t| t.shape.last().copied())
     }
 }

@@ -141,6 +141,9 @@ pub enum EngineError {
     File(#[from] llama2c::fsio::FileError),
     #[error("QNN backend: {0}")]
     Qnn(String),
+    /// The graphs do not fit the IO convention, or none could be chosen.
+    #[error(transparent)]
+    Convention(#[from] crate::convention::ConventionError),
     #[error("budget: {0}")]
     Budget(String),
 }
@@ -172,10 +175,10 @@ impl EngineError {
             EngineError::Session(SessionError::Input(_)) => "bad_option",
             EngineError::Session(SessionError::PromptTooLong { .. }) => "context_full",
             EngineError::Session(SessionError::Token { .. }) => "bad_option",
-            EngineError::Session(SessionError::Graphs(_)) => "bad_model",
+            EngineError::Session(SessionError::Graphs(_) | SessionError::Encode(_)) => "bad_model",
             EngineError::BadOption(_) => "bad_option",
             EngineError::Io { .. } | EngineError::File(_) => "io",
-            EngineError::Qnn(_) => "qnn",
+            EngineError::Qnn(_) | EngineError::Convention(_) => "qnn",
             EngineError::Budget(_) => "budget",
         }
     }

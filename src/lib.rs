@@ -12,7 +12,9 @@ pub use quant;
 
 pub mod backend;
 pub mod budget;
+pub mod bundle;
 pub mod config;
+pub mod convention;
 pub mod engine;
 pub mod persist;
 pub mod qnn;

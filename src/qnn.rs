@@ -2,20 +2,20 @@
 //! run time (`libQnnHtp.so` on a device, the reference backend's `libhtpkv_ref_qnn.so` on a desktop).
 //!
 //! Tensor descriptions come from the system library's binary info (names, shapes, data types,
-//! encodings), never from htpkv's own file. Roles are read from the tensor names htpkv's graphs use:
-//! `input_ids`, `positions`, `attention_mask`, `logits`, `past_key_{layer}[_{head}]`,
-//! `past_value_…`, `new_key_…`, `new_value_…` (a context binary made with Qualcomm's tools must name
-//! its IO tensors the same way). K/V bindings inside the cache region are passed as registered memory
+//! encodings), never from htpkv's own file. Roles come from an IO convention ([`crate::convention`]):
+//! given, or detected from the graph and tensor names. Several binaries (the parts of a split model)
+//! load as one context each on one backend and device. K/V bindings inside the cache region are passed as registered memory
 //! handles (one per distinct offset and shape, cached, at most `max_handles` alive with least recently
 //! used ones deregistered) or as client buffers, as [`crate::qnn_memory`] decides; everything else as
 //! client buffers.
 
 use crate::backend::{
-    Backend, BackendError, GraphDesc, InputBuffer, IoRole, IoTensor, MemoryReport, OutputBuffer,
+    Backend, BackendError, GraphDesc, InputBuffer, IoTensor, MemoryReport, OutputBuffer, PartOf,
 };
+use crate::convention::{self, Assigned, Convention, ConventionError, GraphNames};
 use crate::engine::EngineError;
 use crate::qnn_memory::{MemoryUse, QnnMemory};
-use kv_manager::{KvIo, KvTensor, RegionAllocator, TensorKind};
+use kv_manager::RegionAllocator;
 use qnn_ffi::{
     ClientBuffer, Context, Device, Graph, LogLevel, MemDescriptor, MemHandleCache, QnnLibrary,
     QnnSystemLibrary, Quantization, RpcMemAllocator, SystemContext, TensorData, TensorInfo,
@@ -47,81 +47,58 @@ fn backend_err(message: String) -> BackendError {
     }
 }
 
-/// Reads role, layer and head from an htpkv tensor name.
-fn role_of(name: &str) -> Option<(IoRole, Option<usize>, Option<usize>)> {
-    let fixed = match name {
-        "input_ids" => Some(IoRole::InputIds),
-        "positions" => Some(IoRole::Positions),
-        "attention_mask" | "mask" => Some(IoRole::Mask),
-        "logits" => Some(IoRole::Logits),
-        _ => None,
-    };
-    if let Some(role) = fixed {
-        return Some((role, None, None));
-    }
-    let t = KvTensor::parse(name)?;
-    let role = match (t.io, t.kind) {
-        (KvIo::Past, TensorKind::Key) => IoRole::PastKey,
-        (KvIo::Past, TensorKind::Value) => IoRole::PastValue,
-        (KvIo::New, TensorKind::Key) => IoRole::NewKey,
-        (KvIo::New, TensorKind::Value) => IoRole::NewValue,
-    };
-    Some((role, Some(t.layer), t.head))
+fn tensor_names(list: &[TensorInfo]) -> Vec<&str> {
+    list.iter().map(|t| t.name.as_str()).collect()
 }
 
-/// A short label for the role htpkv recognises in a tensor name, for `htpkv inspect`: htpkv's own
-/// names first, then the names of Qualcomm AI Hub LLM exports (`input_ids`, `attention_mask`,
-/// `position_ids_cos`/`_sin`, `past_key_{layer}_in`/`_out`, `past_value_{layer}_in`/`_out`,
-/// `logits`). `None` for a name it does not recognise (never an error).
-pub fn role_label(name: &str) -> Option<String> {
-    if let Some((role, layer, head)) = role_of(name) {
-        let what = match role {
-            IoRole::InputIds => "token ids",
-            IoRole::Positions => "position ids",
-            IoRole::Mask => "attention mask",
-            IoRole::Logits => "logits",
-            IoRole::PastKey => "past K",
-            IoRole::PastValue => "past V",
-            IoRole::NewKey => "new K",
-            IoRole::NewValue => "new V",
-        };
-        let layer = layer.map_or(String::new(), |l| format!(" layer {l}"));
-        let head = head.map_or(String::new(), |h| format!(" head {h}"));
-        return Some(format!("{what}{layer}{head}"));
+/// The convention of a set of graphs: `given`, or else the one preset that fits every graph.
+pub fn convention_for(
+    graphs: &[qnn_ffi::GraphInfo],
+    given: Option<&Convention>,
+) -> Result<Convention, ConventionError> {
+    if let Some(c) = given {
+        return Ok(c.clone());
     }
-    let fixed = match name {
-        "position_ids_cos" => Some("RoPE cos"),
-        "position_ids_sin" => Some("RoPE sin"),
-        "input_embeds" | "inputs_embeds" => Some("embeddings"),
-        _ => None,
-    };
-    if let Some(label) = fixed {
-        return Some(label.to_string());
-    }
-    for (prefix, what) in [("past_key_", "K"), ("past_value_", "V")] {
-        let Some(rest) = name.strip_prefix(prefix) else {
-            continue;
-        };
-        for (suffix, dir) in [("_in", "past"), ("_out", "new")] {
-            if let Some(layer) = rest
-                .strip_suffix(suffix)
-                .and_then(|l| l.parse::<usize>().ok())
+    let names: Vec<GraphNames<'_>> = graphs
+        .iter()
+        .map(|g| GraphNames {
+            name: &g.name,
+            inputs: g.inputs.iter().map(|t| t.name.as_str()).collect(),
+            outputs: g.outputs.iter().map(|t| t.name.as_str()).collect(),
+        })
+        .collect();
+    convention::detect(&names)
+}
+
+/// Role labels of a graph's inputs and of its outputs (`None`: no role known).
+pub type RoleLabels = (Vec<Option<String>>, Vec<Option<String>>);
+
+/// Role labels of every graph's inputs and outputs under the detected convention, for `htpkv
+/// inspect`: `None` for every tensor of a binary no preset convention fits (never an error).
+pub fn role_labels(graphs: &[qnn_ffi::GraphInfo]) -> Vec<RoleLabels> {
+    let convention = convention_for(graphs, None).ok();
+    graphs
+        .iter()
+        .map(|g| {
+            let (ins, outs) = (tensor_names(&g.inputs), tensor_names(&g.outputs));
+            match convention
+                .as_ref()
+                .and_then(|c| c.assign(&g.name, &ins, &outs).ok())
             {
-                return Some(format!("{dir} {what} layer {layer}"));
+                Some((i, o)) => (
+                    i.iter().map(|a| Some(convention::role_label(a))).collect(),
+                    o.iter().map(|a| Some(convention::role_label(a))).collect(),
+                ),
+                None => (vec![None; ins.len()], vec![None; outs.len()]),
             }
-        }
-    }
-    None
+        })
+        .collect()
 }
 
-/// Converts binary-info tensors to the runtime's descriptions.
-pub fn io_tensor(t: &TensorInfo) -> Result<IoTensor, String> {
-    let (role, layer, head) = role_of(&t.name).ok_or_else(|| {
-        format!(
-            "tensor `{}`: name does not follow htpkv's IO naming",
-            t.name
-        )
-    })?;
+/// Converts a binary-info tensor with the role its convention assigned to the runtime's
+/// description.
+pub fn io_tensor(t: &TensorInfo, assigned: Assigned) -> Result<IoTensor, String> {
+    let Assigned { role, layer, head } = assigned;
     let dtype = t.data_type().ok_or_else(|| {
         format!(
             "tensor `{}`: unsupported data type {}",
@@ -176,34 +153,42 @@ pub fn io_tensor(t: &TensorInfo) -> Result<IoTensor, String> {
     })
 }
 
-/// Graphs of a context binary read through the system library.
-pub fn binary_graphs(
-    system: &Arc<QnnSystemLibrary>,
-    binary: &[u8],
-) -> Result<Vec<(GraphDesc, qnn_ffi::GraphInfo)>, EngineError> {
-    let mut ctx = SystemContext::new(system).map_err(qnn_err)?;
-    let info = ctx.binary_info(binary).map_err(qnn_err)?;
-    let mut graphs = Vec::new();
-    for g in info.graphs {
-        let desc = GraphDesc {
-            name: g.name.clone(),
-            inputs: g
-                .inputs
-                .iter()
-                .map(io_tensor)
-                .collect::<Result<_, _>>()
-                .map_err(EngineError::Qnn)?,
-            outputs: g
-                .outputs
-                .iter()
-                .map(io_tensor)
-                .collect::<Result<_, _>>()
-                .map_err(EngineError::Qnn)?,
-        };
-        graphs.push((desc, g));
-    }
-    graphs.sort_by_key(|(d, _)| d.ar().unwrap_or(usize::MAX));
-    Ok(graphs)
+/// One graph's description under `convention`: roles from the convention, part from the graph
+/// name, shapes and encodings from the binary info.
+pub fn graph_desc(
+    g: &qnn_ffi::GraphInfo,
+    convention: &Convention,
+) -> Result<GraphDesc, EngineError> {
+    let (ins, outs) =
+        convention.assign(&g.name, &tensor_names(&g.inputs), &tensor_names(&g.outputs))?;
+    let name = convention.graph_name(&g.name)?;
+    let convert = |list: &[TensorInfo], roles: Vec<Assigned>| {
+        list.iter()
+            .zip(roles)
+            .map(|(t, a)| io_tensor(t, a))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(EngineError::Qnn)
+    };
+    let desc = GraphDesc {
+        name: g.name.clone(),
+        inputs: convert(&g.inputs, ins)?,
+        outputs: convert(&g.outputs, outs)?,
+        part: PartOf {
+            index: name.part,
+            count: name.parts,
+        },
+        mask: convention.mask,
+    };
+    let check = |what: &str, named: Option<usize>, found: Option<usize>| match named {
+        Some(n) if found != Some(n) => Err(EngineError::Qnn(format!(
+            "graph `{}`: the name says {what} {n} but its tensors give {found:?}",
+            g.name
+        ))),
+        _ => Ok(()),
+    };
+    check("AR", name.ar, desc.ar())?;
+    check("context", name.context, desc.context())?;
+    Ok(desc)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -218,12 +203,27 @@ struct RegionInfo {
 // the QNN library while the session executes a step.
 unsafe impl Send for RegionInfo {}
 
-/// A QNN backend library running the graphs of one context binary.
+/// How [`QnnBackend::open_binaries`] loads: K/V memory, the handle cap, the convention.
+#[derive(Debug, Clone)]
+pub struct QnnOpenOptions {
+    pub memory: QnnMemory,
+    pub max_handles: usize,
+    /// `None`: detected from the graph and tensor names.
+    pub convention: Option<Convention>,
+}
+
+/// A QNN backend library running the graphs of one or more context binaries (the parts of a split
+/// model, or several context lengths).
 pub struct QnnBackend {
     descs: Vec<GraphDesc>,
     graphs: Vec<Graph>,
-    context: Arc<Context>,
-    handles: MemHandleCache,
+    /// The context (index into `contexts`) each graph belongs to.
+    graph_context: Vec<usize>,
+    /// One context per binary, all on the one backend and device.
+    contexts: Vec<Arc<Context>>,
+    /// Memory handles are registered with a context: one cache per context.
+    handles: Vec<MemHandleCache>,
+    convention: Convention,
     region: Option<RegionInfo>,
     memory: MemoryUse,
     /// `auto` chose host descriptors: confirm with a probe when the region arrives.
@@ -240,14 +240,15 @@ impl std::fmt::Debug for QnnBackend {
                 &self.descs.iter().map(|g| &g.name).collect::<Vec<_>>(),
             )
             .field("memory", &self.memory.name())
-            .field("registrations", &self.handles.registrations())
+            .field("registrations", &self.registrations())
             .finish()
     }
 }
 
 impl QnnBackend {
     /// Loads the libraries and the context binary and retrieves every graph; `memory` chooses
-    /// how K/V tensors are passed, `max_handles` caps the live memory handles.
+    /// how K/V tensors are passed, `max_handles` caps the live memory handles. The convention is
+    /// detected from the names.
     pub fn open(
         backend_lib: &Path,
         system_lib: Option<&Path>,
@@ -255,6 +256,26 @@ impl QnnBackend {
         memory: QnnMemory,
         max_handles: usize,
     ) -> Result<QnnBackend, EngineError> {
+        let options = QnnOpenOptions {
+            memory,
+            max_handles,
+            convention: None,
+        };
+        QnnBackend::open_binaries(backend_lib, system_lib, &[binary_path], &options)
+    }
+
+    /// Loads the libraries and every context binary (one context each, on one backend and one
+    /// device) and retrieves every graph, described under the convention of `options` (detected
+    /// from all binaries' names when `None`). Graphs are ordered by context length, AR and part.
+    pub fn open_binaries(
+        backend_lib: &Path,
+        system_lib: Option<&Path>,
+        binary_paths: &[&Path],
+        options: &QnnOpenOptions,
+    ) -> Result<QnnBackend, EngineError> {
+        if binary_paths.is_empty() {
+            return Err(EngineError::Qnn("no context binary given".into()));
+        }
         let lib = QnnLibrary::load(backend_lib).map_err(qnn_err)?;
         let reference = lib
             .provider()
@@ -262,37 +283,59 @@ impl QnnBackend {
             .as_deref()
             .is_some_and(|n| n.starts_with("htpkv_ref"));
         let rpcmem = RpcMemAllocator::new().ok();
-        let probe_host = memory == QnnMemory::Auto;
-        let memory = MemoryUse::resolve(memory, reference, rpcmem.is_some());
+        let probe_host = options.memory == QnnMemory::Auto;
+        let memory = MemoryUse::resolve(options.memory, reference, rpcmem.is_some());
         let system = QnnSystemLibrary::load(system_lib.unwrap_or(backend_lib)).map_err(qnn_err)?;
-        let binary = llama2c::fsio::read_capped(binary_path, llama2c::fsio::FileKind::COMPILED)?;
-        let graphs = binary_graphs(&system, &binary)?;
+        let mut binaries = Vec::new();
+        let mut infos = Vec::new();
+        for path in binary_paths {
+            let binary = llama2c::fsio::read_capped(path, llama2c::fsio::FileKind::COMPILED)?;
+            let mut ctx = SystemContext::new(&system).map_err(qnn_err)?;
+            infos.push(ctx.binary_info(&binary).map_err(qnn_err)?.graphs);
+            binaries.push(binary);
+        }
+        let all: Vec<qnn_ffi::GraphInfo> = infos.iter().flatten().cloned().collect();
+        let convention = convention_for(&all, options.convention.as_ref())?;
         let log = qnn_ffi::Log::new(&lib, LogLevel::Warn).ok();
         let backend = qnn_ffi::Backend::new(&lib, log.as_ref()).map_err(qnn_err)?;
         let device = Device::new(&backend).map_err(qnn_err)?;
-        let context = Context::from_binary(&backend, device.as_ref(), &binary).map_err(qnn_err)?;
-        let mut descs = Vec::new();
-        let mut retrieved = Vec::new();
-        for (desc, info) in graphs {
-            retrieved.push(
-                context
+        let mut found = Vec::new();
+        let mut contexts = Vec::new();
+        for (index, (binary, graphs)) in binaries.iter().zip(infos).enumerate() {
+            let context =
+                Context::from_binary(&backend, device.as_ref(), binary).map_err(qnn_err)?;
+            for info in graphs {
+                let desc = graph_desc(&info, &convention)?;
+                let graph = context
                     .graph(&info.name, info.inputs, info.outputs)
-                    .map_err(qnn_err)?,
-            );
-            descs.push(desc);
+                    .map_err(qnn_err)?;
+                found.push((desc, graph, index));
+            }
+            contexts.push(context);
         }
-        let handles = MemHandleCache::with_capacity(&context, max_handles);
+        found.sort_by_key(|(d, _, _)| (d.context(), d.ar().unwrap_or(usize::MAX), d.part.index));
+        let handles = contexts
+            .iter()
+            .map(|c| MemHandleCache::with_capacity(c, options.max_handles))
+            .collect();
         Ok(QnnBackend {
-            descs,
-            graphs: retrieved,
-            context,
+            descs: found.iter().map(|f| f.0.clone()).collect(),
+            graph_context: found.iter().map(|f| f.2).collect(),
+            graphs: found.into_iter().map(|f| f.1).collect(),
+            contexts,
             handles,
+            convention,
             region: None,
             memory,
             probe_host: probe_host && memory == MemoryUse::Host,
             rpcmem,
             _device: device,
         })
+    }
+
+    /// The convention the graphs were described under.
+    pub fn convention(&self) -> &Convention {
+        &self.convention
     }
 
     /// The allocator the KV region must come from for the chosen memory.
@@ -309,20 +352,29 @@ impl QnnBackend {
         // byte long; the descriptor covers its first byte only.
         let probe =
             unsafe { MemDescriptor::host(vec![1], DataType::U8, region.base, region.len, 0) };
-        if self.handles.get(&probe).is_err() {
+        if self.handles[0].get(&probe).is_err() {
             self.memory = MemoryUse::Client;
         }
-        self.handles.clear();
+        self.clear_handles();
     }
 
-    /// Memory registrations made so far (one per distinct offset and shape).
+    fn clear_handles(&mut self) {
+        self.handles.iter_mut().for_each(MemHandleCache::clear);
+    }
+
+    /// Memory registrations made so far (one per distinct offset, shape and context).
     pub fn registrations(&self) -> u64 {
-        self.handles.registrations()
+        self.handles.iter().map(MemHandleCache::registrations).sum()
     }
 
-    /// The QNN context.
+    /// The QNN context of the first binary.
     pub fn context(&self) -> &Arc<Context> {
-        &self.context
+        &self.contexts[0]
+    }
+
+    /// The QNN contexts, one per binary.
+    pub fn contexts(&self) -> &[Arc<Context>] {
+        &self.contexts
     }
 
     fn descriptor(&self, info: &TensorInfo, ptr: *const u8, len: usize) -> Option<MemDescriptor> {
@@ -367,13 +419,14 @@ impl Backend for QnnBackend {
     }
 
     fn memory_report(&self) -> Option<MemoryReport> {
+        let sum = |f: fn(&MemHandleCache) -> usize| self.handles.iter().map(f).sum::<usize>();
         Some(MemoryReport {
             memory: self.memory.name(),
-            registrations: self.handles.registrations(),
-            deregistrations: self.handles.deregistrations(),
-            live_handles: self.handles.len(),
-            peak_handles: self.handles.peak(),
-            max_handles: self.handles.capacity(),
+            registrations: self.registrations(),
+            deregistrations: self.handles.iter().map(|h| h.deregistrations()).sum(),
+            live_handles: sum(MemHandleCache::len),
+            peak_handles: sum(MemHandleCache::peak),
+            max_handles: sum(MemHandleCache::capacity),
         })
     }
 
@@ -383,7 +436,7 @@ impl Backend for QnnBackend {
         len: usize,
         fd: Option<i32>,
     ) -> Result<(), BackendError> {
-        self.handles.clear();
+        self.clear_handles();
         self.region = Some(RegionInfo { base, len, fd });
         if self.probe_host {
             self.probe_host_memory();
@@ -418,7 +471,6 @@ impl Backend for QnnBackend {
             )));
         }
         // Register region-backed tensors first (cached), then bind.
-        self.handles.begin_step();
         let mut descs_in = Vec::with_capacity(inputs.len());
         for (info, b) in g.inputs().iter().zip(inputs) {
             descs_in.push(self.descriptor(info, b.ptr, b.len));
@@ -427,13 +479,16 @@ impl Backend for QnnBackend {
         for (info, b) in g.outputs().iter().zip(outputs) {
             descs_out.push(self.descriptor(info, b.ptr, b.len));
         }
+        let handles = &mut self.handles[self.graph_context[graph]];
+        handles.begin_step();
         for d in descs_in.iter().chain(&descs_out).flatten() {
-            self.handles
+            handles
                 .get(d)
                 .map_err(|e| backend_err_from("registering memory", e))?;
         }
+        let handles = &*handles;
         let bind = |d: &Option<MemDescriptor>, ptr: *mut u8, len: usize| -> TensorData<'_> {
-            match d.as_ref().and_then(|d| self.handles.get_existing(d)) {
+            match d.as_ref().and_then(|d| handles.get_existing(d)) {
                 Some(h) => TensorData::Mem(h),
                 // SAFETY: the caller guarantees the buffer is valid for `len` bytes during the call.
                 None => TensorData::Client(unsafe { ClientBuffer::from_raw(ptr, len) }),
@@ -452,46 +507,5 @@ impl Backend for QnnBackend {
         let what = format!("executing graph `{}`", g.name());
         g.execute(&ins, &outs)
             .map_err(|e| backend_err_from(&what, e))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tensor_names_give_roles() {
-        assert_eq!(
-            role_of("past_key_3_1"),
-            Some((IoRole::PastKey, Some(3), Some(1)))
-        );
-        assert_eq!(
-            role_of("new_value_0"),
-            Some((IoRole::NewValue, Some(0), None))
-        );
-        assert_eq!(role_of("attention_mask"), Some((IoRole::Mask, None, None)));
-        assert_eq!(role_of("past_key_x"), None);
-        assert_eq!(role_of("past_key_1_2_3"), None);
-        assert_eq!(role_of("weights"), None);
-    }
-
-    #[test]
-    fn role_labels_cover_htpkv_and_ai_hub_names() {
-        assert_eq!(
-            role_label("past_key_3_1").as_deref(),
-            Some("past K layer 3 head 1")
-        );
-        assert_eq!(
-            role_label("past_value_12_in").as_deref(),
-            Some("past V layer 12")
-        );
-        assert_eq!(
-            role_label("past_key_0_out").as_deref(),
-            Some("new K layer 0")
-        );
-        assert_eq!(role_label("position_ids_cos").as_deref(), Some("RoPE cos"));
-        assert_eq!(role_label("logits").as_deref(), Some("logits"));
-        assert_eq!(role_label("_model_layers_0_Add_output_0"), None);
-        assert_eq!(role_label("past_key_x_in"), None);
     }
 }

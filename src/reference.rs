@@ -38,6 +38,8 @@ pub fn graph_descs(model: &CompiledModel) -> Vec<GraphDesc> {
             name: g.name().to_string(),
             inputs: g.inputs().iter().map(io_tensor).collect(),
             outputs: g.outputs().iter().map(io_tensor).collect(),
+            part: Default::default(),
+            mask: Default::default(),
         })
         .collect()
 }

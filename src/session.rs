@@ -1,12 +1,17 @@
 //! The runtime session: a compiled model on a backend, a KV cache built from the model's own tensor
 //! descriptions, a tokenizer and a sampler.
 
-use crate::backend::{Backend, BackendError, GraphDesc, InputBuffer, IoRole, OutputBuffer};
+use crate::backend::{
+    Backend, BackendError, GraphDesc, InputBuffer, IoRole, IoTensor, OutputBuffer,
+};
+use crate::convention::{self, MaskEncoding};
 use crate::sampler::{Sampler, SamplerError, SamplerOptions};
 use kv_manager::{
     CacheSpec, Counters, Geometry, Granularity, KLayout, KvCache, KvError, KvIo, KvTensor,
     RegionAllocator, Strategy, TensorKind, encodings_from_graphs,
 };
+use model::RopeConfig;
+use model::ops::Rope;
 use quant::QuantSpec;
 use std::time::Instant;
 
@@ -25,6 +30,9 @@ pub enum SessionError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Sampler(#[from] SamplerError),
+    /// A runtime-made input (mask, RoPE table) or the logits could not be encoded or decoded.
+    #[error("encoding a graph input or decoding the logits")]
+    Encode(#[source] quant::QuantError),
     /// A token id outside the vocabulary.
     #[error("token {token} is outside the vocabulary of {vocab} tokens")]
     Token { token: u32, vocab: usize },
@@ -50,23 +58,81 @@ pub enum SessionError {
 enum Feed {
     InputIds,
     Positions,
-    Mask(QuantSpec),
+    Mask(QuantSpec, MaskEncoding),
+    /// The RoPE cos (`sin: false`) or sin table of the step's positions, `rope` of the table's width.
+    Rope {
+        spec: QuantSpec,
+        rope: Rope,
+        sin: bool,
+    },
+    /// The hidden state the previous part wrote (index into the session's hidden buffers, bytes).
+    Hidden(usize, usize),
     Past(usize),
 }
 
 /// Where one graph output goes.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Sink {
-    Logits,
+    /// Logits, decoded from `Some(encoding)` when the graph does not write f32.
+    Logits(Option<QuantSpec>),
+    /// The hidden state for the next part (index into the session's hidden buffers, bytes).
+    Hidden(usize, usize),
     New(usize),
 }
 
+/// One graph of a step: a whole model, or one part of a split one.
 #[derive(Debug, Clone)]
-struct GraphSlot {
+struct PartSlot {
     index: usize,
-    ar: usize,
     feeds: Vec<Feed>,
     sinks: Vec<Sink>,
+}
+
+/// An AR variant: its graphs (the parts, in order) run one after the other each step.
+#[derive(Debug, Clone)]
+struct GraphSlot {
+    ar: usize,
+    parts: Vec<PartSlot>,
+}
+
+/// The graphs of each AR variant, parts in order: every variant of one context length, the
+/// largest one (runtime switching between context lengths is not done).
+fn variant_groups(graphs: &[GraphDesc]) -> Result<Vec<Vec<usize>>, SessionError> {
+    let bad = |m: String| SessionError::Graphs(m);
+    let context = graphs
+        .iter()
+        .filter_map(GraphDesc::context)
+        .max()
+        .ok_or_else(|| bad("no graph has an attention mask input".into()))?;
+    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+    for (i, g) in graphs.iter().enumerate() {
+        // A part without a mask (one that only embeds, say) goes with every context length.
+        if g.context().is_some_and(|c| c != context) {
+            continue;
+        }
+        let ar = g
+            .ar()
+            .ok_or_else(|| bad(format!("graph `{}` has no token or mask input", g.name)))?;
+        match groups.iter_mut().find(|(a, _)| *a == ar) {
+            Some((_, list)) => list.push(i),
+            None => groups.push((ar, vec![i])),
+        }
+    }
+    groups.sort_by_key(|(ar, _)| *ar);
+    for (ar, list) in &mut groups {
+        list.sort_by_key(|&i| graphs[i].part.index);
+        let count = graphs[list[0]].part.count;
+        let parts: Vec<usize> = list.iter().map(|&i| graphs[i].part.index).collect();
+        if parts != (0..count).collect::<Vec<_>>()
+            || list.iter().any(|&i| graphs[i].part.count != count)
+        {
+            return Err(bad(format!(
+                "the AR-{ar} graphs of context {context} are parts {parts:?} of {count}; every \
+                 part must be there once"
+            )));
+        }
+    }
+    Ok(groups.into_iter().map(|(_, list)| list).collect())
 }
 
 /// Wall time and token counts of the session's work.
@@ -110,31 +176,23 @@ pub fn cache_spec_from_graphs(
     strategy: Strategy,
 ) -> Result<CacheSpec, SessionError> {
     let bad = |m: String| SessionError::Graphs(m);
-    let first = graphs
-        .first()
-        .ok_or_else(|| bad("the model has no graphs".into()))?;
-    let past: Vec<_> = first
-        .inputs
+    if graphs.is_empty() {
+        return Err(bad("the model has no graphs".into()));
+    }
+    let groups = variant_groups(graphs)?;
+    let first = &graphs[groups[0][0]];
+    let past: Vec<_> = groups[0]
         .iter()
+        .flat_map(|&i| &graphs[i].inputs)
         .filter(|t| matches!(t.role, IoRole::PastKey | IoRole::PastValue))
         .collect();
     let value = past
         .iter()
         .find(|t| t.role == IoRole::PastValue)
         .ok_or_else(|| bad(format!("graph `{}` has no past_value input", first.name)))?;
-    let mask = first
-        .inputs
+    let context = groups[0]
         .iter()
-        .find(|t| t.role == IoRole::Mask)
-        .ok_or_else(|| {
-            bad(format!(
-                "graph `{}` has no attention mask input",
-                first.name
-            ))
-        })?;
-    let context = *mask
-        .shape
-        .last()
+        .find_map(|&i| graphs[i].context())
         .ok_or_else(|| bad("mask has no shape".into()))?;
     let per_head = value.head.is_some();
     let layers = past
@@ -148,7 +206,9 @@ pub fn cache_spec_from_graphs(
             .max()
             .map_or(0, |h| h + 1)
     } else {
-        value.shape.first().copied().unwrap_or(0)
+        // `[heads, 1, rows, D]` (htpkv, AI Hub) or `[1, heads, rows, D]` (ExecuTorch).
+        let lead = value.shape.len().saturating_sub(2);
+        value.shape[..lead].iter().product()
     };
     let head_dim = value.shape.last().copied().unwrap_or(0);
     let dtype = value.dtype;
@@ -158,7 +218,8 @@ pub fn cache_spec_from_graphs(
         )));
     }
     let mut ar_variants = Vec::new();
-    for g in graphs {
+    for group in &groups {
+        let g = &graphs[group[0]];
         ar_variants.push(
             g.ar()
                 .ok_or_else(|| bad(format!("graph `{}` has no input_ids", g.name)))?,
@@ -192,16 +253,33 @@ pub fn cache_spec_from_graphs(
     };
     geometry.validate()?;
     let mut variants = Vec::new();
-    for (g, &ar) in graphs.iter().zip(&geometry.ar_variants) {
+    for (group, &ar) in groups.iter().zip(&geometry.ar_variants) {
+        let g = &graphs[group[0]];
         let mut past_enc = vec![None; geometry.buffers()];
         let mut new_enc = vec![None; geometry.buffers()];
+        let tensors = |outputs: bool| -> Vec<&IoTensor> {
+            group
+                .iter()
+                .flat_map(|&i| {
+                    if outputs {
+                        &graphs[i].outputs
+                    } else {
+                        &graphs[i].inputs
+                    }
+                })
+                .collect()
+        };
         for (list, target, roles) in [
             (
-                &g.inputs,
+                tensors(false),
                 &mut past_enc,
                 [IoRole::PastKey, IoRole::PastValue],
             ),
-            (&g.outputs, &mut new_enc, [IoRole::NewKey, IoRole::NewValue]),
+            (
+                tensors(true),
+                &mut new_enc,
+                [IoRole::NewKey, IoRole::NewValue],
+            ),
         ] {
             for t in list.iter().filter(|t| roles.contains(&t.role)) {
                 let kind = if t.role == roles[0] {
@@ -265,7 +343,12 @@ pub struct Session<B: Backend> {
     vocab: usize,
     ids: Vec<u8>,
     positions: Vec<u8>,
-    mask: Vec<u8>,
+    /// Runtime-made inputs of the part being run (mask, RoPE tables), one buffer per input.
+    made: Vec<Vec<u8>>,
+    /// Hidden states between the parts of a split model, one per boundary.
+    hidden: Vec<Vec<u8>>,
+    /// Quantized logits as a graph wrote them, before decoding.
+    logits_raw: Vec<u8>,
     logits: Vec<f32>,
     last_logits: Vec<f32>,
     /// The token ids in the cache, in order.
@@ -279,82 +362,176 @@ pub struct Session<B: Backend> {
     keep_floor: Option<usize>,
 }
 
+/// The cache-buffer index of a K/V tensor.
+fn kv_index(geometry: &Geometry, t: &IoTensor, kind: TensorKind) -> Result<usize, SessionError> {
+    let layer = t.layer.unwrap_or(0);
+    Ok(match (geometry.granularity, t.head) {
+        (Granularity::PerHead, Some(h)) => geometry.buffer_index(layer, h, kind),
+        (Granularity::PerLayer, None) => KvTensor {
+            io: KvIo::Past,
+            kind,
+            layer,
+            head: None,
+        }
+        .position(geometry.kv_heads),
+        _ => {
+            return Err(SessionError::Graphs(format!(
+                "tensor `{}` mixes per-head and per-layer K/V tensors",
+                t.name
+            )));
+        }
+    })
+}
+
+/// How the session fills one graph input.
+fn feed_of(
+    g: &GraphDesc,
+    t: &IoTensor,
+    geometry: &Geometry,
+    rope: Option<&RopeConfig>,
+    boundary: Option<(usize, usize)>,
+) -> Result<Feed, SessionError> {
+    let bad = |m: String| SessionError::Graphs(m);
+    let spec = || {
+        t.quant
+            .clone()
+            .ok_or_else(|| bad(format!("`{}` has no encoding", t.name)))
+    };
+    Ok(match t.role {
+        IoRole::InputIds => Feed::InputIds,
+        IoRole::Positions => Feed::Positions,
+        IoRole::Mask => Feed::Mask(spec()?, g.mask),
+        IoRole::RopeCos | IoRole::RopeSin => {
+            let cfg = rope.ok_or_else(|| {
+                bad(format!(
+                    "graph `{}` takes RoPE tables: the RoPE theta and scaling must be given \
+                     (genie_config.json `positional-encoding`)",
+                    g.name
+                ))
+            })?;
+            let width = *t.shape.last().unwrap_or(&0);
+            if width == 0 {
+                return Err(bad(format!("RoPE table `{}` has no width", t.name)));
+            }
+            Feed::Rope {
+                spec: spec()?,
+                rope: Rope::new(2 * width, cfg),
+                sin: t.role == IoRole::RopeSin,
+            }
+        }
+        IoRole::HiddenIn => match boundary {
+            Some((b, bytes)) if bytes == t.byte_size() => Feed::Hidden(b, bytes),
+            Some((_, bytes)) => {
+                return Err(bad(format!(
+                    "graph `{}` takes a hidden state `{}` of {} bytes but the part before it \
+                     gives {bytes}",
+                    g.name,
+                    t.name,
+                    t.byte_size()
+                )));
+            }
+            None => {
+                return Err(bad(format!(
+                    "`{}` of graph `{}` names no role, and the part before it gives no hidden \
+                     state",
+                    t.name, g.name
+                )));
+            }
+        },
+        IoRole::PastKey => Feed::Past(kv_index(geometry, t, TensorKind::Key)?),
+        IoRole::PastValue => Feed::Past(kv_index(geometry, t, TensorKind::Value)?),
+        IoRole::Embeddings => {
+            return Err(bad(format!(
+                "graph `{}` takes embeddings (`{}`): the embedding lookup outside the graph is not \
+                 supported; use binaries that take token ids",
+                g.name, t.name
+            )));
+        }
+        other => {
+            return Err(bad(format!("input `{}` has output role {other:?}", t.name)));
+        }
+    })
+}
+
 impl<B: Backend> Session<B> {
     /// Builds the cache from the backend's graph descriptions (never from anything else) with
     /// `strategy`, allocates its region with `allocator` and attaches it to the backend.
     pub fn new(
+        backend: B,
+        strategy: Strategy,
+        allocator: &dyn RegionAllocator,
+    ) -> Result<Self, SessionError> {
+        Session::with_rope(backend, strategy, allocator, None)
+    }
+
+    /// As [`Session::new`], for graphs that may take RoPE cos/sin tables, which the session
+    /// computes from `rope` (theta and scaling; the width comes from each table tensor).
+    pub fn with_rope(
         mut backend: B,
         strategy: Strategy,
         allocator: &dyn RegionAllocator,
+        rope: Option<RopeConfig>,
     ) -> Result<Self, SessionError> {
         let spec = cache_spec_from_graphs(backend.graphs(), strategy)?;
         let cache = KvCache::new(spec, allocator)?;
         let geometry = cache.spec().geometry.clone();
+        let graphs = backend.graphs();
         let mut slots = Vec::new();
         let mut vocab = 0;
-        for (index, g) in backend.graphs().iter().enumerate() {
-            let ar = geometry.ar_variants[index];
-            let tensor_index =
-                |t: &crate::backend::IoTensor, kind: TensorKind| -> Result<usize, SessionError> {
-                    let layer = t.layer.unwrap_or(0);
-                    Ok(match (geometry.granularity, t.head) {
-                        (Granularity::PerHead, Some(h)) => geometry.buffer_index(layer, h, kind),
-                        (Granularity::PerLayer, None) => KvTensor {
-                            io: KvIo::Past,
-                            kind,
-                            layer,
-                            head: None,
+        let mut hidden_sizes: Vec<usize> = Vec::new();
+        for (group, &ar) in variant_groups(graphs)?.iter().zip(&geometry.ar_variants) {
+            let mut parts = Vec::new();
+            // The boundary the previous part wrote, with its byte size.
+            let mut into: Option<(usize, usize)> = None;
+            for (p, &index) in group.iter().enumerate() {
+                let g = &graphs[index];
+                // Part p writes boundary p (when a part follows).
+                let out_of = (p + 1 < group.len()).then_some(p);
+                let mut feeds = Vec::new();
+                for t in &g.inputs {
+                    feeds.push(feed_of(g, t, &geometry, rope.as_ref(), into)?);
+                }
+                into = None;
+                let mut sinks = Vec::new();
+                for t in &g.outputs {
+                    sinks.push(match t.role {
+                        IoRole::Logits => {
+                            vocab = *t.shape.last().unwrap_or(&0);
+                            let raw = t.quant.clone().filter(|q| q.dtype != quant::DataType::F32);
+                            Sink::Logits(raw)
                         }
-                        .position(geometry.kv_heads),
-                        _ => {
+                        IoRole::HiddenOut => {
+                            let b = out_of.ok_or_else(|| {
+                                SessionError::Graphs(format!(
+                                    "`{}` of graph `{}` names no role, and the last part has no \
+                                     next part to pass it to",
+                                    t.name, g.name
+                                ))
+                            })?;
+                            if hidden_sizes.len() <= b {
+                                hidden_sizes.resize(b + 1, 0);
+                            }
+                            hidden_sizes[b] = hidden_sizes[b].max(t.byte_size());
+                            into = Some((b, t.byte_size()));
+                            Sink::Hidden(b, t.byte_size())
+                        }
+                        IoRole::NewKey => Sink::New(kv_index(&geometry, t, TensorKind::Key)?),
+                        IoRole::NewValue => Sink::New(kv_index(&geometry, t, TensorKind::Value)?),
+                        other => {
                             return Err(SessionError::Graphs(format!(
-                                "tensor `{}` mixes per-head and per-layer K/V tensors",
+                                "output `{}` has input role {other:?}",
                                 t.name
                             )));
                         }
-                    })
-                };
-            let mut feeds = Vec::new();
-            for t in &g.inputs {
-                feeds.push(match t.role {
-                    IoRole::InputIds => Feed::InputIds,
-                    IoRole::Positions => Feed::Positions,
-                    IoRole::Mask => Feed::Mask(t.quant.clone().ok_or_else(|| {
-                        SessionError::Graphs(format!("mask `{}` has no encoding", t.name))
-                    })?),
-                    IoRole::PastKey => Feed::Past(tensor_index(t, TensorKind::Key)?),
-                    IoRole::PastValue => Feed::Past(tensor_index(t, TensorKind::Value)?),
-                    other => {
-                        return Err(SessionError::Graphs(format!(
-                            "input `{}` has output role {other:?}",
-                            t.name
-                        )));
-                    }
+                    });
+                }
+                parts.push(PartSlot {
+                    index,
+                    feeds,
+                    sinks,
                 });
             }
-            let mut sinks = Vec::new();
-            for t in &g.outputs {
-                sinks.push(match t.role {
-                    IoRole::Logits => {
-                        vocab = *t.shape.last().unwrap_or(&0);
-                        Sink::Logits
-                    }
-                    IoRole::NewKey => Sink::New(tensor_index(t, TensorKind::Key)?),
-                    IoRole::NewValue => Sink::New(tensor_index(t, TensorKind::Value)?),
-                    other => {
-                        return Err(SessionError::Graphs(format!(
-                            "output `{}` has input role {other:?}",
-                            t.name
-                        )));
-                    }
-                });
-            }
-            slots.push(GraphSlot {
-                index,
-                ar,
-                feeds,
-                sinks,
-            });
+            slots.push(GraphSlot { ar, parts });
         }
         if vocab == 0 {
             return Err(SessionError::Graphs("no graph has a logits output".into()));
@@ -368,7 +545,9 @@ impl<B: Backend> Session<B> {
             vocab,
             ids: Vec::new(),
             positions: Vec::new(),
-            mask: Vec::new(),
+            made: Vec::new(),
+            hidden: hidden_sizes.into_iter().map(|n| vec![0; n]).collect(),
+            logits_raw: Vec::new(),
             logits: Vec::new(),
             last_logits: Vec::new(),
             tokens: Vec::new(),
@@ -455,10 +634,11 @@ impl<B: Backend> Session<B> {
         Ok(())
     }
 
-    /// Runs `tokens` (1..=n) through the AR-n graph `slot` and commits them; keeps the logits of every
-    /// token in `self.logits` (`[n, vocab]`).
+    /// Runs `tokens` (1..=n) through the AR-n graphs of `slot` (every part in order, the hidden
+    /// state passed between them) and commits them; keeps the logits of every token in
+    /// `self.logits` (`[n, vocab]`).
     fn run_step(&mut self, slot: usize, tokens: &[u32]) -> Result<(), SessionError> {
-        let GraphSlot { index, ar, .. } = self.slots[slot];
+        let ar = self.slots[slot].ar;
         if tokens.is_empty() || tokens.len() > ar {
             return Err(SessionError::Input(format!(
                 "AR-{ar} step given {} tokens",
@@ -484,54 +664,95 @@ impl<B: Backend> Session<B> {
         }
         self.logits.resize(ar * self.vocab, 0.0);
         let base = self.cache.region().as_ptr();
-        let slot_ref = &self.slots[slot];
-        let mut inputs = Vec::with_capacity(slot_ref.feeds.len());
-        for feed in &slot_ref.feeds {
-            inputs.push(match feed {
-                Feed::InputIds => InputBuffer {
-                    ptr: self.ids.as_ptr(),
-                    len: self.ids.len(),
-                },
-                Feed::Positions => InputBuffer {
-                    ptr: self.positions.as_ptr(),
-                    len: self.positions.len(),
-                },
-                Feed::Mask(spec) => {
-                    self.mask
-                        .resize(plan.mask.len() * spec.dtype.size_bytes(), 0);
-                    plan.mask_quantized(spec, &mut self.mask)?;
-                    InputBuffer {
-                        ptr: self.mask.as_ptr(),
-                        len: self.mask.len(),
+        for part in &self.slots[slot].parts {
+            // Runtime-made inputs first (each feed its own buffer), then the bindings.
+            self.made.resize_with(part.feeds.len(), Vec::new);
+            for (feed, buf) in part.feeds.iter().zip(&mut self.made) {
+                match feed {
+                    Feed::Mask(spec, MaskEncoding::Additive) => {
+                        buf.resize(plan.mask.len() * spec.dtype.size_bytes(), 0);
+                        plan.mask_quantized(spec, buf)?;
                     }
+                    Feed::Mask(spec, MaskEncoding::AttendMax) => {
+                        buf.resize(plan.mask.len() * spec.dtype.size_bytes(), 0);
+                        convention::attend_max_mask(&plan.mask, spec.dtype, buf)
+                            .map_err(SessionError::Encode)?;
+                    }
+                    Feed::Rope { spec, rope, sin } => {
+                        convention::rope_table(rope, &plan.positions, *sin, spec, buf)
+                            .map_err(SessionError::Encode)?;
+                    }
+                    _ => {}
                 }
-                Feed::Past(t) => {
-                    let b = plan.past(*t);
-                    // SAFETY: the plan's bindings lie inside the region (kv_manager's contract).
-                    let ptr = unsafe { base.add(b.offset) };
-                    InputBuffer { ptr, len: b.bytes }
-                }
-            });
+            }
+            let mut inputs = Vec::with_capacity(part.feeds.len());
+            for (feed, made) in part.feeds.iter().zip(&self.made) {
+                inputs.push(match feed {
+                    Feed::InputIds => InputBuffer {
+                        ptr: self.ids.as_ptr(),
+                        len: self.ids.len(),
+                    },
+                    Feed::Positions => InputBuffer {
+                        ptr: self.positions.as_ptr(),
+                        len: self.positions.len(),
+                    },
+                    Feed::Mask(..) | Feed::Rope { .. } => InputBuffer {
+                        ptr: made.as_ptr(),
+                        len: made.len(),
+                    },
+                    Feed::Hidden(b, len) => InputBuffer {
+                        ptr: self.hidden[*b].as_ptr(),
+                        len: *len,
+                    },
+                    Feed::Past(t) => {
+                        let b = plan.past(*t);
+                        // SAFETY: the plan's bindings lie inside the region (kv_manager's contract).
+                        let ptr = unsafe { base.add(b.offset) };
+                        InputBuffer { ptr, len: b.bytes }
+                    }
+                });
+            }
+            let mut outputs = Vec::with_capacity(part.sinks.len());
+            for sink in &part.sinks {
+                outputs.push(match sink {
+                    Sink::Logits(None) => OutputBuffer {
+                        ptr: self.logits.as_mut_ptr().cast(),
+                        len: self.logits.len() * 4,
+                    },
+                    Sink::Logits(Some(spec)) => {
+                        self.logits_raw
+                            .resize(self.logits.len() * spec.dtype.size_bytes(), 0);
+                        OutputBuffer {
+                            ptr: self.logits_raw.as_mut_ptr(),
+                            len: self.logits_raw.len(),
+                        }
+                    }
+                    Sink::Hidden(b, len) => OutputBuffer {
+                        ptr: self.hidden[*b].as_mut_ptr(),
+                        len: *len,
+                    },
+                    Sink::New(t) => {
+                        let b = plan.new_output(*t);
+                        // SAFETY: the plan's bindings lie inside the region (kv_manager's contract).
+                        let ptr = unsafe { base.add(b.offset) };
+                        OutputBuffer { ptr, len: b.bytes }
+                    }
+                });
+            }
+            // SAFETY: ids/positions/made/hidden/logits are live Vecs of at least the given lengths
+            // (hidden buffers are sized for the largest graph at construction, and a part reads
+            // the boundary before it and writes the one after it, never the same); past and new
+            // bindings come from the cache's plan, which guarantees they lie in the region and that
+            // no new binding overlaps another or a visible past row (property-tested in
+            // kv_manager); the region outlives the call.
+            unsafe { self.backend.execute(part.index, &inputs, &outputs)? };
+            if let Some(Sink::Logits(Some(spec))) =
+                part.sinks.iter().find(|s| matches!(s, Sink::Logits(_)))
+            {
+                quant::decode_bytes_to_f32(&self.logits_raw, spec, &mut self.logits)
+                    .map_err(SessionError::Encode)?;
+            }
         }
-        let mut outputs = Vec::with_capacity(slot_ref.sinks.len());
-        for sink in &slot_ref.sinks {
-            outputs.push(match sink {
-                Sink::Logits => OutputBuffer {
-                    ptr: self.logits.as_mut_ptr().cast(),
-                    len: self.logits.len() * 4,
-                },
-                Sink::New(t) => {
-                    let b = plan.new_output(*t);
-                    // SAFETY: the plan's bindings lie inside the region (kv_manager's contract).
-                    let ptr = unsafe { base.add(b.offset) };
-                    OutputBuffer { ptr, len: b.bytes }
-                }
-            });
-        }
-        // SAFETY: ids/positions/mask/logits are live Vecs of the given lengths; past and new bindings come
-        // from the cache's plan, which guarantees they lie in the region and that no new binding overlaps
-        // another or a visible past row (property-tested in kv_manager); the region outlives the call.
-        unsafe { self.backend.execute(index, &inputs, &outputs)? };
         self.cache.commit(tokens.len())?;
         self.tokens.extend_from_slice(tokens);
         let last = tokens.len() - 1;

@@ -9,6 +9,8 @@ use ref_backend::WeightType;
 use std::io::Write;
 use std::path::PathBuf;
 
+mod foreign;
+
 /// Arguments of `htpkv generate`.
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
@@ -19,9 +21,24 @@ pub struct GenerateArgs {
     /// Model directory (else $HTPKV_MODEL_DIR, ./models/stories260K, ../shared/models/stories260K).
     #[arg(long)]
     model_dir: Option<PathBuf>,
-    /// A compiled model file to run instead of compiling.
+    /// A compiled model file to run instead of compiling; with --backend qnn, one or more context
+    /// binaries made by any tool (the parts of a split model), read under --convention.
+    #[arg(long, num_args = 1..)]
+    compiled: Vec<PathBuf>,
+    /// Run a Genie bundle (genie_config.json, the context binaries it lists, tokenizer.json) with
+    /// --backend qnn; no checkpoint or weights are needed.
+    #[arg(long, value_name = "DIR", conflicts_with = "compiled")]
+    bundle: Option<PathBuf>,
+    /// IO convention of the context binaries: htpkv, aihub, executorch, or a YAML file [default:
+    /// detected from the graph and tensor names].
+    #[arg(long, value_name = "NAME|FILE")]
+    convention: Option<String>,
+    /// tokenizer.json of context binaries made by other tools (with --compiled).
+    #[arg(long, value_name = "FILE")]
+    tokenizer: Option<PathBuf>,
+    /// RoPE base of binaries that take cos/sin tables (with --compiled; a bundle gives its own).
     #[arg(long)]
-    compiled: Option<PathBuf>,
+    rope_theta: Option<f32>,
     /// Tokens to generate at most.
     #[arg(long, default_value_t = 256)]
     steps: usize,
@@ -172,7 +189,7 @@ fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
     let defaults = EngineOptions::default();
     let engine = EngineOptions {
         model_dir: args.model_dir.clone(),
-        compiled: args.compiled.clone(),
+        compiled: args.compiled.first().cloned(),
         backend,
         strategy,
         kv_dtype: kv_dtype.unwrap_or(defaults.kv_dtype),
@@ -200,7 +217,7 @@ fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
 
 /// With --compiled, the file decides; an option given explicitly must agree with it.
 fn check_against_file(args: &GenerateArgs, c: &Checked, ran: &Ran) -> anyhow::Result<()> {
-    let Some(file) = &args.compiled else {
+    let Some(file) = args.compiled.first() else {
         return Ok(());
     };
     let file = file.display();
@@ -254,6 +271,9 @@ fn join(v: &[usize]) -> String {
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let checked = check_args(&args)?;
+    if foreign::wanted(&args) {
+        return foreign::run(&args, &checked);
+    }
     let quiet = args.json;
     let mut engine = Engine::open(&checked.engine, &mut |line| {
         if !quiet {

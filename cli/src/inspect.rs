@@ -69,21 +69,30 @@ fn quant_json(q: &Quantization) -> Value {
     }
 }
 
-fn tensor_json(t: &TensorInfo) -> Value {
+fn tensor_json(t: &TensorInfo, role: &Option<String>) -> Value {
     json!({
         "name": t.name, "id": t.id, "type": format!("{:?}", t.tensor_type),
         "dtype": qnn_ffi::qnn_dtype_name(t.dtype), "dims": t.shape, "quant": quant_json(&t.quant),
-        "role": htpkv::qnn::role_label(&t.name),
+        "role": role,
     })
 }
 
-fn graph_json(g: &GraphInfo) -> Value {
+use htpkv::qnn::RoleLabels as Labels;
+
+fn tensors_json(list: &[TensorInfo], roles: &[Option<String>]) -> Vec<Value> {
+    list.iter()
+        .zip(roles)
+        .map(|(t, r)| tensor_json(t, r))
+        .collect()
+}
+
+fn graph_json(g: &GraphInfo, (ins, outs): &Labels) -> Value {
     json!({
         "name": g.name, "graph_info_version": g.info_version,
         "spill_fill_bytes": g.spill_fill_bytes, "updateable_tensors": g.updateable_tensors,
         "op_range": g.op_range,
-        "inputs": g.inputs.iter().map(tensor_json).collect::<Vec<_>>(),
-        "outputs": g.outputs.iter().map(tensor_json).collect::<Vec<_>>(),
+        "inputs": tensors_json(&g.inputs, ins),
+        "outputs": tensors_json(&g.outputs, outs),
     })
 }
 
@@ -101,7 +110,8 @@ fn binary_json(info: &BinaryInfo) -> Value {
         "hw_info_blob_version": info.hw_info_blob_version.map(|v| v.to_string()),
         "spill_fill_bytes": info.spill_fill_bytes,
         "context_tensors": info.context_tensors,
-        "graphs": info.graphs.iter().map(graph_json).collect::<Vec<_>>(),
+        "graphs": info.graphs.iter().zip(htpkv::qnn::role_labels(&info.graphs))
+            .map(|(g, labels)| graph_json(g, &labels)).collect::<Vec<_>>(),
     })
 }
 
@@ -122,15 +132,19 @@ fn binary_text(file: &str, info: &BinaryInfo) -> String {
         opt(info.spill_fill_bytes),
         info.graphs.len()
     );
-    for g in &info.graphs {
+    for (g, (ins, outs)) in info
+        .graphs
+        .iter()
+        .zip(htpkv::qnn::role_labels(&info.graphs))
+    {
         out += &format!(
             "graph {} (graph info v{}, spill-fill {})\n",
             g.name,
             g.info_version,
             opt(g.spill_fill_bytes.map(|b| format!("{b} bytes")))
         );
-        for (dir, list) in [("in ", &g.inputs), ("out", &g.outputs)] {
-            for t in list {
+        for (dir, list, roles) in [("in ", &g.inputs, &ins), ("out", &g.outputs, &outs)] {
+            for (t, role) in list.iter().zip(roles) {
                 out += &format!(
                     "  {dir} {:>4} {:<24} {:<9} {:<20} {:<28} {}\n",
                     t.id,
@@ -138,7 +152,7 @@ fn binary_text(file: &str, info: &BinaryInfo) -> String {
                     qnn_ffi::qnn_dtype_name(t.dtype),
                     format!("{:?}", t.shape),
                     quant_text(&t.quant),
-                    opt(htpkv::qnn::role_label(&t.name)),
+                    opt(role.as_deref()),
                 );
             }
         }

@@ -129,7 +129,8 @@ fn inspect_lists_a_foreign_v3_binary_completely() {
         token["outputs"][0]["name"],
         "_model_layers_0_Add_1_output_0"
     );
-    assert_eq!(token["outputs"][0]["role"], Value::Null);
+    // The one tensor the convention does not name is the hidden state for the next part.
+    assert_eq!(token["outputs"][0]["role"], "hidden state out");
     assert_eq!(token["outputs"][0]["quant"]["offset"], -30000);
 }
 
@@ -160,7 +161,10 @@ fn inspect_lists_a_foreign_v1_binary_and_its_text_table() {
         .lines()
         .find(|l| l.contains("_model_layers_0_Add_1"))
         .unwrap();
-    assert!(foreign.trim_end().ends_with('—'), "{foreign}");
+    assert!(
+        foreign.trim_end().ends_with("hidden state out"),
+        "{foreign}"
+    );
 }
 
 /// The graphs without the fields that legitimately differ between layouts.
@@ -352,4 +356,108 @@ fn inspect_and_compile_survive_closed_and_full_stdout() {
             "{err}"
         );
     }
+}
+
+/// A Genie bundle of the compiled stories260K: genie_config.json, the binary, and a tokenizer.json
+/// whose vocabulary is the model's pieces (a word-level model: enough to map ids to text).
+fn bundle(name: &str, eos: &str) -> PathBuf {
+    let dir = scratch().join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(compiled(), dir.join("stories_1_of_1.bin")).unwrap();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/stories260K/tok512.bin");
+    let tok = llama2c::Tokenizer::load(&model, 512).unwrap();
+    let mut vocab = serde_json::Map::new();
+    for id in 0..512u32 {
+        let piece = String::from_utf8_lossy(tok.piece(id).unwrap()).into_owned();
+        vocab.entry(piece).or_insert(id.into());
+    }
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let config = format!(
+        r#"{{"dialog": {{"version": 1, "type": "basic",
+            "context": {{"version": 1, "size": 64, "n-vocab": 512, "bos-token": 1, "eos-token": {eos}}},
+            "tokenizer": {{"version": 1, "path": "tokenizer.json"}},
+            "engine": {{"version": 1, "backend": {{"type": "QnnHtp", "QnnHtp": {{}}}},
+              "model": {{"type": "binary", "binary": {{"ctx-bins": ["stories_1_of_1.bin"]}}}}}}}}}}"#
+    );
+    std::fs::write(dir.join("genie_config.json"), config).unwrap();
+    dir
+}
+
+#[test]
+fn a_genie_bundle_generates_the_tokens_of_the_compiled_file() {
+    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = lib.to_str().unwrap();
+    let steps = [
+        "--steps",
+        "40",
+        "--json",
+        "--backend",
+        "qnn",
+        "--qnn-backend",
+        lib,
+    ];
+    let mut direct = vec!["generate", "--compiled", compiled().to_str().unwrap()];
+    direct.extend(steps);
+    let direct = ok_json(&htpkv(&direct, &[]));
+    let dir = bundle("bundle", "[2, 1]");
+    let mut via = vec!["generate", "--bundle", dir.to_str().unwrap()];
+    via.extend(steps);
+    let via = ok_json(&htpkv(&via, &[]));
+    assert!(direct["tokens"].as_array().unwrap().len() > 10, "{direct}");
+    assert_eq!(via["tokens"], direct["tokens"]);
+    assert_eq!(via["stop"], direct["stop"]);
+    assert_eq!(via["convention"], "htpkv", "detected from the names");
+    assert_eq!(via["context"], 64);
+}
+
+#[test]
+fn foreign_binaries_need_a_qnn_backend_and_a_fitting_convention() {
+    let dir = bundle("refuse", "2");
+    let o = htpkv(&["generate", "--bundle", dir.to_str().unwrap()], &[]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--backend qnn"), "{err}");
+
+    let lib = library("libhtpkv_ref_qnn.so");
+    let tok = dir.join("tokenizer.json");
+    let args = [
+        "generate",
+        "--compiled",
+        compiled().to_str().unwrap(),
+        "--convention",
+        "aihub",
+        "--tokenizer",
+        tok.to_str().unwrap(),
+        "--backend",
+        "qnn",
+        "--qnn-backend",
+        lib.to_str().unwrap(),
+    ];
+    let o = htpkv(&args, &[]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("convention `aihub`"), "{err}");
+
+    // A bundle whose config disagrees with its binaries is refused.
+    let config = dir.join("genie_config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace("\"size\": 64", "\"size\": 128")).unwrap();
+    let args = [
+        "generate",
+        "--bundle",
+        dir.to_str().unwrap(),
+        "--backend",
+        "qnn",
+        "--qnn-backend",
+        lib.to_str().unwrap(),
+    ];
+    let o = htpkv(&args, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("declares context 128"), "{err}");
 }

@@ -131,7 +131,9 @@ impl RopeShift {
 
     /// Rotates one head's row by `delta` positions (negative: back).
     fn shift(&self, row: &mut [f32], delta: f32) {
-        model::ops::rotate_head(row, self.pairing, |k| delta * self.freqs[k]);
+        let (sin, cos): (Vec<f32>, Vec<f32>) =
+            self.freqs.iter().map(|f| (delta * f).sin_cos()).unzip();
+        model::ops::rope_apply(row, &cos, &sin, self.pairing);
     }
 }
 

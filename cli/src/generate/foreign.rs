@@ -1,0 +1,208 @@
+//! `htpkv generate --bundle DIR` and `--compiled FILE… --convention …`: context binaries made by
+//! Qualcomm's tools (or any tool) run through a QNN backend library, with a Hugging Face tokenizer,
+//! no checkpoint and no weights.
+
+use super::{Checked, GenerateArgs};
+use anyhow::Context;
+use htpkv::bundle::Bundle;
+use htpkv::convention::Convention;
+use htpkv::engine::BackendChoice;
+use htpkv::qnn::{QnnBackend, QnnOpenOptions};
+use htpkv::sampler::Sampler;
+use htpkv::session::Session;
+use model::{HfTokenizer, RopeConfig, RopePairing};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// End-of-text tokens looked up in a tokenizer when no bundle names its EOS (`--compiled`).
+const EOS_NAMES: [&str; 5] = [
+    "</s>",
+    "<|end_of_text|>",
+    "<|eot_id|>",
+    "<|endoftext|>",
+    "<|im_end|>",
+];
+
+/// True when the options ask for binaries made by other tools.
+pub(super) fn wanted(args: &GenerateArgs) -> bool {
+    args.bundle.is_some()
+        || args.convention.is_some()
+        || args.tokenizer.is_some()
+        || args.compiled.len() > 1
+}
+
+/// What a run needs besides the QNN libraries.
+struct Model {
+    binaries: Vec<PathBuf>,
+    tokenizer: PathBuf,
+    rope: Option<RopeConfig>,
+    bos: Option<u32>,
+    stops: Vec<u32>,
+    /// Context length and vocabulary the bundle declares, checked against the graphs.
+    declared: Option<(usize, usize)>,
+}
+
+fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
+    if let Some(dir) = &args.bundle {
+        let b = Bundle::open(dir)?;
+        return Ok(Model {
+            binaries: b.ctx_bins,
+            tokenizer: b.tokenizer,
+            rope: b.rope,
+            bos: b.bos,
+            stops: b.eos,
+            declared: Some((b.context, b.vocab)),
+        });
+    }
+    if args.compiled.is_empty() {
+        anyhow::bail!(
+            "--convention and --tokenizer go with --compiled FILE… (or use --bundle DIR)"
+        );
+    }
+    let tokenizer = args
+        .tokenizer
+        .clone()
+        .context("context binaries made by other tools need --tokenizer tokenizer.json")?;
+    Ok(Model {
+        binaries: args.compiled.clone(),
+        tokenizer,
+        rope: args.rope_theta.map(|theta| RopeConfig {
+            theta,
+            scaling: None,
+            pairing: RopePairing::HalfSplit,
+        }),
+        bos: None,
+        stops: Vec::new(),
+        declared: None,
+    })
+}
+
+fn tokenizer(path: &Path, bos: Option<u32>) -> anyhow::Result<HfTokenizer> {
+    // The capped read refuses an oversized file before the tokenizers crate parses it.
+    model::fsio::read_capped(path, model::fsio::FileKind::TOKENIZER)?;
+    Ok(HfTokenizer::from_file(path, bos)?)
+}
+
+pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> {
+    let BackendChoice::Qnn {
+        backend_lib,
+        system_lib,
+        memory,
+        max_handles,
+    } = &checked.engine.backend
+    else {
+        anyhow::bail!(
+            "--bundle and --convention run context binaries through a QNN library: add --backend \
+             qnn --qnn-backend libQnnHtp.so (on a desktop, the reference library \
+             libhtpkv_ref_qnn.so)"
+        );
+    };
+    let m = model_of(args)?;
+    let convention = args
+        .convention
+        .as_deref()
+        .map(Convention::named_or_file)
+        .transpose()?;
+    let tok = tokenizer(&m.tokenizer, m.bos)?;
+    let mut stops = m.stops.clone();
+    if args.bundle.is_none() {
+        stops.extend(EOS_NAMES.iter().filter_map(|n| tok.token_to_id(n)));
+    }
+    let paths: Vec<&Path> = m.binaries.iter().map(PathBuf::as_path).collect();
+    let options = QnnOpenOptions {
+        memory: *memory,
+        max_handles: *max_handles,
+        convention,
+    };
+    let qnn = QnnBackend::open_binaries(backend_lib, system_lib.as_deref(), &paths, &options)?;
+    let allocator = qnn.region_allocator();
+    let convention_name = qnn.convention().name.clone();
+    let mut session = Session::with_rope(qnn, checked.engine.strategy, allocator.as_ref(), m.rope)
+        .map_err(htpkv::engine::EngineError::from)?;
+    if let Some((context, vocab)) = m.declared {
+        let g = &session.cache().spec().geometry;
+        if g.context != context || session.vocab_size() != vocab {
+            anyhow::bail!(
+                "genie_config.json declares context {context} and {vocab} tokens, but the binaries \
+                 have context {} and {} logits",
+                g.context,
+                session.vocab_size()
+            );
+        }
+    }
+    let prompt = tok.encode(&args.prompt, true)?;
+    let room = session.capacity();
+    if prompt.is_empty() || prompt.len() > room {
+        anyhow::bail!(
+            "the prompt has {} tokens; the context holds 1 to {room}",
+            prompt.len()
+        );
+    }
+    let mut sampler = Sampler::new(checked.generate.sampler)?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if !args.json {
+        write!(out, "{}", args.prompt)?;
+        out.flush()?;
+    }
+    session
+        .prefill(&prompt)
+        .map_err(htpkv::engine::EngineError::from)?;
+    let mut stream = tok.stream(true);
+    let (mut tokens, mut text, mut stop) = (Vec::new(), String::new(), "MaxTokens");
+    while tokens.len() < args.steps {
+        let next = session.sample(&mut sampler)?;
+        if stops.contains(&next) {
+            stop = "EndOfText";
+            break;
+        }
+        tokens.push(next);
+        if let Some(piece) = stream.step(next)? {
+            text.push_str(&piece);
+            if !args.json {
+                out.write_all(piece.as_bytes())?;
+                out.flush()?;
+            }
+        }
+        if tokens.len() == args.steps {
+            break;
+        }
+        if session.len() + 1 > session.capacity() {
+            stop = "ContextFull";
+            break;
+        }
+        session
+            .decode(next)
+            .map_err(htpkv::engine::EngineError::from)?;
+    }
+    let stats = session.stats();
+    if args.json {
+        let doc = serde_json::json!({
+            "prompt": args.prompt,
+            "text": text,
+            "prompt_tokens": prompt.len(),
+            "generated_tokens": tokens.len(),
+            "tokens": tokens,
+            "stop": stop,
+            "convention": convention_name,
+            "binaries": m.binaries.len(),
+            "context": session.cache().spec().geometry.context,
+            "ar": session.cache().spec().geometry.ar_variants,
+            "kv_dtype": session.cache().spec().geometry.dtype.to_string(),
+            "prefill_tokens_per_second": stats.prefill_tokens_per_second(),
+            "decode_tokens_per_second": stats.decode_tokens_per_second(),
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+    } else {
+        writeln!(out)?;
+    }
+    if args.stats {
+        eprintln!(
+            "convention {convention_name}, {} binaries: prefill {:.1} tok/s, decode {:.1} tok/s",
+            m.binaries.len(),
+            stats.prefill_tokens_per_second(),
+            stats.decode_tokens_per_second()
+        );
+    }
+    Ok(())
+}

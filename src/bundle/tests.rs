@@ -1,0 +1,140 @@
+use super::*;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("htpkv-bundle-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+const LLAMA32: &str = r#"{
+  "dialog": {
+    "version": 1, "type": "basic",
+    "context": {"version": 1, "size": 4096, "n-vocab": 128256, "bos-token": 128000,
+                "eos-token": [128001, 128009, 128008]},
+    "sampler": {"version": 1, "seed": 42, "temp": 0.8},
+    "tokenizer": {"version": 1, "path": "tokenizer.json"},
+    "engine": {
+      "version": 1, "n-threads": 3,
+      "backend": {"version": 1, "type": "QnnHtp", "QnnHtp": {"version": 1, "spill-fill-bufsize": 0}},
+      "model": {
+        "version": 1, "type": "binary",
+        "binary": {"version": 1, "ctx-bins": ["llama_part_1_of_3.bin", "./llama_part_2_of_3.bin", "llama_part_3_of_3.bin"]},
+        "positional-encoding": {"type": "rope", "rope-dim": 64, "rope-theta": 500000,
+          "rope-scaling": {"rope-type": "llama3", "factor": 8.0, "low-freq-factor": 1.0,
+                           "high-freq-factor": 4.0, "original-max-position-embeddings": 8192}}
+      }
+    }
+  }
+}"#;
+
+fn open_with(name: &str, config: &str) -> Result<Bundle, BundleError> {
+    let dir = scratch(name);
+    std::fs::write(dir.join("genie_config.json"), config).unwrap();
+    Bundle::open(&dir)
+}
+
+#[test]
+fn an_ai_hub_llama_bundle_reads_completely() {
+    let b = open_with("llama", LLAMA32).unwrap();
+    assert_eq!((b.context, b.vocab, b.bos), (4096, 128256, Some(128000)));
+    assert_eq!(b.eos, [128001, 128009, 128008]);
+    assert_eq!(b.ctx_bins.len(), 3);
+    assert!(b.ctx_bins[1].ends_with("llama_part_2_of_3.bin"));
+    assert!(b.ctx_bins.iter().all(|p| p.starts_with(&b.dir)));
+    assert_eq!(b.tokenizer, b.dir.join("tokenizer.json"));
+    let rope = b.rope.unwrap();
+    assert_eq!(rope.theta, 500000.0);
+    let s = rope.scaling.unwrap();
+    assert_eq!((s.factor, s.original_context), (8.0, 8192));
+    assert_eq!(b.rope_dim, Some(64));
+}
+
+#[test]
+fn older_bundles_give_theta_in_the_backend_section_and_no_bos() {
+    let config = r#"{"dialog": {"context": {"size": 1024, "n-vocab": 32000, "bos-token": -1,
+        "eos-token": 2}, "engine": {"backend": {"QnnHtp": {"rope-theta": 10000, "pos-id-dim": 64}},
+        "model": {"binary": {"ctx-bins": ["a.bin"]}}}}}"#;
+    let b = open_with("old", config).unwrap();
+    assert_eq!((b.bos, b.eos.as_slice()), (None, &[2][..]));
+    assert_eq!(b.rope.unwrap().theta, 10000.0);
+    assert!(b.rope.unwrap().scaling.is_none());
+    assert_eq!(b.rope_dim, Some(64));
+}
+
+#[test]
+fn hostile_configs_are_typed_errors_naming_the_field() {
+    for (name, from, to, field) in [
+        (
+            "escape",
+            "llama_part_1_of_3.bin",
+            "../../etc/passwd",
+            "ctx-bins",
+        ),
+        (
+            "absolute",
+            "llama_part_1_of_3.bin",
+            "/etc/passwd",
+            "ctx-bins",
+        ),
+        (
+            "tokpath",
+            "\"path\": \"tokenizer.json\"",
+            "\"path\": \"../t.json\"",
+            "tokenizer.path",
+        ),
+        (
+            "bos",
+            "\"bos-token\": 128000",
+            "\"bos-token\": 999999",
+            "bos-token",
+        ),
+        (
+            "ctx",
+            "\"size\": 4096",
+            "\"size\": 99999999999",
+            "context.size",
+        ),
+        ("vocab", "\"n-vocab\": 128256", "\"n-vocab\": 0", "n-vocab"),
+        (
+            "theta",
+            "\"rope-theta\": 500000",
+            "\"rope-theta\": -1",
+            "rope-theta",
+        ),
+        (
+            "scaling",
+            "\"rope-type\": \"llama3\"",
+            "\"rope-type\": \"yarn\"",
+            "rope-scaling",
+        ),
+        (
+            "factors",
+            "\"high-freq-factor\": 4.0",
+            "\"high-freq-factor\": 0.5",
+            "rope-scaling",
+        ),
+    ] {
+        assert!(LLAMA32.contains(from), "{name}");
+        let err = open_with(name, &LLAMA32.replace(from, to)).unwrap_err();
+        assert!(matches!(err, BundleError::Field { .. }), "{name}: {err}");
+        assert!(err.to_string().contains(field), "{name}: {err}");
+    }
+    let err = open_with("nobins", &LLAMA32.replace("\"ctx-bins\"", "\"bins\"")).unwrap_err();
+    let source = std::error::Error::source(&err).unwrap().to_string();
+    assert!(source.contains("ctx-bins"), "{source}");
+    let err = open_with(
+        "type",
+        &LLAMA32.replace("\"size\": 4096", "\"size\": \"big\""),
+    )
+    .unwrap_err();
+    let source = std::error::Error::source(&err).unwrap().to_string();
+    assert!(source.contains("dialog.context.size"), "{source}");
+}
+
+#[test]
+fn a_missing_bundle_is_a_file_error() {
+    let dir = scratch("missing");
+    let err = Bundle::open(&dir).unwrap_err();
+    assert!(matches!(err, BundleError::File(_)), "{err}");
+}

@@ -1,0 +1,289 @@
+use super::*;
+
+fn a(role: IoRole, layer: Option<usize>, head: Option<usize>) -> Assigned {
+    Assigned { role, layer, head }
+}
+
+fn gn<'a>(name: &'a str, inputs: &[&'a str], outputs: &[&'a str]) -> GraphNames<'a> {
+    GraphNames {
+        name,
+        inputs: inputs.to_vec(),
+        outputs: outputs.to_vec(),
+    }
+}
+
+const AIHUB_IN: &[&str] = &[
+    "input_ids",
+    "attention_mask",
+    "position_ids_cos",
+    "position_ids_sin",
+    "past_key_0_in",
+    "past_value_0_in",
+];
+const AIHUB_OUT: &[&str] = &[
+    "_model_layers_0_Add_1_output_0",
+    "past_key_0_out",
+    "past_value_0_out",
+];
+
+#[test]
+fn htpkv_names_give_roles_per_layer_and_per_head() {
+    let c = Convention::preset("htpkv").unwrap();
+    let (ins, outs) = c
+        .assign(
+            "ar1_cl64",
+            &[
+                "input_ids",
+                "positions",
+                "mask",
+                "past_key_3_1",
+                "past_value_0",
+            ],
+            &["logits", "new_key_3_1", "new_value_0"],
+        )
+        .unwrap();
+    assert_eq!(ins[0], a(IoRole::InputIds, None, None));
+    assert_eq!(ins[2], a(IoRole::Mask, None, None));
+    assert_eq!(ins[3], a(IoRole::PastKey, Some(3), Some(1)));
+    assert_eq!(ins[4], a(IoRole::PastValue, Some(0), None));
+    assert_eq!(outs[1], a(IoRole::NewKey, Some(3), Some(1)));
+    assert_eq!(c.graph_name("ar1_cl64").unwrap().parts, 1);
+}
+
+#[test]
+fn aihub_names_parts_and_the_hidden_state() {
+    let c = Convention::preset("aihub").unwrap();
+    let (ins, outs) = c.assign("g", AIHUB_IN, AIHUB_OUT).unwrap();
+    assert_eq!(ins[2].role, IoRole::RopeCos);
+    assert_eq!(ins[3].role, IoRole::RopeSin);
+    assert_eq!(ins[4], a(IoRole::PastKey, Some(0), None));
+    assert_eq!(outs[0].role, IoRole::HiddenOut);
+    assert_eq!(outs[2], a(IoRole::NewValue, Some(0), None));
+    let g = c.graph_name("prompt_ar128_cl4096_2_of_3").unwrap();
+    assert_eq!(
+        g,
+        GraphName {
+            part: 1,
+            parts: 3,
+            ar: Some(128),
+            context: Some(4096)
+        }
+    );
+    // Older Llama-2 exports: K/V per head.
+    let (ins, _) = c.assign("g", &["past_key_2_h5_in"], &["logits"]).unwrap();
+    assert_eq!(ins[0], a(IoRole::PastKey, Some(2), Some(5)));
+}
+
+#[test]
+fn two_unclaimed_tensors_are_an_error_naming_them() {
+    let c = Convention::preset("aihub").unwrap();
+    let err = c
+        .assign("g", &["input_ids", "foo", "bar"], &["logits"])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("foo, bar"), "{err}");
+    assert!(err.contains("hidden state"), "{err}");
+}
+
+#[test]
+fn bad_part_numbers_are_refused() {
+    let c = Convention::preset("aihub").unwrap();
+    for name in ["token_ar1_cl4096_0_of_3", "token_ar1_cl4096_4_of_3"] {
+        let err = c.graph_name(name).unwrap_err().to_string();
+        assert!(err.contains("is not a part"), "{name}: {err}");
+    }
+    assert!(c.graph_name("ar1_cl64").is_err());
+}
+
+#[test]
+fn executorch_io_is_found_by_index() {
+    let c = Convention::preset("executorch").unwrap();
+    let ins = ["t", "m", "p", "k0", "k1", "v0", "v1"];
+    let outs = ["l", "k0", "k1", "v0", "v1"];
+    let (i, o) = c.assign("kv_forward", &ins, &outs).unwrap();
+    assert_eq!(i[0].role, IoRole::InputIds);
+    assert_eq!(i[1].role, IoRole::Mask);
+    assert_eq!(i[2].role, IoRole::Positions);
+    assert_eq!(i[4], a(IoRole::PastKey, Some(1), None));
+    assert_eq!(i[5], a(IoRole::PastValue, Some(0), None));
+    assert_eq!(o[4], a(IoRole::NewValue, Some(1), None));
+    assert_eq!(c.mask, MaskEncoding::AttendMax);
+    // An odd number of K/V inputs does not split into layers.
+    let err = c.assign("kv_forward", &ins[..6], &outs).unwrap_err();
+    assert!(err.to_string().contains("do not fit"), "{err}");
+}
+
+#[test]
+fn detection_picks_the_one_fitting_preset() {
+    let htpkv = [gn(
+        "ar1_cl64",
+        &[
+            "input_ids",
+            "positions",
+            "attention_mask",
+            "past_key_0",
+            "past_value_0",
+        ],
+        &["logits", "new_key_0", "new_value_0"],
+    )];
+    assert_eq!(detect(&htpkv).unwrap().name, "htpkv");
+    let aihub = [gn("token_ar1_cl4096_1_of_3", AIHUB_IN, AIHUB_OUT)];
+    assert_eq!(detect(&aihub).unwrap().name, "aihub");
+    let et = [gn(
+        "kv_forward",
+        &["a", "b", "c", "d", "e"],
+        &["l", "d", "e"],
+    )];
+    assert_eq!(detect(&et).unwrap().name, "executorch");
+    let none = [gn("x", &["a", "b"], &["c", "d"])];
+    let err = detect(&none).unwrap_err().to_string();
+    assert!(err.contains("no preset"), "{err}");
+}
+
+#[test]
+fn ambiguous_names_are_an_error_naming_the_candidates() {
+    // A graph named like ExecuTorch's whose tensors also read as htpkv's.
+    let both = [gn(
+        "kv_forward",
+        &[
+            "input_ids",
+            "attention_mask",
+            "positions",
+            "past_key_0",
+            "past_value_0",
+        ],
+        &["logits", "new_key_0", "new_value_0"],
+    )];
+    let err = detect(&both).unwrap_err().to_string();
+    assert!(err.contains("htpkv, executorch"), "{err}");
+}
+
+#[test]
+fn yaml_conventions_parse_and_reject_unknown_fields() {
+    let yaml = "name: mine\ngraphs: ['{phase}_n{ar}_p{part}of{parts}']\nmask: attend_max\nio:\n  by_name:\n    tokens: [ids]\n    mask: [m]\n    positions: [pos]\n    logits: [out]\n    past_key: ['k{layer}']\n    past_value: ['v{layer}']\n    new_key: ['nk{layer}']\n    new_value: ['nv{layer}']\n";
+    let c = Convention::from_yaml(yaml, "mine.yaml").unwrap();
+    assert_eq!(c.mask, MaskEncoding::AttendMax);
+    let g = c.graph_name("decode_n1_p2of2").unwrap();
+    assert_eq!((g.part, g.parts, g.ar), (1, 2, Some(1)));
+    let (ins, _) = c.assign("decode_n1_p2of2", &["k12"], &["out"]).unwrap();
+    assert_eq!(ins[0], a(IoRole::PastKey, Some(12), None));
+
+    let unknown = yaml.replace("mask: attend_max", "mask: attend_max\ncolour: blue");
+    let err = Convention::from_yaml(&unknown, "mine.yaml").unwrap_err();
+    assert!(err.to_string().contains("mine.yaml"), "{err}");
+    let source = std::error::Error::source(&err).unwrap().to_string();
+    assert!(source.contains("colour"), "{source}");
+}
+
+#[test]
+fn malformed_patterns_are_refused() {
+    for (pattern, reason) in [
+        ("k{layer", "not closed"),
+        ("k{layr}", "not a field"),
+        ("k{layer}{head}", "separated"),
+        ("k{layer}_{layer}", "twice"),
+        ("k}", "no `{`"),
+    ] {
+        let yaml = format!("name: x\nio:\n  by_name:\n    past_key: ['{pattern}']\n");
+        let err = Convention::from_yaml(&yaml, "x").unwrap_err().to_string();
+        assert!(err.contains(reason), "{pattern}: {err}");
+    }
+    // A field of graph names is not a field of tensor names.
+    let yaml = "name: x\nio:\n  by_name:\n    tokens: ['ids{ar}']\n";
+    assert!(Convention::from_yaml(yaml, "x").is_err());
+}
+
+#[test]
+fn huge_numbers_in_names_do_not_match_or_overflow() {
+    let c = Convention::preset("htpkv").unwrap();
+    let long = format!("past_key_{}", "9".repeat(40));
+    let err = c.assign("g", &[&long, "x"], &["logits"]).unwrap_err();
+    assert!(err.to_string().contains("match no role"), "{err}");
+}
+
+#[test]
+fn unknown_presets_and_missing_files_are_errors() {
+    let err = Convention::named_or_file("qualcomm")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("presets"), "{err}");
+}
+
+#[test]
+fn labels_name_role_layer_and_head() {
+    assert_eq!(
+        role_label(&a(IoRole::PastKey, Some(3), Some(1))),
+        "past K layer 3 head 1"
+    );
+    assert_eq!(
+        role_label(&a(IoRole::HiddenOut, None, None)),
+        "hidden state out"
+    );
+}
+
+#[test]
+fn rope_tables_rotate_like_the_model_rope() {
+    let cfg = model::RopeConfig {
+        theta: 10000.0,
+        scaling: Some(model::Llama3Scaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_context: 64,
+        }),
+        pairing: model::RopePairing::HalfSplit,
+    };
+    let width = 4;
+    let rope = model::ops::Rope::new(2 * width, &cfg);
+    let positions = [0, 3, 17];
+    let spec = quant::QuantSpec::float(quant::DataType::F32).unwrap();
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    rope_table(&rope, &positions, false, &spec, &mut cos).unwrap();
+    rope_table(&rope, &positions, true, &spec, &mut sin).unwrap();
+    let f = |b: &[u8], i: usize| f32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap());
+    for (row, &p) in positions.iter().enumerate() {
+        // Rotating the unit vector of each pair gives (cos, sin) of that pair's angle.
+        for k in 0..width {
+            let mut head = vec![0.0f32; 2 * width];
+            head[k] = 1.0;
+            rope.rotate(&mut head, p as usize);
+            assert_eq!(head[k], f(&cos, row * width + k), "cos pos {p} pair {k}");
+            assert_eq!(
+                head[k + width],
+                f(&sin, row * width + k),
+                "sin pos {p} pair {k}"
+            );
+        }
+    }
+    // Fixed-point tables are the same numbers quantized.
+    let u16spec = quant::QuantSpec::per_tensor(
+        quant::DataType::U16,
+        quant::ScaleOffset::new(2.0 / 65535.0, -32768).unwrap(),
+    )
+    .unwrap();
+    let mut q = Vec::new();
+    rope_table(&rope, &positions, false, &u16spec, &mut q).unwrap();
+    assert_eq!(q.len(), positions.len() * width * 2);
+    let mut back = vec![0.0; positions.len() * width];
+    quant::decode_bytes_to_f32(&q, &u16spec, &mut back).unwrap();
+    for (i, v) in back.iter().enumerate() {
+        assert!((v - f(&cos, i)).abs() < 1e-4, "{i}: {v}");
+    }
+}
+
+#[test]
+fn attend_max_masks_use_the_type_extremes() {
+    let values = [0.0, f32::NEG_INFINITY, 0.0, -50.0];
+    let mut out = vec![0u8; 8];
+    attend_max_mask(&values, quant::DataType::U16, &mut out).unwrap();
+    let got: Vec<u16> = out
+        .chunks(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    assert_eq!(got, [65535, 0, 65535, 0]);
+    let mut out = vec![0u8; 4];
+    attend_max_mask(&values, quant::DataType::U8, &mut out).unwrap();
+    assert_eq!(out, [255, 0, 255, 0]);
+    // A wrong-sized buffer is an error, not a panic.
+    assert!(attend_max_mask(&values, quant::DataType::U8, &mut [0u8; 3]).is_err());
+}
