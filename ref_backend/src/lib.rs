@@ -48,6 +48,7 @@ mod compile;
 mod error;
 mod exec;
 pub mod format;
+mod kernels;
 mod model;
 mod options;
 mod types;

@@ -4,6 +4,7 @@ use kv_manager::{KvIo, KvTensor, TensorKind};
 use model::{LayerTensor, LlamaConfig, Tensor};
 use quant::{DataType, Encoding, QuantError, QuantSpec, ScaleOffset, Symmetry};
 
+use crate::kernels;
 use crate::options::CompileOptions;
 use crate::types::{Granularity, KLayout, TensorDesc, TensorRole};
 
@@ -165,13 +166,14 @@ impl Matrix {
         }
     }
 
-    /// `out = W[row0 .. row0 + out.len()] · x`.
+    /// `out = W[row0 .. row0 + out.len()] · x` (one token: [`Matrix::matmul`] with `n = 1`).
     ///
-    /// Float matrices: f32 dot products (`llama2c::dot`, the float model's kernel).
+    /// Float matrices: f32 dot products (`llama2c::matmul`, the float model's kernel).
     /// i8 matrices: `x` is quantized to i16 with `act` (static encoding; `qbuf` is scratch of
-    /// at least `x.len()`), each row is accumulated in integers (i32 partial sums over
-    /// [`I32_CHUNK`] products, which cannot overflow, summed in i64), the activation offset is
-    /// applied as `offset * Σ q_w` in i64, and the result is rescaled once:
+    /// at least `x.len()`), each row is accumulated in integers (i32 partial sums over at most
+    /// [`I32_CHUNK`] products, which cannot overflow, summed in i64; see
+    /// [`crate::kernels`]), the activation offset is applied as `offset * Σ q_w` in i64, and
+    /// the result is rescaled once:
     /// `out[r] = (acc + offset * rowsum[r]) * act.scale * scales[r]` (the i64 → f32 conversion
     /// and two f32 multiplications are the only rounding after the activation quantization).
     pub(crate) fn matvec(
@@ -187,41 +189,107 @@ impl Matrix {
                 let w = &w[row0 * cols..(row0 + out.len()) * cols];
                 llama2c::matmul(out, x, w);
             }
-            Matrix::I8 {
-                cols,
-                scales,
-                q,
-                row_sums,
-                ..
-            } => {
-                let cols = *cols;
-                // An i8 model always carries activation encodings (compile and the file reader
-                // guarantee it); the fallback is the identity-ish unit encoding.
-                let so = act.unwrap_or(ScaleOffset {
-                    scale: 1.0,
-                    offset: 0,
-                });
-                let qa = &mut qbuf[..cols];
-                for (d, &v) in qa.iter_mut().zip(x) {
-                    *d = quant::quantize::<i16>(v, so);
+            Matrix::I8 { .. } => self.matmul_i8(row0, out, x, act, qbuf),
+        }
+    }
+
+    /// `n` tokens at once: `out[t * m + r] = W[row0 + r] · x[t * cols ..]` for `t < n` and
+    /// `r < m = out.len() / n`, exactly as `n` calls of [`Matrix::matvec`] would compute them,
+    /// but every weight row is read once for all tokens. `qbuf` is scratch of at least
+    /// `x.len()` i16 and `tbuf` of at least `out.len()` f32.
+    ///
+    /// # Panics
+    /// If `n == 0` or `x` / `out` are not `n` rows of the matrix's columns / of `m`.
+    #[allow(clippy::too_many_arguments)]
+    #[cfg_attr(
+        not(test),
+        expect(
+            dead_code,
+            reason = "wired into the shared forward's `linear` with H1's exec"
+        )
+    )]
+    pub(crate) fn matmul(
+        &self,
+        row0: usize,
+        n: usize,
+        out: &mut [f32],
+        x: &[f32],
+        act: Option<ScaleOffset>,
+        qbuf: &mut [i16],
+        tbuf: &mut [f32],
+    ) {
+        let cols = self.cols();
+        assert!(
+            n > 0 && x.len() == n * cols && out.len().is_multiple_of(n),
+            "Matrix::matmul: {} inputs / {} outputs are not {n} tokens of {cols} columns",
+            x.len(),
+            out.len()
+        );
+        let m = out.len() / n;
+        match self {
+            Matrix::Float { .. } => {
+                for (o, xt) in out.chunks_exact_mut(m).zip(x.chunks_exact(cols)) {
+                    self.matvec(row0, o, xt, act, qbuf);
                 }
-                let off = i64::from(so.offset);
-                for (r, o) in out.iter_mut().enumerate() {
-                    let row = row0 + r;
-                    let wr = &q[row * cols..(row + 1) * cols];
-                    let mut acc: i64 = 0;
-                    for (wc, ac) in wr.chunks(I32_CHUNK).zip(qa.chunks(I32_CHUNK)) {
-                        let mut s: i32 = 0;
-                        for (&a, &b) in wc.iter().zip(ac) {
-                            s += i32::from(a) * i32::from(b);
-                        }
-                        acc += i64::from(s);
+            }
+            Matrix::I8 { .. } if n == 1 => self.matmul_i8(row0, out, x, act, qbuf),
+            Matrix::I8 { .. } => {
+                // The kernel writes row-major by weight row; transpose to token-major.
+                let t = &mut tbuf[..out.len()];
+                self.matmul_i8(row0, t, x, act, qbuf);
+                for (r, tr) in t.chunks_exact(n).enumerate() {
+                    for (i, &v) in tr.iter().enumerate() {
+                        out[i * m + r] = v;
                     }
-                    acc += off * row_sums[row];
-                    *o = acc as f32 * so.scale * scales[row];
                 }
             }
         }
+    }
+
+    fn cols(&self) -> usize {
+        match self {
+            Matrix::I8 { cols, .. } | Matrix::Float { cols, .. } => *cols,
+        }
+    }
+
+    /// The i8 path: quantizes the `n = x.len() / cols` tokens of `x` and writes
+    /// `out[r * n + t]` (row-major by weight row).
+    fn matmul_i8(
+        &self,
+        row0: usize,
+        out: &mut [f32],
+        x: &[f32],
+        act: Option<ScaleOffset>,
+        qbuf: &mut [i16],
+    ) {
+        let Matrix::I8 {
+            cols,
+            scales,
+            q,
+            row_sums,
+            ..
+        } = self
+        else {
+            unreachable!("matmul_i8 on a float matrix")
+        };
+        let cols = *cols;
+        // An i8 model always carries activation encodings (compile and the file reader
+        // guarantee it); the fallback is the identity-ish unit encoding.
+        let so = act.unwrap_or(ScaleOffset {
+            scale: 1.0,
+            offset: 0,
+        });
+        let qa = &mut qbuf[..x.len()];
+        for (d, &v) in qa.iter_mut().zip(x) {
+            *d = quant::quantize::<i16>(v, so);
+        }
+        let rows = out.len() / (x.len() / cols).max(1);
+        let w = &q[row0 * cols..(row0 + rows) * cols];
+        let off = i64::from(so.offset);
+        kernels::matmul_i8_i16(w, qa, cols, out, |r, acc| {
+            let row = row0 + r;
+            (acc + off * row_sums[row]) as f32 * so.scale * scales[row]
+        });
     }
 }
 
@@ -517,6 +585,18 @@ mod tests {
             panic!("not i8")
         };
         for r in 0..rows {
+            // Bit-exact: the scalar definition, summed in i64, rescaled once.
+            let wr = &q[r * cols..(r + 1) * cols];
+            let exact: i64 = wr
+                .iter()
+                .zip(&x)
+                .map(|(&wq, &xv)| i64::from(wq) * i64::from(quant::quantize::<i16>(xv, so)))
+                .sum::<i64>()
+                + i64::from(so.offset) * wr.iter().map(|&v| i64::from(v)).sum::<i64>();
+            assert_eq!(
+                out[r].to_bits(),
+                (exact as f32 * so.scale * scales[r]).to_bits()
+            );
             // Oracle: f64 sum of dequantized weights times dequantized activations.
             let mut want = 0.0f64;
             for c in 0..cols {
@@ -536,6 +616,36 @@ mod tests {
             assert!(
                 (f - want).abs() < 0.05 * f.abs().max(1.0),
                 "row {r}: {f} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn batched_matmul_equals_one_matvec_per_token() {
+        let (rows, cols, n) = (37, 600, 5);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
+            .collect();
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 13 % 29) as f32) / 7.0 - 1.0)
+            .collect();
+        let so = ScaleOffset::from_range(-1.0, 3.0, DataType::I16, Symmetry::Asymmetric).unwrap();
+        let (row0, m) = (3, 30);
+        for mat in [
+            Matrix::quantize_i8(&w, rows, cols).unwrap(),
+            Matrix::float(&w, rows, cols, false),
+        ] {
+            let mut qbuf = vec![0i16; n * cols];
+            let mut want = vec![0.0f32; n * m];
+            for (o, xt) in want.chunks_exact_mut(m).zip(x.chunks_exact(cols)) {
+                mat.matvec(row0, o, xt, Some(so), &mut qbuf);
+            }
+            let mut got = vec![f32::NAN; n * m];
+            let mut tbuf = vec![0.0f32; n * m];
+            mat.matmul(row0, n, &mut got, &x, Some(so), &mut qbuf, &mut tbuf);
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
             );
         }
     }
