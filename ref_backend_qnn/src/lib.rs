@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use qnn_ffi::bindings as b;
 use qnn_ffi::{DataType, OwnedRawTensor, Quantization, TensorInfo, TensorType};
-use ref_backend::{CompiledModel, TensorDType, TensorDesc};
+use ref_backend::{CompiledModel, TensorDType, TensorDesc, TensorRole};
 
 /// Backend id reported by the provider and in binary info ("HTKV").
 pub const BACKEND_ID: u32 = 0x4854_4B56;
@@ -472,7 +472,12 @@ unsafe extern "C" fn graph_retrieve(
         let Some(ctx) = s.contexts.get(&key(context)) else {
             return code(b::QNN_GRAPH_ERROR_INVALID_HANDLE);
         };
-        let Some(index) = ctx.model.graphs().iter().position(|g| g.name() == name) else {
+        let Some(index) = ctx
+            .model
+            .graphs()
+            .iter()
+            .position(|g| reported_graph_name(g) == name)
+        else {
             let backend = ctx.backend;
             s.emit(
                 Some(backend),
@@ -537,10 +542,10 @@ unsafe fn resolve(
     if !v1.name.is_null() {
         // SAFETY: caller's contract.
         let name = unsafe { CStr::from_ptr(v1.name) };
-        if name.to_bytes() != desc.name.as_bytes() {
+        if name.to_bytes() != reported_tensor_name(desc).as_bytes() {
             return bad(format!(
                 "expected tensor `{}` at this position, got `{}`",
-                desc.name,
+                reported_tensor_name(desc),
                 name.to_string_lossy()
             ));
         }
@@ -989,7 +994,7 @@ pub fn tensor_info(desc: &TensorDesc, id: u32, tensor_type: TensorType) -> Tenso
     };
     TensorInfo {
         id,
-        name: desc.name.clone(),
+        name: reported_tensor_name(desc),
         tensor_type,
         dtype: data_type(desc),
         shape: desc.shape.iter().map(|&d| d as u32).collect(),
@@ -1006,6 +1011,48 @@ pub const LAYOUT_ENV: &str = "HTPKV_REF_QNN_LAYOUT";
 /// real HTP backend does (`QNN_MEM_ERROR_UNSUPPORTED_MEMTYPE`), accepting only shared buffers
 /// (fd + offset) and client buffers.
 pub const STRICT_ENV: &str = "HTPKV_REF_QNN_STRICT";
+
+/// Environment variable: `aihub` makes the library report graphs and tensors under the names
+/// Qualcomm AI Hub's LLM exports use — graphs `{token|prompt}_ar{n}_cl{S}_1_of_1`, `position_ids`,
+/// `past_key_{layer}_in` / `_out`, `past_value_{layer}_in` / `_out` (per head:
+/// `past_key_{layer}_h{head}_in`, …) — so that the runtime's `aihub` IO convention is exercised on
+/// real context binaries; unset or `htpkv`: htpkv's own names.
+pub const NAMES_ENV: &str = "HTPKV_REF_QNN_NAMES";
+
+fn aihub_names() -> bool {
+    std::env::var(NAMES_ENV).as_deref() == Ok("aihub")
+}
+
+/// The name graph `g` is reported and retrieved under (see [`NAMES_ENV`]).
+pub fn reported_graph_name(g: &ref_backend::Graph) -> String {
+    if !aihub_names() {
+        return g.name().to_string();
+    }
+    let phase = if g.ar() == 1 { "token" } else { "prompt" };
+    format!("{phase}_ar{}_cl{}_1_of_1", g.ar(), g.context())
+}
+
+/// The name tensor `desc` is reported under (see [`NAMES_ENV`]).
+pub fn reported_tensor_name(desc: &TensorDesc) -> String {
+    if !aihub_names() {
+        return desc.name.clone();
+    }
+    let kv = |what: &str, dir: &str| {
+        let layer = desc.layer.unwrap_or(0);
+        match desc.head {
+            Some(h) => format!("past_{what}_{layer}_h{h}_{dir}"),
+            None => format!("past_{what}_{layer}_{dir}"),
+        }
+    };
+    match desc.role {
+        TensorRole::Positions => "position_ids".into(),
+        TensorRole::PastKey => kv("key", "in"),
+        TensorRole::PastValue => kv("value", "in"),
+        TensorRole::NewKey => kv("key", "out"),
+        TensorRole::NewValue => kv("value", "out"),
+        TensorRole::InputIds | TensorRole::Mask | TensorRole::Logits => desc.name.clone(),
+    }
+}
 
 fn strict() -> bool {
     std::env::var(STRICT_ENV).as_deref() == Ok("1")
@@ -1175,7 +1222,7 @@ fn build_sys_info(model: &CompiledModel, binary_bytes: u64, layout: Layout) -> O
         let outs = raw_tensors(g.outputs(), &mut id, TensorType::AppRead, layout)?;
         tensors.push(ins.iter().map(OwnedRawTensor::raw).collect::<Vec<_>>());
         tensors.push(outs.iter().map(OwnedRawTensor::raw).collect::<Vec<_>>());
-        names.push(CString::new(g.name()).ok()?);
+        names.push(CString::new(reported_graph_name(g)).ok()?);
         blobs.push(graph_blob(g.scratch_bytes()));
         owned.extend(ins);
         owned.extend(outs);
