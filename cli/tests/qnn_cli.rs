@@ -447,6 +447,24 @@ fn foreign_binaries_need_a_qnn_backend_and_a_fitting_convention() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("convention `aihub`"), "{err}");
 
+    // Two binaries load as two contexts; the same graphs twice are not the parts of one model.
+    let twice = format!("{0},{0}", compiled().to_str().unwrap());
+    let args = [
+        "generate",
+        "--compiled",
+        &twice,
+        "--tokenizer",
+        tok.to_str().unwrap(),
+        "--backend",
+        "qnn",
+        "--qnn-backend",
+        lib.to_str().unwrap(),
+    ];
+    let o = htpkv(&args, &[]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("parts [0, 0] of 1"), "{err}");
+
     // A bundle whose config disagrees with its binaries is refused.
     let config = dir.join("genie_config.json");
     let text = std::fs::read_to_string(&config).unwrap();
