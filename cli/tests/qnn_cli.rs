@@ -560,3 +560,50 @@ fn ai_hub_names_are_detected_and_give_the_same_tokens() {
     assert_eq!(detected["tokens"], own["tokens"]);
     assert_eq!(detected["stop"], own["stop"]);
 }
+
+#[test]
+fn executorch_layout_is_detected_by_index_and_gives_the_same_tokens() {
+    let lib = library("libhtpkv_ref_qnn.so");
+    let file = compiled_per_layer().to_str().unwrap();
+    let env = [("HTPKV_REF_QNN_NAMES", "executorch")];
+    let inspect = ok_json(&htpkv(
+        &[
+            "inspect",
+            file,
+            "--qnn-system",
+            lib.to_str().unwrap(),
+            "--json",
+        ],
+        &env,
+    ));
+    let kv = &inspect["graphs"][0];
+    assert_eq!(kv["name"], "kv_forward");
+    let roles: Vec<&str> = kv["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles[..5],
+        [
+            "token ids",
+            "attention mask",
+            "position ids",
+            "past K layer 0",
+            "past K layer 1"
+        ]
+    );
+    assert_eq!(roles[8], "past V layer 0");
+    // K: [1, kv_heads, head_dim, S-n].
+    assert_eq!(kv["inputs"][3]["dims"], serde_json::json!([1, 4, 8, 63]));
+    let tok = bundle("et-tok", "2").join("tokenizer.json");
+    let mut args = vec!["generate", "--compiled", file, "--steps", "40", "--json"];
+    args.extend(["--backend", "qnn", "--qnn-backend", lib.to_str().unwrap()]);
+    let own = ok_json(&htpkv(&args, &[]));
+    args.extend(["--tokenizer", tok.to_str().unwrap()]);
+    let et = ok_json(&htpkv(&args, &env));
+    assert_eq!(et["convention"], "executorch");
+    assert_eq!(et["tokens"], own["tokens"]);
+    assert_eq!(et["stop"], own["stop"]);
+}
