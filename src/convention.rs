@@ -616,24 +616,22 @@ pub fn attend_max_mask(
 
 /// Writes the RoPE cos (or sin) table of a step into `out`, encoded with `spec`: row `i` holds
 /// `cos(positions[i] · f_k)` for the `rope.frequencies()` `f_k` (the table's width is the number of
-/// frequencies, half the rotated head width). One RoPE definition: [`model::ops::Rope`].
+/// frequencies, half the rotated head width), exactly as [`model::ops::Rope::cos_sin`] makes them
+/// for the shared forward (one RoPE definition). Negative positions (never planned) count as 0.
 pub fn rope_table(
     rope: &model::ops::Rope,
     positions: &[i32],
-    sin: bool,
+    want_sin: bool,
     spec: &quant::QuantSpec,
     out: &mut Vec<u8>,
 ) -> Result<(), quant::QuantError> {
-    let freqs = rope.frequencies();
-    let values: Vec<f32> = positions
-        .iter()
-        .flat_map(|&p| {
-            freqs.iter().map(move |f| {
-                let angle = p as f32 * f;
-                if sin { angle.sin() } else { angle.cos() }
-            })
-        })
-        .collect();
+    let width = rope.frequencies().len();
+    let (mut cos, mut sin) = (vec![0.0; width], vec![0.0; width]);
+    let mut values = Vec::with_capacity(positions.len() * width);
+    for &p in positions {
+        rope.cos_sin(p.max(0) as usize, &mut cos, &mut sin);
+        values.extend_from_slice(if want_sin { &sin } else { &cos });
+    }
     out.resize(values.len() * spec.dtype.size_bytes(), 0);
     quant::encode_f32_to_bytes(&values, spec, out)
 }

@@ -1,7 +1,8 @@
 //! Split models through the session: a backend whose every AR variant is two parts — part 1 turns
-//! the token ids and positions into a "hidden state", part 2 takes it with the mask and every K/V
-//! tensor and writes u16-quantized logits — gives exactly the whole model's logits (quantized the
-//! same way), step for step and token for token.
+//! the token ids and positions into a "hidden state", part 2 takes it with the mask, RoPE cos/sin
+//! tables (checked against the positions it was given) and every K/V tensor and writes
+//! u16-quantized logits — gives exactly the whole model's logits (quantized the same way), step for
+//! step and token for token.
 
 use htpkv::backend::{
     Backend, BackendError, GraphDesc, InputBuffer, IoRole, IoTensor, OutputBuffer, PartOf,
@@ -58,6 +59,7 @@ impl Split {
             let find = |r| g.inputs.iter().find(|t| t.role == r).unwrap().clone();
             let (ids, pos) = (find(IoRole::InputIds), find(IoRole::Positions));
             let hidden_bytes = ids.byte_size() + pos.byte_size();
+            let n = ids.shape[ids.shape.len() - 1];
             sizes.push((ids.byte_size(), pos.byte_size()));
             let hidden = |role| IoTensor {
                 name: format!("hidden_{}", g.name),
@@ -81,7 +83,20 @@ impl Split {
                 part: PartOf { index: 0, count: 2 },
                 mask: g.mask,
             };
-            let mut inputs = vec![hidden(IoRole::HiddenIn)];
+            let table = |role, name: &str| IoTensor {
+                name: name.into(),
+                role,
+                layer: None,
+                head: None,
+                shape: vec![1, 1, n, HEAD_DIM / 2],
+                dtype: IoDType::Quant(DataType::F32),
+                quant: Some(QuantSpec::float(DataType::F32).unwrap()),
+            };
+            let mut inputs = vec![
+                hidden(IoRole::HiddenIn),
+                table(IoRole::RopeCos, "position_ids_cos"),
+                table(IoRole::RopeSin, "position_ids_sin"),
+            ];
             inputs.extend(
                 g.inputs
                     .iter()
@@ -158,8 +173,16 @@ impl Backend for Split {
         if hidden.len != ids + pos {
             return Err(err(format!("hidden state of {} bytes", hidden.len)));
         }
+        // SAFETY: the hidden buffer holds ids then positions (part 1 wrote them), and the tables are
+        // valid for their declared lengths during the call.
+        let (positions, cos, sin) = unsafe {
+            let bytes = |b: InputBuffer| std::slice::from_raw_parts(b.ptr, b.len);
+            let pos = std::slice::from_raw_parts(hidden.ptr.add(ids), pos);
+            (pos, bytes(inputs[1]), bytes(inputs[2]))
+        };
+        check_tables(positions, cos, sin)?;
         let g = &self.inner.graphs()[inner];
-        let mut rest = inputs[1..].iter();
+        let mut rest = inputs[3..].iter();
         let mut inner_in = Vec::new();
         for t in &g.inputs {
             inner_in.push(match t.role {
@@ -197,6 +220,37 @@ impl Backend for Split {
     }
 }
 
+/// stories260K's head width and RoPE base.
+const HEAD_DIM: usize = 8;
+
+fn rope() -> model::RopeConfig {
+    model::RopeConfig {
+        theta: 10000.0,
+        scaling: None,
+        pairing: model::RopePairing::Adjacent,
+    }
+}
+
+/// The tables the session fed are those of the positions the step runs at.
+fn check_tables(positions: &[u8], cos: &[u8], sin: &[u8]) -> Result<(), BackendError> {
+    let rope = model::ops::Rope::new(HEAD_DIM, &rope());
+    let half = HEAD_DIM / 2;
+    let f = |b: &[u8], i: usize| f32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap());
+    let (mut c, mut s) = (vec![0.0; half], vec![0.0; half]);
+    for (row, p) in positions.chunks_exact(4).enumerate() {
+        let p = i32::from_le_bytes(p.try_into().unwrap());
+        rope.cos_sin(p as usize, &mut c, &mut s);
+        for k in 0..half {
+            if f(cos, row * half + k) != c[k] || f(sin, row * half + k) != s[k] {
+                return Err(err(format!(
+                    "RoPE tables of row {row} are not position {p}'s"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// What the whole model's logits become through the split model's u16 logits.
 fn through_u16(logits: &[f32]) -> Vec<f32> {
     let spec = logits_spec();
@@ -215,7 +269,8 @@ fn a_two_part_model_gives_the_whole_models_logits() {
         let mut whole = Session::new(ReferenceBackend::new(model.clone()), strategy, &alloc)
             .expect("whole session");
         let split = Split::new(ReferenceBackend::new(model.clone()), false);
-        let mut parts = Session::new(split, strategy, &alloc).expect("split session");
+        let mut parts =
+            Session::with_rope(split, strategy, &alloc, Some(rope())).expect("split session");
         assert_eq!(parts.capacity(), whole.capacity());
         let prompt: Vec<u32> = vec![1, 403, 407, 261, 378, 130, 429, 289, 302, 351, 400];
         let a = through_u16(whole.prefill(&prompt).unwrap());
@@ -233,10 +288,18 @@ fn a_two_part_model_gives_the_whole_models_logits() {
 }
 
 #[test]
+fn tables_without_a_rope_config_are_refused() {
+    let split = Split::new(ReferenceBackend::new(compiled()), false);
+    let err = Session::new(split, Strategy::SmartMask, &HostAllocator::default()).unwrap_err();
+    assert!(err.to_string().contains("takes RoPE tables"), "{err}");
+}
+
+#[test]
 fn a_missing_part_is_refused_by_name() {
     let model = compiled();
     let split = Split::new(ReferenceBackend::new(model), true);
-    let err = Session::new(split, Strategy::SmartMask, &HostAllocator::default()).unwrap_err();
+    let alloc = HostAllocator::default();
+    let err = Session::with_rope(split, Strategy::SmartMask, &alloc, Some(rope())).unwrap_err();
     assert!(matches!(err, SessionError::Graphs(_)), "{err}");
     assert!(err.to_string().contains("parts [1] of 2"), "{err}");
 }

@@ -22,8 +22,9 @@ pub struct GenerateArgs {
     #[arg(long)]
     model_dir: Option<PathBuf>,
     /// A compiled model file to run instead of compiling; with --backend qnn, one or more context
-    /// binaries made by any tool (the parts of a split model), read under --convention.
-    #[arg(long, num_args = 1..)]
+    /// binaries made by any tool (the parts of a split model: repeat the option or separate the
+    /// files with commas), read under --convention.
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Append)]
     compiled: Vec<PathBuf>,
     /// Run a Genie bundle (genie_config.json, the context binaries it lists, tokenizer.json) with
     /// --backend qnn; no checkpoint or weights are needed.

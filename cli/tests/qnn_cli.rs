@@ -367,6 +367,9 @@ fn bundle(name: &str, eos: &str) -> PathBuf {
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/stories260K/tok512.bin");
     let tok = llama2c::Tokenizer::load(&model, 512).unwrap();
     let mut vocab = serde_json::Map::new();
+    // llama2.c spells BOS and EOS with newlines around them; name them as tokenizer.json files do.
+    vocab.insert("<s>".into(), 1.into());
+    vocab.insert("</s>".into(), 2.into());
     for id in 0..512u32 {
         let piece = String::from_utf8_lossy(tok.piece(id).unwrap()).into_owned();
         vocab.entry(piece).or_insert(id.into());
@@ -444,6 +447,24 @@ fn foreign_binaries_need_a_qnn_backend_and_a_fitting_convention() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("convention `aihub`"), "{err}");
 
+    // Two binaries load as two contexts; the same graphs twice are not the parts of one model.
+    let twice = format!("{0},{0}", compiled().to_str().unwrap());
+    let args = [
+        "generate",
+        "--compiled",
+        &twice,
+        "--tokenizer",
+        tok.to_str().unwrap(),
+        "--backend",
+        "qnn",
+        "--qnn-backend",
+        lib.to_str().unwrap(),
+    ];
+    let o = htpkv(&args, &[]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("parts [0, 0] of 1"), "{err}");
+
     // A bundle whose config disagrees with its binaries is refused.
     let config = dir.join("genie_config.json");
     let text = std::fs::read_to_string(&config).unwrap();
@@ -460,4 +481,129 @@ fn foreign_binaries_need_a_qnn_backend_and_a_fitting_convention() {
     let o = htpkv(&args, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("declares context 128"), "{err}");
+}
+
+/// stories260K compiled the way AI Hub lays out K/V: one tensor per layer, K transposed
+/// (`[kv_heads, 1, head_dim, S-n]`).
+fn compiled_per_layer() -> &'static Path {
+    static FILE: OnceLock<PathBuf> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let out = scratch().join("s64-per-layer.htpkv");
+        let o = htpkv(
+            &[
+                "compile",
+                "--context",
+                "64",
+                "--ar",
+                "1,8",
+                "--kv-dtype",
+                "u8",
+                "--k-layout",
+                "transposed",
+                "--granularity",
+                "per_layer",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            &[],
+        );
+        assert!(
+            o.status.success(),
+            "compile: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out
+    })
+}
+
+#[test]
+fn ai_hub_names_are_detected_and_give_the_same_tokens() {
+    let lib = library("libhtpkv_ref_qnn.so");
+    let file = compiled_per_layer().to_str().unwrap();
+    let inspect = ok_json(&htpkv(
+        &[
+            "inspect",
+            file,
+            "--qnn-system",
+            lib.to_str().unwrap(),
+            "--json",
+        ],
+        &[("HTPKV_REF_QNN_NAMES", "aihub")],
+    ));
+    let token = &inspect["graphs"][0];
+    assert_eq!(token["name"], "token_ar1_cl64_1_of_1");
+    let k = token["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "past_key_0_in")
+        .expect("an AI Hub K input");
+    assert_eq!(k["role"], "past K layer 0");
+    assert_eq!(
+        k["dims"][2], k["dims"][2],
+        "transposed: [kv_heads, 1, head_dim, S-n]"
+    );
+    assert_eq!(k["dims"][3], 63);
+    let tok = bundle("aihub-tok", "2").join("tokenizer.json");
+    let run = |names: &str, extra: &[&str]| {
+        let mut args = vec!["generate", "--compiled", file, "--steps", "40", "--json"];
+        args.extend(["--backend", "qnn", "--qnn-backend", lib.to_str().unwrap()]);
+        args.extend(extra);
+        ok_json(&htpkv(&args, &[("HTPKV_REF_QNN_NAMES", names)]))
+    };
+    let own = run("htpkv", &[]);
+    // The foreign path (HF tokenizer), the convention detected from the names.
+    let detected = run("aihub", &["--tokenizer", tok.to_str().unwrap()]);
+    assert_eq!(detected["convention"], "aihub");
+    let own_tokens = own["tokens"].as_array().unwrap();
+    assert!(own_tokens.len() > 10, "{own}");
+    assert_eq!(detected["tokens"], own["tokens"]);
+    assert_eq!(detected["stop"], own["stop"]);
+}
+
+#[test]
+fn executorch_layout_is_detected_by_index_and_gives_the_same_tokens() {
+    let lib = library("libhtpkv_ref_qnn.so");
+    let file = compiled_per_layer().to_str().unwrap();
+    let env = [("HTPKV_REF_QNN_NAMES", "executorch")];
+    let inspect = ok_json(&htpkv(
+        &[
+            "inspect",
+            file,
+            "--qnn-system",
+            lib.to_str().unwrap(),
+            "--json",
+        ],
+        &env,
+    ));
+    let kv = &inspect["graphs"][0];
+    assert_eq!(kv["name"], "kv_forward");
+    let roles: Vec<&str> = kv["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles[..5],
+        [
+            "token ids",
+            "attention mask",
+            "position ids",
+            "past K layer 0",
+            "past K layer 1"
+        ]
+    );
+    assert_eq!(roles[8], "past V layer 0");
+    // K: [1, kv_heads, head_dim, S-n].
+    assert_eq!(kv["inputs"][3]["dims"], serde_json::json!([1, 4, 8, 63]));
+    let tok = bundle("et-tok", "2").join("tokenizer.json");
+    let mut args = vec!["generate", "--compiled", file, "--steps", "40", "--json"];
+    args.extend(["--backend", "qnn", "--qnn-backend", lib.to_str().unwrap()]);
+    let own = ok_json(&htpkv(&args, &[]));
+    args.extend(["--tokenizer", tok.to_str().unwrap()]);
+    let et = ok_json(&htpkv(&args, &env));
+    assert_eq!(et["convention"], "executorch");
+    assert_eq!(et["tokens"], own["tokens"]);
+    assert_eq!(et["stop"], own["stop"]);
 }

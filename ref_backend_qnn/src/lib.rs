@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use qnn_ffi::bindings as b;
 use qnn_ffi::{OwnedRawTensor, Quantization, TensorInfo, TensorType, dtype_to_qnn, qnn_dtype_size};
-use ref_backend::{CompiledModel, TensorDesc};
+use ref_backend::{CompiledModel, TensorDesc, TensorRole};
 
 /// Backend id reported by the provider and in binary info ("HTKV").
 pub const BACKEND_ID: u32 = 0x4854_4B56;
@@ -472,7 +472,12 @@ unsafe extern "C" fn graph_retrieve(
         let Some(ctx) = s.contexts.get(&key(context)) else {
             return code(b::QNN_GRAPH_ERROR_INVALID_HANDLE);
         };
-        let Some(index) = ctx.model.graphs().iter().position(|g| g.name() == name) else {
+        let Some(index) = ctx
+            .model
+            .graphs()
+            .iter()
+            .position(|g| reported_graph_name(g) == name)
+        else {
             let backend = ctx.backend;
             s.emit(
                 Some(backend),
@@ -537,10 +542,10 @@ unsafe fn resolve(
     if !v1.name.is_null() {
         // SAFETY: caller's contract.
         let name = unsafe { CStr::from_ptr(v1.name) };
-        if name.to_bytes() != desc.name.as_bytes() {
+        if name.to_bytes() != reported_tensor_name(desc).as_bytes() {
             return bad(format!(
                 "expected tensor `{}` at this position, got `{}`",
-                desc.name,
+                reported_tensor_name(desc),
                 name.to_string_lossy()
             ));
         }
@@ -555,12 +560,11 @@ unsafe fn resolve(
     if !v1.dimensions.is_null() {
         // SAFETY: caller's contract.
         let dims = unsafe { std::slice::from_raw_parts(v1.dimensions, v1.rank as usize) };
-        if dims.len() != desc.shape.len()
-            || dims.iter().zip(&desc.shape).any(|(&a, &b)| a as usize != b)
-        {
+        let shape = reported_shape(desc);
+        if dims.len() != shape.len() || dims.iter().zip(&shape).any(|(&a, &b)| a as usize != b) {
             return bad(format!(
-                "tensor `{}`: shape {dims:?}, expected {:?}",
-                desc.name, desc.shape
+                "tensor `{}`: shape {dims:?}, expected {shape:?}",
+                desc.name
             ));
         }
     }
@@ -666,10 +670,22 @@ unsafe extern "C" fn graph_execute(
                 "NULL tensor array".into(),
             );
         }
+        // Position `p` of the caller's arrays holds the model's tensor `order[p]`.
+        let position = |order: Vec<usize>| {
+            let mut at = vec![0; order.len()];
+            for (p, i) in order.into_iter().enumerate() {
+                at[i] = p;
+            }
+            at
+        };
+        let (in_at, out_at) = (
+            position(reported_order(exec.inputs())),
+            position(reported_order(exec.outputs())),
+        );
         let mut ins = Vec::with_capacity(exec.inputs().len());
         for (i, desc) in exec.inputs().iter().enumerate() {
             // SAFETY: `inputs` holds `n_inputs` tensors (checked non-NULL, count matches).
-            match unsafe { resolve(&s, g.context, inputs.add(i), desc) } {
+            match unsafe { resolve(&s, g.context, inputs.add(in_at[i]), desc) } {
                 Ok(bound) => ins.push(bound),
                 Err((rc, msg)) => return fail(rc, msg),
             }
@@ -677,9 +693,32 @@ unsafe extern "C" fn graph_execute(
         let mut outs = Vec::with_capacity(exec.outputs().len());
         for (i, desc) in exec.outputs().iter().enumerate() {
             // SAFETY: `outputs` holds `n_outputs` tensors.
-            match unsafe { resolve(&s, g.context, outputs.add(i), desc) } {
+            match unsafe { resolve(&s, g.context, outputs.add(out_at[i]), desc) } {
                 Ok(bound) => outs.push(bound),
                 Err((rc, msg)) => return fail(rc, msg),
+            }
+        }
+        // ExecuTorch's mask, converted; it must outlive the execution below.
+        let mut converted: Vec<u8>;
+        if naming() == Naming::ExecuTorch {
+            let mask = exec
+                .inputs()
+                .iter()
+                .position(|d| d.role == TensorRole::Mask && d.dtype == quant::DataType::U16);
+            if let Some(m) = mask {
+                // SAFETY: the caller's mask buffer is valid for its (checked) length during the call.
+                let bytes = unsafe { std::slice::from_raw_parts(ins[m].ptr, ins[m].len) };
+                let Some(v) = additive_from_attend_max(&exec.inputs()[m], bytes) else {
+                    return fail(
+                        code(b::QNN_GRAPH_ERROR_INVALID_TENSOR),
+                        "the mask's encoding has no u16 zero point".into(),
+                    );
+                };
+                converted = v;
+                ins[m] = Bound {
+                    ptr: converted.as_mut_ptr(),
+                    len: converted.len(),
+                };
             }
         }
         for (i, o) in outs.iter().enumerate() {
@@ -963,7 +1002,15 @@ unsafe extern "C" fn error_get_message(handle: u64, out: *mut *const c_char) -> 
 
 /// The QNN description of a compiled tensor (what the system provider reports).
 pub fn tensor_info(desc: &TensorDesc, id: u32, tensor_type: TensorType) -> TensorInfo {
+    let executorch_mask = naming() == Naming::ExecuTorch
+        && desc.role == TensorRole::Mask
+        && desc.dtype == quant::DataType::U16;
     let quant = match &desc.encoding {
+        // ExecuTorch's mask is a 0..1 multiplier quantized to u16 (65535 attend, 0 masked).
+        _ if executorch_mask => Quantization::PerTensor {
+            scale: 1.0 / 65535.0,
+            offset: 0,
+        },
         quant::Encoding::Float => Quantization::None,
         quant::Encoding::PerTensor(so) => Quantization::PerTensor {
             scale: so.scale,
@@ -976,10 +1023,10 @@ pub fn tensor_info(desc: &TensorDesc, id: u32, tensor_type: TensorType) -> Tenso
     };
     TensorInfo {
         id,
-        name: desc.name.clone(),
+        name: reported_tensor_name(desc),
         tensor_type,
         dtype: dtype_to_qnn(desc.dtype),
-        shape: desc.shape.iter().map(|&d| d as u32).collect(),
+        shape: reported_shape(desc).iter().map(|&d| d as u32).collect(),
         quant,
     }
 }
@@ -993,6 +1040,126 @@ pub const LAYOUT_ENV: &str = "HTPKV_REF_QNN_LAYOUT";
 /// real HTP backend does (`QNN_MEM_ERROR_UNSUPPORTED_MEMTYPE`), accepting only shared buffers
 /// (fd + offset) and client buffers.
 pub const STRICT_ENV: &str = "HTPKV_REF_QNN_STRICT";
+
+/// Environment variable choosing how the library presents graphs and tensors, so that the
+/// runtime's IO conventions are exercised on real context binaries:
+/// - unset or `htpkv`: htpkv's own names and order;
+/// - `aihub`: the names of Qualcomm AI Hub's LLM exports — graphs `{token|prompt}_ar{n}_cl{S}_1_of_1`,
+///   `position_ids`, `past_key_{layer}_in` / `_out`, `past_value_{layer}_in` / `_out` (per head:
+///   `past_key_{layer}_h{head}_in`, …);
+/// - `executorch`: ExecuTorch's Qualcomm llama layout — graphs `kv_forward` (AR-1) and
+///   `prefill_forward`, IO in index order (tokens, mask, positions, K of every layer, V of every
+///   layer; outputs logits, K…, V…) under names no convention knows, K/V dims `[1, kv_heads, ., .]`,
+///   and a u16 mask reported as ExecuTorch's 0..1 multiplier (scale 1/65535, offset 0: 65535
+///   attend, 0 masked) and converted to the executor's additive encoding.
+pub const NAMES_ENV: &str = "HTPKV_REF_QNN_NAMES";
+
+/// How graphs and tensors are presented (see [`NAMES_ENV`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Naming {
+    Htpkv,
+    AiHub,
+    ExecuTorch,
+}
+
+fn naming() -> Naming {
+    match std::env::var(NAMES_ENV).as_deref() {
+        Ok("aihub") => Naming::AiHub,
+        Ok("executorch") => Naming::ExecuTorch,
+        _ => Naming::Htpkv,
+    }
+}
+
+/// The name graph `g` is reported and retrieved under (see [`NAMES_ENV`]).
+pub fn reported_graph_name(g: &ref_backend::Graph) -> String {
+    match naming() {
+        Naming::Htpkv => g.name().to_string(),
+        Naming::AiHub => {
+            let phase = if g.ar() == 1 { "token" } else { "prompt" };
+            format!("{phase}_ar{}_cl{}_1_of_1", g.ar(), g.context())
+        }
+        Naming::ExecuTorch if g.ar() == 1 => "kv_forward".into(),
+        Naming::ExecuTorch => "prefill_forward".into(),
+    }
+}
+
+fn is_kv(role: TensorRole) -> bool {
+    matches!(
+        role,
+        TensorRole::PastKey | TensorRole::PastValue | TensorRole::NewKey | TensorRole::NewValue
+    )
+}
+
+/// The name tensor `desc` is reported under (see [`NAMES_ENV`]).
+pub fn reported_tensor_name(desc: &TensorDesc) -> String {
+    match naming() {
+        Naming::Htpkv => return desc.name.clone(),
+        Naming::ExecuTorch => return format!("et_{}", desc.name),
+        Naming::AiHub => {}
+    }
+    let kv = |what: &str, dir: &str| {
+        let layer = desc.layer.unwrap_or(0);
+        match desc.head {
+            Some(h) => format!("past_{what}_{layer}_h{h}_{dir}"),
+            None => format!("past_{what}_{layer}_{dir}"),
+        }
+    };
+    match desc.role {
+        TensorRole::Positions => "position_ids".into(),
+        TensorRole::PastKey => kv("key", "in"),
+        TensorRole::PastValue => kv("value", "in"),
+        TensorRole::NewKey => kv("key", "out"),
+        TensorRole::NewValue => kv("value", "out"),
+        TensorRole::InputIds | TensorRole::Mask | TensorRole::Logits => desc.name.clone(),
+    }
+}
+
+/// The dims tensor `desc` is reported with: ExecuTorch's K/V put the heads second.
+pub fn reported_shape(desc: &TensorDesc) -> Vec<usize> {
+    let mut shape = desc.shape.clone();
+    if naming() == Naming::ExecuTorch && is_kv(desc.role) && shape.len() == 4 {
+        shape.swap(0, 1);
+    }
+    shape
+}
+
+/// The graph's tensor indices in the order they are reported (ExecuTorch's index order; else as
+/// the model lists them).
+pub fn reported_order(descs: &[TensorDesc]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..descs.len()).collect();
+    if naming() == Naming::ExecuTorch {
+        let rank = |r: TensorRole| match r {
+            TensorRole::InputIds | TensorRole::Logits => 0,
+            TensorRole::Mask | TensorRole::NewKey => 1,
+            TensorRole::Positions | TensorRole::NewValue => 2,
+            TensorRole::PastKey => 3,
+            TensorRole::PastValue => 4,
+        };
+        order.sort_by_key(|&i| (rank(descs[i].role), descs[i].layer, descs[i].head));
+    }
+    order
+}
+
+/// ExecuTorch's u16 mask (65535 attend, 0 masked; reported with scale 1/65535 and offset 0) in
+/// the executor's additive encoding (the zero point where visible, 0 where masked).
+fn additive_from_attend_max(desc: &TensorDesc, bytes: &[u8]) -> Option<Vec<u8>> {
+    let quant::Encoding::PerTensor(so) = &desc.encoding else {
+        return None;
+    };
+    let visible = u16::try_from(-so.offset).ok()?.to_le_bytes();
+    Some(
+        bytes
+            .chunks_exact(2)
+            .flat_map(|c| {
+                if u16::from_le_bytes([c[0], c[1]]) >= 1 << 15 {
+                    visible
+                } else {
+                    [0, 0]
+                }
+            })
+            .collect(),
+    )
+}
 
 fn strict() -> bool {
     std::env::var(STRICT_ENV).as_deref() == Ok("1")
@@ -1026,10 +1193,10 @@ fn raw_tensors(
     tensor_type: TensorType,
     layout: Layout,
 ) -> Option<Vec<OwnedRawTensor>> {
-    descs
-        .iter()
-        .map(|d| {
-            let t = OwnedRawTensor::new(&tensor_info(d, *id, tensor_type)).ok()?;
+    reported_order(descs)
+        .into_iter()
+        .map(|i| {
+            let t = OwnedRawTensor::new(&tensor_info(&descs[i], *id, tensor_type)).ok()?;
             *id += 1;
             Some(if layout.tensor == 2 { t.version_2() } else { t })
         })
@@ -1162,7 +1329,7 @@ fn build_sys_info(model: &CompiledModel, binary_bytes: u64, layout: Layout) -> O
         let outs = raw_tensors(g.outputs(), &mut id, TensorType::AppRead, layout)?;
         tensors.push(ins.iter().map(OwnedRawTensor::raw).collect::<Vec<_>>());
         tensors.push(outs.iter().map(OwnedRawTensor::raw).collect::<Vec<_>>());
-        names.push(CString::new(g.name()).ok()?);
+        names.push(CString::new(reported_graph_name(g)).ok()?);
         blobs.push(graph_blob(g.scratch_bytes()));
         owned.extend(ins);
         owned.extend(outs);

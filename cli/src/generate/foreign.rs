@@ -14,6 +14,9 @@ use model::{HfTokenizer, RopeConfig, RopePairing};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// Beginning-of-text tokens looked up in a tokenizer when no bundle names its BOS (`--compiled`).
+const BOS_NAMES: [&str; 2] = ["<s>", "<|begin_of_text|>"];
+
 /// End-of-text tokens looked up in a tokenizer when no bundle names its EOS (`--compiled`).
 const EOS_NAMES: [&str; 5] = [
     "</s>",
@@ -77,10 +80,10 @@ fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
     })
 }
 
-fn tokenizer(path: &Path, bos: Option<u32>) -> anyhow::Result<HfTokenizer> {
+fn tokenizer(path: &Path) -> anyhow::Result<HfTokenizer> {
     // The capped read refuses an oversized file before the tokenizers crate parses it.
     model::fsio::read_capped(path, model::fsio::FileKind::TOKENIZER)?;
-    Ok(HfTokenizer::from_file(path, bos)?)
+    Ok(HfTokenizer::from_file(path, None)?)
 }
 
 pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> {
@@ -103,10 +106,12 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
         .as_deref()
         .map(Convention::named_or_file)
         .transpose()?;
-    let tok = tokenizer(&m.tokenizer, m.bos)?;
+    let tok = tokenizer(&m.tokenizer)?;
     let mut stops = m.stops.clone();
+    let mut bos = m.bos;
     if args.bundle.is_none() {
         stops.extend(EOS_NAMES.iter().filter_map(|n| tok.token_to_id(n)));
+        bos = BOS_NAMES.iter().find_map(|n| tok.token_to_id(n));
     }
     let paths: Vec<&Path> = m.binaries.iter().map(PathBuf::as_path).collect();
     let options = QnnOpenOptions {
@@ -130,7 +135,8 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
             );
         }
     }
-    let prompt = tok.encode(&args.prompt, true)?;
+    let mut prompt: Vec<u32> = bos.into_iter().collect();
+    prompt.extend(tok.encode(&args.prompt, false)?);
     let room = session.capacity();
     if prompt.is_empty() || prompt.len() > room {
         anyhow::bail!(
