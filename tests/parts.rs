@@ -89,7 +89,7 @@ impl Split {
                 layer: None,
                 head: None,
                 shape: vec![1, 1, n, HEAD_DIM / 2],
-                dtype: IoDType::Quant(DataType::F32),
+                dtype: DataType::F32,
                 quant: Some(QuantSpec::float(DataType::F32).unwrap()),
             };
             let mut inputs = vec![
