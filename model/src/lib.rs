@@ -13,6 +13,10 @@
 //!   Q4_K, Q6_K dequantized to f32 on load) and [`hf`] (`config.json` + safetensors shards in
 //!   f32/f16/bf16). GGUF stores Q/K with adjacent RoPE pairs (llama.cpp's converter permutes
 //!   them), HF with half-split pairs; the description records which.
+//! - [`forward`]: the Llama forward pass, written once ([`forward::run`]): a layer range, token
+//!   or hidden-state input, RoPE from position ids or cos/sin tables, hidden-state or logits
+//!   output; implementations supply [`forward::Kernels`] (the float model here, the quantized
+//!   executor in `ref_backend`).
 //! - [`FloatModel`]: one token at a time with its own KV cache; a [`Tap`] sees intermediate
 //!   values (calibration). Matrix-vector products run on rayon's pool, split by output rows
 //!   (results do not depend on the thread count).

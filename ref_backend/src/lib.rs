@@ -4,6 +4,14 @@
 //! It knows nothing about KV update strategies: a [`Graph`] executes one static AR-n step on
 //! raw buffers, exactly like `graphExecute` on HTP.
 //!
+//! It runs any Llama-family model the `model` crate describes ([`model::LlamaConfig`]: GQA,
+//! Q/K/V biases, tied or separate classifier, adjacent or half-split RoPE pairs, Llama 3 RoPE
+//! scaling), from any [`model::WeightSource`] (GGUF, HF safetensors, llama2.c). The float oracle
+//! ([`model::FloatModel`]), calibration and the executor run one forward pass,
+//! [`model::forward::run`]; the executor only supplies its kernels (quantized matrices, the KV
+//! codec writing the new-KV outputs, the static window and the mask), so it honours every option
+//! of the description exactly as the float model does.
+//!
 //! # Graphs
 //! [`compile`] builds one graph per AR variant n for context S, named `ar{n}_cl{S}`. With L
 //! layers, H KV heads, head dim D and vocabulary V:
@@ -34,13 +42,21 @@
 //!   gather dequantizes the i8 row. With `f16`/`f32` weights the matmuls are f32 (f16 widened).
 //! * **KV**: new keys (after RoPE) and values are written in the KV dtype (u8/u16: asymmetric
 //!   per (layer, KV head, K|V); f16; f32) and read back dequantized.
-//! * **Float (f32)**: the residual stream and its additions, RMSNorm, RoPE, attention scores
+//! * **Float (f32)**: the residual stream and its additions, RMSNorm, the Q/K/V bias additions,
+//!   RoPE (angles from the positions input and the description), attention scores
 //!   `q·k/sqrt(D)` with the dequantized keys, the mask addition, softmax, the probability-
 //!   weighted sum of the dequantized values, SiLU and the gate product, the matmul outputs
 //!   (after the integer accumulation) and the logits.
 //!
+//! # Compiling
+//! [`compile`]`(config, weights, calibration, options, fingerprint, progress)`: the
+//! description, the weights, the calibration token sequences, the [`CompileOptions`], the
+//! SHA-256 of the model file(s) (stored, see [`CompiledModel::model_sha256`]) and a progress
+//! callback (stage, done, total).
+//!
 //! # Files
-//! [`CompiledModel::write`] / [`CompiledModel::read`]; format in [`mod@format`].
+//! [`CompiledModel::write`] / [`CompiledModel::read`]; format in [`mod@format`]. Files of an
+//! older format version are refused with a "recompile" error.
 
 mod bytes;
 mod calibrate;

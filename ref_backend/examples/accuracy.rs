@@ -1,0 +1,331 @@
+//! Accuracy of the reference executor against the f32 float model on a Llama-family model.
+//!
+//! `cargo run --release -p ref_backend --example accuracy -- --model <gguf or HF folder> [--json]
+//! [--kv u16,u8,f16] [--weights f32,i8,f16]`
+//!
+//! `--kv` / `--weights` choose (and order) the grid; by default all nine pairs, the goal rows
+//! (f32 weights) first. Each result is also printed to stderr as soon as it is measured.
+//!
+//! 1. Teacher-forced over the first [`TEXT_TOKENS`] tokens of a fixed public-domain text (the
+//!    opening of the US Declaration of Independence, `examples/data/declaration.txt`): for KV
+//!    u8/u16/f16 × weights i8/f16/f32, the share of positions whose top-1 token equals the
+//!    float model's and the mean KL(float || executor) of the next-token distributions. The
+//!    text is fed through the AR-64 graph (a prefill gives every position's logits).
+//! 2. Five chat questions through the model's chat template, greedy: with the default
+//!    quantized configuration (u8 KV, i8 weights), how many generated tokens agree with the
+//!    float model's before the first divergence, and the float model's top-1/top-2 logit margin
+//!    at that token (a margin under ~0.1 logit flips under any 8-bit noise).
+//!
+//! Calibration uses [`ref_backend::DEFAULT_CALIBRATION_PROMPTS`] (tokenized with the model's
+//! tokenizer), each continued to [`CALIBRATION_TOKENS`] tokens.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use common::{Harness, argmax, kl_logits};
+use model::{FloatModel, LoadedModel, Message, WeightSource};
+use quant::DataType;
+use ref_backend::{CompileOptions, CompiledModel, WeightType, compile};
+
+/// Tokens of the text that are scored (teacher-forced).
+const TEXT_TOKENS: usize = 512;
+/// Context of the compiled graphs.
+const CONTEXT: usize = 1024;
+/// Rows of the prefill graph.
+const PREFILL: usize = 64;
+/// Longest greedy answer compared.
+const MAX_ANSWER: usize = 32;
+/// Length of each calibration sequence (shorter than the engine's default of 128, so the nine
+/// compiles of the grid take minutes, not an hour, on a 2-core machine).
+const CALIBRATION_TOKENS: usize = 48;
+
+const QUESTIONS: [&str; 5] = [
+    "What is the capital of France?",
+    "How many legs does a spider have?",
+    "What is the boiling point of water in degrees Celsius?",
+    "Who wrote Romeo and Juliet?",
+    "Name three primary colors.",
+];
+
+type Error = Box<dyn std::error::Error>;
+
+fn main() -> Result<(), Error> {
+    let mut args = std::env::args().skip(1);
+    let (mut path, mut json) = (None, false);
+    let mut kvs = vec![DataType::U16, DataType::U8, DataType::F16];
+    let mut wts = vec![WeightType::F32, WeightType::I8, WeightType::F16];
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--model" => path = args.next().map(PathBuf::from),
+            "--json" => json = true,
+            "--kv" => kvs = list(args.next())?,
+            "--weights" => wts = list(args.next())?,
+            other => return Err(format!("unknown argument `{other}`").into()),
+        }
+    }
+    let path = path.ok_or("usage: accuracy --model <gguf file or HF folder> [--json]")?;
+    let m = model::load(&path)?;
+    let fingerprint = fingerprint(&path)?;
+    let text = include_str!("data/declaration.txt");
+    let tokens = m.tokenizer.encode(text, true)?;
+    if tokens.len() < TEXT_TOKENS + 1 {
+        return Err(format!("the text has only {} tokens", tokens.len()).into());
+    }
+    let tokens = &tokens[..TEXT_TOKENS + 1];
+    let float = float_logits(&m, tokens)?;
+    eprintln!("float reference: {} positions", float.len());
+    let chats = chat_prompts(&m)?;
+    let float_answers: Vec<Answer> = chats
+        .iter()
+        .map(|p| float_greedy(&m, p))
+        .collect::<Result<_, _>>()?;
+    let calibration: Vec<Vec<u32>> = ref_backend::DEFAULT_CALIBRATION_PROMPTS
+        .iter()
+        .map(|p| m.tokenizer.encode(p, true))
+        .collect::<Result<_, _>>()?;
+
+    let mut grid = Vec::new();
+    let mut chat_rows = Vec::new();
+    for &weights in &wts {
+        for &kv in &kvs {
+            let mut o = CompileOptions::new(CONTEXT, vec![1, PREFILL]);
+            o.kv_dtype = kv;
+            o.weights = weights;
+            o.calibration_tokens = CALIBRATION_TOKENS;
+            let t = std::time::Instant::now();
+            let weights_src: &dyn WeightSource = &*m.weights;
+            let q = compile(
+                &m.config,
+                weights_src,
+                &calibration,
+                &o,
+                fingerprint,
+                &mut |_| {},
+            )?;
+            let compile_s = t.elapsed().as_secs_f64();
+            let (top1, kl) = teacher_forced(&q, tokens, &float);
+            eprintln!(
+                "KV {kv} weights {}: top-1 {:.2}% mean KL {kl:.5} (compiled in {compile_s:.1} s)",
+                weights.name(),
+                top1 * 100.0
+            );
+            grid.push(serde_json::json!({
+                "kv": kv.to_string(), "weights": weights.name(),
+                "top1_agreement": top1, "mean_kl": kl,
+            }));
+            if (kv, weights) == (DataType::U8, WeightType::I8) {
+                for ((question, prompt), want) in QUESTIONS.iter().zip(&chats).zip(&float_answers) {
+                    let row = compare_chat(&m, &q, prompt, want)?;
+                    chat_rows.push((question.to_string(), row));
+                }
+            }
+        }
+    }
+    report(&m, json, &grid, &chat_rows)
+}
+
+/// A comma-separated list of values.
+fn list<T: std::str::FromStr>(arg: Option<String>) -> Result<Vec<T>, Error>
+where
+    T::Err: std::fmt::Display,
+{
+    let arg = arg.ok_or("a list of values is missing")?;
+    arg.split(',')
+        .map(|v| v.parse::<T>().map_err(|e| format!("`{v}`: {e}").into()))
+        .collect()
+}
+
+/// SHA-256 of the model file (or of every file of a folder, in name order).
+fn fingerprint(path: &std::path::Path) -> Result<[u8; 32], Error> {
+    let mut bytes = Vec::new();
+    if path.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(path)?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<Result<_, _>>()?;
+        files.sort();
+        for f in files.iter().filter(|f| f.is_file()) {
+            bytes.extend(llama2c::sha256(&std::fs::read(f)?));
+        }
+    } else {
+        bytes = std::fs::read(path)?;
+    }
+    Ok(llama2c::sha256(&bytes))
+}
+
+/// The float model's logits after each of `tokens[..len - 1]`.
+fn float_logits(m: &LoadedModel, tokens: &[u32]) -> Result<Vec<Vec<f32>>, Error> {
+    let mut f = FloatModel::new(m.config.clone(), Arc::clone(&m.weights), CONTEXT)?;
+    let mut out = Vec::new();
+    for (pos, &t) in tokens[..tokens.len() - 1].iter().enumerate() {
+        out.push(f.forward(t, pos)?.to_vec());
+    }
+    Ok(out)
+}
+
+/// Top-1 agreement and mean KL of the executor's prefill logits against `float`.
+fn teacher_forced(q: &CompiledModel, tokens: &[u32], float: &[Vec<f32>]) -> (f64, f64) {
+    let logits = prefill(q, &tokens[..tokens.len() - 1]);
+    let v = float[0].len();
+    let (mut agree, mut kl) = (0usize, 0.0f64);
+    for (p, want) in float.iter().enumerate() {
+        let got = &logits[p * v..(p + 1) * v];
+        agree += usize::from(argmax(got) == argmax(want));
+        kl += kl_logits(want, got);
+    }
+    let n = float.len() as f64;
+    (agree as f64 / n, kl / n)
+}
+
+/// Every position's logits of `tokens` run through the AR-64 graph.
+fn prefill(q: &CompiledModel, tokens: &[u32]) -> Vec<f32> {
+    let g = q.graph_for_ar(PREFILL).expect("the prefill graph");
+    let mut h = Harness::for_model(q);
+    tokens.chunks(PREFILL).flat_map(|c| h.step(g, c)).collect()
+}
+
+fn chat_prompts(m: &LoadedModel) -> Result<Vec<Vec<u32>>, Error> {
+    let chat = m.chat.as_ref().ok_or("the model has no chat template")?;
+    QUESTIONS
+        .iter()
+        .map(|q| {
+            let text = chat.render_chat(&[Message::new("user", q)], true)?;
+            Ok(m.tokenizer.encode(&text, true)?)
+        })
+        .collect()
+}
+
+/// A greedy answer and, per answer token, the float top-1/top-2 margin where it was chosen.
+struct Answer {
+    tokens: Vec<u32>,
+    margins: Vec<f32>,
+}
+
+fn margin(logits: &[f32]) -> f32 {
+    let top = argmax(logits);
+    let second = logits
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != top)
+        .map(|(_, &v)| v)
+        .fold(f32::NEG_INFINITY, f32::max);
+    logits[top] - second
+}
+
+fn float_greedy(m: &LoadedModel, prompt: &[u32]) -> Result<Answer, Error> {
+    let mut f = FloatModel::new(m.config.clone(), Arc::clone(&m.weights), CONTEXT)?;
+    let stop = m.config.special.stop_tokens();
+    let mut logits = Vec::new();
+    for (pos, &t) in prompt.iter().enumerate() {
+        logits = f.forward(t, pos)?.to_vec();
+    }
+    let mut a = Answer {
+        tokens: Vec::new(),
+        margins: Vec::new(),
+    };
+    while a.tokens.len() < MAX_ANSWER {
+        let next = argmax(&logits) as u32;
+        a.margins.push(margin(&logits));
+        if stop.contains(&next) {
+            break;
+        }
+        a.tokens.push(next);
+        logits = f.forward(next, prompt.len() + a.tokens.len() - 1)?.to_vec();
+    }
+    Ok(a)
+}
+
+/// The quantized model's greedy answer compared with the float one.
+fn compare_chat(
+    m: &LoadedModel,
+    q: &CompiledModel,
+    prompt: &[u32],
+    want: &Answer,
+) -> Result<serde_json::Value, Error> {
+    let g1 = q.graph_for_ar(1).expect("the AR-1 graph");
+    let gp = q.graph_for_ar(PREFILL).expect("the prefill graph");
+    let v = m.config.vocab_size;
+    let stop = m.config.special.stop_tokens();
+    let mut h = Harness::for_model(q);
+    let mut logits = Vec::new();
+    for c in prompt.chunks(PREFILL) {
+        let l = h.step(gp, c);
+        logits = l[l.len() - v..].to_vec();
+    }
+    let mut got = Vec::new();
+    while got.len() < MAX_ANSWER {
+        let next = argmax(&logits) as u32;
+        if stop.contains(&next) {
+            break;
+        }
+        got.push(next);
+        logits = h.step(g1, &[next]);
+    }
+    // Tokens equal before the first divergence (the stop token counts as the end of both).
+    let agree = want
+        .tokens
+        .iter()
+        .zip(&got)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let diverged = agree < want.tokens.len().max(got.len());
+    let decode = |t: &[u32]| m.tokenizer.decode(t, true);
+    Ok(serde_json::json!({
+        "float_answer": decode(&want.tokens)?,
+        "quantized_answer": decode(&got)?,
+        "float_tokens": want.tokens.len(),
+        "agreeing_tokens": agree,
+        "diverged": diverged,
+        "float_margin_at_divergence": if diverged { want.margins.get(agree).copied() } else { None },
+        "smallest_float_margin": want.margins.iter().copied().fold(f32::INFINITY, f32::min),
+    }))
+}
+
+fn report(
+    m: &LoadedModel,
+    json: bool,
+    grid: &[serde_json::Value],
+    chat: &[(String, serde_json::Value)],
+) -> Result<(), Error> {
+    let chat_json: Vec<serde_json::Value> = chat
+        .iter()
+        .map(|(q, r)| {
+            let mut r = r.clone();
+            r["question"] = q.clone().into();
+            r
+        })
+        .collect();
+    if json {
+        let out = serde_json::json!({
+            "layers": m.config.n_layers, "dim": m.config.dim,
+            "text_tokens": TEXT_TOKENS, "teacher_forced": grid, "chat_u8_kv_i8_weights": chat_json,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("| KV | weights | top-1 agreement | mean KL |\n|---|---|---|---|");
+    for c in grid {
+        println!(
+            "| {} | {} | {:.2}% | {:.2e} |",
+            c["kv"].as_str().unwrap_or("?"),
+            c["weights"].as_str().unwrap_or("?"),
+            c["top1_agreement"].as_f64().unwrap_or(0.0) * 100.0,
+            c["mean_kl"].as_f64().unwrap_or(0.0)
+        );
+    }
+    println!(
+        "\n| question | agreeing / float tokens | float margin at divergence |\n|---|---|---|"
+    );
+    for r in &chat_json {
+        println!(
+            "| {} | {} / {} | {} |",
+            r["question"].as_str().unwrap_or(""),
+            r["agreeing_tokens"],
+            r["float_tokens"],
+            r["float_margin_at_divergence"]
+        );
+    }
+    Ok(())
+}
