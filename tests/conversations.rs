@@ -32,11 +32,15 @@ fn compile(ckpt: &Checkpoint, tok: &Tokenizer, context: usize) -> Arc<CompiledMo
     let mut opts = CompileOptions::new(context, vec![1, 8]);
     opts.kv_dtype = DataType::U8;
     opts.weights = WeightType::I8;
-    opts.calibration_prompts = ref_backend::DEFAULT_CALIBRATION_PROMPTS
+    let prompts: Vec<Vec<u32>> = ref_backend::DEFAULT_CALIBRATION_PROMPTS
         .iter()
         .map(|t| tok.encode(t, true, false))
         .collect();
-    Arc::new(ref_backend::compile(ckpt, &opts, &mut |_| {}).expect("compiles"))
+    let config = llama2c::llama_config(&ckpt.config);
+    Arc::new(
+        ref_backend::compile(&config, ckpt, &prompts, &opts, ckpt.sha256(), &mut |_| {})
+            .expect("compiles"),
+    )
 }
 
 fn session(
