@@ -78,6 +78,7 @@ struct Score {
     requant_max: f32,
     requant_sq: f64,
     requant_elements: usize,
+    requant_clamped: usize,
     rows_moved: usize,
     slides: usize,
     seconds: f64,
@@ -150,6 +151,7 @@ fn main() -> anyhow::Result<()> {
                     score.requant_max = score.requant_max.max(r.max_abs);
                     score.requant_sq += r.sum_sq;
                     score.requant_elements += r.elements;
+                    score.requant_clamped += r.clamped;
                 }
             }
         }
@@ -171,6 +173,8 @@ fn report(args: &Args, names: &[&str], scores: &[Score]) -> anyhow::Result<()> {
                 "ms_per_slide": s.seconds * 1e3 / s.slides.max(1) as f64,
                 "max_position": s.max_position,
                 "requant_max_abs": s.requant_max,
+                "requant_clamped": s.requant_clamped,
+                "requant_elements": s.requant_elements,
                 "requant_rms": if s.requant_elements > 0 {
                     (s.requant_sq / s.requant_elements as f64).sqrt()
                 } else { 0.0 },
@@ -208,7 +212,7 @@ fn report(args: &Args, names: &[&str], scores: &[Score]) -> anyhow::Result<()> {
     println!("|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {:.1}% | {} | {} | {:.3} | {} | {:.2e} / {:.2e} |",
+            "| {} | {:.1}% | {} | {} | {:.3} | {} | {:.2e} / {:.2e} ({} of {}) |",
             r["policy"].as_str().unwrap_or(""),
             100.0 * r["top1_agreement"].as_f64().unwrap_or(0.0),
             r["slides"],
@@ -217,6 +221,8 @@ fn report(args: &Args, names: &[&str], scores: &[Score]) -> anyhow::Result<()> {
             r["max_position"],
             r["requant_max_abs"].as_f64().unwrap_or(0.0),
             r["requant_rms"].as_f64().unwrap_or(0.0),
+            r["requant_clamped"],
+            r["requant_elements"],
         );
     }
     Ok(())

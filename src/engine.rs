@@ -361,6 +361,9 @@ pub struct Model {
     tokenizer: Tokenizer,
     strategy: Strategy,
     rope: model::RopeConfig,
+    /// The model's chat template (`None` for llama2.c checkpoints: [`Engine::append_turn`] then uses
+    /// the plain fallback).
+    chat_template: Option<model::ChatTemplate>,
     compiled_path: PathBuf,
     compiled_options: Option<CompileOptions>,
 }
@@ -428,6 +431,7 @@ impl Model {
             tokenizer,
             strategy: options.strategy,
             rope: llama2c::llama_config(&checkpoint.config).rope,
+            chat_template: None,
             compiled_path,
             compiled_options,
         })
@@ -496,10 +500,32 @@ impl Model {
     }
 }
 
-/// One model and one session: the convenience the CLI's `generate` uses.
+/// One model and one session: the convenience the CLI's `generate` and the JNI bridge use.
 pub struct Engine {
     model: Arc<Model>,
     session: Session<Box<dyn Backend>>,
+    /// The conversation so far when [`Engine::append_turn`] is used.
+    chat: Option<Chat>,
+}
+
+/// A multi-turn conversation: its turns and the text fed to the model so far.
+#[derive(Debug, Default)]
+struct Chat {
+    turns: Vec<model::Message>,
+    text: String,
+}
+
+/// The plain rendering of a conversation for models without a chat template: each turn as
+/// `<role>: <text>` on its own line, and `assistant: ` where an answer is to begin.
+pub fn plain_chat(turns: &[model::Message], add_generation_prompt: bool) -> String {
+    let mut out: String = turns
+        .iter()
+        .map(|m| format!("{}: {}\n", m.role, m.content))
+        .collect();
+    if add_generation_prompt {
+        out.push_str("assistant: ");
+    }
+    out
 }
 
 impl std::fmt::Debug for Engine {
@@ -519,8 +545,52 @@ impl Engine {
         progress: &mut dyn FnMut(&str),
     ) -> Result<Engine, EngineError> {
         let model = Arc::new(Model::open(options, progress)?);
+        Engine::on(model)
+    }
+
+    /// A new session on an open model.
+    pub fn on(model: Arc<Model>) -> Result<Engine, EngineError> {
         let session = model.new_session()?;
-        Ok(Engine { model, session })
+        Ok(Engine {
+            model,
+            session,
+            chat: None,
+        })
+    }
+
+    /// Adds a turn (`system`, `user`, `assistant`, ...) to the conversation and prefills only what it
+    /// adds to the rendered conversation: the model's chat template when it has one (with the
+    /// generation prompt after a `user` turn), else [`plain_chat`]. `generate("")` then answers, and
+    /// its text is recorded as the assistant's turn. With an overflow policy that slides, a long chat
+    /// keeps going; returns the number of cached tokens.
+    pub fn append_turn(&mut self, role: &str, text: &str) -> Result<usize, EngineError> {
+        let chat = self.chat.get_or_insert_with(Chat::default);
+        let mut turns = chat.turns.clone();
+        turns.push(model::Message::new(role, text));
+        let prompt = role == "user";
+        let rendered = match &self.model.chat_template {
+            Some(t) => t
+                .render_chat(&turns, prompt)
+                .map_err(|e| EngineError::BadOption(format!("chat template: {e}")))?,
+            None => plain_chat(&turns, prompt),
+        };
+        // Only what the rendering adds to the text already fed (a template that rewrites earlier
+        // turns cannot change what the cache holds).
+        let common = chat
+            .text
+            .char_indices()
+            .zip(rendered.chars())
+            .find(|((_, a), b)| a != b)
+            .map_or(chat.text.len().min(rendered.len()), |((i, _), _)| i);
+        let delta = rendered[common..].to_string();
+        let tokens = self.session.encode_fitting(&self.model.tokenizer, &delta)?;
+        if !tokens.is_empty() {
+            self.session.prefill(&tokens)?;
+        }
+        let chat = self.chat.get_or_insert_with(Chat::default);
+        chat.turns = turns;
+        chat.text.push_str(&delta);
+        Ok(self.session.len())
     }
 
     /// The shared model, to open more sessions on it.
@@ -535,9 +605,16 @@ impl Engine {
         options: &GenerateOptions,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Generation, EngineError> {
-        Ok(self
+        let generation = self
             .session
-            .generate(&self.model.tokenizer, prompt, options, on_text)?)
+            .generate(&self.model.tokenizer, prompt, options, on_text)?;
+        if let Some(chat) = &mut self.chat {
+            chat.text.push_str(prompt);
+            chat.text.push_str(&generation.text);
+            chat.turns
+                .push(model::Message::new("assistant", &generation.text));
+        }
+        Ok(generation)
     }
 
     /// Runs `text` into the cache without generating (BOS first when the cache is empty); returns the
@@ -572,8 +649,21 @@ impl Engine {
         Ok(self.session.set_overflow(overflow)?)
     }
 
-    /// Empties the cache.
+    /// Saves the session ([`Session::save`]).
+    pub fn save(&self, path: &Path) -> Result<(), crate::persist::PersistError> {
+        self.session.save(path)
+    }
+
+    /// Restores a saved session ([`Session::restore`]); later turns continue after its text.
+    pub fn restore(&mut self, path: &Path) -> Result<(), crate::persist::PersistError> {
+        self.session.restore(path)?;
+        self.chat = None;
+        Ok(())
+    }
+
+    /// Empties the cache (and forgets the conversation).
     pub fn reset(&mut self) {
+        self.chat = None;
         self.session.reset();
     }
 

@@ -36,9 +36,11 @@ fn compile(ckpt: &Checkpoint, tok: &Tokenizer, context: usize) -> Arc<CompiledMo
         .iter()
         .map(|t| tok.encode(t, true, false))
         .collect();
-    let c = llama2c::llama_config(&ckpt.config);
-    let model = ref_backend::compile(&c, ckpt, &prompts, &opts, ckpt.sha256(), &mut |_| {});
-    Arc::new(model.expect("compiles"))
+    let config = llama2c::llama_config(&ckpt.config);
+    Arc::new(
+        ref_backend::compile(&config, ckpt, &prompts, &opts, ckpt.sha256(), &mut |_| {})
+            .expect("compiles"),
+    )
 }
 
 fn session(

@@ -82,6 +82,48 @@ pub struct BudgetArgs {
     /// Draw region bytes against context length for each strategy into an SVG file.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+    /// Also report what N concurrent sessions of one loaded model cost: each has its own region and
+    /// graph IO buffers; the weights and compiled graphs (--shared-bytes) are loaded once.
+    #[arg(long, value_name = "N")]
+    sessions: Option<usize>,
+    /// Bytes all sessions share (weights and compiled graphs, e.g. the context binary's size; the
+    /// config does not say) [default: 0, not counted].
+    #[arg(long, value_name = "BYTES", requires = "sessions")]
+    shared_bytes: Option<String>,
+}
+
+/// What N concurrent sessions cost with one strategy: N x (region + graph IO) + shared.
+#[derive(Debug, Clone, Copy)]
+struct SessionsCost {
+    sessions: usize,
+    per_session: usize,
+    shared: usize,
+    total: usize,
+}
+
+impl SessionsCost {
+    fn of(report: &BudgetReport, sessions: usize, shared: usize) -> anyhow::Result<SessionsCost> {
+        let total = report
+            .total_bytes
+            .checked_mul(sessions)
+            .and_then(|t| t.checked_add(shared))
+            .context("the sessions' bytes overflow the size type")?;
+        Ok(SessionsCost {
+            sessions,
+            per_session: report.total_bytes,
+            shared,
+            total,
+        })
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "sessions": self.sessions,
+            "per_session_bytes": self.per_session,
+            "shared_bytes": self.shared,
+            "total_bytes": self.total,
+        })
+    }
 }
 
 /// Arguments of `htpkv plan`.
@@ -175,15 +217,71 @@ pub fn run_budget(args: BudgetArgs) -> anyhow::Result<()> {
         plot_regions(&configs, args.overrides.update, plot)?;
         eprintln!("wrote {}", plot.display());
     }
+    let sessions = match args.sessions {
+        None => None,
+        Some(0) => bail!("--sessions must be at least 1"),
+        Some(n) => {
+            let shared = args
+                .shared_bytes
+                .as_deref()
+                .map(parse_byte_size)
+                .transpose()?
+                .unwrap_or(0);
+            let costs = reports
+                .iter()
+                .map(|r| SessionsCost::of(r, n, shared))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            Some(costs)
+        }
+    };
     if args.json {
-        let text = serde_json::to_string_pretty(&reports)?;
+        let mut values = serde_json::to_value(&reports)?;
+        if let (Some(costs), Some(list)) = (&sessions, values.as_array_mut()) {
+            for (v, cost) in list.iter_mut().zip(costs) {
+                v["sessions"] = cost.json();
+            }
+        }
+        let text = serde_json::to_string_pretty(&values)?;
         return output::to_stdout(|out| writeln!(out, "{text}"));
     }
     output::to_stdout(|out| {
-        configs
-            .iter()
-            .try_for_each(|config| print_config(out, config, &reports))
+        configs.iter().try_for_each(|config| {
+            print_config(out, config, &reports)?;
+            match &sessions {
+                Some(costs) => print_sessions(out, config, &reports, costs),
+                None => Ok(()),
+            }
+        })
     })
+}
+
+/// The N-session lines of one config.
+fn print_sessions(
+    out: &mut dyn Write,
+    config: &Config,
+    reports: &[BudgetReport],
+    costs: &[SessionsCost],
+) -> io::Result<()> {
+    let origin = config.origin.display().to_string();
+    for (r, c) in reports
+        .iter()
+        .zip(costs)
+        .filter(|(r, _)| r.config == origin)
+    {
+        writeln!(
+            out,
+            "  {} sessions ({}): {} x {} (region {} + graph IO {}) + shared {} = {}",
+            c.sessions,
+            r.update,
+            c.sessions,
+            human_bytes(c.per_session),
+            human_bytes(r.region_bytes),
+            human_bytes(r.graph_io_bytes),
+            human_bytes(c.shared),
+            human_bytes(c.total)
+        )?;
+    }
+    writeln!(out)
 }
 
 fn print_config(out: &mut dyn Write, config: &Config, reports: &[BudgetReport]) -> io::Result<()> {

@@ -282,3 +282,35 @@ fn bad_config_errors_name_file_and_field() {
     );
     assert!(err.contains("expected"), "{err}");
 }
+
+/// `--sessions N`: N regions and graph IO buffers plus the shared bytes, in JSON and text.
+#[test]
+fn budget_sessions_cost_n_regions_plus_the_shared_part() {
+    let cfg = config("stories260K.yaml");
+    let one = ok_json(&["budget", &cfg, "--json"]);
+    let four = ok_json(&[
+        "budget",
+        &cfg,
+        "--json",
+        "--sessions",
+        "4",
+        "--shared-bytes",
+        "1MiB",
+    ]);
+    let (one, four) = (one.as_array().unwrap(), four.as_array().unwrap());
+    assert_eq!(one.len(), four.len());
+    for (a, b) in one.iter().zip(four) {
+        let s = &b["sessions"];
+        assert_eq!(u(s, "sessions"), 4);
+        assert_eq!(u(s, "per_session_bytes"), u(a, "total_bytes"));
+        assert_eq!(u(s, "shared_bytes"), 1 << 20);
+        assert_eq!(u(s, "total_bytes"), 4 * u(a, "total_bytes") + (1 << 20));
+    }
+    let text = htpkv(&["budget", &cfg, "--sessions", "3"]);
+    assert!(text.status.success());
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("3 sessions (conveyor): 3 x "), "{text}");
+    let zero = htpkv(&["budget", &cfg, "--sessions", "0"]);
+    assert!(!zero.status.success());
+    assert!(String::from_utf8_lossy(&zero.stderr).contains("--sessions must be at least 1"));
+}

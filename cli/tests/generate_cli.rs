@@ -225,3 +225,73 @@ fn generate_save_then_resume_continues_the_same_text() {
     );
     assert!(o.stdout.is_empty());
 }
+
+/// `--overflow slide` goes past the context (more than 3x), shows each slide in the JSON, and a run
+/// saved and resumed across slides gives the same text as one run; `stop` ends at the context.
+#[test]
+fn generate_slides_past_the_context_and_resumes_across_slides() {
+    let dir = model_dir();
+    let work = scratch("slide");
+    let (dir, file) = (dir.to_str().unwrap(), work.join("chat.session"));
+    let file = file.to_str().unwrap();
+    let base = [
+        "generate",
+        "--model-dir",
+        dir,
+        "--context",
+        "64",
+        "--ar",
+        "1,8",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        text(&htpkv(&args, &work))
+    };
+    let doc: serde_json::Value = serde_json::from_str(&run(&[
+        "Once upon a time",
+        "--steps",
+        "200",
+        "--overflow",
+        "slide",
+        "--keep",
+        "4",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(doc["generated_tokens"], 200, "{doc}");
+    let slides = doc["slides"].as_array().unwrap();
+    assert!(slides.len() >= 9, "{doc}");
+    assert!(
+        slides
+            .iter()
+            .all(|s| s["rows_moved"] == 160 && s["dropped"] == 14)
+    );
+    assert!(
+        slides
+            .iter()
+            .all(|s| s["requant"]["elements"].as_u64() > Some(0))
+    );
+    let stopped: serde_json::Value =
+        serde_json::from_str(&run(&["Once upon a time", "--steps", "200", "--json"])).unwrap();
+    assert_eq!(stopped["stop"], "ContextFull");
+    let slide = ["--overflow", "slide", "--keep", "4"];
+    let mut first = vec!["Once upon a time", "--steps", "100", "--save", file];
+    first.extend_from_slice(&slide);
+    let mut second = vec!["--steps", "100", "--resume", file, "--update", "naive"];
+    second.extend_from_slice(&slide);
+    let mut whole = vec!["Once upon a time", "--steps", "200"];
+    whole.extend_from_slice(&slide);
+    let (first, second, whole) = (run(&first), run(&second), run(&whole));
+    assert_eq!(
+        format!(
+            "{}{}",
+            first.trim_end_matches('\n'),
+            second.trim_end_matches('\n')
+        ),
+        whole.trim_end_matches('\n')
+    );
+    let bad = htpkv(&[&base[..], &["--overflow", "sideways"]].concat(), &work);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown overflow policy `sideways`"));
+}

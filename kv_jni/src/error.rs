@@ -14,6 +14,8 @@ pub const KIND_PANIC: &str = "panic";
 pub const KIND_POISONED: &str = "poisoned";
 /// Kind of a failure of the JNI layer itself (a missing class, a bad signature, ...).
 pub const KIND_JNI: &str = "jni";
+/// A session file that cannot be restored (not a session, corrupted, another model or geometry).
+pub const KIND_BAD_SESSION: &str = "bad_session";
 
 /// What a native entry point reports instead of a value.
 ///
@@ -77,6 +79,16 @@ pub fn describe(err: &dyn std::error::Error) -> String {
 impl From<EngineError> for GlueError {
     fn from(err: EngineError) -> GlueError {
         GlueError::new(err.kind(), describe(&err))
+    }
+}
+
+impl From<htpkv::persist::PersistError> for GlueError {
+    fn from(err: htpkv::persist::PersistError) -> GlueError {
+        let kind = match err {
+            htpkv::persist::PersistError::Io { .. } => "io",
+            _ => KIND_BAD_SESSION,
+        };
+        GlueError::new(kind, describe(&err))
     }
 }
 

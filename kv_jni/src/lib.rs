@@ -27,15 +27,20 @@ pub mod registry;
 use crate::error::{GlueError, KIND_JNI, KIND_PANIC};
 use crate::options::{OpenArgs, generate_options, length, stop_name, to_jint, to_jlong};
 use crate::registry::{Registry, lock};
-use htpkv::engine::{Engine, budget_json};
+use htpkv::engine::{Engine, EngineOptions, Model, budget_json};
 use jni::errors::ErrorPolicy;
 use jni::objects::{JClass, JIntArray, JObject, JString, JThrowable, JValue};
 use jni::refs::Reference as _;
 use jni::sys::{jboolean, jfloat, jint, jlong};
 use jni::{Env, EnvUnowned, jni_sig, jni_str};
+use std::sync::Arc;
 
 /// Every open session, by handle.
 static SESSIONS: Registry<Engine> = Registry::new();
+
+/// Every open model (`org.htpkv.HtpkvModel`), by handle. A session holds its model, so closing a model
+/// does not end its sessions.
+static MODELS: Registry<Arc<Model>> = Registry::new();
 
 /// Compile-time check: an engine may move to whichever JVM thread calls.
 #[allow(dead_code)]
@@ -162,7 +167,48 @@ fn call_token_callback(
     })
 }
 
-/// `static native long nativeOpen(...)`: opens a session, returns its handle.
+/// The open options Java passed (see `SessionOptions`), checked.
+#[allow(clippy::too_many_arguments)]
+fn open_options(
+    env: &mut Env<'_>,
+    model_dir: &JString<'_>,
+    compiled: &JString<'_>,
+    backend: &JString<'_>,
+    backend_lib: &JString<'_>,
+    system_lib: &JString<'_>,
+    strategy: &JString<'_>,
+    kv_dtype: &JString<'_>,
+    weights: &JString<'_>,
+    context: jint,
+    ar: &JIntArray<'_>,
+    cache_dir: &JString<'_>,
+) -> Result<EngineOptions, GlueError> {
+    let mut ar_values = Vec::new();
+    if !ar.is_null() {
+        ar_values = vec![0; ar.len(env)?];
+        ar.get_region(env, 0, &mut ar_values)?;
+    }
+    let args = OpenArgs {
+        model_dir: optional_string(env, model_dir)?,
+        compiled: optional_string(env, compiled)?,
+        backend: optional_string(env, backend)?,
+        backend_lib: optional_string(env, backend_lib)?,
+        system_lib: optional_string(env, system_lib)?,
+        strategy: optional_string(env, strategy)?,
+        kv_dtype: optional_string(env, kv_dtype)?,
+        weights: optional_string(env, weights)?,
+        context,
+        ar: ar_values,
+        cache_dir: optional_string(env, cache_dir)?,
+    };
+    args.to_engine_options()
+}
+
+fn log_progress(line: &str) {
+    log::line(log::Level::Info, line);
+}
+
+/// `static native long nativeOpen(...)`: opens a session (and its own model), returns its handle.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
 pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeOpen<'local>(
@@ -181,29 +227,191 @@ pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeOpen<'local>(
     cache_dir: JString<'local>,
 ) -> jlong {
     entry(&mut env, |env| {
-        let mut ar_values = Vec::new();
-        if !ar.is_null() {
-            ar_values = vec![0; ar.len(env)?];
-            ar.get_region(env, 0, &mut ar_values)?;
-        }
-        let args = OpenArgs {
-            model_dir: optional_string(env, &model_dir)?,
-            compiled: optional_string(env, &compiled)?,
-            backend: optional_string(env, &backend)?,
-            backend_lib: optional_string(env, &backend_lib)?,
-            system_lib: optional_string(env, &system_lib)?,
-            strategy: optional_string(env, &strategy)?,
-            kv_dtype: optional_string(env, &kv_dtype)?,
-            weights: optional_string(env, &weights)?,
+        let options = open_options(
+            env,
+            &model_dir,
+            &compiled,
+            &backend,
+            &backend_lib,
+            &system_lib,
+            &strategy,
+            &kv_dtype,
+            &weights,
             context,
-            ar: ar_values,
-            cache_dir: optional_string(env, &cache_dir)?,
-        };
-        let options = args.to_engine_options()?;
-        let engine = Engine::open(&options, &mut |progress| {
-            log::line(log::Level::Info, progress);
-        })?;
+            &ar,
+            &cache_dir,
+        )?;
+        let engine = Engine::open(&options, &mut log_progress)?;
         Ok(SESSIONS.insert(engine))
+    })
+}
+
+/// `static native long nativeOpen(...)` of `HtpkvModel`: loads a model that sessions share.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "system" fn Java_org_htpkv_HtpkvModel_nativeOpen<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    model_dir: JString<'local>,
+    compiled: JString<'local>,
+    backend: JString<'local>,
+    backend_lib: JString<'local>,
+    system_lib: JString<'local>,
+    strategy: JString<'local>,
+    kv_dtype: JString<'local>,
+    weights: JString<'local>,
+    context: jint,
+    ar: JIntArray<'local>,
+    cache_dir: JString<'local>,
+) -> jlong {
+    entry(&mut env, |env| {
+        let options = open_options(
+            env,
+            &model_dir,
+            &compiled,
+            &backend,
+            &backend_lib,
+            &system_lib,
+            &strategy,
+            &kv_dtype,
+            &weights,
+            context,
+            &ar,
+            &cache_dir,
+        )?;
+        let model = Model::open(&options, &mut log_progress)?;
+        Ok(MODELS.insert(Arc::new(model)))
+    })
+}
+
+/// `static native long nativeNewSession(long model)`: a new session (own KV cache) on a model.
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_org_htpkv_HtpkvModel_nativeNewSession<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    model: jlong,
+) -> jlong {
+    entry(&mut env, |_env| {
+        let model = MODELS.with(model, |m| Ok(Arc::clone(m)))?;
+        Ok(SESSIONS.insert(Engine::on(model)?))
+    })
+}
+
+/// `static native long nativeSharedBytes(long model)`: bytes every session of the model shares.
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_org_htpkv_HtpkvModel_nativeSharedBytes<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    model: jlong,
+) -> jlong {
+    entry(&mut env, |_env| {
+        MODELS.with(model, |m| {
+            Ok(i64::try_from(m.shared_bytes()).unwrap_or(i64::MAX))
+        })
+    })
+}
+
+/// `static native void nativeClose(long model)`: closes a model handle (its sessions stay usable).
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_org_htpkv_HtpkvModel_nativeClose<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    model: jlong,
+) {
+    entry(&mut env, |_env| MODELS.remove(model))
+}
+
+/// `static native int nativeLiveModels()`: open model handles (for leak checks in tests).
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_org_htpkv_HtpkvModel_nativeLiveModels<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+) -> jint {
+    entry(&mut env, |_env| Ok(to_jint(MODELS.len())))
+}
+
+/// `static native void nativeSave(long handle, String path)`: saves the session atomically.
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeSave<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+    path: JString<'local>,
+) {
+    entry(&mut env, |env| {
+        let path = required_string(env, &path, "path")?;
+        SESSIONS.with(handle, |engine| Ok(engine.save(path.as_ref())?))
+    })
+}
+
+/// `static native void nativeRestore(long handle, String path)`: restores a saved session (kind
+/// `bad_session` or `io` on failure, the session unchanged).
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeRestore<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+    path: JString<'local>,
+) {
+    entry(&mut env, |env| {
+        let path = required_string(env, &path, "path")?;
+        SESSIONS.with(handle, |engine| Ok(engine.restore(path.as_ref())?))
+    })
+}
+
+/// `static native int nativeAppendTurn(long handle, String role, String text)`: adds a chat turn
+/// (see `Engine::append_turn`); returns the cached tokens.
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeAppendTurn<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+    role: JString<'local>,
+    text: JString<'local>,
+) -> jint {
+    entry(&mut env, |env| {
+        let role = required_string(env, &role, "role")?;
+        let text = required_string(env, &text, "text")?;
+        SESSIONS.with(handle, |engine| {
+            Ok(to_jint(engine.append_turn(&role, &text)?))
+        })
+    })
+}
+
+/// `static native void nativeSetOverflow(long handle, String policy, int keep, int chunk)`: the
+/// policy when the context fills (`stop`, `slide`, `slide-rerotate`, `slide-keep-positions`,
+/// `restart`).
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeSetOverflow<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+    policy: JString<'local>,
+    keep: jint,
+    chunk: jint,
+) {
+    entry(&mut env, |env| {
+        let policy = required_string(env, &policy, "policy")?;
+        let (keep, chunk) = (length(keep, "keep")?, length(chunk, "chunk")?);
+        SESSIONS.with(handle, |engine| {
+            let overflow = htpkv::session::Overflow::parse(&policy, keep, chunk)
+                .map_err(htpkv::engine::EngineError::from)?;
+            Ok(engine.set_overflow(overflow)?)
+        })
+    })
+}
+
+/// `static native int nativeSlides(long handle)`: slides (or restarts) so far.
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeSlides<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+) -> jint {
+    entry(&mut env, |_env| {
+        SESSIONS.with(handle, |engine| {
+            Ok(to_jint(engine.session().slides().len()))
+        })
     })
 }
 

@@ -129,11 +129,18 @@ impl RopeShift {
         }
     }
 
-    /// Rotates one head's row by `delta` positions (negative: back).
-    fn shift(&self, row: &mut [f32], delta: f32) {
-        let (sin, cos): (Vec<f32>, Vec<f32>) =
-            self.freqs.iter().map(|f| (delta * f).sin_cos()).unzip();
-        model::ops::rope_apply(row, &cos, &sin, self.pairing);
+    /// The cos/sin tables of a rotation by `delta` positions (negative: back).
+    fn tables(&self, delta: f32) -> (Vec<f32>, Vec<f32>) {
+        self.freqs
+            .iter()
+            .map(|&f| (delta * f).sin_cos())
+            .map(|(s, c)| (c, s))
+            .unzip()
+    }
+
+    /// Rotates one head's row by the rotation of `tables`.
+    fn apply(&self, row: &mut [f32], (cos, sin): &(Vec<f32>, Vec<f32>)) {
+        model::ops::rope_apply(row, cos, sin, self.pairing);
     }
 }
 
@@ -257,10 +264,10 @@ impl<B: Backend> Session<B> {
             SessionError::Input("re-rotation needs the model's RoPE configuration".into())
         })?;
         let len = self.cache.len();
-        let delta = -(drop as f32);
+        let tables = rope.tables(-(drop as f32));
         Ok(self
             .cache
-            .map_key_rows(from..len, |_, _, _, row| rope.shift(row, delta))?)
+            .map_key_rows(from..len, |_, _, _, row| rope.apply(row, &tables))?)
     }
 }
 
@@ -280,7 +287,8 @@ mod tests {
             let raw: Vec<f32> = (0..8).map(|i| (i as f32 * 0.7).sin()).collect();
             let (mut shifted, mut direct) = (raw.clone(), raw.clone());
             rope.rotate(&mut shifted, 300);
-            RopeShift::new(8, &cfg).shift(&mut shifted, -120.0);
+            let shift = RopeShift::new(8, &cfg);
+            shift.apply(&mut shifted, &shift.tables(-120.0));
             rope.rotate(&mut direct, 180);
             for (a, b) in shifted.iter().zip(&direct) {
                 assert!(

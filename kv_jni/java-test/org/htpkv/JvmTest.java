@@ -5,6 +5,7 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
+import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -114,6 +115,8 @@ public final class JvmTest {
                 fail("open_reference_session", e);
             }
             test("strategies_give_the_same_text", () -> strategiesAgree(reference));
+            test("model_sessions_on_threads_give_the_same_text", () -> modelSessions(reference));
+            test("chat_slides_saves_and_restores", JvmTest::chatSlidesSavesRestores);
             test("small_context_fills_up", JvmTest::smallContext);
             test("use_after_close_is_closed", JvmTest::useAfterClose);
             test("close_while_generating_on_another_thread", JvmTest::closeWhileGenerating);
@@ -125,6 +128,8 @@ public final class JvmTest {
         } else {
             skip("model tests", "no model");
         }
+        test("no_model_leaks", () -> check(HtpkvModel.nativeLiveModels() == 0,
+                "live models after closing all: " + HtpkvModel.nativeLiveModels()));
         test("no_session_leaks", () -> check(HtpkvSession.nativeLiveSessions() == 0,
                 "live sessions after closing all: " + HtpkvSession.nativeLiveSessions()));
 
@@ -509,6 +514,74 @@ public final class JvmTest {
     }
 
     // ---- the CLI oracle ----
+
+    /** One model, three sessions generating at once on three threads: the same text as the CLI. */
+    static void modelSessions(String expected) throws Exception {
+        try (HtpkvModel model = HtpkvModel.open(options().build())) {
+            check(model.sharedBytes() > 0, "shared bytes " + model.sharedBytes());
+            List<HtpkvSession> sessions = new ArrayList<>();
+            for (int i = 0; i < 3; i++) {
+                sessions.add(model.newSession());
+            }
+            List<Thread> threads = new ArrayList<>();
+            String[] texts = new String[sessions.size()];
+            for (int i = 0; i < sessions.size(); i++) {
+                final int k = i;
+                Thread t = new Thread(() -> texts[k] = sessions.get(k).generate(PROMPT, STEPS).text());
+                threads.add(t);
+                t.start();
+            }
+            for (Thread t : threads) {
+                t.join(TimeUnit.SECONDS.toMillis(TIMEOUT_SECONDS));
+            }
+            for (HtpkvSession s : sessions) {
+                s.close();
+            }
+            for (String text : texts) {
+                check(text != null && !text.isEmpty(), "a session produced no text");
+                checkEquals(texts[0], text);
+            }
+            if (expected != null) {
+                checkEquals(expected, texts[0]);
+            }
+        }
+    }
+
+    /**
+     * A chat of turns on a 64-token context with {@code slide}: it outgrows the context more than three
+     * times, is saved, restored into a new session of the same model, and both continue alike.
+     */
+    static void chatSlidesSavesRestores() throws Exception {
+        Path file = Files.createTempFile("htpkv-chat", ".session");
+        try (HtpkvModel model = HtpkvModel.open(options().context(64).arVariants(1, 8).build());
+                HtpkvSession a = model.newSession();
+                HtpkvSession b = model.newSession()) {
+            HtpkvException bad = expectThrows(HtpkvException.class, () -> a.setOverflow("sideways", 4, 8));
+            check("bad_option".equals(bad.kind()), "kind " + bad.kind());
+            a.setOverflow("slide", 4, 12);
+            b.setOverflow("slide", 4, 12);
+            a.appendTurn("system", "The story is about a cat.");
+            int generated = 0;
+            for (String line : new String[] {"Tell me about the cat.", "What did it eat?", "Where did it go?"}) {
+                a.appendTurn("user", line);
+                generated += a.generate("", 80).generatedTokens();
+                check(a.length() <= a.capacity(), "length " + a.length());
+            }
+            check(generated > 3 * 64 - 40, "generated only " + generated);
+            check(a.slides() >= 3, "slides " + a.slides());
+            a.save(file.toString());
+            b.restore(file.toString());
+            checkEquals(Integer.toString(a.length()), Integer.toString(b.length()));
+            b.appendTurn("user", "And then?");
+            a.appendTurn("user", "And then?");
+            checkEquals(a.generate("", 40).text(), b.generate("", 40).text());
+            Files.write(file, new byte[] {1, 2, 3});
+            HtpkvException e = expectThrows(HtpkvException.class, () -> b.restore(file.toString()));
+            check("bad_session".equals(e.kind()), "kind " + e.kind() + ": " + e.getMessage());
+        } finally {
+            Files.deleteIfExists(file);
+        }
+    }
 
     static SessionOptions.Builder options() {
         return SessionOptions.builder().modelDir(modelDir);

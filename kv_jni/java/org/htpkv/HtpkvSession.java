@@ -40,7 +40,7 @@ public final class HtpkvSession implements AutoCloseable {
     /** The native handle; 0 once closed. */
     private final AtomicLong handle;
 
-    private HtpkvSession(long handle) {
+    HtpkvSession(long handle) {
         this.handle = new AtomicLong(handle);
     }
 
@@ -153,6 +153,56 @@ public final class HtpkvSession implements AutoCloseable {
         return h;
     }
 
+    /**
+     * Saves the session (tokens, K/V rows, positions, last logits) to {@code path}, atomically.
+     *
+     * @throws HtpkvException kind {@code io} when the file cannot be written
+     */
+    public void save(String path) {
+        nativeSave(live(), path);
+    }
+
+    /**
+     * Replaces the session's contents with a file written by {@link #save} for the same model (any
+     * strategy); later turns and generations continue after its text. On failure the session is
+     * unchanged.
+     *
+     * @throws HtpkvException kind {@code bad_session} (not a session, corrupted, another model) or
+     *     {@code io}
+     */
+    public void restore(String path) {
+        nativeRestore(live(), path);
+    }
+
+    /**
+     * Adds a chat turn ({@code system}, {@code user}, {@code assistant}) and prefills only what it adds
+     * to the conversation: rendered with the model's chat template when it has one, else as the plain
+     * {@code "<role>: <text>\n"} lines with {@code "assistant: "} after a user turn.
+     * {@code generate("", n)} then answers, and the answer is recorded as the assistant's turn.
+     *
+     * @return tokens cached
+     */
+    public int appendTurn(String role, String text) {
+        return nativeAppendTurn(live(), role, text);
+    }
+
+    /**
+     * Sets what happens when the context is full: {@code stop} (the default), {@code slide} (keep the
+     * first {@code keep} tokens, drop at least {@code chunk} of the oldest others, re-rotate the kept
+     * keys), {@code slide-rerotate}, {@code slide-keep-positions} or {@code restart}.
+     *
+     * @throws HtpkvException kind {@code bad_option} for an unknown policy or a keep/chunk that leaves
+     *     no room
+     */
+    public void setOverflow(String policy, int keep, int chunk) {
+        nativeSetOverflow(live(), policy, keep, chunk);
+    }
+
+    /** Slides (or restarts) so far. */
+    public int slides() {
+        return nativeSlides(live());
+    }
+
     // The native half (kv_jni). Package-private so tests in org.htpkv can pass forged handles.
     static native long nativeOpen(String modelDir, String compiled, String backend, String backendLib,
             String systemLib, String strategy, String kvDtype, String weights, int context, int[] ar,
@@ -178,6 +228,16 @@ public final class HtpkvSession implements AutoCloseable {
     static native String nativeBudget(String configYaml);
 
     static native int nativeLiveSessions();
+
+    static native void nativeSave(long handle, String path);
+
+    static native void nativeRestore(long handle, String path);
+
+    static native int nativeAppendTurn(long handle, String role, String text);
+
+    static native void nativeSetOverflow(long handle, String policy, int keep, int chunk);
+
+    static native int nativeSlides(long handle);
 
     static native boolean nativePanicForTest();
 }
