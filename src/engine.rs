@@ -4,9 +4,11 @@
 use crate::backend::Backend;
 use crate::reference::ReferenceBackend;
 use crate::sampler::SamplerError;
-use crate::session::{GenerateOptions, Generation, Session, SessionError, SessionStats};
+use crate::session::{GenerateOptions, Generation, Session, SessionError, SessionStats, TextCodec};
+use crate::text::{ChatFormat, HfCodec};
 use kv_manager::{HostAllocator, RegionAllocator, Reserve, Strategy};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
+use model::{LlamaConfig, Message, WeightSource};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType};
 use std::path::{Path, PathBuf};
@@ -32,8 +34,9 @@ pub enum BackendChoice {
 /// How to open an [`Engine`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineOptions {
-    /// Model directory; `None` searches `$HTPKV_MODEL_DIR`, `./models/stories260K`,
-    /// `../shared/models/stories260K`.
+    /// The model: a llama2.c directory, a GGUF file or a Hugging Face folder (`config.json`,
+    /// safetensors, `tokenizer.json`); `None` searches `$HTPKV_MODEL_DIR`,
+    /// `./models/stories260K`, `../shared/models/stories260K`.
     pub model_dir: Option<PathBuf>,
     /// A compiled model file to load instead of compiling (the tokenizer still comes from the model
     /// directory).
@@ -44,7 +47,7 @@ pub struct EngineOptions {
     pub kv_dtype: DataType,
     /// Weights: "i8", "f16" or "f32".
     pub weights: String,
-    /// Context length S; `None` uses the model's `seq_len`.
+    /// Context length S; `None` uses the model's context length, at most [`DEFAULT_MAX_CONTEXT`].
     pub context: Option<usize>,
     /// AR variants of the compiled graphs (prefill and decode).
     pub ar: Vec<usize>,
@@ -107,6 +110,9 @@ impl EngineOptions {
 pub enum EngineError {
     #[error(transparent)]
     Model(#[from] llama2c::ModelError),
+    /// A GGUF file or Hugging Face folder that cannot be used (the message names it).
+    #[error(transparent)]
+    ModelFile(#[from] model::Error),
     #[error("compiling the model")]
     Compile(#[from] ref_backend::CompileError),
     /// The compiled model file cannot be used (its message names the file).
@@ -159,6 +165,8 @@ impl EngineError {
             EngineError::Model(llama2c::ModelError::ModelNotFound { .. }) => "model_not_found",
             EngineError::Model(llama2c::ModelError::File(_)) => "io",
             EngineError::Model(_) => "bad_model",
+            EngineError::ModelFile(model::Error::Io { .. }) => "io",
+            EngineError::ModelFile(_) => "bad_model",
             EngineError::Compile(_) => "compile",
             EngineError::Format(ref_backend::FormatError::File(_)) => "io",
             EngineError::Format(_) => "bad_model",
@@ -194,13 +202,19 @@ pub fn default_cache_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".htpkv-cache"))
 }
 
-/// The compile options an [`EngineOptions`] asks for, for a checkpoint.
+/// The longest context the engine compiles for when none is asked for (the model's own context
+/// length when shorter): a longer one costs K/V memory most runs never use.
+pub const DEFAULT_MAX_CONTEXT: usize = 2048;
+
+/// The compile options an [`EngineOptions`] asks for, for a model described by `config`.
 pub fn compile_options(
     options: &EngineOptions,
-    checkpoint: &Checkpoint,
+    config: &LlamaConfig,
 ) -> Result<CompileOptions, EngineError> {
-    let context = options.context.unwrap_or(checkpoint.config.seq_len);
-    check_geometry(&checkpoint.config, context, &options.ar, options.kv_dtype)?;
+    let context = options
+        .context
+        .unwrap_or(config.context_length.min(DEFAULT_MAX_CONTEXT));
+    check_geometry(config, context, &options.ar, options.kv_dtype)?;
     let mut opts = CompileOptions::new(context, options.ar.clone());
     opts.kv_dtype = options.kv_dtype;
     opts.weights = options
@@ -211,10 +225,10 @@ pub fn compile_options(
 }
 
 /// The calibration sequences the engine compiles with: the default prompts, tokenized with BOS.
-pub fn calibration_sequences(tokenizer: &Tokenizer) -> Vec<Vec<u32>> {
+pub fn calibration_sequences(codec: &dyn TextCodec) -> Vec<Vec<u32>> {
     ref_backend::DEFAULT_CALIBRATION_PROMPTS
         .iter()
-        .map(|text| tokenizer.encode(text, true, false))
+        .map(|text| codec.encode(text, true))
         .collect()
 }
 
@@ -222,7 +236,7 @@ pub fn calibration_sequences(tokenizer: &Tokenizer) -> Vec<Vec<u32>> {
 /// AR variants (the rules of [`kv_manager::Geometry::validate`], e.g. the largest and the smallest
 /// AR variant must fit in the context together).
 pub fn check_geometry(
-    config: &llama2c::Config,
+    config: &LlamaConfig,
     context: usize,
     ar: &[usize],
     kv_dtype: DataType,
@@ -230,7 +244,7 @@ pub fn check_geometry(
     let geometry = kv_manager::Geometry::new(
         config.n_layers,
         config.n_kv_heads,
-        config.head_dim(),
+        config.head_dim,
         context,
         ar,
         kv_dtype,
@@ -240,23 +254,166 @@ pub fn check_geometry(
         .map_err(|e| EngineError::BadOption(e.to_string()))
 }
 
-/// Loads the compiled model for `checkpoint` and `opts` from `cache_dir`, or compiles it and
-/// stores it there (atomically). A cache entry is used only when it was compiled from this
-/// checkpoint (the SHA-256 recorded in the file, not only the one in its name) with these
-/// options and calibration sequences. `progress` receives human-readable status lines.
+/// Where a model's weights come from when it must be compiled.
+enum WeightsFrom {
+    /// A llama2.c checkpoint (already loaded: its hash keys the cache).
+    Checkpoint(Checkpoint),
+    /// A GGUF file or Hugging Face folder, loaded (and dequantized) only to compile.
+    File,
+}
+
+/// A model found on disk, opened as far as the engine needs before compiling: its description,
+/// fingerprint, tokenizer and chat format.
+pub struct OpenedModel {
+    /// The checkpoint file, GGUF file or Hugging Face folder.
+    pub path: PathBuf,
+    /// The description.
+    pub config: LlamaConfig,
+    /// SHA-256 of the model's files: keys the compiled cache and is recorded in compiled files.
+    pub fingerprint: [u8; 32],
+    /// The tokenizer, with the model's stop tokens.
+    pub codec: Box<dyn TextCodec + Send + Sync>,
+    /// The chat template, or the plain fallback.
+    pub chat: ChatFormat,
+    /// Tokens the tokenizer knows.
+    pub vocab: usize,
+    weights: WeightsFrom,
+}
+
+impl std::fmt::Debug for OpenedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenedModel")
+            .field("path", &self.path)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OpenedModel {
+    /// Finds and opens the model `model` names: a GGUF file or a folder with `config.json` is
+    /// opened with the `model` crate; anything else is a llama2.c directory (`None`: discovery,
+    /// see [`EngineOptions::model_dir`]).
+    pub fn open(model: Option<&Path>) -> Result<OpenedModel, EngineError> {
+        match model {
+            Some(p) if p.is_file() || p.join("config.json").is_file() => Self::open_file(p),
+            other => Self::open_llama2c(&ModelFiles::discover(other)?),
+        }
+    }
+
+    fn open_llama2c(files: &ModelFiles) -> Result<OpenedModel, EngineError> {
+        let checkpoint = Checkpoint::load(&files.checkpoint)?;
+        let tokenizer = Tokenizer::load(&files.tokenizer, checkpoint.config.vocab_size)?;
+        Ok(OpenedModel {
+            path: files.checkpoint.clone(),
+            config: llama2c::llama_config(&checkpoint.config),
+            fingerprint: checkpoint.sha256(),
+            vocab: tokenizer.vocab_size(),
+            codec: Box::new(tokenizer),
+            chat: ChatFormat::new(None),
+            weights: WeightsFrom::Checkpoint(checkpoint),
+        })
+    }
+
+    fn open_file(path: &Path) -> Result<OpenedModel, EngineError> {
+        let text = model::load_text(path)?;
+        let stops = text.config.special.stop_tokens();
+        Ok(OpenedModel {
+            path: path.to_path_buf(),
+            fingerprint: fingerprint(path)?,
+            vocab: text.tokenizer.vocab_size(),
+            codec: Box::new(HfCodec::new(text.tokenizer, stops)),
+            chat: ChatFormat::new(text.chat),
+            config: text.config,
+            weights: WeightsFrom::File,
+        })
+    }
+
+    /// Lower-case hex of [`OpenedModel::fingerprint`].
+    pub fn fingerprint_hex(&self) -> String {
+        llama2c::hex(&self.fingerprint)
+    }
+
+    /// Compiles the model (loading a GGUF or Hugging Face model's weights first).
+    fn compile(
+        &self,
+        opts: &CompileOptions,
+        calibration: &[Vec<u32>],
+        progress: &mut dyn FnMut(ref_backend::Progress),
+    ) -> Result<CompiledModel, EngineError> {
+        let loaded;
+        let weights: &dyn WeightSource = match &self.weights {
+            WeightsFrom::Checkpoint(c) => c,
+            WeightsFrom::File => {
+                loaded = model::load(&self.path)?;
+                &*loaded.weights
+            }
+        };
+        Ok(ref_backend::compile(
+            &self.config,
+            weights,
+            calibration,
+            opts,
+            self.fingerprint,
+            progress,
+        )?)
+    }
+}
+
+/// SHA-256 over a model's files: a GGUF file's bytes, or for a Hugging Face folder the name and
+/// SHA-256 of each of `config.json`, `tokenizer.json`, `tokenizer_config.json` and the
+/// `*.safetensors` files, in name order.
+fn fingerprint(path: &Path) -> Result<[u8; 32], EngineError> {
+    let read = |p: &Path| {
+        std::fs::read(p).map_err(|error| EngineError::Io {
+            what: "reading",
+            path: p.to_path_buf(),
+            error,
+        })
+    };
+    if path.is_file() {
+        return Ok(llama2c::sha256(&read(path)?));
+    }
+    let entries = std::fs::read_dir(path).map_err(|error| EngineError::Io {
+        what: "listing",
+        path: path.to_path_buf(),
+        error,
+    })?;
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            n.ends_with(".safetensors")
+                || ["config.json", "tokenizer.json", "tokenizer_config.json"].contains(&n.as_str())
+        })
+        .collect();
+    names.sort();
+    let mut all = Vec::new();
+    for name in names {
+        all.extend_from_slice(name.as_bytes());
+        all.extend_from_slice(&llama2c::sha256(&read(&path.join(&name))?));
+    }
+    Ok(llama2c::sha256(&all))
+}
+
+/// Loads the compiled model for `model` and `opts` from `cache_dir`, or compiles it and stores it
+/// there (atomically). A cache entry is used only when it was compiled from this model (the
+/// SHA-256 recorded in the file, not only the one in its name) with these options and
+/// calibration sequences. `status` receives human-readable status lines, `progress` the
+/// compiler's progress.
 pub fn compiled_model(
-    checkpoint_path: &Path,
-    checkpoint: &Checkpoint,
+    model: &OpenedModel,
     opts: &CompileOptions,
     calibration: &[Vec<u32>],
     cache_dir: &Path,
-    progress: &mut dyn FnMut(&str),
+    status: &mut dyn FnMut(&str),
+    progress: &mut dyn FnMut(ref_backend::Progress),
 ) -> Result<(CompiledModel, PathBuf), EngineError> {
-    let stem = checkpoint_path
+    let stem = model
+        .path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let digest = checkpoint.sha256_hex();
+    let digest = model.fingerprint_hex();
     let path = cache_dir.join(format!(
         "{stem}-{}-{}.htpkv",
         &digest[..16],
@@ -264,78 +421,72 @@ pub fn compiled_model(
     ));
     if path.exists() {
         match CompiledModel::read(&path) {
-            Ok(model) if model.model_sha256_hex() != digest => progress(&format!(
-                "{} was compiled from another checkpoint; recompiling",
+            Ok(m) if m.model_sha256_hex() != digest => status(&format!(
+                "{} was compiled from another model; recompiling",
                 path.display()
             )),
-            Ok(model) if model.options() == opts && model.calibration() == calibration => {
-                return Ok((model, path));
+            Ok(m) if m.options() == opts && m.calibration() == calibration => {
+                return Ok((m, path));
             }
-            Ok(_) => progress(&format!(
+            Ok(_) => status(&format!(
                 "{} was compiled with other options; recompiling",
                 path.display()
             )),
-            Err(e) => progress(&format!(
+            Err(e) => status(&format!(
                 "{} is unusable ({e}); recompiling",
                 path.display()
             )),
         }
     }
-    progress(&format!(
+    status(&format!(
         "compiling {} (first use) ...",
-        checkpoint_path.display()
+        model.path.display()
     ));
-    let mut last = (ref_backend::Stage::BuildGraphs, u64::MAX);
-    let config = llama2c::llama_config(&checkpoint.config);
-    let fingerprint = checkpoint.sha256();
-    let model = ref_backend::compile(
-        &config,
-        checkpoint,
-        calibration,
-        opts,
-        fingerprint,
-        &mut |p| {
-            let pct = (p.done * 100).checked_div(p.total).unwrap_or(100);
-            if (p.stage, pct / 25) != (last.0, last.1) {
-                last = (p.stage, pct / 25);
-                progress(&format!("  {} {pct}%", p.stage.name()));
-            }
-        },
-    )?;
+    let compiled = model.compile(opts, calibration, progress)?;
     std::fs::create_dir_all(cache_dir).map_err(|error| EngineError::Io {
         what: "creating the cache directory",
         path: cache_dir.to_path_buf(),
         error,
     })?;
-    model.write(&path, &[checkpoint_path])?;
-    progress(&format!("compiled model cached at {}", path.display()));
-    Ok((model, path))
+    compiled.write(&path, &[&model.path])?;
+    status(&format!("compiled model cached at {}", path.display()));
+    Ok((compiled, path))
+}
+
+/// Status lines for a compile: one per stage and quarter of it (for logs and the JNI layer; the
+/// CLI draws progress bars instead).
+pub fn progress_lines(status: &mut dyn FnMut(&str)) -> impl FnMut(ref_backend::Progress) + '_ {
+    let mut last = (ref_backend::Stage::BuildGraphs, u64::MAX);
+    move |p| {
+        let pct = (p.done * 100).checked_div(p.total).unwrap_or(100);
+        if (p.stage, pct / 25) != (last.0, last.1) {
+            last = (p.stage, pct / 25);
+            status(&format!("  {} {pct}%", p.stage.name()));
+        }
+    }
 }
 
 /// Reads a compiled model given by the user and checks that it was compiled from `checkpoint`
 /// (whose tokenizer will decode its output).
-fn read_compiled(
-    path: &Path,
-    checkpoint_path: &Path,
-    checkpoint: &Checkpoint,
-) -> Result<CompiledModel, EngineError> {
-    let model = CompiledModel::read(path)?;
-    let (compiled_from, checkpoint_sha256) = (model.model_sha256_hex(), checkpoint.sha256_hex());
+fn read_compiled(path: &Path, model: &OpenedModel) -> Result<CompiledModel, EngineError> {
+    let compiled = CompiledModel::read(path)?;
+    let (compiled_from, checkpoint_sha256) = (compiled.model_sha256_hex(), model.fingerprint_hex());
     if compiled_from != checkpoint_sha256 {
         return Err(EngineError::CheckpointMismatch {
             compiled: path.to_path_buf(),
             compiled_from,
-            checkpoint: checkpoint_path.to_path_buf(),
+            checkpoint: model.path.clone(),
             checkpoint_sha256,
         });
     }
-    Ok(model)
+    Ok(compiled)
 }
 
-/// A model ready to generate: session (backend + KV cache) and tokenizer.
+/// A model ready to generate: session (backend + KV cache), tokenizer and chat format.
 pub struct Engine {
     session: Session<Box<dyn Backend>>,
-    tokenizer: Tokenizer,
+    tokenizer: Box<dyn TextCodec + Send + Sync>,
+    chat: ChatFormat,
     compiled_path: PathBuf,
     compiled_options: Option<CompileOptions>,
 }
@@ -355,24 +506,33 @@ impl Engine {
     /// the KV cache from the compiled graphs' own tensor descriptions.
     pub fn open(
         options: &EngineOptions,
-        progress: &mut dyn FnMut(&str),
+        status: &mut dyn FnMut(&str),
     ) -> Result<Engine, EngineError> {
-        let files = ModelFiles::discover(options.model_dir.as_deref())?;
-        let checkpoint = Checkpoint::load(&files.checkpoint)?;
-        let tokenizer = Tokenizer::load(&files.tokenizer, checkpoint.config.vocab_size)?;
+        let mut lines = |s: &str| status(s);
+        let mut progress = progress_lines(&mut lines);
+        Self::open_with(options, &mut |_| {}, &mut progress)
+    }
+
+    /// [`Engine::open`] with the compiler's progress passed on as it is (e.g. to progress bars).
+    pub fn open_with(
+        options: &EngineOptions,
+        status: &mut dyn FnMut(&str),
+        progress: &mut dyn FnMut(ref_backend::Progress),
+    ) -> Result<Engine, EngineError> {
+        let opened = OpenedModel::open(options.model_dir.as_deref())?;
         // A given compiled file is only parsed by the reference backend; the QNN backend hands it to the
         // QNN library as it is (on a device: a context binary made by Qualcomm's tools).
         let (model, compiled_path) = match &options.compiled {
             Some(path) => (None, path.clone()),
             None => {
-                let opts = compile_options(options, &checkpoint)?;
+                let opts = compile_options(options, &opened.config)?;
                 let cache_dir = options.cache_dir.clone().unwrap_or_else(default_cache_dir);
                 let (model, path) = compiled_model(
-                    &files.checkpoint,
-                    &checkpoint,
+                    &opened,
                     &opts,
-                    &calibration_sequences(&tokenizer),
+                    &calibration_sequences(&opened.codec),
                     &cache_dir,
+                    status,
                     progress,
                 )?;
                 (Some(model), path)
@@ -384,7 +544,7 @@ impl Engine {
                 BackendChoice::Reference => {
                     let model = match model {
                         Some(m) => m,
-                        None => read_compiled(&compiled_path, &files.checkpoint, &checkpoint)?,
+                        None => read_compiled(&compiled_path, &opened)?,
                     };
                     compiled_options = Some(model.options().clone());
                     let backend = ReferenceBackend::new(Arc::new(model));
@@ -408,16 +568,20 @@ impl Engine {
                 }
             };
         let session = Session::new(backend, options.strategy, allocator.as_ref())?;
-        if session.vocab_size() != tokenizer.vocab_size() {
+        // A tokenizer may know fewer tokens than the model has rows (padded vocabularies), never
+        // more.
+        if session.vocab_size() < opened.vocab || session.vocab_size() != opened.config.vocab_size {
             return Err(EngineError::BadOption(format!(
-                "the compiled model's logits cover {} tokens but the tokenizer has {}",
+                "the compiled model's logits cover {} tokens but the model has {} and its tokenizer {}",
                 session.vocab_size(),
-                tokenizer.vocab_size()
+                opened.config.vocab_size,
+                opened.vocab
             )));
         }
         Ok(Engine {
             session,
-            tokenizer,
+            tokenizer: opened.codec,
+            chat: opened.chat,
             compiled_path,
             compiled_options,
         })
@@ -433,6 +597,52 @@ impl Engine {
         Ok(self
             .session
             .generate(&self.tokenizer, prompt, options, on_text)?)
+    }
+
+    /// Answers the last turn of `messages` (rendered with the model's chat format, see
+    /// [`crate::text`]), keeping the cache across calls: the cached tokens that are a prefix of the
+    /// rendered conversation stay, the cache rolls back to the common prefix when they differ
+    /// (e.g. an answer that re-tokenizes differently), and only the rest is prefilled — the
+    /// history is never prefilled twice. `prompt_tokens` of the result are the tokens fed.
+    pub fn chat(
+        &mut self,
+        messages: &[Message],
+        options: &GenerateOptions,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Generation, EngineError> {
+        let prompt = self.chat.render(messages)?;
+        let full = self.tokenizer.encode(&prompt, true);
+        if full.is_empty() {
+            return Err(SessionError::Input("the conversation encodes to no tokens".into()).into());
+        }
+        let cached = self.session.tokens();
+        let common = cached.iter().zip(&full).take_while(|(a, b)| a == b).count();
+        // At least one token is fed: its step gives the logits of the answer's first token.
+        let keep = common.min(full.len() - 1);
+        let room = self.session.capacity().saturating_sub(keep);
+        if full.len() - keep > room {
+            return Err(SessionError::PromptTooLong {
+                prompt: full.len() - keep,
+                room,
+                at_least: false,
+            }
+            .into());
+        }
+        if keep < self.session.len() {
+            self.session.rollback(keep)?;
+        }
+        let fed = full[keep..].to_vec();
+        self.session.prefill(&fed)?;
+        let mut generation = self
+            .session
+            .generate(&self.tokenizer, "", options, on_text)?;
+        generation.prompt_tokens = fed;
+        Ok(generation)
+    }
+
+    /// True when the model has its own chat template (else chat uses the plain fallback).
+    pub fn has_chat_template(&self) -> bool {
+        self.chat.has_template()
     }
 
     /// Runs `text` into the cache without generating (BOS first when the cache is empty); returns the
@@ -492,7 +702,7 @@ impl Engine {
     }
 
     /// The tokenizer.
-    pub fn tokenizer(&self) -> &Tokenizer {
+    pub fn tokenizer(&self) -> &dyn TextCodec {
         &self.tokenizer
     }
 

@@ -20,3 +20,4 @@ pub mod qnn_memory;
 pub mod reference;
 pub mod sampler;
 pub mod session;
+pub mod text;

@@ -4,13 +4,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use indicatif::{ProgressBar, ProgressStyle};
 use llama2c::fsio::{FileKind, check_output, read_capped};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::DataType;
 use ref_backend::{
     CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS, Granularity, KLayout,
-    Progress, Stage, WeightType,
+    Progress, WeightType,
 };
 
 /// Arguments of `htpkv compile`.
@@ -88,7 +87,8 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     check_output(&args.out, &inputs)?;
     let ckpt = Checkpoint::load(&ckpt_path).context("loading the checkpoint")?;
     let context = args.context.unwrap_or(ckpt.config.seq_len);
-    htpkv::engine::check_geometry(&ckpt.config, context, &args.ar, args.kv_dtype)?;
+    let config = llama2c::llama_config(&ckpt.config);
+    htpkv::engine::check_geometry(&config, context, &args.ar, args.kv_dtype)?;
     let tok =
         Tokenizer::load(&tok_path, ckpt.config.vocab_size).context("loading the tokenizer")?;
 
@@ -120,15 +120,8 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     opts.granularity = args.granularity;
     opts.calibration_tokens = args.calibration_tokens;
     let calibration: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t, true, false)).collect();
-    let config = llama2c::llama_config(&ckpt.config);
 
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template("{prefix:>10} [{bar:40}] {pos}/{len} {elapsed}")
-            .context("progress template")?
-            .progress_chars("=> "),
-    );
-    let mut stage: Option<Stage> = None;
+    let mut bars = crate::progress::StageBars::default();
     let started = Instant::now();
     let fingerprint = ckpt.sha256();
     let model = ref_backend::compile(
@@ -137,18 +130,10 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         &calibration,
         &opts,
         fingerprint,
-        &mut |p: Progress| {
-            if stage != Some(p.stage) {
-                stage = Some(p.stage);
-                bar.set_prefix(p.stage.name());
-                bar.reset();
-            }
-            bar.set_length(p.total);
-            bar.set_position(p.done);
-        },
+        &mut |p: Progress| bars.update(p),
     )
     .context("compiling")?;
-    bar.finish_and_clear();
+    bars.finish();
 
     // Written only after it was read back and found equal (the runtime's validation).
     model.write(&args.out, &inputs)?;

@@ -131,10 +131,7 @@ fn gguf_text(file: &GgufFile) -> Result<(HfTokenizer, Option<ChatTemplate>), Err
     Ok((tokenizer, chat))
 }
 
-fn hf_text(
-    dir: &Path,
-    config: &LlamaConfig,
-) -> Result<(HfTokenizer, Option<ChatTemplate>), Error> {
+fn hf_text(dir: &Path, config: &LlamaConfig) -> Result<(HfTokenizer, Option<ChatTemplate>), Error> {
     let tok_config = dir.join("tokenizer_config.json");
     let (add_bos, chat) = if tok_config.is_file() {
         (add_bos_token(&tok_config)?, template_if_any(&tok_config)?)
