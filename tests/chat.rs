@@ -1,0 +1,67 @@
+//! `Engine::chat` keeps the KV cache across turns: each turn feeds only what the cache does not
+//! hold, and the answers equal those of a fresh engine that prefills the whole conversation.
+
+use htpkv::engine::{Engine, EngineOptions};
+use htpkv::sampler::SamplerOptions;
+use htpkv::session::GenerateOptions;
+use model::Message;
+use std::path::PathBuf;
+
+fn options() -> EngineOptions {
+    let cache = std::env::temp_dir().join(format!("htpkv-chat-test-{}", std::process::id()));
+    EngineOptions {
+        model_dir: Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/stories260K")),
+        cache_dir: Some(cache),
+        ..EngineOptions::default()
+    }
+}
+
+fn greedy(max_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        sampler: SamplerOptions {
+            temperature: 0.0,
+            top_p: 0.9,
+            seed: 1,
+        },
+    }
+}
+
+fn fresh_answer(messages: &[Message]) -> Vec<u32> {
+    let mut engine = Engine::open(&options(), &mut |_| {}).unwrap();
+    engine
+        .chat(messages, &greedy(12), &mut |_| true)
+        .unwrap()
+        .tokens
+}
+
+#[test]
+fn each_turn_feeds_only_new_tokens_and_answers_as_a_fresh_prefill() {
+    let mut engine = Engine::open(&options(), &mut |_| {}).unwrap();
+    assert!(!engine.has_chat_template());
+    let mut messages = vec![Message::new("user", "Once upon a time")];
+    let first = engine.chat(&messages, &greedy(12), &mut |_| true).unwrap();
+    assert_eq!(engine.stats().prefill_tokens, first.prompt_tokens.len());
+    messages.push(Message::new("assistant", &first.text));
+    messages.push(Message::new("user", "The cat sat"));
+
+    let cached = engine.session().tokens().to_vec();
+    let second = engine.chat(&messages, &greedy(12), &mut |_| true).unwrap();
+    // The history is not prefilled again: the turn fed the conversation minus what was cached.
+    let text = format!("Once upon a time\n{}\nThe cat sat\n", first.text);
+    let full = engine.tokenizer().encode(&text, true);
+    let common = cached.iter().zip(&full).take_while(|(a, b)| a == b).count();
+    assert!(common > first.prompt_tokens.len(), "history re-fed");
+    assert_eq!(second.prompt_tokens, full[common..]);
+    assert_eq!(
+        engine.stats().prefill_tokens,
+        first.prompt_tokens.len() + second.prompt_tokens.len()
+    );
+    assert_eq!(second.tokens, fresh_answer(&messages));
+
+    // An edited history rolls back to the common prefix, and still answers as a fresh prefill.
+    messages[1] = Message::new("assistant", "They played.");
+    let third = engine.chat(&messages, &greedy(12), &mut |_| true).unwrap();
+    assert_eq!(third.tokens, fresh_answer(&messages));
+    assert!(third.prompt_tokens.len() < full.len());
+}
