@@ -257,7 +257,7 @@ pub fn check_geometry(
 /// Where a model's weights come from when it must be compiled.
 enum WeightsFrom {
     /// A llama2.c checkpoint (already loaded: its hash keys the cache).
-    Checkpoint(Checkpoint),
+    Checkpoint(Box<Checkpoint>),
     /// A GGUF file or Hugging Face folder, loaded (and dequantized) only to compile.
     File,
 }
@@ -310,7 +310,7 @@ impl OpenedModel {
             vocab: tokenizer.vocab_size(),
             codec: Box::new(tokenizer),
             chat: ChatFormat::new(None),
-            weights: WeightsFrom::Checkpoint(checkpoint),
+            weights: WeightsFrom::Checkpoint(Box::new(checkpoint)),
         })
     }
 
@@ -334,7 +334,7 @@ impl OpenedModel {
     }
 
     /// Compiles the model (loading a GGUF or Hugging Face model's weights first).
-    fn compile(
+    pub fn compile(
         &self,
         opts: &CompileOptions,
         calibration: &[Vec<u32>],
@@ -342,7 +342,7 @@ impl OpenedModel {
     ) -> Result<CompiledModel, EngineError> {
         let loaded;
         let weights: &dyn WeightSource = match &self.weights {
-            WeightsFrom::Checkpoint(c) => c,
+            WeightsFrom::Checkpoint(c) => &**c,
             WeightsFrom::File => {
                 loaded = model::load(&self.path)?;
                 &*loaded.weights

@@ -1,9 +1,11 @@
-//! `htpkv compile`: a llama2.c checkpoint -> a reference-backend context binary.
+//! `htpkv compile`: a model (llama2.c checkpoint, GGUF file or Hugging Face folder) -> a
+//! reference-backend context binary.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
+use htpkv::engine::{DEFAULT_MAX_CONTEXT, OpenedModel};
 use llama2c::fsio::{FileKind, check_output, read_capped};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::DataType;
@@ -15,11 +17,13 @@ use ref_backend::{
 /// Arguments of `htpkv compile`.
 #[derive(Debug, clap::Args)]
 pub struct CompileArgs {
-    /// llama2.c checkpoint (default: discovered like the tests do: $HTPKV_MODEL_DIR,
-    /// ./models/stories260K, ../shared/models/stories260K).
-    #[arg(long, value_name = "CKPT")]
+    /// llama2.c checkpoint, GGUF file or Hugging Face folder (default: the llama2.c model
+    /// discovered like the tests do: $HTPKV_MODEL_DIR, ./models/stories260K,
+    /// ../shared/models/stories260K).
+    #[arg(long, value_name = "MODEL")]
     model: Option<PathBuf>,
-    /// llama2.c tokenizer (default: beside the discovered checkpoint).
+    /// llama2.c tokenizer (default: beside the discovered checkpoint; GGUF and Hugging Face
+    /// models bring their own).
     #[arg(long, value_name = "TOK")]
     tokenizer: Option<PathBuf>,
     /// Context length S (default: the model's seq_len).
@@ -69,7 +73,78 @@ fn parse_from_str<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, Stri
     s.parse()
 }
 
+/// Compiles a GGUF file or Hugging Face folder (its own tokenizer encodes the calibration).
+fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<()> {
+    if args.tokenizer.is_some() {
+        bail!(
+            "--tokenizer is for llama2.c checkpoints; {} brings its own",
+            path.display()
+        );
+    }
+    let mut inputs = vec![path];
+    inputs.extend(args.calibration_prompts.as_deref());
+    check_output(&args.out, &inputs)?;
+    let opened = OpenedModel::open(Some(path))?;
+    let context = args
+        .context
+        .unwrap_or(opened.config.context_length.min(DEFAULT_MAX_CONTEXT));
+    htpkv::engine::check_geometry(&opened.config, context, &args.ar, args.kv_dtype)?;
+    let calibration: Vec<Vec<u32>> = calibration_texts(args)?
+        .iter()
+        .map(|t| opened.codec.encode(t, true))
+        .collect();
+    let opts = compile_options(args, context);
+    let mut bars = crate::progress::StageBars::default();
+    let started = Instant::now();
+    let model = opened.compile(&opts, &calibration, &mut |p| bars.update(p));
+    bars.finish();
+    let model = model.context("compiling")?;
+    model.write(&args.out, &inputs)?;
+    report(args, &model, started)
+}
+
+fn calibration_texts(args: &CompileArgs) -> anyhow::Result<Vec<String>> {
+    Ok(match &args.calibration_prompts {
+        Some(p) => {
+            let bytes = read_capped(p, FileKind::PROMPTS)?;
+            let text = String::from_utf8(bytes)
+                .with_context(|| format!("calibration prompt file {} is not UTF-8", p.display()))?;
+            let lines: Vec<String> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect();
+            if lines.is_empty() {
+                bail!("calibration prompt file {} has no prompts", p.display());
+            }
+            lines
+        }
+        None => DEFAULT_CALIBRATION_PROMPTS
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    })
+}
+
+fn compile_options(args: &CompileArgs, context: usize) -> CompileOptions {
+    let mut opts = CompileOptions::new(context, args.ar.clone());
+    opts.kv_dtype = args.kv_dtype;
+    opts.weights = args.weights;
+    opts.k_layout = args.k_layout;
+    opts.granularity = args.granularity;
+    opts.calibration_tokens = args.calibration_tokens;
+    opts
+}
+
 pub fn run(args: CompileArgs) -> anyhow::Result<()> {
+    if let Some(path) = args
+        .model
+        .as_deref()
+        .filter(|m| model::format_of(m).is_ok())
+    {
+        return run_model_file(&args, path);
+    }
     let (ckpt_path, tok_path) = match (&args.model, &args.tokenizer) {
         (Some(m), Some(t)) => (m.clone(), t.clone()),
         (Some(m), None) => bail!(
@@ -92,33 +167,8 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     let tok =
         Tokenizer::load(&tok_path, ckpt.config.vocab_size).context("loading the tokenizer")?;
 
-    let texts: Vec<String> = match &args.calibration_prompts {
-        Some(p) => {
-            let bytes = read_capped(p, FileKind::PROMPTS)?;
-            let text = String::from_utf8(bytes)
-                .with_context(|| format!("calibration prompt file {} is not UTF-8", p.display()))?;
-            let lines: Vec<String> = text
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(String::from)
-                .collect();
-            if lines.is_empty() {
-                bail!("calibration prompt file {} has no prompts", p.display());
-            }
-            lines
-        }
-        None => DEFAULT_CALIBRATION_PROMPTS
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-    };
-    let mut opts = CompileOptions::new(context, args.ar);
-    opts.kv_dtype = args.kv_dtype;
-    opts.weights = args.weights;
-    opts.k_layout = args.k_layout;
-    opts.granularity = args.granularity;
-    opts.calibration_tokens = args.calibration_tokens;
+    let texts = calibration_texts(&args)?;
+    let opts = compile_options(&args, context);
     let calibration: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t, true, false)).collect();
 
     let mut bars = crate::progress::StageBars::default();
@@ -137,6 +187,15 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
 
     // Written only after it was read back and found equal (the runtime's validation).
     model.write(&args.out, &inputs)?;
+    report(&args, &model, started)
+}
+
+/// What was written, on stdout.
+fn report(
+    args: &CompileArgs,
+    model: &ref_backend::CompiledModel,
+    started: Instant,
+) -> anyhow::Result<()> {
     let size = std::fs::metadata(&args.out).map(|m| m.len()).unwrap_or(0);
     let c = model.config();
     crate::output::to_stdout(|out| {
