@@ -422,7 +422,7 @@ pub fn compiled_model(
     if path.exists() {
         match CompiledModel::read(&path) {
             Ok(m) if m.model_sha256_hex() != digest => status(&format!(
-                "{} was compiled from another model; recompiling",
+                "{} was compiled from another checkpoint; recompiling",
                 path.display()
             )),
             Ok(m) if m.options() == opts && m.calibration() == calibration => {
