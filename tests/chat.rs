@@ -65,3 +65,36 @@ fn each_turn_feeds_only_new_tokens_and_answers_as_a_fresh_prefill() {
     assert_eq!(third.tokens, fresh_answer(&messages));
     assert!(third.prompt_tokens.len() < full.len());
 }
+
+/// SmolLM2's GGUF tokenizer through `HfCodec`: the streamed pieces of a text's tokens spell the
+/// text again, multi-byte characters included; its stop tokens end generation.
+#[test]
+fn hf_codec_pieces_spell_the_text_and_stop_at_the_models_stop_tokens() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !path.is_file() {
+        let msg = format!(
+            "{} is missing: run scripts/fetch-smollm2.sh",
+            path.display()
+        );
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
+        eprintln!("skipped: {msg}");
+        return;
+    }
+    let model = htpkv::engine::OpenedModel::open(Some(&path)).unwrap();
+    let text = "Paris — café, 東京!\n  Done.";
+    let ids = model.codec.encode(text, false);
+    let mut bytes = Vec::new();
+    let mut prev = 0;
+    for &id in &ids {
+        bytes.extend(model.codec.decode_piece(prev, id));
+        prev = id;
+    }
+    assert_eq!(String::from_utf8(bytes).unwrap(), text);
+    for stop in model.config.special.stop_tokens() {
+        assert!(model.codec.is_stop(stop));
+        assert!(model.codec.decode_piece(prev, stop).is_empty());
+    }
+    assert!(!model.codec.is_stop(ids[0]));
+    assert!(model.chat.has_template());
+}
