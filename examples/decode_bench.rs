@@ -35,9 +35,9 @@ fn main() -> anyhow::Result<()> {
         weights: weights.clone(),
         ..Default::default()
     };
-    let opts = htpkv::engine::compile_options(&options, &ckpt)?;
-    let calibration = htpkv::engine::calibration_sequences(&tok);
     let config = llama2c::llama_config(&ckpt.config);
+    let opts = htpkv::engine::compile_options(&options, &config)?;
+    let calibration = htpkv::engine::calibration_sequences(&tok);
     let compiled = Arc::new(ref_backend::compile(
         &config,
         &*ckpt,

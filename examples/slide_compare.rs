@@ -121,7 +121,7 @@ fn main() -> anyhow::Result<()> {
             .iter()
             .map(|&p| open(&args, p))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let tokens = oracle.tokenizer().encode(prompt, true, false);
+        let tokens = oracle.tokenizer().encode(prompt, true);
         let capacity = oracle.capacity();
         let mut next = argmax(oracle.session_mut().prefill(&tokens)?);
         for c in &mut candidates {

@@ -71,6 +71,13 @@ pub enum ConfigError {
         /// 1-based column of the offending text, when known.
         column: Option<u32>,
     },
+    /// A GGUF file or Hugging Face folder whose description cannot be read.
+    #[error("{}: cannot read the model's description", .path.display())]
+    Model {
+        path: PathBuf,
+        #[source]
+        source: model::Error,
+    },
 }
 
 fn location(line: Option<u32>, column: Option<u32>) -> String {
@@ -86,7 +93,7 @@ impl ConfigError {
     pub fn field(&self) -> Option<&str> {
         match self {
             ConfigError::Field { field, .. } => Some(field),
-            ConfigError::File(_) | ConfigError::NotText { .. } => None,
+            ConfigError::File(_) | ConfigError::NotText { .. } | ConfigError::Model { .. } => None,
         }
     }
 
@@ -434,6 +441,52 @@ impl Config {
             path: path.to_path_buf(),
         })?;
         Config::from_yaml(&text, path)
+    }
+
+    /// A config for `path`: for a GGUF file or a Hugging Face folder (`config.json`), the model's
+    /// own geometry ([`model::describe`]) with these defaults — context: the model's context
+    /// length; AR variants `[1, 128]` (`[1]` when the context is 129 or less); KV: `u16`, rows,
+    /// per head, `shift` 2x, no stagger. Anything else is read as YAML ([`Config::load`]).
+    pub fn load_any(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        let path = path.as_ref();
+        if model::format_of(path).is_err() {
+            return Config::load(path);
+        }
+        let c = model::describe(path).map_err(|source| ConfigError::Model {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let name = path
+            .file_stem()
+            .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
+        let context = c.context_length;
+        let config = Config {
+            model: ModelConfig {
+                name,
+                layers: c.n_layers,
+                heads: c.n_heads,
+                kv_heads: c.n_kv_heads,
+                head_dim: c.head_dim,
+                vocab: c.vocab_size,
+                dim: None,
+                sliding_window: None,
+            },
+            graph: GraphConfig {
+                context,
+                ar: if context > 129 { vec![1, 128] } else { vec![1] },
+            },
+            kv: KvConfig {
+                dtype: DataType::U16,
+                k_layout: KLayoutConfig::default(),
+                tensors: TensorsConfig::default(),
+                update: Update::Shift,
+                reserve: ReserveConfig::default(),
+                stagger: false,
+            },
+            origin: path.to_path_buf(),
+        };
+        config.validate()?;
+        Ok(config)
     }
 
     /// Parses and validates YAML text; `origin` names it in errors.

@@ -4,9 +4,11 @@
 use crate::backend::Backend;
 use crate::reference::ReferenceBackend;
 use crate::sampler::SamplerError;
-use crate::session::{GenerateOptions, Generation, Session, SessionError, SessionStats};
+use crate::session::{GenerateOptions, Generation, Session, SessionError, SessionStats, TextCodec};
+use crate::text::{ChatFormat, HfCodec};
 use kv_manager::{HostAllocator, RegionAllocator, Reserve, Strategy};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
+use model::{LlamaConfig, Message, WeightSource};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType};
 use std::path::{Path, PathBuf};
@@ -32,8 +34,9 @@ pub enum BackendChoice {
 /// How to open an [`Engine`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineOptions {
-    /// Model directory; `None` searches `$HTPKV_MODEL_DIR`, `./models/stories260K`,
-    /// `../shared/models/stories260K`.
+    /// The model: a llama2.c directory, a GGUF file or a Hugging Face folder (`config.json`,
+    /// safetensors, `tokenizer.json`); `None` searches `$HTPKV_MODEL_DIR`,
+    /// `./models/stories260K`, `../shared/models/stories260K`.
     pub model_dir: Option<PathBuf>,
     /// A compiled model file to load instead of compiling (the tokenizer still comes from the model
     /// directory).
@@ -44,7 +47,7 @@ pub struct EngineOptions {
     pub kv_dtype: DataType,
     /// Weights: "i8", "f16" or "f32".
     pub weights: String,
-    /// Context length S; `None` uses the model's `seq_len`.
+    /// Context length S; `None` uses the model's context length, at most [`DEFAULT_MAX_CONTEXT`].
     pub context: Option<usize>,
     /// AR variants of the compiled graphs (prefill and decode).
     pub ar: Vec<usize>,
@@ -107,6 +110,12 @@ impl EngineOptions {
 pub enum EngineError {
     #[error(transparent)]
     Model(#[from] llama2c::ModelError),
+    /// A GGUF file or Hugging Face folder that cannot be used (the message names it).
+    #[error(transparent)]
+    ModelFile(#[from] model::Error),
+    /// The graphs do not fit the IO convention, or none could be chosen.
+    #[error(transparent)]
+    Convention(#[from] crate::convention::ConventionError),
     #[error("compiling the model")]
     Compile(#[from] ref_backend::CompileError),
     /// The compiled model file cannot be used (its message names the file).
@@ -141,9 +150,6 @@ pub enum EngineError {
     File(#[from] llama2c::fsio::FileError),
     #[error("QNN backend: {0}")]
     Qnn(String),
-    /// The graphs do not fit the IO convention, or none could be chosen.
-    #[error(transparent)]
-    Convention(#[from] crate::convention::ConventionError),
     #[error("budget: {0}")]
     Budget(String),
 }
@@ -162,6 +168,8 @@ impl EngineError {
             EngineError::Model(llama2c::ModelError::ModelNotFound { .. }) => "model_not_found",
             EngineError::Model(llama2c::ModelError::File(_)) => "io",
             EngineError::Model(_) => "bad_model",
+            EngineError::ModelFile(model::Error::Io { .. }) => "io",
+            EngineError::ModelFile(_) => "bad_model",
             EngineError::Compile(_) => "compile",
             EngineError::Format(ref_backend::FormatError::File(_)) => "io",
             EngineError::Format(_) => "bad_model",
@@ -197,13 +205,19 @@ pub fn default_cache_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".htpkv-cache"))
 }
 
-/// The compile options an [`EngineOptions`] asks for, for a checkpoint.
+/// The longest context the engine compiles for when none is asked for (the model's own context
+/// length when shorter): a longer one costs K/V memory most runs never use.
+pub const DEFAULT_MAX_CONTEXT: usize = 2048;
+
+/// The compile options an [`EngineOptions`] asks for, for a model described by `config`.
 pub fn compile_options(
     options: &EngineOptions,
-    checkpoint: &Checkpoint,
+    config: &LlamaConfig,
 ) -> Result<CompileOptions, EngineError> {
-    let context = options.context.unwrap_or(checkpoint.config.seq_len);
-    check_geometry(&checkpoint.config, context, &options.ar, options.kv_dtype)?;
+    let context = options
+        .context
+        .unwrap_or(config.context_length.min(DEFAULT_MAX_CONTEXT));
+    check_geometry(config, context, &options.ar, options.kv_dtype)?;
     let mut opts = CompileOptions::new(context, options.ar.clone());
     opts.kv_dtype = options.kv_dtype;
     opts.weights = options
@@ -214,10 +228,10 @@ pub fn compile_options(
 }
 
 /// The calibration sequences the engine compiles with: the default prompts, tokenized with BOS.
-pub fn calibration_sequences(tokenizer: &Tokenizer) -> Vec<Vec<u32>> {
+pub fn calibration_sequences(codec: &dyn TextCodec) -> Vec<Vec<u32>> {
     ref_backend::DEFAULT_CALIBRATION_PROMPTS
         .iter()
-        .map(|text| tokenizer.encode(text, true, false))
+        .map(|text| codec.encode(text, true))
         .collect()
 }
 
@@ -225,7 +239,7 @@ pub fn calibration_sequences(tokenizer: &Tokenizer) -> Vec<Vec<u32>> {
 /// AR variants (the rules of [`kv_manager::Geometry::validate`], e.g. the largest and the smallest
 /// AR variant must fit in the context together).
 pub fn check_geometry(
-    config: &llama2c::Config,
+    config: &LlamaConfig,
     context: usize,
     ar: &[usize],
     kv_dtype: DataType,
@@ -233,7 +247,7 @@ pub fn check_geometry(
     let geometry = kv_manager::Geometry::new(
         config.n_layers,
         config.n_kv_heads,
-        config.head_dim(),
+        config.head_dim,
         context,
         ar,
         kv_dtype,
@@ -243,23 +257,166 @@ pub fn check_geometry(
         .map_err(|e| EngineError::BadOption(e.to_string()))
 }
 
-/// Loads the compiled model for `checkpoint` and `opts` from `cache_dir`, or compiles it and
-/// stores it there (atomically). A cache entry is used only when it was compiled from this
-/// checkpoint (the SHA-256 recorded in the file, not only the one in its name) with these
-/// options and calibration sequences. `progress` receives human-readable status lines.
+/// Where a model's weights come from when it must be compiled.
+enum WeightsFrom {
+    /// A llama2.c checkpoint (already loaded: its hash keys the cache).
+    Checkpoint(Box<Checkpoint>),
+    /// A GGUF file or Hugging Face folder, loaded (and dequantized) only to compile.
+    File,
+}
+
+/// A model found on disk, opened as far as the engine needs before compiling: its description,
+/// fingerprint, tokenizer and chat format.
+pub struct OpenedModel {
+    /// The checkpoint file, GGUF file or Hugging Face folder.
+    pub path: PathBuf,
+    /// The description.
+    pub config: LlamaConfig,
+    /// SHA-256 of the model's files: keys the compiled cache and is recorded in compiled files.
+    pub fingerprint: [u8; 32],
+    /// The tokenizer, with the model's stop tokens.
+    pub codec: Box<dyn TextCodec + Send + Sync>,
+    /// The chat template, or the plain fallback.
+    pub chat: ChatFormat,
+    /// Tokens the tokenizer knows.
+    pub vocab: usize,
+    weights: WeightsFrom,
+}
+
+impl std::fmt::Debug for OpenedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenedModel")
+            .field("path", &self.path)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OpenedModel {
+    /// Finds and opens the model `model` names: a GGUF file or a folder with `config.json` is
+    /// opened with the `model` crate; anything else is a llama2.c directory (`None`: discovery,
+    /// see [`EngineOptions::model_dir`]).
+    pub fn open(model: Option<&Path>) -> Result<OpenedModel, EngineError> {
+        match model {
+            Some(p) if p.is_file() || p.join("config.json").is_file() => Self::open_file(p),
+            other => Self::open_llama2c(&ModelFiles::discover(other)?),
+        }
+    }
+
+    fn open_llama2c(files: &ModelFiles) -> Result<OpenedModel, EngineError> {
+        let checkpoint = Checkpoint::load(&files.checkpoint)?;
+        let tokenizer = Tokenizer::load(&files.tokenizer, checkpoint.config.vocab_size)?;
+        Ok(OpenedModel {
+            path: files.checkpoint.clone(),
+            config: llama2c::llama_config(&checkpoint.config),
+            fingerprint: checkpoint.sha256(),
+            vocab: tokenizer.vocab_size(),
+            codec: Box::new(tokenizer),
+            chat: ChatFormat::new(None),
+            weights: WeightsFrom::Checkpoint(Box::new(checkpoint)),
+        })
+    }
+
+    fn open_file(path: &Path) -> Result<OpenedModel, EngineError> {
+        let text = model::load_text(path)?;
+        let stops = text.config.special.stop_tokens();
+        Ok(OpenedModel {
+            path: path.to_path_buf(),
+            fingerprint: fingerprint(path)?,
+            vocab: text.tokenizer.vocab_size(),
+            codec: Box::new(HfCodec::new(text.tokenizer, stops)),
+            chat: ChatFormat::new(text.chat),
+            config: text.config,
+            weights: WeightsFrom::File,
+        })
+    }
+
+    /// Lower-case hex of [`OpenedModel::fingerprint`].
+    pub fn fingerprint_hex(&self) -> String {
+        llama2c::hex(&self.fingerprint)
+    }
+
+    /// Compiles the model (loading a GGUF or Hugging Face model's weights first).
+    pub fn compile(
+        &self,
+        opts: &CompileOptions,
+        calibration: &[Vec<u32>],
+        progress: &mut dyn FnMut(ref_backend::Progress),
+    ) -> Result<CompiledModel, EngineError> {
+        let loaded;
+        let weights: &dyn WeightSource = match &self.weights {
+            WeightsFrom::Checkpoint(c) => &**c,
+            WeightsFrom::File => {
+                loaded = model::load(&self.path)?;
+                &*loaded.weights
+            }
+        };
+        Ok(ref_backend::compile(
+            &self.config,
+            weights,
+            calibration,
+            opts,
+            self.fingerprint,
+            progress,
+        )?)
+    }
+}
+
+/// SHA-256 over a model's files: a GGUF file's bytes, or for a Hugging Face folder the name and
+/// SHA-256 of each of `config.json`, `tokenizer.json`, `tokenizer_config.json` and the
+/// `*.safetensors` files, in name order.
+fn fingerprint(path: &Path) -> Result<[u8; 32], EngineError> {
+    let read = |p: &Path| {
+        std::fs::read(p).map_err(|error| EngineError::Io {
+            what: "reading",
+            path: p.to_path_buf(),
+            error,
+        })
+    };
+    if path.is_file() {
+        return Ok(llama2c::sha256(&read(path)?));
+    }
+    let entries = std::fs::read_dir(path).map_err(|error| EngineError::Io {
+        what: "listing",
+        path: path.to_path_buf(),
+        error,
+    })?;
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            n.ends_with(".safetensors")
+                || ["config.json", "tokenizer.json", "tokenizer_config.json"].contains(&n.as_str())
+        })
+        .collect();
+    names.sort();
+    let mut all = Vec::new();
+    for name in names {
+        all.extend_from_slice(name.as_bytes());
+        all.extend_from_slice(&llama2c::sha256(&read(&path.join(&name))?));
+    }
+    Ok(llama2c::sha256(&all))
+}
+
+/// Loads the compiled model for `model` and `opts` from `cache_dir`, or compiles it and stores it
+/// there (atomically). A cache entry is used only when it was compiled from this model (the
+/// SHA-256 recorded in the file, not only the one in its name) with these options and
+/// calibration sequences. `status` receives human-readable status lines, `progress` the
+/// compiler's progress.
 pub fn compiled_model(
-    checkpoint_path: &Path,
-    checkpoint: &Checkpoint,
+    model: &OpenedModel,
     opts: &CompileOptions,
     calibration: &[Vec<u32>],
     cache_dir: &Path,
-    progress: &mut dyn FnMut(&str),
+    status: &mut dyn FnMut(&str),
+    progress: &mut dyn FnMut(ref_backend::Progress),
 ) -> Result<(CompiledModel, PathBuf), EngineError> {
-    let stem = checkpoint_path
+    let stem = model
+        .path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let digest = checkpoint.sha256_hex();
+    let digest = model.fingerprint_hex();
     let path = cache_dir.join(format!(
         "{stem}-{}-{}.htpkv",
         &digest[..16],
@@ -267,72 +424,65 @@ pub fn compiled_model(
     ));
     if path.exists() {
         match CompiledModel::read(&path) {
-            Ok(model) if model.model_sha256_hex() != digest => progress(&format!(
+            Ok(m) if m.model_sha256_hex() != digest => status(&format!(
                 "{} was compiled from another checkpoint; recompiling",
                 path.display()
             )),
-            Ok(model) if model.options() == opts && model.calibration() == calibration => {
-                return Ok((model, path));
+            Ok(m) if m.options() == opts && m.calibration() == calibration => {
+                return Ok((m, path));
             }
-            Ok(_) => progress(&format!(
+            Ok(_) => status(&format!(
                 "{} was compiled with other options; recompiling",
                 path.display()
             )),
-            Err(e) => progress(&format!(
+            Err(e) => status(&format!(
                 "{} is unusable ({e}); recompiling",
                 path.display()
             )),
         }
     }
-    progress(&format!(
+    status(&format!(
         "compiling {} (first use) ...",
-        checkpoint_path.display()
+        model.path.display()
     ));
-    let mut last = (ref_backend::Stage::BuildGraphs, u64::MAX);
-    let config = llama2c::llama_config(&checkpoint.config);
-    let fingerprint = checkpoint.sha256();
-    let model = ref_backend::compile(
-        &config,
-        checkpoint,
-        calibration,
-        opts,
-        fingerprint,
-        &mut |p| {
-            let pct = (p.done * 100).checked_div(p.total).unwrap_or(100);
-            if (p.stage, pct / 25) != (last.0, last.1) {
-                last = (p.stage, pct / 25);
-                progress(&format!("  {} {pct}%", p.stage.name()));
-            }
-        },
-    )?;
+    let compiled = model.compile(opts, calibration, progress)?;
     std::fs::create_dir_all(cache_dir).map_err(|error| EngineError::Io {
         what: "creating the cache directory",
         path: cache_dir.to_path_buf(),
         error,
     })?;
-    model.write(&path, &[checkpoint_path])?;
-    progress(&format!("compiled model cached at {}", path.display()));
-    Ok((model, path))
+    compiled.write(&path, &[&model.path])?;
+    status(&format!("compiled model cached at {}", path.display()));
+    Ok((compiled, path))
+}
+
+/// Status lines for a compile: one per stage and quarter of it (for logs and the JNI layer; the
+/// CLI draws progress bars instead).
+pub fn progress_lines(status: &mut dyn FnMut(&str)) -> impl FnMut(ref_backend::Progress) + '_ {
+    let mut last = (ref_backend::Stage::BuildGraphs, u64::MAX);
+    move |p| {
+        let pct = (p.done * 100).checked_div(p.total).unwrap_or(100);
+        if (p.stage, pct / 25) != (last.0, last.1) {
+            last = (p.stage, pct / 25);
+            status(&format!("  {} {pct}%", p.stage.name()));
+        }
+    }
 }
 
 /// Reads a compiled model given by the user and checks that it was compiled from `checkpoint`
 /// (whose tokenizer will decode its output).
-fn read_compiled(
-    path: &Path,
-    checkpoint_path: &Path,
-    checkpoint: &Checkpoint,
-) -> Result<CompiledModel, EngineError> {
-    let model = CompiledModel::read(path)?;
-    let (compiled_from, checkpoint_sha256) = (model.model_sha256_hex(), checkpoint.sha256_hex());
+fn read_compiled(path: &Path, model: &OpenedModel) -> Result<CompiledModel, EngineError> {
+    let compiled = CompiledModel::read(path)?;
+    let (compiled_from, checkpoint_sha256) = (compiled.model_sha256_hex(), model.fingerprint_hex());
     if compiled_from != checkpoint_sha256 {
         return Err(EngineError::CheckpointMismatch {
             compiled: path.to_path_buf(),
             compiled_from,
-            checkpoint: checkpoint_path.to_path_buf(),
+            checkpoint: model.path.clone(),
             checkpoint_sha256,
         });
     }
-    Ok(model)
+    Ok(compiled)
 }
 
 /// How a [`Model`] makes a session's backend.
@@ -358,12 +508,14 @@ enum Loaded {
 /// session opens its own context (see `Loaded::Qnn`).
 pub struct Model {
     loaded: Loaded,
-    tokenizer: Tokenizer,
+    tokenizer: Box<dyn TextCodec + Send + Sync>,
+    /// Tokens the tokenizer knows (at most the model's vocabulary: padded vocabularies).
+    vocab: usize,
+    vocab_size: usize,
     strategy: Strategy,
     rope: model::RopeConfig,
-    /// The model's chat template (`None` for llama2.c checkpoints: [`Engine::append_turn`] then uses
-    /// the plain fallback).
-    chat_template: Option<model::ChatTemplate>,
+    /// The model's chat template, or the plain fallback ([`crate::text`]).
+    chat: ChatFormat,
     compiled_path: PathBuf,
     compiled_options: Option<CompileOptions>,
 }
@@ -378,27 +530,37 @@ impl std::fmt::Debug for Model {
 }
 
 impl Model {
-    /// Finds the model, compiles it on first use (cached) and loads it for the chosen backend.
+    /// Finds the model, compiles it on first use (cached) and loads it for the chosen backend;
+    /// `status` receives human-readable status lines (the compiler's progress included).
     pub fn open(
         options: &EngineOptions,
-        progress: &mut dyn FnMut(&str),
+        status: &mut dyn FnMut(&str),
     ) -> Result<Model, EngineError> {
-        let files = ModelFiles::discover(options.model_dir.as_deref())?;
-        let checkpoint = Checkpoint::load(&files.checkpoint)?;
-        let tokenizer = Tokenizer::load(&files.tokenizer, checkpoint.config.vocab_size)?;
+        let mut lines = |s: &str| status(s);
+        let mut progress = progress_lines(&mut lines);
+        Self::open_with(options, &mut |_| {}, &mut progress)
+    }
+
+    /// [`Model::open`] with the compiler's progress passed on as it is (e.g. to progress bars).
+    pub fn open_with(
+        options: &EngineOptions,
+        status: &mut dyn FnMut(&str),
+        progress: &mut dyn FnMut(ref_backend::Progress),
+    ) -> Result<Model, EngineError> {
+        let opened = OpenedModel::open(options.model_dir.as_deref())?;
         // A given compiled file is only parsed by the reference backend; the QNN backend hands it to the
         // QNN library as it is (on a device: a context binary made by Qualcomm's tools).
         let (model, compiled_path) = match &options.compiled {
             Some(path) => (None, path.clone()),
             None => {
-                let opts = compile_options(options, &checkpoint)?;
+                let opts = compile_options(options, &opened.config)?;
                 let cache_dir = options.cache_dir.clone().unwrap_or_else(default_cache_dir);
                 let (model, path) = compiled_model(
-                    &files.checkpoint,
-                    &checkpoint,
+                    &opened,
                     &opts,
-                    &calibration_sequences(&tokenizer),
+                    &calibration_sequences(&opened.codec),
                     &cache_dir,
+                    status,
                     progress,
                 )?;
                 (Some(model), path)
@@ -409,7 +571,7 @@ impl Model {
             BackendChoice::Reference => {
                 let model = match model {
                     Some(m) => m,
-                    None => read_compiled(&compiled_path, &files.checkpoint, &checkpoint)?,
+                    None => read_compiled(&compiled_path, &opened)?,
                 };
                 compiled_options = Some(model.options().clone());
                 Loaded::Reference(Arc::new(model))
@@ -428,10 +590,12 @@ impl Model {
         };
         Ok(Model {
             loaded,
-            tokenizer,
+            vocab: opened.vocab,
+            vocab_size: opened.config.vocab_size,
+            tokenizer: opened.codec,
             strategy: options.strategy,
-            rope: llama2c::llama_config(&checkpoint.config).rope,
-            chat_template: None,
+            rope: opened.config.rope.clone(),
+            chat: opened.chat,
             compiled_path,
             compiled_options,
         })
@@ -464,11 +628,14 @@ impl Model {
             }
         };
         let mut session = Session::new(backend, self.strategy, allocator.as_ref())?;
-        if session.vocab_size() != self.tokenizer.vocab_size() {
+        // A tokenizer may know fewer tokens than the model has rows (padded vocabularies), never
+        // more.
+        if session.vocab_size() < self.vocab || session.vocab_size() != self.vocab_size {
             return Err(EngineError::BadOption(format!(
-                "the compiled model's logits cover {} tokens but the tokenizer has {}",
+                "the compiled model's logits cover {} tokens but the model has {} and its tokenizer {}",
                 session.vocab_size(),
-                self.tokenizer.vocab_size()
+                self.vocab_size,
+                self.vocab
             )));
         }
         session.set_rope(&self.rope);
@@ -485,8 +652,13 @@ impl Model {
     }
 
     /// The tokenizer.
-    pub fn tokenizer(&self) -> &Tokenizer {
+    pub fn tokenizer(&self) -> &dyn TextCodec {
         &self.tokenizer
+    }
+
+    /// True when the model has its own chat template (else chat uses the plain fallback).
+    pub fn has_chat_template(&self) -> bool {
+        self.chat.has_template()
     }
 
     /// The options the model was compiled with (`None` with the QNN backend).
@@ -511,21 +683,8 @@ pub struct Engine {
 /// A multi-turn conversation: its turns and the text fed to the model so far.
 #[derive(Debug, Default)]
 struct Chat {
-    turns: Vec<model::Message>,
+    turns: Vec<Message>,
     text: String,
-}
-
-/// The plain rendering of a conversation for models without a chat template: each turn as
-/// `<role>: <text>` on its own line, and `assistant: ` where an answer is to begin.
-pub fn plain_chat(turns: &[model::Message], add_generation_prompt: bool) -> String {
-    let mut out: String = turns
-        .iter()
-        .map(|m| format!("{}: {}\n", m.role, m.content))
-        .collect();
-    if add_generation_prompt {
-        out.push_str("assistant: ");
-    }
-    out
 }
 
 impl std::fmt::Debug for Engine {
@@ -548,6 +707,16 @@ impl Engine {
         Engine::on(model)
     }
 
+    /// [`Engine::open`] with the compiler's progress passed on as it is (e.g. to progress bars).
+    pub fn open_with(
+        options: &EngineOptions,
+        status: &mut dyn FnMut(&str),
+        progress: &mut dyn FnMut(ref_backend::Progress),
+    ) -> Result<Engine, EngineError> {
+        let model = Arc::new(Model::open_with(options, status, progress)?);
+        Engine::on(model)
+    }
+
     /// A new session on an open model.
     pub fn on(model: Arc<Model>) -> Result<Engine, EngineError> {
         let session = model.new_session()?;
@@ -558,24 +727,18 @@ impl Engine {
         })
     }
 
-    /// Adds a turn (`system`, `user`, `assistant`, ...) to the conversation and prefills only what it
-    /// adds to the rendered conversation: the model's chat template when it has one (with the
-    /// generation prompt after a `user` turn), else [`plain_chat`]. `generate("")` then answers, and
-    /// its text is recorded as the assistant's turn. With an overflow policy that slides, a long chat
-    /// keeps going; returns the number of cached tokens.
+    /// Adds a turn (`system`, `user`, `assistant`, ...) to the conversation and prefills only the
+    /// text it adds to the rendered conversation ([`ChatFormat`]: the model's chat template with
+    /// the generation prompt after a `user` turn, or the plain fallback). `generate("")` then
+    /// answers, and its text is recorded as the assistant's turn. Turn by turn, text-level: what
+    /// the cache holds is never re-fed, so a long chat keeps going across slides of an overflow
+    /// policy (a template that rewrites earlier turns cannot change what the cache holds). Returns
+    /// the number of cached tokens.
     pub fn append_turn(&mut self, role: &str, text: &str) -> Result<usize, EngineError> {
         let chat = self.chat.get_or_insert_with(Chat::default);
         let mut turns = chat.turns.clone();
-        turns.push(model::Message::new(role, text));
-        let prompt = role == "user";
-        let rendered = match &self.model.chat_template {
-            Some(t) => t
-                .render_chat(&turns, prompt)
-                .map_err(|e| EngineError::BadOption(format!("chat template: {e}")))?,
-            None => plain_chat(&turns, prompt),
-        };
-        // Only what the rendering adds to the text already fed (a template that rewrites earlier
-        // turns cannot change what the cache holds).
+        turns.push(Message::new(role, text));
+        let rendered = self.model.chat.render(&turns, role == "user")?;
         let common = chat
             .text
             .char_indices()
@@ -591,6 +754,48 @@ impl Engine {
         chat.turns = turns;
         chat.text.push_str(&delta);
         Ok(self.session.len())
+    }
+
+    /// Answers the last turn of the whole conversation `messages` (rendered with the model's
+    /// [`ChatFormat`]), keeping the cache across calls: token-level prefix reuse
+    /// ([`Session::prefill_reusing`]) keeps the cached tokens that are a prefix of the rendered
+    /// conversation, rolls back where they differ (an edited history, an answer that re-tokenizes
+    /// differently) and prefills only the rest — the history is never prefilled twice. The result's
+    /// `prompt_tokens` are the tokens fed. (`htpkv chat` uses this; [`Engine::append_turn`] is the
+    /// turn-by-turn form that survives slides.)
+    pub fn chat(
+        &mut self,
+        messages: &[Message],
+        options: &GenerateOptions,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Generation, EngineError> {
+        let prompt = self.model.chat.render(messages, true)?;
+        let full = self.model.tokenizer.encode(&prompt, true);
+        if full.is_empty() {
+            return Err(SessionError::Input("the conversation encodes to no tokens".into()).into());
+        }
+        if full.len() > self.session.capacity() {
+            return Err(SessionError::PromptTooLong {
+                prompt: full.len(),
+                room: self.session.capacity(),
+                at_least: false,
+            }
+            .into());
+        }
+        let reused_before = self.session.stats().reused_tokens;
+        self.session.prefill_reusing(&full)?;
+        let reused = self.session.stats().reused_tokens - reused_before;
+        let fed = full[reused.min(full.len())..].to_vec();
+        let mut generation = self
+            .session
+            .generate(&self.model.tokenizer, "", options, on_text)?;
+        generation.prompt_tokens = fed;
+        Ok(generation)
+    }
+
+    /// True when the model has its own chat template (else chat uses the plain fallback).
+    pub fn has_chat_template(&self) -> bool {
+        self.model.has_chat_template()
     }
 
     /// The shared model, to open more sessions on it.
@@ -611,8 +816,7 @@ impl Engine {
         if let Some(chat) = &mut self.chat {
             chat.text.push_str(prompt);
             chat.text.push_str(&generation.text);
-            chat.turns
-                .push(model::Message::new("assistant", &generation.text));
+            chat.turns.push(Message::new("assistant", &generation.text));
         }
         Ok(generation)
     }
@@ -631,7 +835,7 @@ impl Engine {
     /// Makes the cache hold BOS + `text` and returns the number of cached tokens, prefilling only
     /// what the cache does not already hold (see [`Session::prefill_reusing`]).
     pub fn prefill_reusing(&mut self, text: &str) -> Result<usize, EngineError> {
-        let tokens = self.model.tokenizer.encode(text, true, false);
+        let tokens = self.model.tokenizer.encode(text, true);
         if tokens.len() > self.session.capacity() {
             return Err(SessionError::PromptTooLong {
                 prompt: tokens.len(),
@@ -708,7 +912,7 @@ impl Engine {
     }
 
     /// The tokenizer.
-    pub fn tokenizer(&self) -> &Tokenizer {
+    pub fn tokenizer(&self) -> &dyn TextCodec {
         &self.model.tokenizer
     }
 

@@ -22,5 +22,6 @@ pub mod qnn_memory;
 pub mod reference;
 pub mod sampler;
 pub mod session;
+pub mod text;
 
 pub use engine::{Engine, Model};

@@ -919,7 +919,8 @@ impl Utf8Stream {
     }
 }
 
-/// Tokenizer operations generation needs (implemented for `llama2c::Tokenizer`).
+/// Tokenizer operations generation needs (implemented for `llama2c::Tokenizer` here and for Hugging
+/// Face tokenizers in [`crate::text`]).
 pub trait TextCodec {
     /// Token ids of `text`, with BOS first when `bos`.
     fn encode(&self, text: &str, bos: bool) -> Vec<u32>;
@@ -930,6 +931,11 @@ pub trait TextCodec {
     fn min_tokens(&self, text: &str) -> usize {
         let _ = text;
         0
+    }
+    /// True when sampling `token` ends the generation (the model's end of text or of a turn).
+    /// The default suits llama2.c models: EOS, and BOS (a story model starts the next story).
+    fn is_stop(&self, token: u32) -> bool {
+        token == EOS || token == BOS
     }
 }
 
@@ -1006,7 +1012,7 @@ impl<B: Backend> Session<B> {
         let mut stop = StopReason::MaxTokens;
         while tokens.len() < options.max_tokens {
             let next = self.sample(&mut sampler)?;
-            if next == EOS || next == BOS {
+            if codec.is_stop(next) {
                 stop = StopReason::EndOfText;
                 break;
             }

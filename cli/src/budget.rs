@@ -39,7 +39,7 @@ pub struct Overrides {
 impl Overrides {
     /// Loads a config and applies the overrides, then validates again.
     fn load(&self, path: &PathBuf) -> anyhow::Result<Config> {
-        let mut config = Config::load(path)?;
+        let mut config = Config::load_any(path)?;
         if let Some(s) = self.context {
             config.graph.context = s;
         }
@@ -65,7 +65,8 @@ impl Overrides {
 /// Arguments of `htpkv budget`.
 #[derive(Debug, clap::Args)]
 pub struct BudgetArgs {
-    /// Model configs (YAML, see configs/).
+    /// Model configs (YAML, see configs/), GGUF files or Hugging Face folders (geometry from the
+    /// model; context: --context or the model's context length; AR 1,128; KV u16 shift 2x).
     #[arg(required = true, value_name = "CONFIG")]
     configs: Vec<PathBuf>,
     #[command(flatten)]
@@ -129,7 +130,7 @@ impl SessionsCost {
 /// Arguments of `htpkv plan`.
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
-    /// Model config (YAML).
+    /// Model config (YAML), GGUF file or Hugging Face folder (defaults as for `budget`).
     #[arg(value_name = "CONFIG")]
     config: PathBuf,
     /// Decode steps (on the smallest AR variant, one token each).

@@ -1,26 +1,29 @@
-//! `htpkv compile`: a llama2.c checkpoint -> a reference-backend context binary.
+//! `htpkv compile`: a model (llama2.c checkpoint, GGUF file or Hugging Face folder) -> a
+//! reference-backend context binary.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use indicatif::{ProgressBar, ProgressStyle};
+use htpkv::engine::{DEFAULT_MAX_CONTEXT, OpenedModel};
 use llama2c::fsio::{FileKind, check_output, read_capped};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::DataType;
 use ref_backend::{
     CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS, Granularity, KLayout,
-    Progress, Stage, WeightType,
+    Progress, WeightType,
 };
 
 /// Arguments of `htpkv compile`.
 #[derive(Debug, clap::Args)]
 pub struct CompileArgs {
-    /// llama2.c checkpoint (default: discovered like the tests do: $HTPKV_MODEL_DIR,
-    /// ./models/stories260K, ../shared/models/stories260K).
-    #[arg(long, value_name = "CKPT")]
+    /// llama2.c checkpoint, GGUF file or Hugging Face folder (default: the llama2.c model
+    /// discovered like the tests do: $HTPKV_MODEL_DIR, ./models/stories260K,
+    /// ../shared/models/stories260K).
+    #[arg(long, value_name = "MODEL")]
     model: Option<PathBuf>,
-    /// llama2.c tokenizer (default: beside the discovered checkpoint).
+    /// llama2.c tokenizer (default: beside the discovered checkpoint; GGUF and Hugging Face
+    /// models bring their own).
     #[arg(long, value_name = "TOK")]
     tokenizer: Option<PathBuf>,
     /// Context length S (default: the model's seq_len).
@@ -70,29 +73,38 @@ fn parse_from_str<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, Stri
     s.parse()
 }
 
-pub fn run(args: CompileArgs) -> anyhow::Result<()> {
-    let (ckpt_path, tok_path) = match (&args.model, &args.tokenizer) {
-        (Some(m), Some(t)) => (m.clone(), t.clone()),
-        (Some(m), None) => bail!(
-            "--model {} given without --tokenizer: pass both, or neither to discover the model",
-            m.display()
-        ),
-        (None, tok) => {
-            let files = ModelFiles::discover(None).context("no --model given")?;
-            (files.checkpoint, tok.clone().unwrap_or(files.tokenizer))
-        }
-    };
-    // Refuse a bad output path before any work; it is checked again when written.
-    let mut inputs = vec![ckpt_path.as_path(), tok_path.as_path()];
+/// Compiles a GGUF file or Hugging Face folder (its own tokenizer encodes the calibration).
+fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<()> {
+    if args.tokenizer.is_some() {
+        bail!(
+            "--tokenizer is for llama2.c checkpoints; {} brings its own",
+            path.display()
+        );
+    }
+    let mut inputs = vec![path];
     inputs.extend(args.calibration_prompts.as_deref());
     check_output(&args.out, &inputs)?;
-    let ckpt = Checkpoint::load(&ckpt_path).context("loading the checkpoint")?;
-    let context = args.context.unwrap_or(ckpt.config.seq_len);
-    htpkv::engine::check_geometry(&ckpt.config, context, &args.ar, args.kv_dtype)?;
-    let tok =
-        Tokenizer::load(&tok_path, ckpt.config.vocab_size).context("loading the tokenizer")?;
+    let opened = OpenedModel::open(Some(path))?;
+    let context = args
+        .context
+        .unwrap_or(opened.config.context_length.min(DEFAULT_MAX_CONTEXT));
+    htpkv::engine::check_geometry(&opened.config, context, &args.ar, args.kv_dtype)?;
+    let calibration: Vec<Vec<u32>> = calibration_texts(args)?
+        .iter()
+        .map(|t| opened.codec.encode(t, true))
+        .collect();
+    let opts = compile_options(args, context);
+    let mut bars = crate::progress::StageBars::default();
+    let started = Instant::now();
+    let model = opened.compile(&opts, &calibration, &mut |p| bars.update(p));
+    bars.finish();
+    let model = model.context("compiling")?;
+    model.write(&args.out, &inputs)?;
+    report(args, &model, started)
+}
 
-    let texts: Vec<String> = match &args.calibration_prompts {
+fn calibration_texts(args: &CompileArgs) -> anyhow::Result<Vec<String>> {
+    Ok(match &args.calibration_prompts {
         Some(p) => {
             let bytes = read_capped(p, FileKind::PROMPTS)?;
             let text = String::from_utf8(bytes)
@@ -112,23 +124,54 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             .iter()
             .map(|s| s.to_string())
             .collect(),
-    };
-    let mut opts = CompileOptions::new(context, args.ar);
+    })
+}
+
+fn compile_options(args: &CompileArgs, context: usize) -> CompileOptions {
+    let mut opts = CompileOptions::new(context, args.ar.clone());
     opts.kv_dtype = args.kv_dtype;
     opts.weights = args.weights;
     opts.k_layout = args.k_layout;
     opts.granularity = args.granularity;
     opts.calibration_tokens = args.calibration_tokens;
-    let calibration: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t, true, false)).collect();
-    let config = llama2c::llama_config(&ckpt.config);
+    opts
+}
 
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template("{prefix:>10} [{bar:40}] {pos}/{len} {elapsed}")
-            .context("progress template")?
-            .progress_chars("=> "),
-    );
-    let mut stage: Option<Stage> = None;
+pub fn run(args: CompileArgs) -> anyhow::Result<()> {
+    if let Some(path) = args
+        .model
+        .as_deref()
+        .filter(|m| model::format_of(m).is_ok())
+    {
+        return run_model_file(&args, path);
+    }
+    let (ckpt_path, tok_path) = match (&args.model, &args.tokenizer) {
+        (Some(m), Some(t)) => (m.clone(), t.clone()),
+        (Some(m), None) => bail!(
+            "--model {} given without --tokenizer: pass both, or neither to discover the model",
+            m.display()
+        ),
+        (None, tok) => {
+            let files = ModelFiles::discover(None).context("no --model given")?;
+            (files.checkpoint, tok.clone().unwrap_or(files.tokenizer))
+        }
+    };
+    // Refuse a bad output path before any work; it is checked again when written.
+    let mut inputs = vec![ckpt_path.as_path(), tok_path.as_path()];
+    inputs.extend(args.calibration_prompts.as_deref());
+    check_output(&args.out, &inputs)?;
+    let ckpt = Checkpoint::load(&ckpt_path).context("loading the checkpoint")?;
+    let context = args.context.unwrap_or(ckpt.config.seq_len);
+    let config = llama2c::llama_config(&ckpt.config);
+    htpkv::engine::check_geometry(&config, context, &args.ar, args.kv_dtype)?;
+    let tok =
+        Tokenizer::load(&tok_path, ckpt.config.vocab_size).context("loading the tokenizer")?;
+
+    let texts = calibration_texts(&args)?;
+    let opts = compile_options(&args, context);
+    let calibration: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t, true, false)).collect();
+
+    let mut bars = crate::progress::StageBars::default();
     let started = Instant::now();
     let fingerprint = ckpt.sha256();
     let model = ref_backend::compile(
@@ -137,21 +180,22 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         &calibration,
         &opts,
         fingerprint,
-        &mut |p: Progress| {
-            if stage != Some(p.stage) {
-                stage = Some(p.stage);
-                bar.set_prefix(p.stage.name());
-                bar.reset();
-            }
-            bar.set_length(p.total);
-            bar.set_position(p.done);
-        },
+        &mut |p: Progress| bars.update(p),
     )
     .context("compiling")?;
-    bar.finish_and_clear();
+    bars.finish();
 
     // Written only after it was read back and found equal (the runtime's validation).
     model.write(&args.out, &inputs)?;
+    report(&args, &model, started)
+}
+
+/// What was written, on stdout.
+fn report(
+    args: &CompileArgs,
+    model: &ref_backend::CompiledModel,
+    started: Instant,
+) -> anyhow::Result<()> {
     let size = std::fs::metadata(&args.out).map(|m| m.len()).unwrap_or(0);
     let c = model.config();
     crate::output::to_stdout(|out| {

@@ -4,6 +4,7 @@ use anyhow::Context;
 use htpkv::engine::{BackendChoice, Engine, EngineOptions};
 use htpkv::sampler::{Sampler, SamplerOptions};
 use htpkv::session::{GenerateOptions, StopReason};
+use model::Message;
 use quant::DataType;
 use ref_backend::WeightType;
 use std::io::Write;
@@ -17,10 +18,20 @@ pub struct GenerateArgs {
     /// Text to continue (empty: a story from the beginning). It is printed first, then the
     /// generated text.
     #[arg(default_value = "")]
-    prompt: String,
-    /// Model directory (else $HTPKV_MODEL_DIR, ./models/stories260K, ../shared/models/stories260K).
-    #[arg(long)]
+    pub prompt: String,
+    /// The model: a llama2.c directory, a GGUF file or a Hugging Face folder (config.json,
+    /// safetensors, tokenizer.json); else $HTPKV_MODEL_DIR, ./models/stories260K,
+    /// ../shared/models/stories260K.
+    #[arg(long = "model", visible_alias = "model-dir", value_name = "PATH")]
     model_dir: Option<PathBuf>,
+    /// Answer one chat question: the model's chat template renders it (with --system) and the
+    /// answer stops at the model's stop tokens. Without a template (llama2.c models) the turns
+    /// are joined as plain text lines.
+    #[arg(long, value_name = "TEXT", conflicts_with = "prompt")]
+    chat: Option<String>,
+    /// System message of --chat and `htpkv chat`.
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
     /// A compiled model file to run instead of compiling; with --backend qnn, one or more context
     /// binaries made by any tool (the parts of a split model: repeat the option or separate the
     /// files with commas), read under --convention.
@@ -88,9 +99,9 @@ pub struct GenerateArgs {
     /// Most QNN memory handles alive at once; least recently used ones are deregistered.
     #[arg(long, default_value_t = htpkv::qnn_memory::DEFAULT_MAX_HANDLES)]
     qnn_max_handles: usize,
-    /// Print speed and KV counters to stderr.
+    /// Print speed, KV counters and peak memory to stderr.
     #[arg(long)]
-    stats: bool,
+    pub stats: bool,
     /// Print one JSON document (text and stats) to stdout instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -117,7 +128,7 @@ pub struct GenerateArgs {
 
 /// What a run actually uses, read back from the loaded model.
 #[derive(Debug, PartialEq)]
-struct Ran {
+pub struct Ran {
     context: usize,
     ar: Vec<usize>,
     kv_dtype: DataType,
@@ -138,9 +149,9 @@ impl Ran {
 }
 
 /// Every option, parsed and checked before any work (loading, compiling).
-struct Checked {
-    engine: EngineOptions,
-    generate: GenerateOptions,
+pub struct Checked {
+    pub engine: EngineOptions,
+    pub generate: GenerateOptions,
     kv_dtype: Option<DataType>,
     weights: Option<WeightType>,
 }
@@ -270,19 +281,58 @@ fn join(v: &[usize]) -> String {
     v.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
 }
 
-pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    let checked = check_args(&args)?;
-    if foreign::wanted(&args) {
-        return foreign::run(&args, &checked);
-    }
+/// Opens the engine the arguments ask for (compile progress as bars on a terminal) and checks it
+/// against them.
+pub fn open_engine(args: &GenerateArgs) -> anyhow::Result<(Engine, Checked, Ran)> {
+    let checked = check_args(args)?;
     let quiet = args.json;
-    let mut engine = Engine::open(&checked.engine, &mut |line| {
-        if !quiet {
-            eprintln!("{line}");
-        }
-    })?;
+    let mut bars = crate::progress::StageBars::default();
+    let engine = Engine::open_with(
+        &checked.engine,
+        &mut |line| {
+            if !quiet {
+                eprintln!("{line}");
+            }
+        },
+        &mut |p| bars.update(p),
+    );
+    bars.finish();
+    let engine = engine?;
     let ran = Ran::of(&engine);
-    check_against_file(&args, &checked, &ran)?;
+    check_against_file(args, &checked, &ran)?;
+    Ok((engine, checked, ran))
+}
+
+/// Peak resident memory of this process in bytes (`VmHWM` of /proc/self/status); `None` where
+/// the system does not say (not Linux).
+pub fn peak_memory_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line
+        .trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
+}
+
+/// [`peak_memory_bytes`] for people: MiB, or `n/a`.
+pub fn peak_memory_text() -> String {
+    peak_memory_bytes().map_or("n/a".into(), |b| {
+        format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+    })
+}
+
+pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    if foreign::wanted(&args) {
+        return foreign::run(&args, &check_args(&args)?);
+    }
+    if args.system.is_some() && args.chat.is_none() {
+        anyhow::bail!("--system needs --chat (or `htpkv chat`)");
+    }
+    let (mut engine, checked, ran) = open_engine(&args)?;
     if let Some(path) = &args.resume {
         engine.session_mut().restore(path).context("--resume")?;
     }
@@ -297,6 +347,24 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let generate = checked.generate;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    if let Some(question) = &args.chat {
+        let mut messages = Vec::new();
+        messages.extend(args.system.as_deref().map(|s| Message::new("system", s)));
+        messages.push(Message::new("user", question));
+        let mut write_failed = None;
+        let generation = engine.chat(&messages, &generate, &mut |piece| {
+            args.json || stream(&mut out, piece, &mut write_failed)
+        })?;
+        return finish(
+            &args,
+            &mut engine,
+            strategy,
+            &ran,
+            generation,
+            write_failed,
+            out,
+        );
+    }
     // A prompt that cannot fit is refused before it is printed.
     engine
         .session()
@@ -309,17 +377,40 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     }
     let mut write_failed = None;
     let generation = engine.generate(&args.prompt, &generate, &mut |piece| {
-        if args.json {
-            return true;
-        }
-        match out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
-            Ok(()) => true,
-            Err(e) => {
-                write_failed = Some(e);
-                false
-            }
-        }
+        args.json || stream(&mut out, piece, &mut write_failed)
     })?;
+    finish(
+        &args,
+        &mut engine,
+        strategy,
+        &ran,
+        generation,
+        write_failed,
+        out,
+    )
+}
+
+/// Writes one streamed piece; on failure records the error and asks generation to stop.
+pub fn stream(out: &mut impl Write, piece: &str, failed: &mut Option<std::io::Error>) -> bool {
+    match out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+        Ok(()) => true,
+        Err(e) => {
+            *failed = Some(e);
+            false
+        }
+    }
+}
+
+/// Saves the session when asked, then prints the JSON document or the stats.
+fn finish(
+    args: &GenerateArgs,
+    engine: &mut Engine,
+    strategy: kv_manager::Strategy,
+    ran: &Ran,
+    generation: htpkv::session::Generation,
+    write_failed: Option<std::io::Error>,
+    mut out: impl Write,
+) -> anyhow::Result<()> {
     if let Some(path) = &args.save {
         let session = engine.session_mut();
         session.feed_last(&generation)?;
@@ -335,7 +426,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let kv = stats.kv;
     if args.json {
         let doc = serde_json::json!({
-            "prompt": args.prompt,
+            "prompt": args.chat.as_deref().unwrap_or(&args.prompt),
             "text": generation.text,
             "prompt_tokens": generation.prompt_tokens.len(),
             "generated_tokens": generation.tokens.len(),
@@ -355,6 +446,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             "weights": ran.weights.map(WeightType::name),
             "context": ran.context,
             "ar": ran.ar,
+            "peak_memory_bytes": peak_memory_bytes(),
             "prefill_tokens_per_second": stats.prefill_tokens_per_second(),
             "decode_tokens_per_second": stats.decode_tokens_per_second(),
             "overflow": args.overflow,
@@ -380,6 +472,16 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         StopReason::EndOfText | StopReason::MaxTokens | StopReason::Callback => {}
     }
     if args.stats {
+        print_stats(engine, strategy);
+    }
+    Ok(())
+}
+
+/// The `--stats` lines on stderr.
+pub fn print_stats(engine: &Engine, strategy: kv_manager::Strategy) {
+    let stats = engine.stats();
+    let kv = stats.kv;
+    {
         eprintln!(
             "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
             stats.prefill_tokens,
@@ -410,8 +512,8 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
                 m.max_handles
             );
         }
+        eprintln!("peak memory: {}", peak_memory_text());
     }
-    Ok(())
 }
 
 /// One slide for `--stats`.

@@ -3,10 +3,12 @@
 use clap::{Parser, Subcommand};
 
 mod budget;
+mod chat;
 mod compile;
 mod generate;
 mod inspect;
 mod output;
+mod progress;
 mod svg;
 
 /// htpkv: LLMs as static-shape graphs with an application-managed KV cache.
@@ -27,6 +29,9 @@ enum Command {
     Compile(compile::CompileArgs),
     /// Generate text with a compiled model (compiled and cached on first use).
     Generate(Box<generate::GenerateArgs>),
+    /// Chat interactively: one user turn per stdin line (/reset, /quit), answers stream to
+    /// stdout; the KV cache is kept across turns. Takes generate's options.
+    Chat(Box<generate::GenerateArgs>),
     /// List the graphs and IO tensors of a context binary through a QNN system library.
     Inspect(inspect::InspectArgs),
 }
@@ -38,6 +43,7 @@ fn main() -> std::process::ExitCode {
         Command::Plan(args) => budget::run_plan(args),
         Command::Compile(args) => compile::run(args),
         Command::Generate(args) => generate::run(*args),
+        Command::Chat(args) => chat::run(*args),
         Command::Inspect(args) => inspect::run(args),
     };
     match result {

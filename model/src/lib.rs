@@ -70,6 +70,6 @@ pub use chat::{ChatTemplate, Message};
 pub use config::{Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, limits};
 pub use error::Error;
 pub use forward::{FloatModel, NoTap, Site, Tap};
-pub use load::{LoadedModel, ModelFormat, describe, format_of, load};
+pub use load::{LoadedModel, ModelFormat, ModelText, describe, format_of, load, load_text};
 pub use tokenizer::{HfTokenizer, TextStream};
 pub use weights::{LayerTensor, LayerWeights, Tensor, WeightSource, Weights, check_weights};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::Value as Json;
 
-use crate::gguf::GgufModel;
+use crate::gguf::{GgufFile, GgufModel};
 use crate::hf::{HfModel, config_from_file};
 use crate::{ChatTemplate, Error, HfTokenizer, LlamaConfig, Weights};
 
@@ -28,6 +28,17 @@ pub struct LoadedModel {
     pub config: LlamaConfig,
     /// f32 weights.
     pub weights: Arc<Weights>,
+    /// Its tokenizer.
+    pub tokenizer: HfTokenizer,
+    /// Its chat template, when it has one.
+    pub chat: Option<ChatTemplate>,
+}
+
+/// What it takes to talk to a model, without its weights (for a model already compiled).
+#[derive(Debug)]
+pub struct ModelText {
+    /// The description.
+    pub config: LlamaConfig,
     /// Its tokenizer.
     pub tokenizer: HfTokenizer,
     /// Its chat template, when it has one.
@@ -69,11 +80,7 @@ pub fn load(path: &Path) -> Result<LoadedModel, Error> {
     match format_of(path)? {
         ModelFormat::Gguf => {
             let m = GgufModel::load(path)?;
-            let tokenizer = HfTokenizer::from_gguf(&m.file)?;
-            let has_template = m.file.get("tokenizer.chat_template").is_some();
-            let chat = has_template
-                .then(|| ChatTemplate::from_gguf(&m.file))
-                .transpose()?;
+            let (tokenizer, chat) = gguf_text(&m.file)?;
             Ok(LoadedModel {
                 config: m.config,
                 weights: m.weights,
@@ -81,26 +88,59 @@ pub fn load(path: &Path) -> Result<LoadedModel, Error> {
                 chat,
             })
         }
-        ModelFormat::HfFolder => load_hf(path),
+        ModelFormat::HfFolder => {
+            let m = HfModel::load(path)?;
+            let (tokenizer, chat) = hf_text(path, &m.config)?;
+            Ok(LoadedModel {
+                config: m.config,
+                weights: m.weights,
+                tokenizer,
+                chat,
+            })
+        }
     }
 }
 
-fn load_hf(dir: &Path) -> Result<LoadedModel, Error> {
-    let m = HfModel::load(dir)?;
+/// Loads the description, tokenizer and chat template of the model at `path`, without reading
+/// its weights.
+pub fn load_text(path: &Path) -> Result<ModelText, Error> {
+    let (config, (tokenizer, chat)) = match format_of(path)? {
+        ModelFormat::Gguf => {
+            let (config, file) = GgufModel::describe(path)?;
+            (config, gguf_text(&file)?)
+        }
+        ModelFormat::HfFolder => {
+            let config = config_from_file(&path.join("config.json"))?;
+            let text = hf_text(path, &config)?;
+            (config, text)
+        }
+    };
+    Ok(ModelText {
+        config,
+        tokenizer,
+        chat,
+    })
+}
+
+fn gguf_text(file: &GgufFile) -> Result<(HfTokenizer, Option<ChatTemplate>), Error> {
+    let tokenizer = HfTokenizer::from_gguf(file)?;
+    let has_template = file.get("tokenizer.chat_template").is_some();
+    let chat = has_template
+        .then(|| ChatTemplate::from_gguf(file))
+        .transpose()?;
+    Ok((tokenizer, chat))
+}
+
+fn hf_text(dir: &Path, config: &LlamaConfig) -> Result<(HfTokenizer, Option<ChatTemplate>), Error> {
     let tok_config = dir.join("tokenizer_config.json");
     let (add_bos, chat) = if tok_config.is_file() {
         (add_bos_token(&tok_config)?, template_if_any(&tok_config)?)
     } else {
         (false, None)
     };
-    let bos = m.config.special.bos.filter(|_| add_bos);
+    let bos = config.special.bos.filter(|_| add_bos);
     let tokenizer = HfTokenizer::from_file(&dir.join("tokenizer.json"), bos)?;
-    Ok(LoadedModel {
-        config: m.config,
-        weights: m.weights,
-        tokenizer,
-        chat,
-    })
+    Ok((tokenizer, chat))
 }
 
 fn read_json(path: &Path) -> Result<Json, Error> {

@@ -1,0 +1,147 @@
+//! `htpkv chat` (stdin piped) and `htpkv generate --chat`, on the embedded stories260K model and
+//! on SmolLM2 (GGUF).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+mod common;
+use common::{htpkv, model_dir};
+
+fn ok_stdout(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn chat(args: &[&str], stdin: &str, cache: &Path) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_htpkv"))
+        .arg("chat")
+        .args(args)
+        .env("HTPKV_CACHE_DIR", cache)
+        .env_remove("HTPKV_MODEL_DIR")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn chat_answers_each_line_resets_and_quits_on_the_story_model() {
+    let cache = common::scratch("chat", "story");
+    let dir = model_dir();
+    let dir = dir.to_str().unwrap();
+    let args = ["--model", dir, "--steps", "16"];
+    let o = chat(
+        &[&args[..], &["--stats"]].concat(),
+        "Once upon a time\n\nThe dog ran\n/reset\nOnce upon a time\n/quit\nnever read\n",
+        &cache,
+    );
+    let out = ok_stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    // After /reset the conversation starts again: the same first answer.
+    assert_eq!(lines[0], lines[2]);
+    assert!(!lines[0].trim().is_empty());
+    // One question answers the same through generate --chat.
+    let once = htpkv(
+        &[&["generate", "--chat", "Once upon a time"], &args[..]].concat(),
+        &cache,
+    );
+    assert_eq!(ok_stdout(&once).trim_end(), lines[0]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("peak memory: "), "{stderr}");
+}
+
+#[test]
+fn generate_json_reports_peak_memory_and_rejects_a_non_model_file() {
+    let cache = common::scratch("chat", "json");
+    let dir = model_dir();
+    let o = htpkv(
+        &[
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--steps",
+            "4",
+            "--json",
+        ],
+        &cache,
+    );
+    let doc: serde_json::Value = serde_json::from_str(&ok_stdout(&o)).unwrap();
+    let peak = doc["peak_memory_bytes"].as_u64();
+    if cfg!(target_os = "linux") {
+        assert!(peak.unwrap() > 1 << 20, "{doc}");
+    }
+    let bogus = cache.join("model.gguf");
+    std::fs::write(&bogus, b"not a model at all").unwrap();
+    let o = htpkv(
+        &[
+            "generate",
+            "--model",
+            bogus.to_str().unwrap(),
+            "--chat",
+            "hi",
+        ],
+        &cache,
+    );
+    assert!(!o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("model.gguf"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// SmolLM2-135M-Instruct (GGUF Q4_1), fetched by `scripts/fetch-smollm2.sh`; a failure under
+/// `CI=true` when missing, else skipped with a message.
+fn smollm2() -> Option<PathBuf> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if path.is_file() {
+        return Some(path);
+    }
+    let msg = format!(
+        "{} is missing: run scripts/fetch-smollm2.sh",
+        path.display()
+    );
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
+    eprintln!("skipped: {msg}");
+    None
+}
+
+#[test]
+fn smollm2_answers_the_capital_of_france_with_f32_weights_and_kv() {
+    let Some(model) = smollm2() else {
+        return;
+    };
+    let cache = common::scratch("chat", "smollm2");
+    let o = htpkv(
+        &[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--chat",
+            "What is the capital of France?",
+            "--kv-dtype",
+            "f32",
+            "--weights",
+            "f32",
+            "--context",
+            "128",
+            "--steps",
+            "24",
+        ],
+        &cache,
+    );
+    assert_eq!(ok_stdout(&o).trim_end(), "The capital of France is Paris.");
+}

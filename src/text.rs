@@ -1,0 +1,193 @@
+//! Text in and out of a model: the tokenizers behind [`TextCodec`] (llama2.c's own, and a Hugging
+//! Face tokenizer from `tokenizer.json` or GGUF metadata), and chat prompts.
+//!
+//! Chat prompts are rendered with the model's chat template (GGUF `tokenizer.chat_template`, or
+//! `tokenizer_config.json`), with `add_generation_prompt`. A model without a template (the
+//! llama2.c story models) gets the **plain fallback**: every turn's text followed by a newline, in
+//! order, system turn included (so a story model simply continues the conversation as text).
+
+use crate::session::TextCodec;
+use model::{ChatTemplate, HfTokenizer, Message};
+use tokenizers::DecoderWrapper;
+
+/// A Hugging Face tokenizer as a [`TextCodec`], with the model's stop tokens.
+#[derive(Debug)]
+pub struct HfCodec {
+    tokenizer: HfTokenizer,
+    stops: Vec<u32>,
+    /// GPT-2 style byte-level BPE (token strings spell bytes through GPT-2's byte alphabet);
+    /// otherwise SentencePiece style (`▁` for a space, `<0xNN>` for a byte).
+    byte_level: bool,
+}
+
+impl HfCodec {
+    /// Wraps `tokenizer`; generation stops at any of `stops` (the model's EOS and end-of-turn).
+    pub fn new(tokenizer: HfTokenizer, stops: Vec<u32>) -> HfCodec {
+        let byte_level = matches!(
+            tokenizer.inner().get_decoder(),
+            Some(DecoderWrapper::ByteLevel(_))
+        );
+        HfCodec {
+            tokenizer,
+            stops,
+            byte_level,
+        }
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &HfTokenizer {
+        &self.tokenizer
+    }
+
+    fn is_special(&self, token: u32) -> bool {
+        self.tokenizer
+            .inner()
+            .get_added_tokens_decoder()
+            .get(&token)
+            .is_some_and(|t| t.special)
+    }
+}
+
+/// The byte a GPT-2 byte-level alphabet character stands for: bytes that are printable and not a
+/// space stand for themselves, the other 68 bytes are spelled by U+0100.. in byte order.
+fn byte_level_byte(c: char) -> Option<u8> {
+    let printable = |b: u32| matches!(b, 33..=126 | 161..=172 | 174..=255);
+    let cp = u32::from(c);
+    if printable(cp) {
+        return u8::try_from(cp).ok();
+    }
+    let n = cp.checked_sub(256)?;
+    (0u32..=255)
+        .filter(|&b| !printable(b))
+        .nth(n as usize)
+        .and_then(|b| u8::try_from(b).ok())
+}
+
+impl TextCodec for HfCodec {
+    /// Encodes `text`; special tokens written in it (e.g. `<|im_start|>`) become their ids. A text
+    /// the tokenizer rejects encodes to no tokens (the session then refuses the empty prompt).
+    fn encode(&self, text: &str, bos: bool) -> Vec<u32> {
+        self.tokenizer.encode(text, bos).unwrap_or_default()
+    }
+
+    /// The bytes of `token` (special tokens: none). `prev` is not needed: these tokenizers spell
+    /// spaces inside the token.
+    fn decode_piece(&self, _prev: u32, token: u32) -> Vec<u8> {
+        if self.is_special(token) {
+            return Vec::new();
+        }
+        let Some(piece) = self.tokenizer.inner().id_to_token(token) else {
+            return Vec::new();
+        };
+        if self.byte_level {
+            let mut out = Vec::with_capacity(piece.len());
+            for c in piece.chars() {
+                match byte_level_byte(c) {
+                    Some(b) => out.push(b),
+                    None => out.extend_from_slice(c.to_string().as_bytes()),
+                }
+            }
+            return out;
+        }
+        let hex = piece
+            .strip_prefix("<0x")
+            .and_then(|h| h.strip_suffix('>'))
+            .filter(|h| h.len() == 2);
+        match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            Some(b) => vec![b],
+            None => piece.replace('\u{2581}', " ").into_bytes(),
+        }
+    }
+
+    fn is_stop(&self, token: u32) -> bool {
+        self.stops.contains(&token)
+    }
+}
+
+impl TextCodec for Box<dyn TextCodec + Send + Sync> {
+    fn encode(&self, text: &str, bos: bool) -> Vec<u32> {
+        (**self).encode(text, bos)
+    }
+    fn decode_piece(&self, prev: u32, token: u32) -> Vec<u8> {
+        (**self).decode_piece(prev, token)
+    }
+    fn min_tokens(&self, text: &str) -> usize {
+        (**self).min_tokens(text)
+    }
+    fn is_stop(&self, token: u32) -> bool {
+        (**self).is_stop(token)
+    }
+}
+
+/// How a conversation becomes a prompt: the model's chat template or the plain fallback (see
+/// the module docs).
+#[derive(Debug)]
+pub struct ChatFormat {
+    template: Option<ChatTemplate>,
+}
+
+impl ChatFormat {
+    /// With `template`, or the plain fallback when `None`.
+    pub fn new(template: Option<ChatTemplate>) -> ChatFormat {
+        ChatFormat { template }
+    }
+
+    /// True when the model has its own chat template.
+    pub fn has_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    /// The prompt for `messages`; with `add_generation_prompt` it ends where the assistant's
+    /// answer starts (the plain fallback has no generation prompt).
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String, model::Error> {
+        match &self.template {
+            Some(t) => t.render_chat(messages, add_generation_prompt),
+            None => Ok(messages
+                .iter()
+                .map(|m| format!("{}\n", m.content))
+                .collect()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_level_alphabet_covers_every_byte_once() {
+        let mut seen = [false; 256];
+        for cp in (0u32..=255).chain(256..256 + 68) {
+            let Some(c) = char::from_u32(cp) else {
+                continue;
+            };
+            if let Some(b) = byte_level_byte(c) {
+                assert!(!seen[usize::from(b)], "byte {b} twice");
+                seen[usize::from(b)] = true;
+            }
+        }
+        assert!(seen.iter().all(|&s| s));
+        assert_eq!(byte_level_byte('Ġ'), Some(b' '));
+        assert_eq!(byte_level_byte('Ċ'), Some(b'\n'));
+        assert_eq!(byte_level_byte('a'), Some(b'a'));
+        assert_eq!(byte_level_byte('\u{0200}'), None);
+    }
+
+    #[test]
+    fn plain_fallback_joins_turns_with_newlines() {
+        let chat = ChatFormat::new(None);
+        let m = [
+            Message::new("system", "Be brief."),
+            Message::new("user", "Once upon a time"),
+        ];
+        assert_eq!(
+            chat.render(&m, true).unwrap(),
+            "Be brief.\nOnce upon a time\n"
+        );
+        assert!(!chat.has_template());
+    }
+}

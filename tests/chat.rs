@@ -1,0 +1,100 @@
+//! `Engine::chat` keeps the KV cache across turns: each turn feeds only what the cache does not
+//! hold, and the answers equal those of a fresh engine that prefills the whole conversation.
+
+use htpkv::engine::{Engine, EngineOptions};
+use htpkv::sampler::SamplerOptions;
+use htpkv::session::GenerateOptions;
+use model::Message;
+use std::path::PathBuf;
+
+fn options() -> EngineOptions {
+    let cache = std::env::temp_dir().join(format!("htpkv-chat-test-{}", std::process::id()));
+    EngineOptions {
+        model_dir: Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/stories260K")),
+        cache_dir: Some(cache),
+        ..EngineOptions::default()
+    }
+}
+
+fn greedy(max_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        sampler: SamplerOptions {
+            temperature: 0.0,
+            top_p: 0.9,
+            seed: 1,
+        },
+    }
+}
+
+fn fresh_answer(messages: &[Message]) -> Vec<u32> {
+    let mut engine = Engine::open(&options(), &mut |_| {}).unwrap();
+    engine
+        .chat(messages, &greedy(12), &mut |_| true)
+        .unwrap()
+        .tokens
+}
+
+#[test]
+fn each_turn_feeds_only_new_tokens_and_answers_as_a_fresh_prefill() {
+    let mut engine = Engine::open(&options(), &mut |_| {}).unwrap();
+    assert!(!engine.has_chat_template());
+    let mut messages = vec![Message::new("user", "Once upon a time")];
+    let first = engine.chat(&messages, &greedy(12), &mut |_| true).unwrap();
+    assert_eq!(engine.stats().prefill_tokens, first.prompt_tokens.len());
+    messages.push(Message::new("assistant", &first.text));
+    messages.push(Message::new("user", "The cat sat"));
+
+    let cached = engine.session().tokens().to_vec();
+    let second = engine.chat(&messages, &greedy(12), &mut |_| true).unwrap();
+    // The history is not prefilled again: the turn fed the conversation minus what was cached.
+    let text = format!("Once upon a time\n{}\nThe cat sat\n", first.text);
+    let full = engine.tokenizer().encode(&text, true);
+    let common = cached.iter().zip(&full).take_while(|(a, b)| a == b).count();
+    assert!(common > first.prompt_tokens.len(), "history re-fed");
+    assert_eq!(second.prompt_tokens, full[common..]);
+    assert_eq!(
+        engine.stats().prefill_tokens,
+        first.prompt_tokens.len() + second.prompt_tokens.len()
+    );
+    assert_eq!(second.tokens, fresh_answer(&messages));
+
+    // An edited history rolls back to the common prefix, and still answers as a fresh prefill.
+    messages[1] = Message::new("assistant", "They played.");
+    let third = engine.chat(&messages, &greedy(12), &mut |_| true).unwrap();
+    assert_eq!(third.tokens, fresh_answer(&messages));
+    assert!(third.prompt_tokens.len() < full.len());
+}
+
+/// SmolLM2's GGUF tokenizer through `HfCodec`: the streamed pieces of a text's tokens spell the
+/// text again, multi-byte characters included; its stop tokens end generation.
+#[test]
+fn hf_codec_pieces_spell_the_text_and_stop_at_the_models_stop_tokens() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !path.is_file() {
+        let msg = format!(
+            "{} is missing: run scripts/fetch-smollm2.sh",
+            path.display()
+        );
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
+        eprintln!("skipped: {msg}");
+        return;
+    }
+    let model = htpkv::engine::OpenedModel::open(Some(&path)).unwrap();
+    let text = "Paris — café, 東京!\n  Done.";
+    let ids = model.codec.encode(text, false);
+    let mut bytes = Vec::new();
+    let mut prev = 0;
+    for &id in &ids {
+        bytes.extend(model.codec.decode_piece(prev, id));
+        prev = id;
+    }
+    assert_eq!(String::from_utf8(bytes).unwrap(), text);
+    for stop in model.config.special.stop_tokens() {
+        assert!(model.codec.is_stop(stop));
+        assert!(model.codec.decode_piece(prev, stop).is_empty());
+    }
+    assert!(!model.codec.is_stop(ids[0]));
+    assert!(model.chat.has_template());
+}
