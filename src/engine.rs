@@ -594,7 +594,7 @@ impl Model {
             vocab_size: opened.config.vocab_size,
             tokenizer: opened.codec,
             strategy: options.strategy,
-            rope: opened.config.rope.clone(),
+            rope: opened.config.rope,
             chat: opened.chat,
             compiled_path,
             compiled_options,
