@@ -74,7 +74,7 @@ pub(crate) fn act_index(layer: usize, site: ActSite) -> usize {
 /// Longest run of i8 x i16 products whose sum provably fits an i32:
 /// `516 * 127 * 32768 = 2_147_352_576 <= 2^31 - 1` (517 would not fit). (Weights are clamped to `[-127, 127]`,
 /// activations are i16, so `|product| <= 127 * 32768`.)
-pub(crate) const I32_CHUNK: usize = 516;
+pub const I32_CHUNK: usize = 516;
 
 /// A weight matrix, row-major `(rows, cols)`, `y = W x`.
 #[derive(Debug, Clone, PartialEq)]
