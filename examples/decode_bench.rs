@@ -35,8 +35,17 @@ fn main() -> anyhow::Result<()> {
         weights: weights.clone(),
         ..Default::default()
     };
-    let opts = htpkv::engine::compile_options(&options, &ckpt, &tok)?;
-    let compiled = Arc::new(ref_backend::compile(&ckpt, &opts, &mut |_| {})?);
+    let opts = htpkv::engine::compile_options(&options, &ckpt)?;
+    let calibration = htpkv::engine::calibration_sequences(&tok);
+    let config = llama2c::llama_config(&ckpt.config);
+    let compiled = Arc::new(ref_backend::compile(
+        &config,
+        &*ckpt,
+        &calibration,
+        &opts,
+        ckpt.sha256(),
+        &mut |_| {},
+    )?);
     let tokens = tokens.min(ckpt.config.seq_len - 1);
 
     // The greedy sequence, from the float reference (also its timing).

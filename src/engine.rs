@@ -194,11 +194,10 @@ pub fn default_cache_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".htpkv-cache"))
 }
 
-/// The compile options an [`EngineOptions`] asks for, for a checkpoint and its tokenizer.
+/// The compile options an [`EngineOptions`] asks for, for a checkpoint.
 pub fn compile_options(
     options: &EngineOptions,
     checkpoint: &Checkpoint,
-    tokenizer: &Tokenizer,
 ) -> Result<CompileOptions, EngineError> {
     let context = options.context.unwrap_or(checkpoint.config.seq_len);
     check_geometry(&checkpoint.config, context, &options.ar, options.kv_dtype)?;
@@ -208,11 +207,15 @@ pub fn compile_options(
         .weights
         .parse::<WeightType>()
         .map_err(EngineError::BadOption)?;
-    opts.calibration_prompts = ref_backend::DEFAULT_CALIBRATION_PROMPTS
+    Ok(opts)
+}
+
+/// The calibration sequences the engine compiles with: the default prompts, tokenized with BOS.
+pub fn calibration_sequences(tokenizer: &Tokenizer) -> Vec<Vec<u32>> {
+    ref_backend::DEFAULT_CALIBRATION_PROMPTS
         .iter()
         .map(|text| tokenizer.encode(text, true, false))
-        .collect();
-    Ok(opts)
+        .collect()
 }
 
 /// Checks, before anything is compiled, that a KV cache can serve graphs of this context and these
@@ -240,11 +243,12 @@ pub fn check_geometry(
 /// Loads the compiled model for `checkpoint` and `opts` from `cache_dir`, or compiles it and
 /// stores it there (atomically). A cache entry is used only when it was compiled from this
 /// checkpoint (the SHA-256 recorded in the file, not only the one in its name) with these
-/// options. `progress` receives human-readable status lines.
+/// options and calibration sequences. `progress` receives human-readable status lines.
 pub fn compiled_model(
     checkpoint_path: &Path,
     checkpoint: &Checkpoint,
     opts: &CompileOptions,
+    calibration: &[Vec<u32>],
     cache_dir: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(CompiledModel, PathBuf), EngineError> {
@@ -260,11 +264,13 @@ pub fn compiled_model(
     ));
     if path.exists() {
         match CompiledModel::read(&path) {
-            Ok(model) if model.checkpoint_sha256_hex() != digest => progress(&format!(
+            Ok(model) if model.model_sha256_hex() != digest => progress(&format!(
                 "{} was compiled from another checkpoint; recompiling",
                 path.display()
             )),
-            Ok(model) if model.options() == opts => return Ok((model, path)),
+            Ok(model) if model.options() == opts && model.calibration() == calibration => {
+                return Ok((model, path));
+            }
             Ok(_) => progress(&format!(
                 "{} was compiled with other options; recompiling",
                 path.display()
@@ -280,13 +286,22 @@ pub fn compiled_model(
         checkpoint_path.display()
     ));
     let mut last = (ref_backend::Stage::BuildGraphs, u64::MAX);
-    let model = ref_backend::compile(checkpoint, opts, &mut |p| {
-        let pct = (p.done * 100).checked_div(p.total).unwrap_or(100);
-        if (p.stage, pct / 25) != (last.0, last.1) {
-            last = (p.stage, pct / 25);
-            progress(&format!("  {} {pct}%", p.stage.name()));
-        }
-    })?;
+    let config = llama2c::llama_config(&checkpoint.config);
+    let fingerprint = checkpoint.sha256();
+    let model = ref_backend::compile(
+        &config,
+        checkpoint,
+        calibration,
+        opts,
+        fingerprint,
+        &mut |p| {
+            let pct = (p.done * 100).checked_div(p.total).unwrap_or(100);
+            if (p.stage, pct / 25) != (last.0, last.1) {
+                last = (p.stage, pct / 25);
+                progress(&format!("  {} {pct}%", p.stage.name()));
+            }
+        },
+    )?;
     std::fs::create_dir_all(cache_dir).map_err(|error| EngineError::Io {
         what: "creating the cache directory",
         path: cache_dir.to_path_buf(),
@@ -305,8 +320,7 @@ fn read_compiled(
     checkpoint: &Checkpoint,
 ) -> Result<CompiledModel, EngineError> {
     let model = CompiledModel::read(path)?;
-    let (compiled_from, checkpoint_sha256) =
-        (model.checkpoint_sha256_hex(), checkpoint.sha256_hex());
+    let (compiled_from, checkpoint_sha256) = (model.model_sha256_hex(), checkpoint.sha256_hex());
     if compiled_from != checkpoint_sha256 {
         return Err(EngineError::CheckpointMismatch {
             compiled: path.to_path_buf(),
@@ -351,10 +365,16 @@ impl Engine {
         let (model, compiled_path) = match &options.compiled {
             Some(path) => (None, path.clone()),
             None => {
-                let opts = compile_options(options, &checkpoint, &tokenizer)?;
+                let opts = compile_options(options, &checkpoint)?;
                 let cache_dir = options.cache_dir.clone().unwrap_or_else(default_cache_dir);
-                let (model, path) =
-                    compiled_model(&files.checkpoint, &checkpoint, &opts, &cache_dir, progress)?;
+                let (model, path) = compiled_model(
+                    &files.checkpoint,
+                    &checkpoint,
+                    &opts,
+                    &calibration_sequences(&tokenizer),
+                    &cache_dir,
+                    progress,
+                )?;
                 (Some(model), path)
             }
         };

@@ -35,11 +35,17 @@ fn compile(
     let mut opts = CompileOptions::new(ckpt.config.seq_len, ar.to_vec());
     opts.kv_dtype = kv;
     opts.weights = weights;
-    opts.calibration_prompts = ref_backend::DEFAULT_CALIBRATION_PROMPTS
+    let prompts: Vec<Vec<u32>> = ref_backend::DEFAULT_CALIBRATION_PROMPTS
         .iter()
         .map(|t| tok.encode(t, true, false))
         .collect();
-    Arc::new(ref_backend::compile(ckpt, &opts, &mut |_| {}).expect("compiles"))
+    Arc::new(compile_ckpt(ckpt, &prompts, &opts))
+}
+
+/// Compiles a llama2.c checkpoint (its description, weights and SHA-256).
+fn compile_ckpt(ckpt: &Checkpoint, prompts: &[Vec<u32>], opts: &CompileOptions) -> CompiledModel {
+    let c = llama2c::llama_config(&ckpt.config);
+    ref_backend::compile(&c, ckpt, prompts, opts, ckpt.sha256(), &mut |_| {}).expect("compiles")
 }
 
 fn session(model: &Arc<CompiledModel>, strategy: Strategy) -> Session<ReferenceBackend> {
@@ -177,7 +183,7 @@ fn generation_stops_at_the_context_limit() {
     let mut opts = CompileOptions::new(48, vec![1, 8]);
     opts.kv_dtype = DataType::F32;
     opts.weights = WeightType::F32;
-    let compiled = Arc::new(ref_backend::compile(&ckpt, &opts, &mut |_| {}).unwrap());
+    let compiled = Arc::new(compile_ckpt(&ckpt, &[], &opts));
     let mut s = session(&compiled, Strategy::SmartMask);
     let generation = s
         .generate(
@@ -382,8 +388,8 @@ fn feed_last_lets_a_resumed_generation_continue_the_same_text() {
     let Some((ckpt, tok)) = model() else { return };
     let mut opts = CompileOptions::new(48, vec![1, 8]);
     opts.kv_dtype = DataType::U16;
-    opts.calibration_prompts = vec![tok.encode("Once upon a time", true, false)];
-    let compiled = Arc::new(ref_backend::compile(&ckpt, &opts, &mut |_| {}).unwrap());
+    let prompts = [tok.encode("Once upon a time", true, false)];
+    let compiled = Arc::new(compile_ckpt(&ckpt, &prompts, &opts));
     let options = |max_tokens| GenerateOptions {
         max_tokens,
         sampler: Default::default(),

@@ -119,7 +119,8 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     opts.k_layout = args.k_layout;
     opts.granularity = args.granularity;
     opts.calibration_tokens = args.calibration_tokens;
-    opts.calibration_prompts = texts.iter().map(|t| tok.encode(t, true, false)).collect();
+    let calibration: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t, true, false)).collect();
+    let config = llama2c::llama_config(&ckpt.config);
 
     let bar = ProgressBar::new(0);
     bar.set_style(
@@ -129,15 +130,23 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     );
     let mut stage: Option<Stage> = None;
     let started = Instant::now();
-    let model = ref_backend::compile(&ckpt, &opts, &mut |p: Progress| {
-        if stage != Some(p.stage) {
-            stage = Some(p.stage);
-            bar.set_prefix(p.stage.name());
-            bar.reset();
-        }
-        bar.set_length(p.total);
-        bar.set_position(p.done);
-    })
+    let fingerprint = ckpt.sha256();
+    let model = ref_backend::compile(
+        &config,
+        &ckpt,
+        &calibration,
+        &opts,
+        fingerprint,
+        &mut |p: Progress| {
+            if stage != Some(p.stage) {
+                stage = Some(p.stage);
+                bar.set_prefix(p.stage.name());
+                bar.reset();
+            }
+            bar.set_length(p.total);
+            bar.set_position(p.done);
+        },
+    )
     .context("compiling")?;
     bar.finish_and_clear();
 
@@ -160,7 +169,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             c.n_layers,
             c.n_heads,
             c.n_kv_heads,
-            c.head_dim(),
+            c.head_dim,
             c.vocab_size,
             model.options().kv_dtype,
             model.options().k_layout.name(),

@@ -2,9 +2,9 @@
 //! in [`model::ops`]; this module re-exports them and fixes RMSNorm's epsilon and RoPE's theta
 //! and pair layout to llama2.c's for the callers written against them.
 
-use ::model::RopePairing;
 pub use ::model::ops::{PARALLEL_MIN_MACS, argmax, dot, matmul, silu, softmax};
-use ::model::ops::{rope_frequency as frequency, rotate_head};
+use ::model::ops::{Rope, rope_frequency as frequency};
+use ::model::{RopeConfig, RopePairing};
 
 /// RMSNorm epsilon used by llama2.c models.
 pub const RMS_EPS: f32 = 1e-5;
@@ -46,11 +46,12 @@ pub fn rope_rotate(vec: &mut [f32], pos: usize, head_dim: usize) {
         "rope_rotate: head_dim {head_dim} must be even and divide len {}",
         vec.len()
     );
-    for head in vec.chunks_exact_mut(head_dim) {
-        rotate_head(head, RopePairing::Adjacent, |k| {
-            pos as f32 * frequency(ROPE_THETA, k, head_dim)
-        });
-    }
+    let cfg = RopeConfig {
+        theta: ROPE_THETA,
+        scaling: None,
+        pairing: RopePairing::Adjacent,
+    };
+    Rope::new(head_dim, &cfg).rotate(vec, pos);
 }
 
 #[cfg(test)]

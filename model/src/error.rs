@@ -131,6 +131,13 @@ pub enum Error {
         filled: usize,
     },
 
+    /// A forward pass was asked for with inconsistent inputs (row counts, layer range, tables).
+    #[error("invalid forward pass: {reason}")]
+    InvalidPass {
+        /// What does not fit.
+        reason: String,
+    },
+
     /// Building or running a tokenizer failed.
     #[error("tokenizer: {reason}")]
     Tokenizer {

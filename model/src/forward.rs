@@ -1,10 +1,18 @@
-//! The f32 reference forward pass over a [`LlamaConfig`] and a [`WeightSource`]: one token at a
-//! time with its own KV cache. This is the numerical oracle; calibration observes it through a
-//! [`Tap`].
+//! The Llama forward pass, written once over a [`LlamaConfig`]: the f32 oracle
+//! ([`FloatModel`]), calibration (the oracle seen through a [`Tap`]) and the quantized executor
+//! (`ref_backend`) all run [`run`], differing only in their [`Kernels`]: how a linear layer
+//! is applied, how an embedding row is read, and how keys/values are stored and attended over.
+//!
+//! A [`Pass`] runs `n` rows (tokens) through a layer range `[a, b)`, from token ids (the
+//! embedding) or a hidden state, with RoPE angles from position ids (the description's theta,
+//! Llama 3 scaling and pairing) or from precomputed cos/sin tables, and ends with the hidden
+//! state or with the logits (final RMSNorm and classifier).
 
 use std::sync::Arc;
 
-use crate::ops::{Rope, argmax, dot, matmul, rmsnorm, silu, softmax};
+use std::ops::Range;
+
+use crate::ops::{Rope, argmax, attend, matmul, rmsnorm, rope_apply, silu};
 use crate::{Error, LayerTensor, LlamaConfig, Tensor, WeightSource, check_weights};
 
 /// A point of the forward pass whose values a [`Tap`] sees.
@@ -46,22 +54,377 @@ pub struct NoTap;
 
 impl Tap for NoTap {}
 
+/// Where the rows of a [`Pass`] come from.
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    /// Token ids, one per row (looked up in the embedding; each below `vocab_size`).
+    Tokens(&'a [u32]),
+    /// Hidden states `[n, dim]` (the residual stream entering the first layer of the range).
+    Hidden(&'a [f32]),
+}
+
+/// The RoPE angles of the rows of a [`Pass`].
+#[derive(Debug, Clone, Copy)]
+pub enum Positions<'a> {
+    /// Position ids, one per row: angles from the description (theta, scaling).
+    Ids(&'a [usize]),
+    /// Precomputed tables `[n, head_dim / 2]`: the cosine and sine of each row's angle per pair.
+    Table {
+        /// Cosines.
+        cos: &'a [f32],
+        /// Sines.
+        sin: &'a [f32],
+    },
+}
+
+/// What a [`Pass`] ends with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// The hidden state after the last layer of the range, in [`Activations::hidden`].
+    Hidden,
+    /// Final RMSNorm and classifier; each row's logits go to [`Kernels::logits`].
+    Logits,
+}
+
+/// One forward pass over `n` rows.
 #[derive(Debug, Clone)]
-struct Scratch {
+pub struct Pass<'a> {
+    /// Layers to run, `a..b` with `a <= b <= n_layers`.
+    pub layers: Range<usize>,
+    /// Input rows.
+    pub input: Input<'a>,
+    /// RoPE angles of the rows.
+    pub positions: Positions<'a>,
+    /// What to end with.
+    pub output: Output,
+}
+
+impl Pass<'_> {
+    /// Number of rows.
+    pub fn rows(&self, c: &LlamaConfig) -> usize {
+        match self.input {
+            Input::Tokens(t) => t.len(),
+            Input::Hidden(h) => h.len() / c.dim.max(1),
+        }
+    }
+
+    /// Checks every length against `c` and `capacity` rows; returns the row count.
+    fn check(&self, c: &LlamaConfig, capacity: usize) -> Result<usize, Error> {
+        let bad = |reason: String| Err(Error::InvalidPass { reason });
+        let n = self.rows(c);
+        if n == 0 || n > capacity {
+            return bad(format!("{n} rows, expected 1..={capacity}"));
+        }
+        if let Input::Hidden(h) = self.input
+            && h.len() != n * c.dim
+        {
+            return bad(format!(
+                "hidden input of {} values is not n x {}",
+                h.len(),
+                c.dim
+            ));
+        }
+        if let Input::Tokens(t) = self.input
+            && let Some(&token) = t.iter().find(|&&t| t as usize >= c.vocab_size)
+        {
+            let vocab_size = c.vocab_size;
+            return Err(Error::TokenOutOfRange { token, vocab_size });
+        }
+        let half = c.head_dim / 2;
+        match self.positions {
+            Positions::Ids(p) if p.len() != n => bad(format!("{} positions for {n} rows", p.len())),
+            Positions::Table { cos, sin } if cos.len() != n * half || sin.len() != n * half => {
+                bad(format!(
+                    "cos/sin tables of {}/{} values, expected {n} x {half}",
+                    cos.len(),
+                    sin.len()
+                ))
+            }
+            _ if self.layers.start > self.layers.end || self.layers.end > c.n_layers => bad(
+                format!("layers {:?} outside 0..{}", self.layers, c.n_layers),
+            ),
+            _ => Ok(n),
+        }
+    }
+}
+
+/// How one implementation of the forward applies its weights and keeps its KV cache. Slices
+/// hold `n` rows back to back.
+pub trait Kernels {
+    /// The embedding row of `token` (`< vocab_size`, checked) into `out` (`dim`).
+    fn embed(&mut self, token: u32, out: &mut [f32]);
+
+    /// `out = W x` row by row for matrix `w`: a layer's `Q`, `K`, `V`, `O`, `Gate`, `Up`,
+    /// `Down`, or the classifier (`Output`, or `TokenEmbedding` when tied). `x` is
+    /// `[n, cols]`, `out` `[n, rows]` ([`Tensor::shape`]).
+    fn linear(&mut self, w: Tensor, x: &[f32], out: &mut [f32]);
+
+    /// An f32 vector: RMSNorm weights and Q/K/V biases.
+    fn vector(&self, v: Tensor) -> &[f32];
+
+    /// Stores the step's keys and values of `layer` (`k`, `v`: `[n, kv_dim]`, after bias and
+    /// RoPE) and attends: every query head of every row of `q` (`[n, q_dim]`) over the past and
+    /// the visible new rows (GQA: query head `h` reads KV head `h / kv_mul`), into `out`
+    /// (`[n, q_dim]`). Implementations use [`attend`](crate::ops::attend).
+    fn attention(&mut self, layer: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]);
+
+    /// The logits of `row` (with [`Output::Logits`]).
+    fn logits(&mut self, row: usize, logits: &[f32]);
+}
+
+/// The activations of a forward pass for up to `capacity` rows, allocated once; [`run`] does
+/// not allocate.
+#[derive(Debug, Clone)]
+pub struct Activations {
+    capacity: usize,
+    rows: usize,
     x: Vec<f32>,
     xb: Vec<f32>,
     xb2: Vec<f32>,
     q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
     att_out: Vec<f32>,
     hb: Vec<f32>,
     hb2: Vec<f32>,
-    att: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
     logits: Vec<f32>,
 }
 
+impl Activations {
+    /// Buffers for `capacity` rows of model `c`.
+    pub fn new(c: &LlamaConfig, capacity: usize) -> Activations {
+        let z = |w: usize| vec![0.0; capacity * w];
+        Activations {
+            capacity,
+            rows: 0,
+            x: z(c.dim),
+            xb: z(c.dim),
+            xb2: z(c.dim),
+            q: z(c.q_dim()),
+            k: z(c.kv_dim()),
+            v: z(c.kv_dim()),
+            att_out: z(c.q_dim()),
+            hb: z(c.hidden_dim),
+            hb2: z(c.hidden_dim),
+            cos: z(c.head_dim / 2),
+            sin: z(c.head_dim / 2),
+            logits: vec![0.0; c.vocab_size],
+        }
+    }
+
+    /// Rows this value holds buffers for.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The residual stream `[n, dim]` after the last pass (its output with [`Output::Hidden`]).
+    pub fn hidden(&self) -> &[f32] {
+        &self.x[..self.rows * (self.x.len() / self.capacity.max(1))]
+    }
+
+    /// Bytes of all buffers.
+    pub fn bytes(&self) -> usize {
+        let v = [
+            &self.x,
+            &self.xb,
+            &self.xb2,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.att_out,
+            &self.hb,
+            &self.hb2,
+            &self.cos,
+            &self.sin,
+            &self.logits,
+        ];
+        v.iter().map(|b| b.len() * 4).sum()
+    }
+}
+
+/// Runs `pass` with kernels `k` over activations `a` (`rope` built from `c`). Checks the pass
+/// first ([`Error::InvalidPass`], [`Error::TokenOutOfRange`]) and then cannot fail.
+pub fn run(
+    c: &LlamaConfig,
+    rope: &Rope,
+    k: &mut dyn Kernels,
+    a: &mut Activations,
+    pass: &Pass<'_>,
+    tap: &mut dyn Tap,
+) -> Result<(), Error> {
+    let n = pass.check(c, a.capacity)?;
+    a.rows = n;
+    let (dim, half) = (c.dim, c.head_dim / 2);
+    match pass.input {
+        Input::Tokens(t) => {
+            for (&tok, x) in t.iter().zip(a.x.chunks_exact_mut(dim)) {
+                k.embed(tok, x);
+            }
+        }
+        Input::Hidden(h) => a.x[..n * dim].copy_from_slice(h),
+    }
+    match pass.positions {
+        Positions::Ids(p) => {
+            let rows = a
+                .cos
+                .chunks_exact_mut(half)
+                .zip(a.sin.chunks_exact_mut(half));
+            for (&pos, (cos, sin)) in p.iter().zip(rows) {
+                rope.cos_sin(pos, cos, sin);
+            }
+        }
+        Positions::Table { cos, sin } => {
+            a.cos[..n * half].copy_from_slice(cos);
+            a.sin[..n * half].copy_from_slice(sin);
+        }
+    }
+    for l in pass.layers.clone() {
+        attention_block(c, rope, l, n, k, a, tap);
+        ffn_block(c, l, n, k, a, tap);
+        observe_rows(tap, l, Site::Residual, &a.x[..n * dim], dim);
+    }
+    if pass.output == Output::Logits {
+        classify(c, n, k, a, tap);
+    }
+    Ok(())
+}
+
+fn observe_rows(tap: &mut dyn Tap, layer: usize, site: Site, values: &[f32], width: usize) {
+    for row in values.chunks_exact(width) {
+        tap.observe(layer, site, row);
+    }
+}
+
+/// RMSNorm of each row of `x` into `out`.
+fn norm_rows(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
+    let d = weight.len();
+    for (o, xr) in out.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+        rmsnorm(o, xr, weight, eps);
+    }
+}
+
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// `out = W x (+ bias when the model has Q/K/V biases)` for the rows of `x`.
+fn project(
+    c: &LlamaConfig,
+    k: &mut dyn Kernels,
+    l: usize,
+    w: [LayerTensor; 2],
+    x: &[f32],
+    out: &mut [f32],
+) {
+    k.linear(Tensor::Layer(l, w[0]), x, out);
+    if c.qkv_bias {
+        let b = k.vector(Tensor::Layer(l, w[1]));
+        for row in out.chunks_exact_mut(b.len()) {
+            add(row, b);
+        }
+    }
+}
+
+/// Attention block of layer `l` for the `n` rows.
+fn attention_block(
+    c: &LlamaConfig,
+    rope: &Rope,
+    l: usize,
+    n: usize,
+    k: &mut dyn Kernels,
+    a: &mut Activations,
+    tap: &mut dyn Tap,
+) {
+    use LayerTensor as L;
+    let (dim, qd, kvd, half) = (c.dim, c.q_dim(), c.kv_dim(), c.head_dim / 2);
+    let (x, xb) = (&a.x[..n * dim], &mut a.xb[..n * dim]);
+    norm_rows(xb, x, k.vector(Tensor::Layer(l, L::AttnNorm)), c.rms_eps);
+    observe_rows(tap, l, Site::AttnInput, xb, dim);
+    let (q, kk, v) = (&mut a.q[..n * qd], &mut a.k[..n * kvd], &mut a.v[..n * kvd]);
+    project(c, k, l, [L::Q, L::QBias], xb, q);
+    project(c, k, l, [L::K, L::KBias], xb, kk);
+    project(c, k, l, [L::V, L::VBias], xb, v);
+    let tables = a.cos.chunks_exact(half).zip(a.sin.chunks_exact(half));
+    for ((qr, kr), (cos, sin)) in q
+        .chunks_exact_mut(qd)
+        .zip(kk.chunks_exact_mut(kvd))
+        .zip(tables)
+    {
+        rope_apply(qr, cos, sin, rope.pairing());
+        rope_apply(kr, cos, sin, rope.pairing());
+    }
+    observe_rows(tap, l, Site::Query, q, qd);
+    observe_rows(tap, l, Site::Key, kk, kvd);
+    observe_rows(tap, l, Site::Value, v, kvd);
+    let att = &mut a.att_out[..n * qd];
+    k.attention(l, q, kk, v, att);
+    observe_rows(tap, l, Site::AttnOutput, att, qd);
+    let xb2 = &mut a.xb2[..n * dim];
+    k.linear(Tensor::Layer(l, L::O), att, xb2);
+    add(&mut a.x[..n * dim], xb2);
+}
+
+/// SwiGLU feed-forward block of layer `l` for the `n` rows.
+fn ffn_block(
+    c: &LlamaConfig,
+    l: usize,
+    n: usize,
+    k: &mut dyn Kernels,
+    a: &mut Activations,
+    tap: &mut dyn Tap,
+) {
+    use LayerTensor as L;
+    let (dim, hd) = (c.dim, c.hidden_dim);
+    let (x, xb) = (&a.x[..n * dim], &mut a.xb[..n * dim]);
+    norm_rows(xb, x, k.vector(Tensor::Layer(l, L::FfnNorm)), c.rms_eps);
+    observe_rows(tap, l, Site::FfnInput, xb, dim);
+    let (hb, hb2) = (&mut a.hb[..n * hd], &mut a.hb2[..n * hd]);
+    k.linear(Tensor::Layer(l, L::Gate), xb, hb);
+    k.linear(Tensor::Layer(l, L::Up), xb, hb2);
+    for (g, u) in hb.iter_mut().zip(hb2.iter()) {
+        *g = silu(*g) * u;
+    }
+    observe_rows(tap, l, Site::FfnHidden, hb, hd);
+    k.linear(Tensor::Layer(l, L::Down), hb, xb);
+    add(&mut a.x[..n * dim], xb);
+}
+
+/// Final RMSNorm and classifier (the embedding when tied), row by row.
+fn classify(
+    c: &LlamaConfig,
+    n: usize,
+    k: &mut dyn Kernels,
+    a: &mut Activations,
+    tap: &mut dyn Tap,
+) {
+    let (dim, last) = (c.dim, c.n_layers);
+    let cls = if c.tied_output {
+        Tensor::TokenEmbedding
+    } else {
+        Tensor::Output
+    };
+    for i in 0..n {
+        let xb = &mut a.xb[i * dim..(i + 1) * dim];
+        rmsnorm(
+            xb,
+            &a.x[i * dim..(i + 1) * dim],
+            k.vector(Tensor::OutputNorm),
+            c.rms_eps,
+        );
+        tap.observe(last, Site::FinalNorm, xb);
+        k.linear(cls, xb, &mut a.logits);
+        tap.observe(last, Site::Logits, &a.logits);
+        k.logits(i, &a.logits);
+    }
+}
+
 /// Plain f32 decoder over shared weights with a KV cache laid out `[layer][pos][kv_dim]` (keys
-/// after RoPE), sized for `context` positions. Scratch buffers are allocated once in
-/// [`FloatModel::new`]; [`FloatModel::forward`] does not allocate.
+/// after RoPE), sized for `context` positions: [`run`] with [`FloatKernels`]. Buffers are
+/// allocated once in [`FloatModel::new`]; [`FloatModel::forward`] does not allocate.
 ///
 /// Positions must be fed in order: `forward(token, pos)` needs positions `0..pos` in the cache,
 /// so `pos` may be at most the number of cached positions. Feeding an earlier position
@@ -70,12 +433,120 @@ struct Scratch {
 pub struct FloatModel<W: ?Sized> {
     config: LlamaConfig,
     rope: Rope,
-    context: usize,
-    key_cache: Vec<f32>,
-    value_cache: Vec<f32>,
+    cache: FloatCache,
     filled: usize,
-    s: Scratch,
+    acts: Activations,
+    att: Vec<f32>,
+    logits: Vec<f32>,
     weights: Arc<W>,
+}
+
+/// The f32 KV cache of a [`FloatModel`]: `[layer][pos][kv_dim]` keys and values.
+#[derive(Debug, Clone)]
+pub struct FloatCache {
+    context: usize,
+    kv_dim: usize,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+impl FloatCache {
+    /// A zeroed cache of `context` positions for model `c`.
+    pub fn new(c: &LlamaConfig, context: usize) -> Result<FloatCache, Error> {
+        Ok(FloatCache {
+            context,
+            kv_dim: c.kv_dim(),
+            keys: kv_cache(c, context)?,
+            values: kv_cache(c, context)?,
+        })
+    }
+
+    fn offset(&self, layer: usize, pos: usize) -> usize {
+        (layer * self.context + pos) * self.kv_dim
+    }
+}
+
+/// The f32 [`Kernels`]: weights read from a [`WeightSource`], keys and values stored in a
+/// [`FloatCache`] at positions `pos0, pos0 + 1, ...` (row `i` at `pos0 + i`), causal attention
+/// over positions `0..=pos0 + i`.
+#[derive(Debug)]
+pub struct FloatKernels<'a, W: ?Sized> {
+    /// Model description.
+    pub config: &'a LlamaConfig,
+    /// Weights (checked with [`check_weights`]).
+    pub weights: &'a W,
+    /// The KV cache.
+    pub cache: &'a mut FloatCache,
+    /// Cache position of row 0.
+    pub pos0: usize,
+    /// Attention score scratch, at least `pos0 + n` long.
+    pub scores: &'a mut [f32],
+    /// Receives the logits of the last row.
+    pub logits: &'a mut [f32],
+}
+
+impl<W: WeightSource + ?Sized> FloatKernels<'_, W> {
+    /// A tensor checked present and sized by [`check_weights`].
+    fn tensor(&self, t: Tensor) -> &[f32] {
+        self.weights
+            .tensor(t)
+            .expect("FloatModel::new checked that every required tensor is present")
+    }
+}
+
+impl<W: WeightSource + ?Sized> Kernels for FloatKernels<'_, W> {
+    fn embed(&mut self, token: u32, out: &mut [f32]) {
+        let d = out.len();
+        let t = token as usize;
+        out.copy_from_slice(&self.tensor(Tensor::TokenEmbedding)[t * d..(t + 1) * d]);
+    }
+
+    fn linear(&mut self, w: Tensor, x: &[f32], out: &mut [f32]) {
+        let shape = w.shape(self.config);
+        let (rows, cols) = (shape[0], shape[1]);
+        let m = self.tensor(w);
+        for (o, xr) in out.chunks_exact_mut(rows).zip(x.chunks_exact(cols)) {
+            matmul(o, xr, m);
+        }
+    }
+
+    fn vector(&self, v: Tensor) -> &[f32] {
+        self.tensor(v)
+    }
+
+    fn attention(&mut self, layer: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
+        let c = self.config;
+        let (hd, qd, kvd, kv_mul) = (c.head_dim, c.q_dim(), c.kv_dim(), c.kv_mul());
+        let rows = q
+            .chunks_exact(qd)
+            .zip(k.chunks_exact(kvd))
+            .zip(v.chunks_exact(kvd));
+        for (i, ((qr, kr), vr)) in rows.enumerate() {
+            let pos = self.pos0 + i;
+            let at = self.cache.offset(layer, pos);
+            self.cache.keys[at..at + kvd].copy_from_slice(kr);
+            self.cache.values[at..at + kvd].copy_from_slice(vr);
+            let base = self.cache.offset(layer, 0);
+            let (keys, values) = (&self.cache.keys[base..], &self.cache.values[base..]);
+            for h in 0..c.n_heads {
+                let off = (h / kv_mul) * hd;
+                let row = |t: usize| t * kvd + off..t * kvd + off + hd;
+                attend(
+                    &qr[h * hd..(h + 1) * hd],
+                    pos + 1,
+                    |t| &keys[row(t)],
+                    |t| &values[row(t)],
+                    |_| 0.0,
+                    self.scores,
+                    &mut out[i * qd + h * hd..i * qd + (h + 1) * hd],
+                );
+            }
+        }
+    }
+
+    fn logits(&mut self, _row: usize, logits: &[f32]) {
+        self.logits.copy_from_slice(logits);
+    }
 }
 
 impl<W: WeightSource + ?Sized> FloatModel<W> {
@@ -93,21 +564,11 @@ impl<W: WeightSource + ?Sized> FloatModel<W> {
         let c = &config;
         Ok(FloatModel {
             rope: Rope::new(c.head_dim, &c.rope),
-            context,
-            key_cache: kv_cache(c, context)?,
-            value_cache: kv_cache(c, context)?,
+            cache: FloatCache::new(c, context)?,
             filled: 0,
-            s: Scratch {
-                x: vec![0.0; c.dim],
-                xb: vec![0.0; c.dim],
-                xb2: vec![0.0; c.dim],
-                q: vec![0.0; c.q_dim()],
-                att_out: vec![0.0; c.q_dim()],
-                hb: vec![0.0; c.hidden_dim],
-                hb2: vec![0.0; c.hidden_dim],
-                att: vec![0.0; context],
-                logits: vec![0.0; c.vocab_size],
-            },
+            acts: Activations::new(c, 1),
+            att: vec![0.0; context],
+            logits: vec![0.0; c.vocab_size],
             weights,
             config,
         })
@@ -125,7 +586,7 @@ impl<W: WeightSource + ?Sized> FloatModel<W> {
 
     /// Number of positions the KV cache holds.
     pub fn context(&self) -> usize {
-        self.context
+        self.cache.context
     }
 
     /// Forgets all cached positions (the next call must use `pos == 0`).
@@ -140,26 +601,25 @@ impl<W: WeightSource + ?Sized> FloatModel<W> {
 
     /// Keys of `layer` at `pos` (`kv_dim` floats, after RoPE), or `None` if not cached.
     pub fn key_cache(&self, layer: usize, pos: usize) -> Option<&[f32]> {
-        self.cache_row(&self.key_cache, layer, pos)
+        self.cache_row(&self.cache.keys, layer, pos)
     }
 
     /// Values of `layer` at `pos` (`kv_dim` floats), or `None` if not cached.
     pub fn value_cache(&self, layer: usize, pos: usize) -> Option<&[f32]> {
-        self.cache_row(&self.value_cache, layer, pos)
+        self.cache_row(&self.cache.values, layer, pos)
     }
 
     fn cache_row<'a>(&self, cache: &'a [f32], layer: usize, pos: usize) -> Option<&'a [f32]> {
         if layer >= self.config.n_layers || pos >= self.filled {
             return None;
         }
-        let kv = self.config.kv_dim();
-        let off = (layer * self.context + pos) * kv;
-        cache.get(off..off + kv)
+        let off = self.cache.offset(layer, pos);
+        cache.get(off..off + self.cache.kv_dim)
     }
 
     /// Logits of the last successful forward call.
     pub fn logits(&self) -> &[f32] {
-        &self.s.logits
+        &self.logits
     }
 
     /// Runs one token at position `pos` and returns the `vocab_size` logits.
@@ -178,36 +638,54 @@ impl<W: WeightSource + ?Sized> FloatModel<W> {
         tap: &mut dyn Tap,
     ) -> Result<&[f32], Error> {
         self.check_step(token, pos)?;
-        let FloatModel {
-            config,
-            rope,
-            context,
-            key_cache,
-            value_cache,
-            s,
-            weights,
-            ..
-        } = self;
-        let net = Net {
-            c: config,
-            w: &**weights,
-            rope,
+        let pass = Pass {
+            layers: 0..self.config.n_layers,
+            input: Input::Tokens(&[token]),
+            positions: Positions::Ids(&[pos]),
+            output: Output::Logits,
         };
-        let d = config.dim;
-        let t = token as usize;
-        s.x.copy_from_slice(&net.tensor(Tensor::TokenEmbedding)[t * d..(t + 1) * d]);
-        let kv_layer = *context * config.kv_dim();
-        let caches = key_cache
-            .chunks_exact_mut(kv_layer)
-            .zip(value_cache.chunks_exact_mut(kv_layer));
-        for (l, (keys, values)) in caches.enumerate() {
-            net.attention(l, pos, keys, values, s, tap);
-            net.ffn(l, s, tap);
-            tap.observe(l, Site::Residual, &s.x);
-        }
-        net.classify(s, tap);
+        self.run_pass(pos, &pass, tap)?;
         self.filled = pos + 1;
-        Ok(&self.s.logits)
+        Ok(&self.logits)
+    }
+
+    /// Runs any [`Pass`] with this model's weights and cache, row `i` stored at cache position
+    /// `pos0 + i` and attending causally over positions `0..=pos0 + i` (with a layer range,
+    /// only those layers' cache rows are written). With [`Output::Logits`], [`logits`]
+    /// (Self::logits) holds the last row's; the hidden state is [`hidden`](Self::hidden).
+    /// Grows its activation buffers when the pass has more rows than any before. Does not
+    /// change [`cached_len`](Self::cached_len).
+    ///
+    /// Errors: those of [`run`], and [`Error::PositionOutOfRange`] when `pos0 + n > context`.
+    pub fn run_pass(
+        &mut self,
+        pos0: usize,
+        pass: &Pass<'_>,
+        tap: &mut dyn Tap,
+    ) -> Result<(), Error> {
+        let n = pass.rows(&self.config);
+        let context = self.cache.context;
+        if pos0 + n > context {
+            let pos = pos0 + n - 1;
+            return Err(Error::PositionOutOfRange { pos, context });
+        }
+        if n > self.acts.capacity() {
+            self.acts = Activations::new(&self.config, n);
+        }
+        let mut k = FloatKernels {
+            config: &self.config,
+            weights: &*self.weights,
+            cache: &mut self.cache,
+            pos0,
+            scores: &mut self.att,
+            logits: &mut self.logits,
+        };
+        run(&self.config, &self.rope, &mut k, &mut self.acts, pass, tap)
+    }
+
+    /// The hidden state `[n, dim]` after the last pass.
+    pub fn hidden(&self) -> &[f32] {
+        self.acts.hidden()
     }
 
     fn check_step(&self, token: u32, pos: usize) -> Result<(), Error> {
@@ -215,8 +693,8 @@ impl<W: WeightSource + ?Sized> FloatModel<W> {
         if token as usize >= vocab_size {
             return Err(Error::TokenOutOfRange { token, vocab_size });
         }
-        if pos >= self.context {
-            let context = self.context;
+        if pos >= self.cache.context {
+            let context = self.cache.context;
             return Err(Error::PositionOutOfRange { pos, context });
         }
         if pos > self.filled {
@@ -244,7 +722,7 @@ impl<W: WeightSource + ?Sized> FloatModel<W> {
             self.forward(t, pos)?;
         }
         let (mut token, mut pos) = (last, head.len());
-        while out.len() < max_new && pos < self.context {
+        while out.len() < max_new && pos < self.cache.context {
             let next = argmax(self.forward(token, pos)?) as u32;
             if stop.contains(&next) {
                 break;
@@ -253,126 +731,6 @@ impl<W: WeightSource + ?Sized> FloatModel<W> {
             (token, pos) = (next, pos + 1);
         }
         Ok(out)
-    }
-}
-
-/// The read-only side of one forward step: description, weights, RoPE table.
-struct Net<'a, W: ?Sized> {
-    c: &'a LlamaConfig,
-    w: &'a W,
-    rope: &'a Rope,
-}
-
-impl<'a, W: WeightSource + ?Sized> Net<'a, W> {
-    /// A tensor checked present and sized by [`check_weights`] in [`FloatModel::new`].
-    fn tensor(&self, t: Tensor) -> &'a [f32] {
-        self.w
-            .tensor(t)
-            .expect("FloatModel::new checked that every required tensor is present")
-    }
-
-    fn layer(&self, l: usize, t: LayerTensor) -> &'a [f32] {
-        self.tensor(Tensor::Layer(l, t))
-    }
-
-    /// `out = W x (+ bias when the model has Q/K/V biases)`.
-    fn project(&self, out: &mut [f32], x: &[f32], l: usize, w: LayerTensor, b: LayerTensor) {
-        matmul(out, x, self.layer(l, w));
-        if self.c.qkv_bias {
-            for (o, &bv) in out.iter_mut().zip(self.layer(l, b)) {
-                *o += bv;
-            }
-        }
-    }
-
-    /// Attention block of layer `l` at `pos`; `keys`/`values` are this layer's caches.
-    fn attention(
-        &self,
-        l: usize,
-        pos: usize,
-        keys: &mut [f32],
-        values: &mut [f32],
-        s: &mut Scratch,
-        tap: &mut dyn Tap,
-    ) {
-        use LayerTensor as L;
-        let kv_dim = self.c.kv_dim();
-        let row = pos * kv_dim..(pos + 1) * kv_dim;
-        rmsnorm(&mut s.xb, &s.x, self.layer(l, L::AttnNorm), self.c.rms_eps);
-        tap.observe(l, Site::AttnInput, &s.xb);
-        self.project(&mut s.q, &s.xb, l, L::Q, L::QBias);
-        self.project(&mut keys[row.clone()], &s.xb, l, L::K, L::KBias);
-        self.rope.rotate(&mut keys[row.clone()], pos);
-        self.project(&mut values[row.clone()], &s.xb, l, L::V, L::VBias);
-        self.rope.rotate(&mut s.q, pos);
-        tap.observe(l, Site::Query, &s.q);
-        tap.observe(l, Site::Key, &keys[row.clone()]);
-        tap.observe(l, Site::Value, &values[row]);
-        let visible = (pos + 1) * kv_dim;
-        self.attend(&keys[..visible], &values[..visible], s);
-        tap.observe(l, Site::AttnOutput, &s.att_out);
-        matmul(&mut s.xb2, &s.att_out, self.layer(l, L::O));
-        add(&mut s.x, &s.xb2);
-    }
-
-    /// Scaled dot-product attention of every query head over the visible `keys`/`values`
-    /// (GQA: query head `h` reads KV head `h / kv_mul`), into `s.att_out`.
-    fn attend(&self, keys: &[f32], values: &[f32], s: &mut Scratch) {
-        let (hd, kv_dim, kv_mul) = (self.c.head_dim, self.c.kv_dim(), self.c.kv_mul());
-        let n = keys.len() / kv_dim;
-        let scale = 1.0 / (hd as f32).sqrt();
-        for h in 0..self.c.n_heads {
-            let qh = &s.q[h * hd..(h + 1) * hd];
-            let kv_off = (h / kv_mul) * hd;
-            let a = &mut s.att[..n];
-            for (t, sc) in a.iter_mut().enumerate() {
-                let kt = &keys[t * kv_dim + kv_off..t * kv_dim + kv_off + hd];
-                *sc = dot(qh, kt) * scale;
-            }
-            softmax(a);
-            let out = &mut s.att_out[h * hd..(h + 1) * hd];
-            out.fill(0.0);
-            for (t, &p) in a.iter().enumerate() {
-                let vt = &values[t * kv_dim + kv_off..t * kv_dim + kv_off + hd];
-                for (o, &v) in out.iter_mut().zip(vt) {
-                    *o += p * v;
-                }
-            }
-        }
-    }
-
-    /// SwiGLU feed-forward block of layer `l`.
-    fn ffn(&self, l: usize, s: &mut Scratch, tap: &mut dyn Tap) {
-        use LayerTensor as L;
-        rmsnorm(&mut s.xb, &s.x, self.layer(l, L::FfnNorm), self.c.rms_eps);
-        tap.observe(l, Site::FfnInput, &s.xb);
-        matmul(&mut s.hb, &s.xb, self.layer(l, L::Gate));
-        matmul(&mut s.hb2, &s.xb, self.layer(l, L::Up));
-        for (g, u) in s.hb.iter_mut().zip(s.hb2.iter()) {
-            *g = silu(*g) * u;
-        }
-        tap.observe(l, Site::FfnHidden, &s.hb);
-        matmul(&mut s.xb, &s.hb, self.layer(l, L::Down));
-        add(&mut s.x, &s.xb);
-    }
-
-    /// Final RMSNorm and classifier (the embedding when tied).
-    fn classify(&self, s: &mut Scratch, tap: &mut dyn Tap) {
-        let n = self.c.n_layers;
-        rmsnorm(
-            &mut s.xb,
-            &s.x,
-            self.tensor(Tensor::OutputNorm),
-            self.c.rms_eps,
-        );
-        tap.observe(n, Site::FinalNorm, &s.xb);
-        let cls = if self.c.tied_output {
-            Tensor::TokenEmbedding
-        } else {
-            Tensor::Output
-        };
-        matmul(&mut s.logits, &s.xb, self.tensor(cls));
-        tap.observe(n, Site::Logits, &s.logits);
     }
 }
 
@@ -397,12 +755,6 @@ fn kv_cache(c: &LlamaConfig, context: usize) -> Result<Vec<f32>, Error> {
             );
             Err(Error::config("context", context, why))
         }
-    }
-}
-
-fn add(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
     }
 }
 

@@ -53,7 +53,7 @@
 pub mod chat;
 mod config;
 mod error;
-mod forward;
+pub mod forward;
 pub mod fsio;
 pub mod gguf;
 pub mod hf;

@@ -97,35 +97,101 @@ impl Rope {
         &self.freqs
     }
 
+    /// The pair layout.
+    pub fn pairing(&self) -> RopePairing {
+        self.pairing
+    }
+
+    /// Width of one head.
+    pub fn head_dim(&self) -> usize {
+        2 * self.freqs.len()
+    }
+
+    /// The rotation of position `pos`: `cos`/`sin` of `pos · freq[k]` for each pair `k`.
+    ///
+    /// # Panics
+    /// If `cos` or `sin` is not `head_dim / 2` long.
+    pub fn cos_sin(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
+        assert!(
+            cos.len() == self.freqs.len() && sin.len() == self.freqs.len(),
+            "Rope::cos_sin: tables must hold head_dim / 2 = {} values",
+            self.freqs.len()
+        );
+        for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(&self.freqs) {
+            (*s, *c) = (pos as f32 * f).sin_cos();
+        }
+    }
+
     /// Rotates every head in `vec` (one or more heads back to back) to position `pos`.
     ///
     /// # Panics
     /// If `vec.len()` is not a multiple of the head width.
     pub fn rotate(&self, vec: &mut [f32], pos: usize) {
-        let hd = 2 * self.freqs.len();
-        assert!(
-            hd > 0 && vec.len().is_multiple_of(hd),
-            "Rope::rotate: head_dim {hd} must divide len {}",
-            vec.len()
-        );
-        for head in vec.chunks_exact_mut(hd) {
-            rotate_head(head, self.pairing, |k| pos as f32 * self.freqs[k]);
+        let half = self.freqs.len();
+        let (mut cos, mut sin) = (vec![0.0; half], vec![0.0; half]);
+        self.cos_sin(pos, &mut cos, &mut sin);
+        rope_apply(vec, &cos, &sin, self.pairing);
+    }
+}
+
+/// Rotates every head in `vec` (heads back to back, width `2 · cos.len()`) by the angles whose
+/// cosines and sines are `cos`/`sin` (one per pair, `head_dim / 2` values): the one RoPE apply
+/// of the crate, whether the angles come from position ids ([`Rope::cos_sin`]) or from
+/// precomputed tables.
+///
+/// # Panics
+/// If `cos` and `sin` differ in length, are empty, or `vec.len()` is not a multiple of twice
+/// their length.
+pub fn rope_apply(vec: &mut [f32], cos: &[f32], sin: &[f32], pairing: RopePairing) {
+    let hd = 2 * cos.len();
+    assert!(
+        cos.len() == sin.len() && hd > 0 && vec.len().is_multiple_of(hd),
+        "rope_apply: cos {} / sin {} pairs do not fit len {}",
+        cos.len(),
+        sin.len(),
+        vec.len()
+    );
+    let half = cos.len();
+    for head in vec.chunks_exact_mut(hd) {
+        for (k, (&c, &s)) in cos.iter().zip(sin).enumerate() {
+            let (i, j) = match pairing {
+                RopePairing::Adjacent => (2 * k, 2 * k + 1),
+                RopePairing::HalfSplit => (k, k + half),
+            };
+            let (a, b) = (head[i], head[j]);
+            head[i] = a * c - b * s;
+            head[j] = a * s + b * c;
         }
     }
 }
 
-/// Rotates the pairs of one head; `angle(k)` is pair `k`'s angle.
-pub fn rotate_head(head: &mut [f32], pairing: RopePairing, angle: impl Fn(usize) -> f32) {
-    let half = head.len() / 2;
-    for k in 0..half {
-        let (i, j) = match pairing {
-            RopePairing::Adjacent => (2 * k, 2 * k + 1),
-            RopePairing::HalfSplit => (k, k + half),
-        };
-        let (s, c) = angle(k).sin_cos();
-        let (a, b) = (head[i], head[j]);
-        head[i] = a * c - b * s;
-        head[j] = a * s + b * c;
+/// Scaled dot-product attention of one query head over `n` rows:
+/// `out = Σ_t p_t · value(t)` with `p = softmax(q · key(t) / sqrt(len(q)) + bias(t))`.
+/// `scores` is scratch of at least `n`. The float model and the executor both attend through
+/// this function; the executor's `bias` is the additive mask, the float model's is zero.
+///
+/// # Panics
+/// If `scores` is shorter than `n` or a key/value row differs in length from `q`/`out`.
+pub fn attend<'a>(
+    q: &[f32],
+    n: usize,
+    key: impl Fn(usize) -> &'a [f32],
+    value: impl Fn(usize) -> &'a [f32],
+    bias: impl Fn(usize) -> f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let scale = 1.0 / (q.len() as f32).sqrt();
+    let scores = &mut scores[..n];
+    for (t, sc) in scores.iter_mut().enumerate() {
+        *sc = dot(q, key(t)) * scale + bias(t);
+    }
+    softmax(scores);
+    out.fill(0.0);
+    for (t, &p) in scores.iter().enumerate() {
+        for (o, &v) in out.iter_mut().zip(value(t)) {
+            *o += p * v;
+        }
     }
 }
 

@@ -211,3 +211,10 @@ impl WeightSource for Weights {
         (!v.is_empty()).then_some(v.as_slice())
     }
 }
+
+/// A borrowed source reads through to the source (so a forward can run on `&dyn WeightSource`).
+impl<T: WeightSource + ?Sized> WeightSource for &T {
+    fn tensor(&self, t: Tensor) -> Option<&[f32]> {
+        (**self).tensor(t)
+    }
+}

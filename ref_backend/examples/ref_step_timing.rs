@@ -18,12 +18,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut o = CompileOptions::new(512, vec![1, 32]);
         o.kv_dtype = kv;
         o.weights = w;
-        o.calibration_prompts = ref_backend::DEFAULT_CALIBRATION_PROMPTS
+        let prompts: Vec<Vec<u32>> = ref_backend::DEFAULT_CALIBRATION_PROMPTS
             .iter()
             .map(|p| tok.encode(p, true, false))
             .collect();
         let t = Instant::now();
-        let model = compile(&ckpt, &o, &mut |_| {})?;
+        let c = llama2c::llama_config(&ckpt.config);
+        let model = compile(&c, &ckpt, &prompts, &o, ckpt.sha256(), &mut |_| {})?;
         let compile_time = t.elapsed();
         for g in model.graphs() {
             let mut ins: Vec<Vec<u8>> = g

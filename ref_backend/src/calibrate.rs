@@ -1,7 +1,10 @@
-//! Calibration: a float forward pass (llama2.c semantics) with observers on the tensors the
-//! executor quantizes.
+//! Calibration: the float forward pass ([`model::FloatModel`]) seen through a [`Tap`] that feeds
+//! observers on the tensors the executor quantizes.
 
-use llama2c::{Checkpoint, Tokenizer};
+use std::sync::Arc;
+
+use model::ops::argmax;
+use model::{FloatModel, LlamaConfig, Site, Tap, WeightSource};
 use quant::{
     DataType, Encoding, HistogramObserver, MinMaxObserver, Observer, QuantSpec, ScaleOffset,
     Symmetry,
@@ -53,76 +56,156 @@ pub(crate) struct Calibrated {
     pub(crate) kv: Vec<QuantSpec>,
 }
 
-/// Runs the float model over the calibration prompts (each continued greedily up to
-/// `opts.calibration_tokens`, clamped to the context) and returns the encodings.
-/// Without fixed-point KV and i8 weights nothing is run.
+/// The tap of calibration: routes the forward's values to the observers.
+struct Observers {
+    n_layers: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    /// i16 matmul inputs, [`act_index`] order (empty unless weights are i8).
+    act: Vec<MinMaxObserver>,
+    /// KV, `(layer * n_kv_heads + head) * 2 + (0 K | 1 V)` (empty unless KV is fixed point).
+    kv: Vec<KvObserver>,
+}
+
+impl Tap for Observers {
+    fn observe(&mut self, layer: usize, site: Site, values: &[f32]) {
+        let act = match site {
+            Site::AttnInput => Some(act_index(layer, ActSite::AttnIn)),
+            Site::AttnOutput => Some(act_index(layer, ActSite::AttnOut)),
+            Site::FfnInput => Some(act_index(layer, ActSite::FfnIn)),
+            Site::FfnHidden => Some(act_index(layer, ActSite::FfnMid)),
+            Site::FinalNorm => Some(self.n_layers * 4),
+            _ => None,
+        };
+        if let Some(o) = act.and_then(|i| self.act.get_mut(i)) {
+            o.observe(values);
+        }
+        let value = match site {
+            Site::Key => false,
+            Site::Value => true,
+            _ => return,
+        };
+        for (h, head) in values.chunks_exact(self.head_dim).enumerate() {
+            let i = (layer * self.n_kv_heads + h) * 2 + usize::from(value);
+            if let Some(o) = self.kv.get_mut(i) {
+                o.observe(head);
+            }
+        }
+    }
+}
+
+impl Observers {
+    fn new(c: &LlamaConfig, opts: &CompileOptions) -> Observers {
+        let act = if opts.weights == crate::WeightType::I8 {
+            (0..c.n_layers * 4 + 1)
+                .map(|_| MinMaxObserver::new())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let kv_observer = || {
+            if opts.kv_dtype == DataType::U8 {
+                KvObserver::Hist(Box::new(HistogramObserver::new(
+                    HIST_BINS,
+                    U8_KV_PERCENTILE,
+                )))
+            } else {
+                KvObserver::MinMax(MinMaxObserver::new())
+            }
+        };
+        let kv = if opts.kv_dtype.is_fixed_point() {
+            (0..c.n_layers * c.n_kv_heads * 2)
+                .map(|_| kv_observer())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Observers {
+            n_layers: c.n_layers,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            act,
+            kv,
+        }
+    }
+
+    /// The encodings of what was observed.
+    fn encodings(&self, opts: &CompileOptions) -> Result<Calibrated, CompileError> {
+        let act = self
+            .act
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                o.encoding(DataType::I16, Symmetry::Asymmetric)
+                    .map_err(|source| CompileError::Quant {
+                        what: act_name(i, self.n_layers),
+                        source,
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let kv = self
+            .kv
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                let so = o
+                    .encoding(opts.kv_dtype)
+                    .map_err(|source| CompileError::Quant {
+                        what: format!(
+                            "{} of layer {} KV head {}",
+                            if i % 2 == 0 { "keys" } else { "values" },
+                            i / 2 / self.n_kv_heads,
+                            i / 2 % self.n_kv_heads
+                        ),
+                        source,
+                    })?;
+                Ok(QuantSpec {
+                    dtype: opts.kv_dtype,
+                    encoding: Encoding::PerTensor(so),
+                })
+            })
+            .collect::<Result<Vec<_>, CompileError>>()?;
+        Ok(Calibrated { act, kv })
+    }
+}
+
+/// Runs the float model over the calibration sequences (each continued greedily up to
+/// `opts.calibration_tokens`, clamped to the context, until BOS or a stop token comes out)
+/// and returns the encodings. Without fixed-point KV and i8 weights nothing is run.
 pub(crate) fn calibrate(
-    ckpt: &Checkpoint,
+    c: &LlamaConfig,
+    weights: &dyn WeightSource,
+    sequences: &[Vec<u32>],
     opts: &CompileOptions,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Calibrated, CompileError> {
-    let c = ckpt.config;
-    let n_kv = c.n_layers * c.n_kv_heads * 2;
-    let float_kv = || -> Vec<QuantSpec> {
-        (0..n_kv)
-            .map(|_| QuantSpec {
-                dtype: opts.kv_dtype,
-                encoding: Encoding::Float,
-            })
-            .collect()
+    let float_kv = QuantSpec {
+        dtype: opts.kv_dtype,
+        encoding: Encoding::Float,
     };
     if !opts.needs_calibration() {
         return Ok(Calibrated {
             act: Vec::new(),
-            kv: float_kv(),
+            kv: vec![float_kv; c.n_layers * c.n_kv_heads * 2],
         });
     }
-    let mut act_obs: Vec<MinMaxObserver> = if opts.weights == crate::WeightType::I8 {
-        (0..c.n_layers * 4 + 1)
-            .map(|_| MinMaxObserver::new())
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let mut kv_obs: Vec<KvObserver> = if opts.kv_dtype.is_fixed_point() {
-        (0..n_kv)
-            .map(|_| {
-                if opts.kv_dtype == DataType::U8 {
-                    KvObserver::Hist(Box::new(HistogramObserver::new(
-                        HIST_BINS,
-                        U8_KV_PERCENTILE,
-                    )))
-                } else {
-                    KvObserver::MinMax(MinMaxObserver::new())
-                }
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
-
-    let max_len = opts.calibration_tokens.min(opts.context).min(c.seq_len);
-    let total = (opts.calibration_prompts.len() * max_len) as u64;
-    let mut fwd = ObservedForward::new(ckpt, max_len);
-    for (p, prompt) in opts.calibration_prompts.iter().enumerate() {
+    let mut obs = Observers::new(c, opts);
+    let max_len = opts
+        .calibration_tokens
+        .min(opts.context)
+        .min(c.context_length);
+    let total = (sequences.len() * max_len) as u64;
+    let mut fm = FloatModel::new(c.clone(), Arc::new(weights), max_len)
+        .map_err(|source| CompileError::Model { source })?;
+    let stop = c.special.stop_tokens();
+    for (p, prompt) in sequences.iter().enumerate() {
         let mut seq: Vec<u32> = prompt.iter().copied().take(max_len).collect();
-        if seq.is_empty() {
-            seq.push(Tokenizer::BOS);
-        }
         let base = (p * max_len) as u64;
         let mut pos = 0;
         while pos < seq.len() {
-            let tok = seq[pos];
-            if tok as usize >= c.vocab_size {
-                return Err(CompileError::Calibration {
-                    prompt: p,
-                    source: llama2c::ModelError::TokenOutOfRange {
-                        token: tok,
-                        vocab_size: c.vocab_size,
-                    },
-                });
-            }
-            fwd.forward(tok as usize, pos, &mut act_obs, &mut kv_obs);
+            let logits = fm
+                .forward_tapped(seq[pos], pos, &mut obs)
+                .map_err(|source| CompileError::Calibration { prompt: p, source })?;
             pos += 1;
             progress(Progress {
                 stage: Stage::Calibrate,
@@ -130,8 +213,8 @@ pub(crate) fn calibrate(
                 total,
             });
             if pos == seq.len() && seq.len() < max_len {
-                let next = llama2c::argmax(&fwd.logits) as u32;
-                if next != Tokenizer::BOS && next != Tokenizer::EOS {
+                let next = argmax(logits) as u32;
+                if Some(next) != c.special.bos && !stop.contains(&next) {
                     seq.push(next);
                 }
             }
@@ -142,44 +225,11 @@ pub(crate) fn calibrate(
         done: total,
         total,
     });
-
-    let act = act_obs
-        .iter()
-        .enumerate()
-        .map(|(i, o)| {
-            o.encoding(DataType::I16, Symmetry::Asymmetric)
-                .map_err(|source| CompileError::Quant {
-                    what: act_name(i, c.n_layers),
-                    source,
-                })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let kv = if opts.kv_dtype.is_fixed_point() {
-        kv_obs
-            .iter()
-            .enumerate()
-            .map(|(i, o)| {
-                let so = o
-                    .encoding(opts.kv_dtype)
-                    .map_err(|source| CompileError::Quant {
-                        what: format!(
-                            "{} of layer {} KV head {}",
-                            if i % 2 == 0 { "keys" } else { "values" },
-                            i / 2 / c.n_kv_heads,
-                            i / 2 % c.n_kv_heads
-                        ),
-                        source,
-                    })?;
-                Ok(QuantSpec {
-                    dtype: opts.kv_dtype,
-                    encoding: Encoding::PerTensor(so),
-                })
-            })
-            .collect::<Result<Vec<_>, CompileError>>()?
-    } else {
-        float_kv()
-    };
-    Ok(Calibrated { act, kv })
+    let mut cal = obs.encodings(opts)?;
+    if !opts.kv_dtype.is_fixed_point() {
+        cal.kv = vec![float_kv; c.n_layers * c.n_kv_heads * 2];
+    }
+    Ok(cal)
 }
 
 fn act_name(i: usize, n_layers: usize) -> String {
@@ -191,118 +241,5 @@ fn act_name(i: usize, n_layers: usize) -> String {
             ActSite::ALL[i % 4].name(),
             i / 4
         )
-    }
-}
-
-/// A float forward pass with its own KV cache that reports the tensors to observers.
-struct ObservedForward<'a> {
-    ckpt: &'a Checkpoint,
-    cap: usize,
-    kc: Vec<f32>,
-    vc: Vec<f32>,
-    x: Vec<f32>,
-    xb: Vec<f32>,
-    xb2: Vec<f32>,
-    q: Vec<f32>,
-    hb: Vec<f32>,
-    hb2: Vec<f32>,
-    att: Vec<f32>,
-    logits: Vec<f32>,
-}
-
-impl<'a> ObservedForward<'a> {
-    fn new(ckpt: &'a Checkpoint, cap: usize) -> Self {
-        let c = ckpt.config;
-        ObservedForward {
-            ckpt,
-            cap,
-            kc: vec![0.0; c.n_layers * cap * c.kv_dim()],
-            vc: vec![0.0; c.n_layers * cap * c.kv_dim()],
-            x: vec![0.0; c.dim],
-            xb: vec![0.0; c.dim],
-            xb2: vec![0.0; c.dim],
-            q: vec![0.0; c.dim],
-            hb: vec![0.0; c.hidden_dim],
-            hb2: vec![0.0; c.hidden_dim],
-            att: vec![0.0; cap],
-            logits: vec![0.0; c.vocab_size],
-        }
-    }
-
-    /// One token at `pos < cap` (positions fed in order from 0).
-    fn forward(
-        &mut self,
-        token: usize,
-        pos: usize,
-        act: &mut [MinMaxObserver],
-        kv: &mut [KvObserver],
-    ) {
-        let c = self.ckpt.config;
-        let w = &self.ckpt.weights;
-        let (hd, kv_dim, kv_mul) = (c.head_dim(), c.kv_dim(), c.kv_mul());
-        let scale = 1.0 / (hd as f32).sqrt();
-        let mut observe_act = |i: usize, v: &[f32]| {
-            if let Some(o) = act.get_mut(i) {
-                o.observe(v);
-            }
-        };
-        self.x.copy_from_slice(w.embedding(token));
-        for l in 0..c.n_layers {
-            llama2c::rmsnorm(&mut self.xb, &self.x, w.rms_att(l));
-            observe_act(act_index(l, ActSite::AttnIn), &self.xb);
-            let base = l * self.cap * kv_dim;
-            let row = base + pos * kv_dim;
-            llama2c::matmul(&mut self.q, &self.xb, w.wq(l));
-            let k = &mut self.kc[row..row + kv_dim];
-            llama2c::matmul(k, &self.xb, w.wk(l));
-            llama2c::rope_rotate(k, pos, hd);
-            llama2c::matmul(&mut self.vc[row..row + kv_dim], &self.xb, w.wv(l));
-            llama2c::rope_rotate(&mut self.q, pos, hd);
-            if !kv.is_empty() {
-                for h in 0..c.n_kv_heads {
-                    let i = (l * c.n_kv_heads + h) * 2;
-                    kv[i].observe(&self.kc[row + h * hd..row + (h + 1) * hd]);
-                    kv[i + 1].observe(&self.vc[row + h * hd..row + (h + 1) * hd]);
-                }
-            }
-            for h in 0..c.n_heads {
-                let qh = &self.q[h * hd..(h + 1) * hd];
-                let off = (h / kv_mul) * hd;
-                let a = &mut self.att[..=pos];
-                for (t, s) in a.iter_mut().enumerate() {
-                    let r = base + t * kv_dim + off;
-                    *s = llama2c::dot(qh, &self.kc[r..r + hd]) * scale;
-                }
-                llama2c::softmax(a);
-                let out = &mut self.xb[h * hd..(h + 1) * hd];
-                out.fill(0.0);
-                for (t, &p) in a.iter().enumerate() {
-                    let r = base + t * kv_dim + off;
-                    for (o, &v) in out.iter_mut().zip(&self.vc[r..r + hd]) {
-                        *o += p * v;
-                    }
-                }
-            }
-            observe_act(act_index(l, ActSite::AttnOut), &self.xb);
-            llama2c::matmul(&mut self.xb2, &self.xb, w.wo(l));
-            for (a, b) in self.x.iter_mut().zip(&self.xb2) {
-                *a += b;
-            }
-            llama2c::rmsnorm(&mut self.xb, &self.x, w.rms_ffn(l));
-            observe_act(act_index(l, ActSite::FfnIn), &self.xb);
-            llama2c::matmul(&mut self.hb, &self.xb, w.w1(l));
-            llama2c::matmul(&mut self.hb2, &self.xb, w.w3(l));
-            for (g, u) in self.hb.iter_mut().zip(&self.hb2) {
-                *g = llama2c::silu(*g) * u;
-            }
-            observe_act(act_index(l, ActSite::FfnMid), &self.hb);
-            llama2c::matmul(&mut self.xb, &self.hb, w.w2(l));
-            for (a, b) in self.x.iter_mut().zip(&self.xb) {
-                *a += b;
-            }
-        }
-        llama2c::rmsnorm(&mut self.xb, &self.x, &w.rms_final);
-        observe_act(c.n_layers * 4, &self.xb);
-        llama2c::matmul(&mut self.logits, &self.xb, self.ckpt.classifier());
     }
 }

@@ -1,22 +1,22 @@
-//! The compile step: checkpoint + options -> [`CompiledModel`].
+//! The compile step: model description + weights + calibration + options -> [`CompiledModel`].
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use llama2c::{Checkpoint, Config};
+use model::{LlamaConfig, Tensor, WeightSource, check_weights};
 use quant::{DataType, QuantSpec, ScaleOffset};
 
 use crate::calibrate::calibrate;
 use crate::error::CompileError;
 use crate::exec::Graph;
-use crate::model::{ActSite, Matrix, ModelData, graph_name};
+use crate::model::{ActSite, LayerData, Matrix, ModelData, graph_name};
 use crate::options::CompileOptions;
 use crate::types::WeightType;
 
 /// A stage of [`compile`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Stage {
-    /// Running the float model over the calibration prompts (`done`/`total` in tokens, where
+    /// Running the float model over the calibration sequences (`done`/`total` in tokens, where
     /// a sequence that stops early counts as its full length once it is done).
     Calibrate,
     /// Quantizing or converting the weight matrices (`done`/`total` in matrices).
@@ -86,8 +86,8 @@ impl CompiledModel {
         CompiledModel { data, graphs }
     }
 
-    /// The model's hyper-parameters.
-    pub fn config(&self) -> &Config {
+    /// The model description.
+    pub fn config(&self) -> &LlamaConfig {
         &self.data.config
     }
 
@@ -96,11 +96,24 @@ impl CompiledModel {
         &self.data.options
     }
 
-    /// SHA-256 (lower-case hex) of the checkpoint this model was compiled from, as
-    /// [`llama2c::Checkpoint::sha256_hex`] gives it: a runtime checks it against the checkpoint
-    /// (and tokenizer) it is about to use with the model.
-    pub fn checkpoint_sha256_hex(&self) -> String {
-        llama2c::hex(&self.data.checkpoint_sha256)
+    /// The fingerprint (SHA-256 of the model file(s)) [`compile`] was given: a runtime checks
+    /// it against the model it is about to use with this compiled file.
+    pub fn model_sha256(&self) -> [u8; 32] {
+        self.data.model_sha256
+    }
+
+    /// [`model_sha256`](Self::model_sha256) as 64 lower-case hex digits.
+    pub fn model_sha256_hex(&self) -> String {
+        self.data
+            .model_sha256
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// The token sequences calibration started from.
+    pub fn calibration(&self) -> &[Vec<u32>] {
+        &self.data.calibration
     }
 
     /// [`CompileOptions::fingerprint`] of the options.
@@ -148,14 +161,14 @@ impl CompiledModel {
 }
 
 /// Checks `opts` against `config`; the reason names the offending option.
-pub(crate) fn validate_options(config: &Config, opts: &CompileOptions) -> Result<(), String> {
+pub(crate) fn validate_options(config: &LlamaConfig, opts: &CompileOptions) -> Result<(), String> {
     if opts.context < 2 {
         return Err(format!("context {} must be at least 2", opts.context));
     }
-    if opts.context > config.seq_len {
+    if opts.context > config.context_length {
         return Err(format!(
-            "context {} exceeds the model's maximum sequence length {}",
-            opts.context, config.seq_len
+            "context {} exceeds the model's maximum context length {}",
+            opts.context, config.context_length
         ));
     }
     if opts.ar.is_empty() {
@@ -182,122 +195,77 @@ pub(crate) fn validate_options(config: &Config, opts: &CompileOptions) -> Result
             opts.kv_dtype
         ));
     }
-    if !config.head_dim().is_multiple_of(2) {
-        return Err(format!(
-            "head_dim {} is odd: RoPE needs pairs",
-            config.head_dim()
-        ));
-    }
-    if opts.needs_calibration() && opts.calibration_prompts.is_empty() {
-        return Err(format!(
-            "KV dtype {} / weights {} need calibration, but no calibration prompts were given",
-            opts.kv_dtype,
-            opts.weights.name()
-        ));
-    }
     if opts.needs_calibration() && opts.calibration_tokens == 0 {
         return Err("calibration_tokens must be at least 1".into());
     }
-    if opts.calibration_tokens > llama2c::limits::MAX_SEQ_LEN {
+    if opts.calibration_tokens > model::limits::MAX_CONTEXT {
         return Err(format!(
-            "calibration_tokens {} exceeds the maximum {} (the file format's limit)",
+            "calibration_tokens {} exceeds the maximum {}",
             opts.calibration_tokens,
-            llama2c::limits::MAX_SEQ_LEN
+            model::limits::MAX_CONTEXT
         ));
     }
     Ok(())
 }
 
-/// Compiles `ckpt` with `opts`.
+/// Checks the calibration sequences: present when something is quantized, none empty.
+fn validate_calibration(opts: &CompileOptions, calibration: &[Vec<u32>]) -> Result<(), String> {
+    if opts.needs_calibration() && calibration.is_empty() {
+        return Err(format!(
+            "KV dtype {} / weights {} need calibration, but no calibration sequences were given",
+            opts.kv_dtype,
+            opts.weights.name()
+        ));
+    }
+    match calibration.iter().position(Vec::is_empty) {
+        Some(p) => Err(format!("calibration sequence {p} is empty")),
+        None => Ok(()),
+    }
+}
+
+/// Compiles the model `config` with `weights` (any [`WeightSource`]: GGUF, HF safetensors,
+/// a llama2.c checkpoint) into a [`CompiledModel`].
 ///
-/// 1. Validates the options (see [`CompileOptions`]).
-/// 2. Calibrates (only when KV is u8/u16 or weights are i8): runs a float forward pass
-///    (llama2.c semantics) over `opts.calibration_prompts`, each continued greedily to
-///    `opts.calibration_tokens` tokens, observing the i16 matmul inputs and the keys (after
-///    RoPE) and values of every (layer, KV head); see [`crate::U8_KV_PERCENTILE`]
+/// 1. Validates the description, the weights ([`check_weights`]), the options (see
+///    [`CompileOptions`]) and the calibration sequences (token ids, normally BOS + text).
+/// 2. Calibrates (only when KV is u8/u16 or weights are i8): runs the float model
+///    ([`model::FloatModel`], the shared forward) over `calibration`, each sequence continued
+///    greedily to `opts.calibration_tokens` tokens, observing the i16 matmul inputs and the
+///    keys (after RoPE) and values of every (layer, KV head); see [`crate::U8_KV_PERCENTILE`]
 ///    for the observers.
 /// 3. Converts the weights: i8 per-output-channel symmetric (also the token embedding, whose
-///    rows are the output channels of the tied classifier), or f16/f32; RMSNorm weights stay
-///    f32.
+///    rows are the output channels of the tied classifier), or f16/f32; RMSNorm weights and
+///    Q/K/V biases stay f32.
 /// 4. Builds one graph per AR variant, named `ar{n}_cl{S}`.
 ///
-/// `progress` is called often (per calibration token) and should be cheap.
+/// `fingerprint` is the SHA-256 of the model file(s); it is stored and returned by
+/// [`CompiledModel::model_sha256`] so a runtime can refuse a compiled file made from another
+/// model. `progress` is called often (per calibration token) and should be cheap.
 pub fn compile(
-    ckpt: &Checkpoint,
+    config: &LlamaConfig,
+    weights: &dyn WeightSource,
+    calibration: &[Vec<u32>],
     opts: &CompileOptions,
+    fingerprint: [u8; 32],
     progress: &mut dyn FnMut(Progress),
 ) -> Result<CompiledModel, CompileError> {
-    let c = ckpt.config;
-    validate_options(&c, opts).map_err(|reason| CompileError::InvalidOptions { reason })?;
-    let cal = calibrate(ckpt, opts, progress)?;
-
-    let w = &ckpt.weights;
-    let (dim, hidden, kv_dim, l) = (c.dim, c.hidden_dim, c.kv_dim(), c.n_layers);
-    let mut matrices: Vec<(&str, &[f32], usize, usize)> = vec![
-        ("token_embedding", &w.token_embedding, c.vocab_size, dim),
-        ("wq", &w.wq, l * dim, dim),
-        ("wk", &w.wk, l * kv_dim, dim),
-        ("wv", &w.wv, l * kv_dim, dim),
-        ("wo", &w.wo, l * dim, dim),
-        ("w1", &w.w1, l * hidden, dim),
-        ("w2", &w.w2, l * dim, hidden),
-        ("w3", &w.w3, l * hidden, dim),
-    ];
-    if let Some(cls) = w.wcls.as_ref().filter(|_| !c.shared_classifier) {
-        matrices.push(("wcls", cls, c.vocab_size, dim));
-    }
-    let total = matrices.len() as u64;
-    let mut converted = Vec::with_capacity(matrices.len());
-    for (i, (name, data, rows, cols)) in matrices.into_iter().enumerate() {
-        let m = match opts.weights {
-            WeightType::I8 => {
-                Matrix::quantize_i8(data, rows, cols).map_err(|source| CompileError::Quant {
-                    what: format!("weight matrix {name}"),
-                    source,
-                })?
-            }
-            WeightType::F16 => Matrix::float(data, rows, cols, true),
-            WeightType::F32 => Matrix::float(data, rows, cols, false),
-        };
-        converted.push(m);
-        progress(Progress {
-            stage: Stage::QuantizeWeights,
-            done: i as u64 + 1,
-            total,
-        });
-    }
-    let mut it = converted.into_iter();
-    let mut next = || {
-        it.next().ok_or_else(|| CompileError::InvalidOptions {
-            reason: "internal: missing weight matrix".into(),
-        })
-    };
-    let embedding = next()?;
-    let (wq, wk, wv, wo, w1, w2, w3) = (
-        next()?,
-        next()?,
-        next()?,
-        next()?,
-        next()?,
-        next()?,
-        next()?,
-    );
-    let classifier = next().ok();
+    let c = config;
+    c.validate()
+        .and_then(|()| check_weights(c, weights))
+        .map_err(|source| CompileError::Model { source })?;
+    validate_options(c, opts)
+        .and_then(|()| validate_calibration(opts, calibration))
+        .map_err(|reason| CompileError::InvalidOptions { reason })?;
+    let cal = calibrate(c, weights, calibration, opts, progress)?;
+    let (embedding, layers, classifier) = convert_weights(c, weights, opts.weights, progress)?;
     let data = ModelData {
-        config: c,
+        config: c.clone(),
         options: opts.clone(),
-        checkpoint_sha256: ckpt.sha256(),
+        model_sha256: fingerprint,
+        calibration: calibration.to_vec(),
         embedding,
-        rms_att: w.rms_att.clone(),
-        wq,
-        wk,
-        wv,
-        wo,
-        rms_ffn: w.rms_ffn.clone(),
-        w1,
-        w2,
-        w3,
-        rms_final: w.rms_final.clone(),
+        layers,
+        output_norm: tensor(weights, Tensor::OutputNorm).to_vec(),
         classifier,
         act: cal.act,
         kv: cal.kv,
@@ -310,4 +278,69 @@ pub fn compile(
         total: n,
     });
     Ok(model)
+}
+
+/// A tensor [`check_weights`] found present and sized (an empty slice for an absent bias).
+fn tensor(w: &dyn WeightSource, t: Tensor) -> &[f32] {
+    w.tensor(t).unwrap_or(&[])
+}
+
+/// The embedding, the layers and the separate classifier (if any) in `wt`.
+fn convert_weights(
+    c: &LlamaConfig,
+    w: &dyn WeightSource,
+    wt: WeightType,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(Matrix, Vec<LayerData>, Option<Matrix>), CompileError> {
+    let total = (c.n_layers * LayerData::MATRICES.len() + 2) as u64;
+    let mut done = 0;
+    let mut convert = |t: Tensor| {
+        let shape = t.shape(c);
+        let m = convert_matrix(tensor(w, t), shape[0], shape[1], wt, t)?;
+        done += 1;
+        progress(Progress {
+            stage: Stage::QuantizeWeights,
+            done,
+            total,
+        });
+        Ok::<_, CompileError>(m)
+    };
+    let embedding = convert(Tensor::TokenEmbedding)?;
+    let mut layers = Vec::with_capacity(c.n_layers);
+    for l in 0..c.n_layers {
+        let matrices = LayerData::MATRICES
+            .iter()
+            .map(|&t| convert(Tensor::Layer(l, t)))
+            .collect::<Result<_, _>>()?;
+        let vectors = LayerData::VECTORS
+            .iter()
+            .map(|&t| tensor(w, Tensor::Layer(l, t)).to_vec())
+            .collect();
+        layers.push(LayerData { matrices, vectors });
+    }
+    let classifier = if c.tied_output {
+        None
+    } else {
+        Some(convert(Tensor::Output)?)
+    };
+    Ok((embedding, layers, classifier))
+}
+
+fn convert_matrix(
+    data: &[f32],
+    rows: usize,
+    cols: usize,
+    wt: WeightType,
+    t: Tensor,
+) -> Result<Matrix, CompileError> {
+    Ok(match wt {
+        WeightType::I8 => {
+            Matrix::quantize_i8(data, rows, cols).map_err(|source| CompileError::Quant {
+                what: format!("weight matrix {t}"),
+                source,
+            })?
+        }
+        WeightType::F16 => Matrix::float(data, rows, cols, true),
+        WeightType::F32 => Matrix::float(data, rows, cols, false),
+    })
 }

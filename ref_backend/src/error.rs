@@ -29,8 +29,11 @@ pub enum FormatError {
         found: Vec<u8>,
         expected: Vec<u8>,
     },
-    /// The file has a format version this build cannot read.
-    #[error("{origin}: unsupported format version {found} (this build reads version {supported})")]
+    /// The file has a format version this build cannot read (older files: compile the model
+    /// again).
+    #[error(
+        "{origin}: unsupported format version {found} (this build reads version {supported}); recompile the model with this build"
+    )]
     UnsupportedVersion {
         origin: String,
         found: u32,
@@ -80,12 +83,19 @@ pub enum CompileError {
     /// The options cannot be compiled for this model.
     #[error("invalid compile options: {reason}")]
     InvalidOptions { reason: String },
+    /// The model description or weights are unusable (invalid description, missing or
+    /// missized tensor).
+    #[error("the model cannot be compiled")]
+    Model {
+        #[source]
+        source: model::Error,
+    },
     /// The float model rejected a calibration input (e.g. a token id out of range).
-    #[error("calibration prompt {prompt}")]
+    #[error("calibration sequence {prompt}")]
     Calibration {
         prompt: usize,
         #[source]
-        source: llama2c::ModelError,
+        source: model::Error,
     },
     /// An encoding could not be made (e.g. an observer that saw no finite value).
     #[error("cannot make the encoding of {what}")]

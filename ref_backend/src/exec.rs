@@ -1,11 +1,17 @@
-//! The executor: one static AR-n graph over raw byte buffers.
+//! The executor: one static AR-n graph over raw byte buffers. [`Graph::run`] decodes the input
+//! buffers, runs the shared forward ([`model::forward::run`]) with [`ExecKernels`] (quantized
+//! matrices, the KV codec writing the new-KV outputs, the static window and mask) and writes
+//! the logits.
 
 use std::sync::{Arc, Mutex};
 
+use model::forward::{self, Activations, Input, Kernels, Output, Pass, Positions};
+use model::ops::{Rope, attend};
+use model::{NoTap, Tensor};
 use quant::{DataType, Encoding, ScaleOffset};
 
 use crate::error::ExecError;
-use crate::model::{ActSite, MASKED_AT_OR_BELOW, ModelData, mask_encoding};
+use crate::model::{MASKED_AT_OR_BELOW, ModelData, mask_encoding};
 use crate::types::{Granularity, KLayout, TensorDType, TensorDesc};
 
 /// Element codec of one KV head's tensors.
@@ -99,27 +105,43 @@ struct KvSlot {
 /// Per-graph scratch, allocated once when the graph is built.
 #[derive(Debug)]
 struct Scratch {
-    ids: Vec<usize>,
+    ids: Vec<u32>,
     pos: Vec<usize>,
+    acts: Activations,
+    attn: AttnScratch,
+}
+
+/// Scratch of the executor's attention: the decoded mask and KV rows of one KV head.
+#[derive(Debug)]
+struct AttnScratch {
     mask: Vec<f32>,
-    x: Vec<f32>,
-    xb: Vec<f32>,
-    xb2: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    att_out: Vec<f32>,
-    hb: Vec<f32>,
-    hb2: Vec<f32>,
+    /// Per past row: visible to some query of the step (only those are decoded).
+    visible_any: Vec<bool>,
     knew: Vec<f32>,
     vnew: Vec<f32>,
     kpast: Vec<f32>,
     vpast: Vec<f32>,
-    visible_any: Vec<bool>,
     scores: Vec<f32>,
     idx: Vec<usize>,
     qbuf: Vec<i16>,
-    logits: Vec<f32>,
+}
+
+impl AttnScratch {
+    fn bytes(&self) -> usize {
+        let f32s = [
+            &self.mask,
+            &self.knew,
+            &self.vnew,
+            &self.kpast,
+            &self.vpast,
+            &self.scores,
+        ];
+        let floats: usize = f32s.iter().map(|v| v.len() * 4).sum();
+        floats
+            + self.idx.len() * std::mem::size_of::<usize>()
+            + self.qbuf.len() * 2
+            + self.visible_any.len()
+    }
 }
 
 /// One static AR-n graph of a compiled model (QNN: one graph of a context binary).
@@ -135,6 +157,7 @@ pub struct Graph {
     inputs: Vec<TensorDesc>,
     outputs: Vec<TensorDesc>,
     model: Arc<ModelData>,
+    rope: Rope,
     slots: Vec<KvSlot>,
     mask_u16: bool,
     scratch: Mutex<Scratch>,
@@ -196,9 +219,9 @@ impl Io for RawIo<'_> {
 impl Graph {
     pub(crate) fn new(name: String, ar: usize, model: Arc<ModelData>) -> Graph {
         let (inputs, outputs) = model.describe(ar);
-        let c = model.config;
+        let c = &model.config;
         let o = &model.options;
-        let d = c.head_dim();
+        let d = c.head_dim;
         let hk = c.n_kv_heads;
         let w = o.context - ar;
         let esize = o.kv_dtype.size_bytes();
@@ -225,30 +248,22 @@ impl Graph {
                 });
             }
         }
-        let n = ar;
-        let s = o.context;
+        let (n, s) = (ar, o.context);
         let scratch = Scratch {
             ids: vec![0; n],
             pos: vec![0; n],
-            mask: vec![0.0; n * s],
-            x: vec![0.0; n * c.dim],
-            xb: vec![0.0; n * c.dim],
-            xb2: vec![0.0; n * c.dim],
-            q: vec![0.0; n * c.dim],
-            k: vec![0.0; n * c.kv_dim()],
-            v: vec![0.0; n * c.kv_dim()],
-            att_out: vec![0.0; n * c.dim],
-            hb: vec![0.0; n * c.hidden_dim],
-            hb2: vec![0.0; n * c.hidden_dim],
-            knew: vec![0.0; n * d],
-            vnew: vec![0.0; n * d],
-            kpast: vec![0.0; w * d],
-            vpast: vec![0.0; w * d],
-            visible_any: vec![false; w],
-            scores: vec![0.0; s],
-            idx: vec![0; s],
-            qbuf: vec![0; c.dim.max(c.hidden_dim)],
-            logits: vec![0.0; c.vocab_size],
+            acts: Activations::new(c, n),
+            attn: AttnScratch {
+                mask: vec![0.0; n * s],
+                visible_any: vec![false; w],
+                knew: vec![0.0; n * d],
+                vnew: vec![0.0; n * d],
+                kpast: vec![0.0; w * d],
+                vpast: vec![0.0; w * d],
+                scores: vec![0.0; s],
+                idx: vec![0; s],
+                qbuf: vec![0; c.dim.max(c.hidden_dim).max(c.q_dim())],
+            },
         };
         Graph {
             name,
@@ -257,6 +272,7 @@ impl Graph {
             inputs,
             outputs,
             mask_u16: o.kv_dtype.is_fixed_point(),
+            rope: Rope::new(d, &c.rope),
             model,
             slots,
             scratch: Mutex::new(scratch),
@@ -271,13 +287,8 @@ impl Graph {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let f32s = [
-            &s.mask, &s.x, &s.xb, &s.xb2, &s.q, &s.k, &s.v, &s.att_out, &s.hb, &s.hb2, &s.knew,
-            &s.vnew, &s.kpast, &s.vpast, &s.scores, &s.logits,
-        ];
-        let floats: usize = f32s.iter().map(|v| v.len() * 4).sum();
-        let words = (s.ids.len() + s.pos.len() + s.idx.len()) * std::mem::size_of::<usize>();
-        floats + words + s.qbuf.len() * 2 + s.visible_any.len()
+        let words = s.ids.len() * 4 + s.pos.len() * std::mem::size_of::<usize>();
+        s.acts.bytes() + s.attn.bytes() + words
     }
 
     /// Graph name, e.g. `ar32_cl512`.
@@ -413,7 +424,9 @@ impl Graph {
         Ok(())
     }
 
-    /// The forward pass. Buffers are validated; `io` hands out one buffer borrow at a time.
+    /// The forward pass: decode the inputs, run the shared forward, which writes the new K/V
+    /// and the logits through [`ExecKernels`]. Buffers are validated; `io` hands out one
+    /// buffer borrow at a time.
     fn run(&self, io: &mut dyn Io) -> Result<(), ExecError> {
         let mut guard = match self.scratch.lock() {
             Ok(g) => g,
@@ -421,31 +434,55 @@ impl Graph {
             // overwrites what it reads, so it is still usable.
             Err(poisoned) => poisoned.into_inner(),
         };
-        let sc = &mut *guard;
-        let m = &*self.model;
-        let c = m.config;
-        let (n, s) = (self.ar, self.context);
-        let w = s - n;
-        let (dim, hidden, kv_dim) = (c.dim, c.hidden_dim, c.kv_dim());
-        let d = c.head_dim();
-        let kv_mul = c.kv_mul();
-        let attn_scale = 1.0 / (d as f32).sqrt();
+        let Scratch {
+            ids,
+            pos,
+            acts,
+            attn,
+        } = &mut *guard;
+        self.decode_ids(io.input(0), ids)?;
+        self.decode_positions(io.input(1), pos)?;
+        self.decode_mask(io.input(2), attn);
+        let c = &self.model.config;
+        let pass = Pass {
+            layers: 0..c.n_layers,
+            input: Input::Tokens(ids),
+            positions: Positions::Ids(pos),
+            output: Output::Logits,
+        };
+        let mut k = ExecKernels {
+            graph: self,
+            io,
+            s: attn,
+        };
+        // Ids and positions were checked above, the pass fits the graph by construction.
+        forward::run(c, &self.rope, &mut k, acts, &pass, &mut NoTap)
+            .expect("the executor's pass is consistent with its graph");
+        Ok(())
+    }
 
-        // Token ids and positions (validated before anything is written).
-        for (i, chunk) in io.input(0).chunks_exact(4).enumerate() {
+    /// Token ids, each checked against the vocabulary.
+    fn decode_ids(&self, bytes: &[u8], ids: &mut [u32]) -> Result<(), ExecError> {
+        let vocab_size = self.model.config.vocab_size;
+        for (i, (chunk, id)) in bytes.chunks_exact(4).zip(ids).enumerate() {
             let v = i32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-            if v < 0 || v as usize >= c.vocab_size {
+            if v < 0 || v as usize >= vocab_size {
                 return Err(ExecError::TokenOutOfRange {
                     graph: self.name.clone(),
                     tensor: self.inputs[0].name.clone(),
                     index: i,
                     value: v,
-                    vocab_size: c.vocab_size,
+                    vocab_size,
                 });
             }
-            sc.ids[i] = v as usize;
+            *id = v as u32;
         }
-        for (i, chunk) in io.input(1).chunks_exact(4).enumerate() {
+        Ok(())
+    }
+
+    /// RoPE positions, each checked non-negative.
+    fn decode_positions(&self, bytes: &[u8], pos: &mut [usize]) -> Result<(), ExecError> {
+        for (i, (chunk, p)) in bytes.chunks_exact(4).zip(pos).enumerate() {
             let v = i32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
             if v < 0 {
                 return Err(ExecError::NegativePosition {
@@ -455,216 +492,193 @@ impl Graph {
                     value: v,
                 });
             }
-            sc.pos[i] = v as usize;
+            *p = v as usize;
         }
-        // Mask, dequantized to additive f32 values.
+        Ok(())
+    }
+
+    /// The mask, dequantized to additive f32 values, and which past rows any query sees.
+    fn decode_mask(&self, bytes: &[u8], a: &mut AttnScratch) {
         if self.mask_u16 {
             let so = mask_encoding();
-            for (dst, ch) in sc.mask.iter_mut().zip(io.input(2).chunks_exact(2)) {
+            for (dst, ch) in a.mask.iter_mut().zip(bytes.chunks_exact(2)) {
                 *dst = quant::dequantize(u16::from_le_bytes([ch[0], ch[1]]), so);
             }
         } else {
-            for (dst, ch) in sc.mask.iter_mut().zip(io.input(2).chunks_exact(4)) {
+            for (dst, ch) in a.mask.iter_mut().zip(bytes.chunks_exact(4)) {
                 *dst = f32::from_le_bytes([ch[0], ch[1], ch[2], ch[3]]);
             }
         }
-        let visible = |x: f32| x > MASKED_AT_OR_BELOW;
-        for j in 0..w {
-            sc.visible_any[j] = (0..n).any(|i| visible(sc.mask[i * s + j]));
+        let s = self.context;
+        for (j, any) in a.visible_any.iter_mut().enumerate() {
+            *any = a.mask.chunks_exact(s).any(|row| visible(row[j]));
         }
+    }
+}
 
-        for i in 0..n {
-            m.embedding
-                .row_into(sc.ids[i], &mut sc.x[i * dim..(i + 1) * dim]);
+/// A mask value that lets the query see the key.
+fn visible(mask: f32) -> bool {
+    mask > MASKED_AT_OR_BELOW
+}
+
+/// The executor's [`Kernels`]: i8/f16/f32 matrices with static activation encodings, KV
+/// written to the new-KV outputs in its codec and read back, past rows decoded from the
+/// past-KV inputs, attention over the rows the mask shows.
+struct ExecKernels<'a> {
+    graph: &'a Graph,
+    io: &'a mut dyn Io,
+    s: &'a mut AttnScratch,
+}
+
+impl Kernels for ExecKernels<'_> {
+    fn embed(&mut self, token: u32, out: &mut [f32]) {
+        self.graph.model.embedding.row_into(token as usize, out);
+    }
+
+    fn linear(&mut self, w: Tensor, x: &[f32], out: &mut [f32]) {
+        let m = &self.graph.model;
+        let (matrix, act) = m.linear(w);
+        let shape = w.shape(&m.config);
+        for (o, xr) in out.chunks_exact_mut(shape[0]).zip(x.chunks_exact(shape[1])) {
+            matrix.matvec(0, o, xr, act, &mut self.s.qbuf);
         }
+    }
 
-        for l in 0..c.n_layers {
-            let act_in = m.act(l, ActSite::AttnIn);
+    fn vector(&self, v: Tensor) -> &[f32] {
+        self.graph.model.vector(v)
+    }
+
+    fn attention(&mut self, layer: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
+        for h in 0..self.graph.model.config.n_kv_heads {
+            let slot = self.graph.slots[layer * self.graph.model.config.n_kv_heads + h];
+            self.store_new(slot, h, k, v);
+            self.load_past(slot);
+            self.attend_head(h, q, out);
+        }
+    }
+
+    fn logits(&mut self, row: usize, logits: &[f32]) {
+        let out = self.io.output(0);
+        let at = row * logits.len() * 4;
+        for (dst, &v) in out[at..at + logits.len() * 4]
+            .chunks_exact_mut(4)
+            .zip(logits)
+        {
+            dst.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+impl ExecKernels<'_> {
+    /// Writes KV head `h` of the step's keys/values (`[n, kv_dim]`) in the KV encoding; the
+    /// step sees the values read back (`knew`/`vnew`).
+    fn store_new(&mut self, slot: KvSlot, h: usize, k: &[f32], v: &[f32]) {
+        let (n, d) = (self.graph.ar, self.graph.model.config.head_dim);
+        let kv_dim = k.len() / n;
+        let transposed = self.graph.model.options.k_layout == KLayout::Transposed;
+        for (value, src, codec, buf) in [
+            (false, k, slot.k, slot.new_k),
+            (true, v, slot.v, slot.new_v),
+        ] {
+            let out = self.io.output(buf);
+            let dst = if value {
+                &mut self.s.vnew
+            } else {
+                &mut self.s.knew
+            };
+            let es = codec.size();
             for i in 0..n {
-                let (xr, xbr) = (
-                    &sc.x[i * dim..(i + 1) * dim],
-                    &mut sc.xb[i * dim..(i + 1) * dim],
-                );
-                llama2c::rmsnorm(xbr, xr, &m.rms_att[l * dim..(l + 1) * dim]);
-                let xbr = &sc.xb[i * dim..(i + 1) * dim];
-                m.wq.matvec(
-                    l * dim,
-                    &mut sc.q[i * dim..(i + 1) * dim],
-                    xbr,
-                    act_in,
-                    &mut sc.qbuf,
-                );
-                m.wk.matvec(
-                    l * kv_dim,
-                    &mut sc.k[i * kv_dim..(i + 1) * kv_dim],
-                    xbr,
-                    act_in,
-                    &mut sc.qbuf,
-                );
-                m.wv.matvec(
-                    l * kv_dim,
-                    &mut sc.v[i * kv_dim..(i + 1) * kv_dim],
-                    xbr,
-                    act_in,
-                    &mut sc.qbuf,
-                );
-                llama2c::rope_rotate(&mut sc.q[i * dim..(i + 1) * dim], sc.pos[i], d);
-                llama2c::rope_rotate(&mut sc.k[i * kv_dim..(i + 1) * kv_dim], sc.pos[i], d);
-            }
-
-            for h in 0..c.n_kv_heads {
-                let slot = self.slots[l * c.n_kv_heads + h];
-                // New K/V: written in the KV encoding; the step sees the values read back.
-                let transposed = self.model.options.k_layout == KLayout::Transposed;
-                {
-                    let out = io.output(slot.new_k);
-                    let es = slot.k.size();
-                    for i in 0..n {
-                        for e in 0..d {
-                            let at = if transposed { e * n + i } else { i * d + e };
-                            let b = slot.new_off + at * es;
-                            sc.knew[i * d + e] = slot
-                                .k
-                                .encode(sc.k[i * kv_dim + h * d + e], &mut out[b..b + es]);
-                        }
-                    }
-                }
-                {
-                    let out = io.output(slot.new_v);
-                    let es = slot.v.size();
-                    for i in 0..n {
-                        for e in 0..d {
-                            let b = slot.new_off + (i * d + e) * es;
-                            sc.vnew[i * d + e] = slot
-                                .v
-                                .encode(sc.v[i * kv_dim + h * d + e], &mut out[b..b + es]);
-                        }
-                    }
-                }
-                // Past rows that some query can see, decoded once for all queries.
-                {
-                    let src = io.input(slot.past_k);
-                    let es = slot.k.size();
-                    for j in (0..w).filter(|&j| sc.visible_any[j]) {
-                        for e in 0..d {
-                            let at = if transposed { e * w + j } else { j * d + e };
-                            let b = slot.past_off + at * es;
-                            sc.kpast[j * d + e] = slot.k.decode(&src[b..b + es]);
-                        }
-                    }
-                }
-                {
-                    let src = io.input(slot.past_v);
-                    let es = slot.v.size();
-                    for j in (0..w).filter(|&j| sc.visible_any[j]) {
-                        for e in 0..d {
-                            let b = slot.past_off + (j * d + e) * es;
-                            sc.vpast[j * d + e] = slot.v.decode(&src[b..b + es]);
-                        }
-                    }
-                }
-                for qh in h * kv_mul..(h + 1) * kv_mul {
-                    for i in 0..n {
-                        let qv = &sc.q[i * dim + qh * d..i * dim + (qh + 1) * d];
-                        let mrow = &sc.mask[i * s..(i + 1) * s];
-                        let mut cnt = 0;
-                        for (j, &mv) in mrow.iter().enumerate() {
-                            if !visible(mv) {
-                                continue;
-                            }
-                            let kr = if j < w {
-                                &sc.kpast[j * d..(j + 1) * d]
-                            } else {
-                                &sc.knew[(j - w) * d..(j - w + 1) * d]
-                            };
-                            sc.scores[cnt] = llama2c::dot(qv, kr) * attn_scale + mv;
-                            sc.idx[cnt] = j;
-                            cnt += 1;
-                        }
-                        llama2c::softmax(&mut sc.scores[..cnt]);
-                        let out = &mut sc.att_out[i * dim + qh * d..i * dim + (qh + 1) * d];
-                        out.fill(0.0);
-                        for (&p, &j) in sc.scores[..cnt].iter().zip(&sc.idx[..cnt]) {
-                            let vr = if j < w {
-                                &sc.vpast[j * d..(j + 1) * d]
-                            } else {
-                                &sc.vnew[(j - w) * d..(j - w + 1) * d]
-                            };
-                            for (o, &vv) in out.iter_mut().zip(vr) {
-                                *o += p * vv;
-                            }
-                        }
-                    }
-                }
-            }
-
-            let act_out = m.act(l, ActSite::AttnOut);
-            let act_ffn = m.act(l, ActSite::FfnIn);
-            let act_mid = m.act(l, ActSite::FfnMid);
-            for i in 0..n {
-                let r = i * dim..(i + 1) * dim;
-                m.wo.matvec(
-                    l * dim,
-                    &mut sc.xb2[r.clone()],
-                    &sc.att_out[r.clone()],
-                    act_out,
-                    &mut sc.qbuf,
-                );
-                for (a, b) in sc.x[r.clone()].iter_mut().zip(&sc.xb2[r.clone()]) {
-                    *a += b;
-                }
-                llama2c::rmsnorm(
-                    &mut sc.xb[r.clone()],
-                    &sc.x[r.clone()],
-                    &m.rms_ffn[l * dim..(l + 1) * dim],
-                );
-                let hr = i * hidden..(i + 1) * hidden;
-                m.w1.matvec(
-                    l * hidden,
-                    &mut sc.hb[hr.clone()],
-                    &sc.xb[r.clone()],
-                    act_ffn,
-                    &mut sc.qbuf,
-                );
-                m.w3.matvec(
-                    l * hidden,
-                    &mut sc.hb2[hr.clone()],
-                    &sc.xb[r.clone()],
-                    act_ffn,
-                    &mut sc.qbuf,
-                );
-                for (g, u) in sc.hb[hr.clone()].iter_mut().zip(&sc.hb2[hr.clone()]) {
-                    *g = llama2c::silu(*g) * u;
-                }
-                m.w2.matvec(
-                    l * dim,
-                    &mut sc.xb[r.clone()],
-                    &sc.hb[hr],
-                    act_mid,
-                    &mut sc.qbuf,
-                );
-                for (a, b) in sc.x[r.clone()].iter_mut().zip(&sc.xb[r]) {
-                    *a += b;
+                for e in 0..d {
+                    let at = if transposed && !value {
+                        e * n + i
+                    } else {
+                        i * d + e
+                    };
+                    let b = slot.new_off + at * es;
+                    dst[i * d + e] = codec.encode(src[i * kv_dim + h * d + e], &mut out[b..b + es]);
                 }
             }
         }
+    }
 
-        let act_final = m.act_final();
-        let vocab = c.vocab_size;
-        for i in 0..n {
-            let r = i * dim..(i + 1) * dim;
-            llama2c::rmsnorm(&mut sc.xb[r.clone()], &sc.x[r.clone()], &m.rms_final);
-            m.classifier()
-                .matvec(0, &mut sc.logits, &sc.xb[r], act_final, &mut sc.qbuf);
-            let out = io.output(0);
-            for (dst, &v) in out[i * vocab * 4..(i + 1) * vocab * 4]
-                .chunks_exact_mut(4)
-                .zip(&sc.logits)
-            {
-                dst.copy_from_slice(&v.to_le_bytes());
+    /// Decodes the past rows some query can see, once for all queries of the step.
+    fn load_past(&mut self, slot: KvSlot) {
+        let (w, d) = (self.graph.window(), self.graph.model.config.head_dim);
+        let transposed = self.graph.model.options.k_layout == KLayout::Transposed;
+        for (value, codec, buf) in [(false, slot.k, slot.past_k), (true, slot.v, slot.past_v)] {
+            let src = self.io.input(buf);
+            let dst = if value {
+                &mut self.s.vpast
+            } else {
+                &mut self.s.kpast
+            };
+            let es = codec.size();
+            for j in (0..w).filter(|&j| self.s.visible_any[j]) {
+                for e in 0..d {
+                    let at = if transposed && !value {
+                        e * w + j
+                    } else {
+                        j * d + e
+                    };
+                    let b = slot.past_off + at * es;
+                    dst[j * d + e] = codec.decode(&src[b..b + es]);
+                }
             }
         }
-        Ok(())
+    }
+
+    /// Attention of the query heads reading KV head `h`, every row, over the visible keys
+    /// (mask column `j < w`: past row `j`; `w + i`: new row `i`).
+    fn attend_head(&mut self, h: usize, q: &[f32], out: &mut [f32]) {
+        let c = &self.graph.model.config;
+        let (d, qd, s, w) = (
+            c.head_dim,
+            c.q_dim(),
+            self.graph.context,
+            self.graph.window(),
+        );
+        let AttnScratch {
+            mask,
+            knew,
+            vnew,
+            kpast,
+            vpast,
+            scores,
+            idx,
+            ..
+        } = &mut *self.s;
+        for i in 0..self.graph.ar {
+            let mrow = &mask[i * s..(i + 1) * s];
+            let mut cnt = 0;
+            for (j, &mv) in mrow.iter().enumerate() {
+                if visible(mv) {
+                    idx[cnt] = j;
+                    cnt += 1;
+                }
+            }
+            let vis = &idx[..cnt];
+            for qh in h * c.kv_mul()..(h + 1) * c.kv_mul() {
+                let at = i * qd + qh * d;
+                attend(
+                    &q[at..at + d],
+                    cnt,
+                    |t| kv_row(kpast, knew, vis[t], w, d),
+                    |t| kv_row(vpast, vnew, vis[t], w, d),
+                    |t| mrow[vis[t]],
+                    scores,
+                    &mut out[at..at + d],
+                );
+            }
+        }
+    }
+}
+
+/// Row `j` of the keys or values a query sees: past row `j` for `j < w`, else new row `j - w`.
+fn kv_row<'a>(past: &'a [f32], new: &'a [f32], j: usize, w: usize, d: usize) -> &'a [f32] {
+    if j < w {
+        &past[j * d..(j + 1) * d]
+    } else {
+        &new[(j - w) * d..(j - w + 1) * d]
     }
 }
 

@@ -8,16 +8,20 @@
 //! offset 12  flags        u32      0 (reserved)
 //! offset 16  payload_len  u64
 //! offset 24  crc32        u32      CRC-32 (IEEE) of the payload
-//! offset 28  payload      payload_len bytes: six sections, in this order
+//! offset 28  payload      payload_len bytes: seven sections, in this order
 //! ```
 //!
 //! Each section is a 4-byte tag, a u64 body length and the body: `OPTS` (compile options),
-//! `CKPT` (the 32-byte SHA-256 of the checkpoint it was compiled from), `CONF` (model
-//! hyper-parameters), `ENCS` (i16 activation encodings, KV encodings), `WGTS`
-//! (matrices: kind u8 (0 i8, 1 f16, 2 f32), rows u64, cols u64, then i8: f32 row scales +
-//! i8 values, f16: u16 bits, f32: f32 values; norm vectors as u64 count + f32 values) and
-//! `GRPH` (graph names and tensor descriptions). Counts are u64; strings are a u64 length and
-//! UTF-8 bytes.
+//! `MSHA` (the 32-byte SHA-256 of the model file(s) it was compiled from), `CONF` (the
+//! [`model::LlamaConfig`]: sizes as u64, epsilon and RoPE theta as f32, Llama 3 scaling as a
+//! flag + 3 f32 + u64, pairing / tied output / Q/K/V biases as u8, special ids as flag + u32),
+//! `CALB` (the calibration token sequences), `ENCS` (i16 activation encodings, KV encodings),
+//! `WGTS` (the embedding, then per layer the f32 vectors attention norm, FFN norm, Q/K/V biases
+//! (empty without biases) as u64 count + f32 values and the matrices Q, K, V, O, gate, up,
+//! down, then the final norm and the classifier flag (+ matrix when untied); a matrix is kind
+//! u8 (0 i8, 1 f16, 2 f32), rows u64, cols u64, then i8: f32 row scales + i8 values, f16: u16
+//! bits, f32: f32 values) and `GRPH` (graph names and tensor descriptions). Counts are u64;
+//! strings are a u64 length and UTF-8 bytes.
 //!
 //! Reading checks the magic, the version, the payload length, the checksum, every count
 //! against the bytes that remain, the consistency of everything with the configuration
@@ -26,25 +30,28 @@
 //! whose checksum was fixed up is still refused. A file is read under the
 //! [`FileKind::COMPILED`] cap; a stream stops after the length its header declares.
 //!
-//! Version history: 1 had no `CKPT` section; 2 adds it.
+//! Version history: 1 had no `CKPT` section; 2 adds it (llama2.c checkpoints only); 3 holds
+//! any Llama-family model (`MSHA`, the full description in `CONF`, `CALB`, per-layer weights
+//! with biases). Older files are refused with [`FormatError::UnsupportedVersion`], which says
+//! to recompile.
 
 use std::path::Path;
 
-use llama2c::fsio::{CappedFile, FileKind};
-use llama2c::{Config, limits};
+use model::fsio::{CappedFile, FileKind};
+use model::{Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, Tensor, limits};
 use quant::{Encoding, QuantSpec, ScaleOffset};
 
 use crate::bytes::{Reader, Writer, crc32};
 use crate::compile::{CompiledModel, validate_options};
 use crate::error::FormatError;
-use crate::model::{Matrix, ModelData};
+use crate::model::{LayerData, Matrix, ModelData};
 use crate::options::{CompileOptions, kv_code, kv_from_code};
 use crate::types::{Granularity, KLayout, TensorDType, TensorDesc, TensorRole, WeightType};
 
 /// Magic bytes at the start of every file.
 pub const MAGIC: [u8; 8] = *b"HTPKVREF";
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// Size of the fixed header before the payload.
 pub const HEADER_LEN: usize = 28;
 
@@ -56,8 +63,17 @@ impl CompiledModel {
         let d = &*self.data;
         let mut payload = Writer::default();
         section(&mut payload, b"OPTS", |w| d.options.encode(w));
-        section(&mut payload, b"CKPT", |w| w.bytes(&d.checkpoint_sha256));
+        section(&mut payload, b"MSHA", |w| w.bytes(&d.model_sha256));
         section(&mut payload, b"CONF", |w| write_config(w, &d.config));
+        section(&mut payload, b"CALB", |w| {
+            w.len(d.calibration.len());
+            for seq in &d.calibration {
+                w.len(seq.len());
+                for &t in seq {
+                    w.u32(t);
+                }
+            }
+        });
         section(&mut payload, b"ENCS", |w| {
             w.len(d.act.len());
             for so in &d.act {
@@ -72,15 +88,15 @@ impl CompiledModel {
         });
         section(&mut payload, b"WGTS", |w| {
             write_matrix(w, &d.embedding);
-            w.f32s(&d.rms_att);
-            for m in [&d.wq, &d.wk, &d.wv, &d.wo] {
-                write_matrix(w, m);
+            for layer in &d.layers {
+                for v in &layer.vectors {
+                    w.f32s(v);
+                }
+                for m in &layer.matrices {
+                    write_matrix(w, m);
+                }
             }
-            w.f32s(&d.rms_ffn);
-            for m in [&d.w1, &d.w2, &d.w3] {
-                write_matrix(w, m);
-            }
-            w.f32s(&d.rms_final);
+            w.f32s(&d.output_norm);
             match &d.classifier {
                 None => w.u8(0),
                 Some(m) => {
@@ -119,7 +135,7 @@ impl CompiledModel {
     /// was read back, validated and found equal to `self`.
     pub fn write(&self, path: &Path, inputs: &[&Path]) -> Result<(), FormatError> {
         let bytes = self.to_bytes();
-        llama2c::fsio::write_atomic_verified(path, &bytes, inputs, &mut |tmp| {
+        model::fsio::write_atomic_verified(path, &bytes, inputs, &mut |tmp| {
             let back = CompiledModel::read(tmp)?;
             if back != *self {
                 return Err("it differs from the compiled model after reading it back".into());
@@ -209,8 +225,8 @@ impl CompiledModel {
         let options = read_options(&mut s)?;
         close_section(&s)?;
 
-        let mut s = open_section(&mut p, b"CKPT")?;
-        let checkpoint_sha256: [u8; 32] = s.array("checkpoint SHA-256")?;
+        let mut s = open_section(&mut p, b"MSHA")?;
+        let model_sha256: [u8; 32] = s.array("model SHA-256")?;
         close_section(&s)?;
 
         let mut s = open_section(&mut p, b"CONF")?;
@@ -223,35 +239,44 @@ impl CompiledModel {
             ));
         }
 
+        let mut s = open_section(&mut p, b"CALB")?;
+        let calibration = read_calibration(&mut s, &config)?;
+        close_section(&s)?;
+
         let mut s = open_section(&mut p, b"ENCS")?;
         let (act, kv) = read_encodings(&mut s, &config, &options)?;
         close_section(&s)?;
 
         let mut s = open_section(&mut p, b"WGTS")?;
         let c = &config;
-        let (dim, hidden, kv_dim, l) = (c.dim, c.hidden_dim, c.kv_dim(), c.n_layers);
         let wt = options.weights;
-        let embedding = read_matrix(&mut s, "token_embedding", wt, c.vocab_size, dim)?;
-        let rms_att = read_norm(&mut s, "rms_att", l * dim)?;
-        let wq = read_matrix(&mut s, "wq", wt, l * dim, dim)?;
-        let wk = read_matrix(&mut s, "wk", wt, l * kv_dim, dim)?;
-        let wv = read_matrix(&mut s, "wv", wt, l * kv_dim, dim)?;
-        let wo = read_matrix(&mut s, "wo", wt, l * dim, dim)?;
-        let rms_ffn = read_norm(&mut s, "rms_ffn", l * dim)?;
-        let w1 = read_matrix(&mut s, "w1", wt, l * hidden, dim)?;
-        let w2 = read_matrix(&mut s, "w2", wt, l * dim, hidden)?;
-        let w3 = read_matrix(&mut s, "w3", wt, l * hidden, dim)?;
-        let rms_final = read_norm(&mut s, "rms_final", dim)?;
+        let embedding = read_tensor_matrix(&mut s, c, Tensor::TokenEmbedding, wt)?;
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for l in 0..c.n_layers {
+            let mut vectors = Vec::with_capacity(LayerData::VECTORS.len());
+            for t in LayerData::VECTORS {
+                let t = Tensor::Layer(l, t);
+                let present = Tensor::required(c).contains(&t);
+                let len = if present { t.len(c) } else { 0 };
+                vectors.push(read_norm(&mut s, &t.to_string(), len)?);
+            }
+            let mut matrices = Vec::with_capacity(LayerData::MATRICES.len());
+            for t in LayerData::MATRICES {
+                matrices.push(read_tensor_matrix(&mut s, c, Tensor::Layer(l, t), wt)?);
+            }
+            layers.push(LayerData { matrices, vectors });
+        }
+        let output_norm = read_norm(&mut s, "output norm", c.dim)?;
         let at = s.offset();
         let classifier = match s.u8("classifier flag")? {
-            0 if c.shared_classifier => None,
-            1 if !c.shared_classifier => Some(read_matrix(&mut s, "wcls", wt, c.vocab_size, dim)?),
+            0 if c.tied_output => None,
+            1 if !c.tied_output => Some(read_tensor_matrix(&mut s, c, Tensor::Output, wt)?),
             f => {
                 return Err(s.corrupt_at(
                     at,
                     format!(
                         "classifier flag {f} does not fit a model whose classifier is {}",
-                        if c.shared_classifier {
+                        if c.tied_output {
                             "tied (flag 0)"
                         } else {
                             "separate (flag 1)"
@@ -265,18 +290,11 @@ impl CompiledModel {
         let data = ModelData {
             config,
             options,
-            checkpoint_sha256,
+            model_sha256,
+            calibration,
             embedding,
-            rms_att,
-            wq,
-            wk,
-            wv,
-            wo,
-            rms_ffn,
-            w1,
-            w2,
-            w3,
-            rms_final,
+            layers,
+            output_norm,
             classifier,
             act,
             kv,
@@ -384,11 +402,11 @@ fn close_section(s: &Reader<'_>) -> Result<(), FormatError> {
 }
 
 fn read_options(s: &mut Reader<'_>) -> Result<CompileOptions, FormatError> {
-    let context = s.len("context", limits::MAX_SEQ_LEN)?;
+    let context = s.len("context", limits::MAX_CONTEXT)?;
     let n = s.count("AR variant count", 8)?;
     let mut ar = Vec::with_capacity(n);
     for _ in 0..n {
-        ar.push(s.len("AR variant", limits::MAX_SEQ_LEN)?);
+        ar.push(s.len("AR variant", limits::MAX_CONTEXT)?);
     }
     let at = s.offset();
     let kv_dtype = kv_from_code(s.u8("KV dtype")?)
@@ -412,17 +430,7 @@ fn read_options(s: &mut Reader<'_>) -> Result<CompileOptions, FormatError> {
         1 => Granularity::PerLayer,
         c => return Err(s.corrupt_at(at, format!("unknown granularity code {c}"))),
     };
-    let calibration_tokens = s.len("calibration tokens", limits::MAX_SEQ_LEN)?;
-    let np = s.count("calibration prompt count", 8)?;
-    let mut calibration_prompts = Vec::with_capacity(np);
-    for _ in 0..np {
-        let len = s.count("calibration prompt", 4)?;
-        let mut p = Vec::with_capacity(len);
-        for _ in 0..len {
-            p.push(s.u32("calibration token")?);
-        }
-        calibration_prompts.push(p);
-    }
+    let calibration_tokens = s.len("calibration tokens", limits::MAX_CONTEXT)?;
     Ok(CompileOptions {
         context,
         ar,
@@ -430,68 +438,145 @@ fn read_options(s: &mut Reader<'_>) -> Result<CompileOptions, FormatError> {
         weights,
         k_layout,
         granularity,
-        calibration_prompts,
         calibration_tokens,
     })
 }
 
-fn write_config(w: &mut Writer, c: &Config) {
+fn write_config(w: &mut Writer, c: &LlamaConfig) {
     for v in [
-        c.dim,
-        c.hidden_dim,
         c.n_layers,
+        c.dim,
         c.n_heads,
         c.n_kv_heads,
+        c.head_dim,
+        c.hidden_dim,
         c.vocab_size,
-        c.seq_len,
+        c.context_length,
     ] {
         w.len(v);
     }
-    w.u8(u8::from(c.shared_classifier));
+    w.f32(c.rms_eps);
+    w.f32(c.rope.theta);
+    match &c.rope.scaling {
+        None => w.u8(0),
+        Some(sc) => {
+            w.u8(1);
+            w.f32(sc.factor);
+            w.f32(sc.low_freq_factor);
+            w.f32(sc.high_freq_factor);
+            w.len(sc.original_context);
+        }
+    }
+    w.u8(match c.rope.pairing {
+        RopePairing::Adjacent => 0,
+        RopePairing::HalfSplit => 1,
+    });
+    w.u8(u8::from(c.tied_output));
+    w.u8(u8::from(c.qkv_bias));
+    let sp = &c.special;
+    for id in [sp.bos, sp.eos, sp.eot, sp.pad] {
+        match id {
+            None => w.u8(0),
+            Some(t) => {
+                w.u8(1);
+                w.u32(t);
+            }
+        }
+    }
 }
 
-fn read_config(s: &mut Reader<'_>) -> Result<Config, FormatError> {
+/// A u8 that must be 0 or 1.
+fn read_flag(s: &mut Reader<'_>, what: &str) -> Result<bool, FormatError> {
     let at = s.offset();
-    let dim = s.len("dim", limits::MAX_DIM)?;
-    let hidden_dim = s.len("hidden_dim", limits::MAX_HIDDEN_DIM)?;
-    let n_layers = s.len("n_layers", limits::MAX_LAYERS)?;
-    let n_heads = s.len("n_heads", limits::MAX_HEADS)?;
-    let n_kv_heads = s.len("n_kv_heads", limits::MAX_HEADS)?;
-    let vocab_size = s.len("vocab_size", limits::MAX_VOCAB)?;
-    let seq_len = s.len("seq_len", limits::MAX_SEQ_LEN)?;
-    let shared_at = s.offset();
-    let shared_classifier = match s.u8("shared classifier flag")? {
-        0 => false,
-        1 => true,
-        f => return Err(s.corrupt_at(shared_at, format!("shared classifier flag {f}"))),
-    };
-    let ok = dim > 0
-        && hidden_dim > 0
-        && n_layers > 0
-        && n_heads > 0
-        && n_kv_heads > 0
-        && vocab_size > 0
-        && seq_len > 0
-        && dim % n_heads == 0
-        && n_heads % n_kv_heads == 0;
-    if !ok {
-        return Err(s.corrupt_at(
-            at,
-            format!(
-                "inconsistent model configuration: dim {dim}, hidden {hidden_dim}, layers {n_layers}, heads {n_heads}, kv heads {n_kv_heads}, vocab {vocab_size}, seq_len {seq_len}"
-            ),
-        ));
+    match s.u8(what)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        f => Err(s.corrupt_at(at, format!("{what} flag {f}"))),
     }
-    Ok(Config {
-        dim,
-        hidden_dim,
+}
+
+fn read_config(s: &mut Reader<'_>) -> Result<LlamaConfig, FormatError> {
+    let at = s.offset();
+    let mut size = |what: &str| s.len(what, MAX_COUNT);
+    let (n_layers, dim, n_heads, n_kv_heads) = (
+        size("n_layers")?,
+        size("dim")?,
+        size("n_heads")?,
+        size("n_kv_heads")?,
+    );
+    let (head_dim, hidden_dim, vocab_size, context_length) = (
+        size("head_dim")?,
+        size("hidden_dim")?,
+        size("vocab_size")?,
+        size("context_length")?,
+    );
+    let rms_eps = s.f32("rms_eps")?;
+    let theta = s.f32("rope theta")?;
+    let scaling = if read_flag(s, "rope scaling")? {
+        Some(Llama3Scaling {
+            factor: s.f32("rope scaling factor")?,
+            low_freq_factor: s.f32("rope low_freq_factor")?,
+            high_freq_factor: s.f32("rope high_freq_factor")?,
+            original_context: s.len("rope original context", MAX_COUNT)?,
+        })
+    } else {
+        None
+    };
+    let pairing = if read_flag(s, "rope pairing")? {
+        RopePairing::HalfSplit
+    } else {
+        RopePairing::Adjacent
+    };
+    let tied_output = read_flag(s, "tied output")?;
+    let qkv_bias = read_flag(s, "qkv bias")?;
+    let mut ids = [None; 4];
+    for id in &mut ids {
+        if read_flag(s, "special token")? {
+            *id = Some(s.u32("special token")?);
+        }
+    }
+    let [bos, eos, eot, pad] = ids;
+    let c = LlamaConfig {
         n_layers,
+        dim,
         n_heads,
         n_kv_heads,
+        head_dim,
+        hidden_dim,
         vocab_size,
-        seq_len,
-        shared_classifier,
-    })
+        context_length,
+        rms_eps,
+        rope: RopeConfig {
+            theta,
+            scaling,
+            pairing,
+        },
+        tied_output,
+        qkv_bias,
+        special: SpecialTokens { bos, eos, eot, pad },
+    };
+    c.validate().map_err(|e| s.corrupt_at(at, e.to_string()))?;
+    Ok(c)
+}
+
+fn read_calibration(s: &mut Reader<'_>, c: &LlamaConfig) -> Result<Vec<Vec<u32>>, FormatError> {
+    let n = s.count("calibration sequence count", 8)?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = s.count("calibration sequence", 4)?;
+        let mut seq = Vec::with_capacity(len);
+        for _ in 0..len {
+            let at = s.offset();
+            let t = s.u32("calibration token")?;
+            if t as usize >= c.vocab_size {
+                let why = format!("calibration token {t} is outside the vocabulary");
+                return Err(s.corrupt_at(at, why));
+            }
+            seq.push(t);
+        }
+        out.push(seq);
+    }
+    Ok(out)
 }
 
 fn write_encoding(w: &mut Writer, e: &Encoding) {
@@ -541,7 +626,7 @@ fn read_encoding(s: &mut Reader<'_>) -> Result<Encoding, FormatError> {
 
 fn read_encodings(
     s: &mut Reader<'_>,
-    c: &Config,
+    c: &LlamaConfig,
     o: &CompileOptions,
 ) -> Result<(Vec<ScaleOffset>, Vec<QuantSpec>), FormatError> {
     let at = s.offset();
@@ -622,6 +707,17 @@ fn write_matrix(w: &mut Writer, m: &Matrix) {
             }
         }
     }
+}
+
+/// The matrix of `t`, shaped as the description says.
+fn read_tensor_matrix(
+    s: &mut Reader<'_>,
+    c: &LlamaConfig,
+    t: Tensor,
+    wt: WeightType,
+) -> Result<Matrix, FormatError> {
+    let shape = t.shape(c);
+    read_matrix(s, &t.to_string(), wt, shape[0], shape[1])
 }
 
 fn read_matrix(
@@ -803,4 +899,4 @@ fn read_desc(s: &mut Reader<'_>) -> Result<TensorDesc, FormatError> {
 
 /// The one atomic file writer of htpkv (compiled models, SVG plots), re-exported here for the
 /// crates that already depend on this one.
-pub use llama2c::fsio::write_atomic;
+pub use model::fsio::write_atomic;

@@ -1,6 +1,6 @@
 //! The compiled model's data: weights (quantized or float), encodings, graph descriptions.
 
-use llama2c::Config;
+use model::{LayerTensor, LlamaConfig, Tensor};
 use quant::{DataType, Encoding, QuantError, QuantSpec, ScaleOffset, Symmetry};
 
 use crate::kernels;
@@ -292,25 +292,71 @@ impl Matrix {
     }
 }
 
+/// Where an activation is quantized for the matmul `t`: its [`ActSite`] (`None` for the
+/// classifier, whose input encoding is the final one).
+pub(crate) fn act_site(t: LayerTensor) -> Option<ActSite> {
+    use LayerTensor as L;
+    match t {
+        L::Q | L::K | L::V => Some(ActSite::AttnIn),
+        L::O => Some(ActSite::AttnOut),
+        L::Gate | L::Up => Some(ActSite::FfnIn),
+        L::Down => Some(ActSite::FfnMid),
+        _ => None,
+    }
+}
+
+/// One layer's weights: its seven matrices in [`LayerData::MATRICES`] order and its f32
+/// vectors in [`LayerData::VECTORS`] order (biases empty unless the model has them).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LayerData {
+    pub(crate) matrices: Vec<Matrix>,
+    pub(crate) vectors: Vec<Vec<f32>>,
+}
+
+impl LayerData {
+    /// The matrices of a layer, in storage order.
+    pub(crate) const MATRICES: [LayerTensor; 7] = [
+        LayerTensor::Q,
+        LayerTensor::K,
+        LayerTensor::V,
+        LayerTensor::O,
+        LayerTensor::Gate,
+        LayerTensor::Up,
+        LayerTensor::Down,
+    ];
+    /// The f32 vectors of a layer, in storage order.
+    pub(crate) const VECTORS: [LayerTensor; 5] = [
+        LayerTensor::AttnNorm,
+        LayerTensor::FfnNorm,
+        LayerTensor::QBias,
+        LayerTensor::KBias,
+        LayerTensor::VBias,
+    ];
+
+    fn matrix(&self, t: LayerTensor) -> Option<&Matrix> {
+        let i = Self::MATRICES.iter().position(|&m| m == t)?;
+        self.matrices.get(i)
+    }
+
+    fn vector(&self, t: LayerTensor) -> Option<&[f32]> {
+        let i = Self::VECTORS.iter().position(|&v| v == t)?;
+        self.vectors.get(i).map(Vec::as_slice)
+    }
+}
+
 /// Everything a graph needs to run, shared by all graphs of a compiled model.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ModelData {
-    pub(crate) config: Config,
+    pub(crate) config: LlamaConfig,
     pub(crate) options: CompileOptions,
-    /// SHA-256 of the checkpoint this was compiled from ([`llama2c::Checkpoint::sha256`]).
-    pub(crate) checkpoint_sha256: [u8; 32],
+    /// SHA-256 of the model file(s) this was compiled from (the caller's fingerprint).
+    pub(crate) model_sha256: [u8; 32],
+    /// The token sequences calibration started from.
+    pub(crate) calibration: Vec<Vec<u32>>,
     /// `(vocab, dim)`; also the classifier when `classifier` is `None` (tied).
     pub(crate) embedding: Matrix,
-    pub(crate) rms_att: Vec<f32>,
-    pub(crate) wq: Matrix,
-    pub(crate) wk: Matrix,
-    pub(crate) wv: Matrix,
-    pub(crate) wo: Matrix,
-    pub(crate) rms_ffn: Vec<f32>,
-    pub(crate) w1: Matrix,
-    pub(crate) w2: Matrix,
-    pub(crate) w3: Matrix,
-    pub(crate) rms_final: Vec<f32>,
+    pub(crate) layers: Vec<LayerData>,
+    pub(crate) output_norm: Vec<f32>,
     pub(crate) classifier: Option<Matrix>,
     /// i16 activation encodings (`n_layers * 4 + 1`, see [`act_index`]); empty for float
     /// weights.
@@ -332,6 +378,39 @@ impl ModelData {
         self.act.get(self.config.n_layers * 4).copied()
     }
 
+    /// The matrix `t` (a layer matrix or the classifier) and the static encoding of its input.
+    ///
+    /// # Panics
+    /// For a tensor that is not a matrix of this model (a programming error: the forward only
+    /// asks for those, and [`ModelData`] is validated when built or read).
+    pub(crate) fn linear(&self, t: Tensor) -> (&Matrix, Option<ScaleOffset>) {
+        match t {
+            Tensor::Layer(l, lt) => {
+                let m = self.layers.get(l).and_then(|d| d.matrix(lt));
+                let site = act_site(lt);
+                let m = m
+                    .filter(|_| site.is_some())
+                    .unwrap_or_else(|| panic!("{t} is not a matrix"));
+                (m, site.and_then(|s| self.act(l, s)))
+            }
+            Tensor::TokenEmbedding | Tensor::Output => (self.classifier(), self.act_final()),
+            Tensor::OutputNorm => panic!("{t} is not a matrix"),
+        }
+    }
+
+    /// The f32 vector `t` (a norm weight or a bias).
+    ///
+    /// # Panics
+    /// For a tensor that is not a vector of this model (see [`ModelData::linear`]).
+    pub(crate) fn vector(&self, t: Tensor) -> &[f32] {
+        let v = match t {
+            Tensor::OutputNorm => Some(self.output_norm.as_slice()),
+            Tensor::Layer(l, lt) => self.layers.get(l).and_then(|d| d.vector(lt)),
+            _ => None,
+        };
+        v.unwrap_or_else(|| panic!("{t} is not a vector"))
+    }
+
     pub(crate) fn kv_spec(&self, layer: usize, head: usize, value: bool) -> &QuantSpec {
         &self.kv[(layer * self.config.n_kv_heads + head) * 2 + usize::from(value)]
     }
@@ -342,7 +421,7 @@ impl ModelData {
         let o = &self.options;
         let s = o.context;
         let w = s - n;
-        let d = c.head_dim();
+        let d = c.head_dim;
         let hk = c.n_kv_heads;
         let kvq = o.kv_dtype.is_fixed_point();
         let mut inputs = vec![

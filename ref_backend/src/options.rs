@@ -6,7 +6,8 @@ use crate::bytes::{Fnv64, Writer};
 use crate::types::{Granularity, KLayout, WeightType};
 
 /// Default calibration prompts (story openings in the style of TinyStories). The CLI and the
-/// tests tokenize these (with BOS) when no prompt file is given, so both compile the same model.
+/// tests tokenize these (with BOS) when no prompt file is given, so both compile the same model;
+/// [`crate::compile`] takes the token sequences.
 pub const DEFAULT_CALIBRATION_PROMPTS: &[&str] = &[
     "Once upon a time",
     "One day, a little girl named Lily went to the park",
@@ -25,10 +26,11 @@ pub const CALIBRATION_VERSION: u32 = 1;
 
 /// What to compile.
 ///
-/// Invariants checked by [`crate::compile`]: `2 <= context <= seq_len` of the model, every AR
-/// variant `n` satisfies `1 <= n < context` and appears once, `kv_dtype` is `u8`, `u16`, `f16`
-/// or `f32`, and calibration prompts are present when something is quantized (KV `u8`/`u16`
-/// or weights `i8`).
+/// Invariants checked by [`crate::compile`]: `2 <= context <=` the model's context length,
+/// every AR variant `n` satisfies `1 <= n < context` and appears once, `kv_dtype` is `u8`,
+/// `u16`, `f16` or `f32`. The calibration sequences are an argument of [`crate::compile`]
+/// (needed when KV is `u8`/`u16` or weights are `i8`), not an option: the options say how to
+/// compile, not from what.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CompileOptions {
     /// Context length S (past window S-n plus n new tokens).
@@ -44,17 +46,14 @@ pub struct CompileOptions {
     pub k_layout: KLayout,
     /// KV tensor granularity.
     pub granularity: Granularity,
-    /// Calibration prompts as token ids (normally BOS + tokenized text).
-    pub calibration_prompts: Vec<Vec<u32>>,
-    /// Each calibration prompt is continued greedily by the float model until the sequence
+    /// Each calibration sequence is continued greedily by the float model until the sequence
     /// holds this many tokens (or the model emits BOS/EOS, or the context is full).
     pub calibration_tokens: usize,
 }
 
 impl CompileOptions {
     /// Options with the given context and AR variants and defaults otherwise: KV `u8`,
-    /// weights `i8`, keys in rows, per-head tensors, no calibration prompts (set them),
-    /// [`DEFAULT_CALIBRATION_TOKENS`].
+    /// weights `i8`, keys in rows, per-head tensors, [`DEFAULT_CALIBRATION_TOKENS`].
     pub fn new(context: usize, ar: Vec<usize>) -> Self {
         CompileOptions {
             context,
@@ -63,7 +62,6 @@ impl CompileOptions {
             weights: WeightType::I8,
             k_layout: KLayout::Rows,
             granularity: Granularity::PerHead,
-            calibration_prompts: Vec::new(),
             calibration_tokens: DEFAULT_CALIBRATION_TOKENS,
         }
     }
@@ -95,19 +93,13 @@ impl CompileOptions {
             Granularity::PerLayer => 1,
         });
         w.len(self.calibration_tokens);
-        w.len(self.calibration_prompts.len());
-        for p in &self.calibration_prompts {
-            w.len(p.len());
-            for &t in p {
-                w.u32(t);
-            }
-        }
     }
 
     /// A stable 64-bit fingerprint of these options together with the file-format and
     /// calibration versions (FNV-1a over the canonical byte form): equal options give equal
     /// fingerprints on every platform and build, so a runtime can cache compiled files per
-    /// settings. It does not cover the checkpoint: key the cache on the checkpoint too.
+    /// settings. It covers neither the model nor the calibration sequences: key the cache on
+    /// those too.
     pub fn fingerprint(&self) -> u64 {
         let mut w = Writer::default();
         w.bytes(b"htpkv-ref_backend");
@@ -160,7 +152,7 @@ mod tests {
         b.kv_dtype = DataType::U16;
         assert_ne!(a.fingerprint(), b.fingerprint());
         let mut c = a.clone();
-        c.calibration_prompts.push(vec![1, 2]);
+        c.calibration_tokens += 1;
         assert_ne!(a.fingerprint(), c.fingerprint());
         let mut d = a.clone();
         d.ar = vec![32, 1];
@@ -172,9 +164,8 @@ mod tests {
     /// format or calibration version (or the canonical encoding) deliberately changes.
     #[test]
     fn fingerprint_is_pinned() {
-        let mut o = CompileOptions::new(512, vec![1, 32]);
-        o.calibration_prompts = vec![vec![1, 403, 407]];
-        // Changed deliberately with FORMAT_VERSION 2 (the CKPT section).
-        assert_eq!(o.fingerprint_hex(), "5b5a28571cfb098c");
+        let o = CompileOptions::new(512, vec![1, 32]);
+        // Changed deliberately with FORMAT_VERSION 3 (any Llama-family model).
+        assert_eq!(o.fingerprint_hex(), "1f61a7747da6ac76");
     }
 }

@@ -6,7 +6,7 @@ mod common;
 use quant::{DataType, Encoding};
 use ref_backend::{
     CompileOptions, CompiledModel, ExecError, Granularity, Graph, TensorDType, TensorRole,
-    WeightType, compile,
+    WeightType,
 };
 
 fn model(kv: DataType, gran: Granularity) -> CompiledModel {
@@ -15,9 +15,8 @@ fn model(kv: DataType, gran: Granularity) -> CompiledModel {
     o.kv_dtype = kv;
     o.weights = WeightType::I8;
     o.granularity = gran;
-    o.calibration_prompts = common::synthetic_prompts(64);
     o.calibration_tokens = 16;
-    compile(&ckpt, &o, &mut |_| {}).expect("compile")
+    common::compile_ckpt(&ckpt, &common::synthetic_prompts(64), &o).expect("compile")
 }
 
 fn buffers(g: &Graph) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
@@ -58,7 +57,7 @@ fn run(g: &Graph, ins: &[Vec<u8>], outs: &mut [Vec<u8>]) -> Result<(), ExecError
 #[test]
 fn descriptions() {
     let m = model(DataType::U8, Granularity::PerHead);
-    let c = *m.config();
+    let c = m.config().clone();
     let g = m.graph_for_ar(4).unwrap();
     assert_eq!(g.name(), "ar4_cl32");
     let ins = g.inputs();
@@ -69,7 +68,7 @@ fn descriptions() {
     assert_eq!(ins[2].role, TensorRole::Mask);
     assert_eq!(ins[2].dtype, TensorDType::U16);
     assert_eq!(ins[3].name, "past_key_0_0");
-    assert_eq!(ins[3].shape, vec![1, 1, 28, c.head_dim()]);
+    assert_eq!(ins[3].shape, vec![1, 1, 28, c.head_dim]);
     assert_eq!(ins[4].name, "past_value_0_0");
     let outs = g.outputs();
     assert_eq!(outs[0].name, "logits");
@@ -94,7 +93,7 @@ fn descriptions() {
     let pl = model(DataType::U16, Granularity::PerLayer);
     let g = pl.graph_for_ar(1).unwrap();
     assert_eq!(g.inputs()[3].name, "past_key_0");
-    assert_eq!(g.inputs()[3].shape, vec![c.n_kv_heads, 1, 31, c.head_dim()]);
+    assert_eq!(g.inputs()[3].shape, vec![c.n_kv_heads, 1, 31, c.head_dim]);
     assert!(
         matches!(&g.inputs()[3].encoding, Encoding::PerAxis { axis: 0, params } if params.len() == c.n_kv_heads)
     );
@@ -186,7 +185,7 @@ fn execute_raw_with_outputs_inside_the_kv_region() {
         run(g, &ins, &mut outs).unwrap();
 
         // One region: per KV tensor, its window followed by room for the new rows.
-        let d = m.config().head_dim();
+        let d = m.config().head_dim;
         let per = (w + g.ar()) * d * es;
         let nkv = ins.len() - 3;
         let mut region = vec![0u8; nkv * per];

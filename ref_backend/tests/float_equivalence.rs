@@ -9,7 +9,7 @@ use std::sync::Arc;
 use common::{Harness, max_abs_diff};
 use llama2c::{Checkpoint, FloatModel, Tokenizer};
 use quant::DataType;
-use ref_backend::{CompileOptions, Granularity, KLayout, WeightType, compile};
+use ref_backend::{CompileOptions, Granularity, KLayout, WeightType};
 
 const TOL: f32 = 1e-4;
 
@@ -23,7 +23,7 @@ fn float_options(context: usize, ar: Vec<usize>) -> CompileOptions {
 /// Greedy from BOS for `steps` tokens through the AR-1 graph and the float model, token for
 /// token; returns the greedy sequence.
 fn greedy_matches_float(ckpt: &Checkpoint, opts: &CompileOptions, steps: usize) -> Vec<u32> {
-    let model = compile(ckpt, opts, &mut |_| {}).expect("compile");
+    let model = common::compile_ckpt(ckpt, &[], opts).expect("compile");
     let g1 = model.graph_for_ar(1).expect("AR-1 graph");
     let mut harness = Harness::for_model(&model);
     let mut fm = FloatModel::new(Arc::new(ckpt.clone()));
@@ -57,11 +57,12 @@ fn greedy_matches_float(ckpt: &Checkpoint, opts: &CompileOptions, steps: usize) 
 fn prefill_equals_ar1(
     ckpt: &Checkpoint,
     opts: &CompileOptions,
+    prompts: &[Vec<u32>],
     n: usize,
     seq: &[u32],
     prefill: usize,
 ) -> f32 {
-    let model = compile(ckpt, opts, &mut |_| {}).expect("compile");
+    let model = common::compile_ckpt(ckpt, prompts, opts).expect("compile");
     let g1 = model.graph_for_ar(1).expect("AR-1 graph");
     let gn = model.graph_for_ar(n).expect("AR-n graph");
     let v = ckpt.config.vocab_size;
@@ -122,9 +123,9 @@ fn synthetic_prefill_equals_ar1() {
                 o.kv_dtype = kv;
                 o.weights = weights;
                 o.k_layout = layout;
-                o.calibration_prompts = common::synthetic_prompts(64);
                 o.calibration_tokens = 24;
-                prefill_equals_ar1(&ckpt, &o, 8, &seq, 20);
+                let prompts = common::synthetic_prompts(64);
+                prefill_equals_ar1(&ckpt, &o, &prompts, 8, &seq, 20);
             }
         }
     }
@@ -143,13 +144,13 @@ fn stories260k_f32_greedy_256_and_prefill() {
         "greedy text does not look like the known output: {text:?}"
     );
     // AR-32 prefill of 72 tokens (two full chunks and a partial one), then AR-1 to 100.
-    let worst = prefill_equals_ar1(&ckpt, &opts, 32, &seq[..100], 72);
+    let worst = prefill_equals_ar1(&ckpt, &opts, &[], 32, &seq[..100], 72);
     eprintln!("f32 AR-32 prefill vs AR-1: max |logit diff| {worst:e}");
     // The same with the quantized configuration.
     let mut q = opts.clone();
     q.kv_dtype = DataType::U8;
     q.weights = WeightType::I8;
-    q.calibration_prompts = common::default_prompts(&tok);
-    let worst = prefill_equals_ar1(&ckpt, &q, 32, &seq[..100], 72);
+    let prompts = common::default_prompts(&tok);
+    let worst = prefill_equals_ar1(&ckpt, &q, &prompts, 32, &seq[..100], 72);
     eprintln!("u8 KV / i8 weights AR-32 prefill vs AR-1: max |logit diff| {worst:e}");
 }

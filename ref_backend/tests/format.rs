@@ -47,9 +47,9 @@ fn models() -> Vec<CompiledModel> {
         o.weights = w;
         o.k_layout = layout;
         o.granularity = gran;
-        o.calibration_prompts = common::synthetic_prompts(64);
         o.calibration_tokens = 16;
-        out.push(compile(&ckpt, &o, &mut |_| {}).expect("compile"));
+        let prompts = common::synthetic_prompts(64);
+        out.push(common::compile_ckpt(&ckpt, &prompts, &o).expect("compile"));
     }
     out
 }
@@ -218,9 +218,9 @@ fn non_finite_norms_and_weights_are_refused_even_with_a_right_checksum() {
     let m = models().swap_remove(3); // f32 weights, separate classifier
     let bytes = m.to_bytes();
     let cases: [(&str, &[f32], f32); 3] = [
-        ("rms_att", &ckpt.weights.rms_att[..4], f32::NAN),
-        ("rms_final", &ckpt.weights.rms_final[..4], f32::INFINITY),
-        ("wq", &ckpt.weights.wq[..4], f32::NEG_INFINITY),
+        ("layer 0 AttnNorm", &ckpt.weights.rms_att[..4], f32::NAN),
+        ("output norm", &ckpt.weights.rms_final[..4], f32::INFINITY),
+        ("layer 0 Q", &ckpt.weights.wq[..4], f32::NEG_INFINITY),
     ];
     for (name, head, bad) in cases {
         let needle = f32_bytes(head);
@@ -244,12 +244,14 @@ fn non_finite_norms_and_weights_are_refused_even_with_a_right_checksum() {
 }
 
 #[test]
-fn the_file_records_the_checkpoint_it_was_compiled_from() {
+fn the_file_records_the_model_and_calibration_it_was_compiled_from() {
     let ckpt = common::synthetic(true);
     let m = models().swap_remove(0);
-    assert_eq!(m.checkpoint_sha256_hex(), ckpt.sha256_hex());
+    assert_eq!(m.model_sha256_hex(), ckpt.sha256_hex());
     let back = CompiledModel::from_bytes(&m.to_bytes(), "mem").unwrap();
-    assert_eq!(back.checkpoint_sha256_hex(), ckpt.sha256_hex());
+    assert_eq!(back.model_sha256_hex(), ckpt.sha256_hex());
+    assert_eq!(back.calibration(), &common::synthetic_prompts(64)[..]);
+    assert_eq!(back.config(), &llama2c::llama_config(&ckpt.config));
     let other = common::synthetic(false);
     assert_ne!(other.sha256_hex(), ckpt.sha256_hex());
 }
@@ -280,13 +282,14 @@ fn special_files_are_refused_for_reading_and_writing() {
 fn options_the_file_cannot_hold_are_refused_before_compiling() {
     let ckpt = common::synthetic(true);
     let mut o = CompileOptions::new(32, vec![1, 4]);
-    o.calibration_prompts = common::synthetic_prompts(64);
-    o.calibration_tokens = llama2c::limits::MAX_SEQ_LEN + 1;
+    o.calibration_tokens = model::limits::MAX_CONTEXT + 1;
     let mut calls = 0;
-    let e = compile(&ckpt, &o, &mut |_| calls += 1).unwrap_err();
+    let c = llama2c::llama_config(&ckpt.config);
+    let prompts = common::synthetic_prompts(64);
+    let e = compile(&c, &ckpt, &prompts, &o, ckpt.sha256(), &mut |_| calls += 1).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "invalid compile options: calibration_tokens 1048577 exceeds the maximum 1048576 (the file format's limit)"
+        "invalid compile options: calibration_tokens 16777217 exceeds the maximum 16777216"
     );
     assert_eq!(calls, 0, "nothing was computed");
 }
@@ -295,12 +298,11 @@ fn options_the_file_cannot_hold_are_refused_before_compiling() {
 #[test]
 fn compile_errors_name_the_cause_once() {
     let ckpt = common::synthetic(true);
-    let mut o = CompileOptions::new(32, vec![1, 4]);
-    o.calibration_prompts = vec![vec![1, 9999]];
-    let e = compile(&ckpt, &o, &mut |_| {}).unwrap_err();
-    assert_eq!(e.to_string(), "calibration prompt 0");
+    let o = CompileOptions::new(32, vec![1, 4]);
+    let e = common::compile_ckpt(&ckpt, &[vec![1, 9999]], &o).unwrap_err();
+    assert_eq!(e.to_string(), "calibration sequence 0");
     let cause = std::error::Error::source(&e).expect("a source").to_string();
-    assert_eq!(cause, "token id 9999 out of range: vocabulary size is 64");
+    assert_eq!(cause, "token 9999 is out of range for a vocabulary of 64");
     let e = CompiledModel::read(std::path::Path::new("/nonexistent/m.htpkv")).unwrap_err();
     assert_eq!(e.to_string(), "cannot open /nonexistent/m.htpkv");
     let cause = std::error::Error::source(&e).expect("a source").to_string();

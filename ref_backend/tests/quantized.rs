@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::{Harness, kl_logits};
 use llama2c::{FloatModel, Tokenizer};
 use quant::DataType;
-use ref_backend::{CompileOptions, WeightType, compile};
+use ref_backend::{CompileOptions, WeightType};
 
 const STEPS: usize = 256;
 
@@ -50,8 +50,7 @@ fn stories260k_quantized_agreement_and_kl() {
             let mut o = CompileOptions::new(512, vec![1]);
             o.kv_dtype = kv;
             o.weights = weights;
-            o.calibration_prompts = prompts.clone();
-            let model = compile(&ckpt, &o, &mut |_| {}).expect("compile");
+            let model = common::compile_ckpt(&ckpt, &prompts, &o).expect("compile");
             let g = model.graph_for_ar(1).expect("AR-1");
             let mut h = Harness::for_model(&model);
             let (mut agree, mut kl_sum, mut kl_max) = (0usize, 0.0f64, 0.0f64);

@@ -268,3 +268,123 @@ fn greedy_stops_on_stop_token_and_limits() {
     assert_eq!(m.generate_greedy(&[1, 2, 3], 2, &[]).unwrap(), free[..2]);
     assert!(m.generate_greedy(&[], 4, &[]).unwrap().is_empty());
 }
+
+/// Logits of `tokens` fed one at a time from position 0.
+fn stepwise(c: &LlamaConfig, w: &Arc<Weights>, tokens: &[u32]) -> (Vec<f32>, Vec<f32>) {
+    let mut m = FloatModel::new(c.clone(), Arc::clone(w), 8).unwrap();
+    for (p, &t) in tokens.iter().enumerate() {
+        m.forward(t, p).unwrap();
+    }
+    let pass = Pass {
+        layers: 0..c.n_layers,
+        input: Input::Tokens(&tokens[tokens.len() - 1..]),
+        positions: Positions::Ids(&[tokens.len() - 1]),
+        output: Output::Hidden,
+    };
+    m.run_pass(tokens.len() - 1, &pass, &mut NoTap).unwrap();
+    (m.logits().to_vec(), m.hidden().to_vec())
+}
+
+#[test]
+fn a_multi_row_pass_equals_single_steps_bit_for_bit() {
+    for pairing in [RopePairing::Adjacent, RopePairing::HalfSplit] {
+        let mut c = tiny();
+        c.rope.pairing = pairing;
+        let w = Arc::new(synthetic(&c, 3));
+        let tokens = [1u32, 5, 9, 2];
+        let (want, _) = stepwise(&c, &w, &tokens);
+        let mut m = FloatModel::new(c.clone(), Arc::clone(&w), 8).unwrap();
+        let pass = Pass {
+            layers: 0..c.n_layers,
+            input: Input::Tokens(&tokens),
+            positions: Positions::Ids(&[0, 1, 2, 3]),
+            output: Output::Logits,
+        };
+        m.run_pass(0, &pass, &mut NoTap).unwrap();
+        assert_eq!(m.logits(), &want[..], "{pairing:?}");
+    }
+}
+
+#[test]
+fn layer_ranges_and_cos_sin_tables_compose_to_the_full_pass() {
+    let c = tiny();
+    let w = Arc::new(synthetic(&c, 4));
+    let tokens = [3u32, 7, 1];
+    let (want_logits, want_hidden) = stepwise(&c, &w, &tokens);
+    let rope = Rope::new(c.head_dim, &c.rope);
+    let half = c.head_dim / 2;
+    let (mut cos, mut sin) = (vec![0.0; 3 * half], vec![0.0; 3 * half]);
+    for p in 0..3 {
+        let r = p * half..(p + 1) * half;
+        rope.cos_sin(p, &mut cos[r.clone()], &mut sin[r]);
+    }
+    let positions = Positions::Table {
+        cos: &cos,
+        sin: &sin,
+    };
+    let split = c.n_layers / 2;
+    let mut m = FloatModel::new(c.clone(), Arc::clone(&w), 8).unwrap();
+    let first = Pass {
+        layers: 0..split,
+        input: Input::Tokens(&tokens),
+        positions,
+        output: Output::Hidden,
+    };
+    m.run_pass(0, &first, &mut NoTap).unwrap();
+    let mid = m.hidden().to_vec();
+    let second = Pass {
+        layers: split..c.n_layers,
+        input: Input::Hidden(&mid),
+        positions,
+        output: Output::Logits,
+    };
+    m.run_pass(0, &second, &mut NoTap).unwrap();
+    assert_eq!(m.logits(), &want_logits[..]);
+    assert_eq!(&m.hidden()[2 * c.dim..], &want_hidden[..]);
+}
+
+#[test]
+fn inconsistent_passes_are_errors() {
+    let c = tiny();
+    let mut m = FloatModel::new(c.clone(), Arc::new(synthetic(&c, 5)), 8).unwrap();
+    let ok = Pass {
+        layers: 0..c.n_layers,
+        input: Input::Tokens(&[1, 2]),
+        positions: Positions::Ids(&[0, 1]),
+        output: Output::Logits,
+    };
+    let cases = [
+        Pass {
+            positions: Positions::Ids(&[0]),
+            ..ok.clone()
+        },
+        Pass {
+            layers: 0..c.n_layers + 1,
+            ..ok.clone()
+        },
+        Pass {
+            input: Input::Hidden(&[0.0; 3]),
+            ..ok.clone()
+        },
+        Pass {
+            positions: Positions::Table {
+                cos: &[1.0],
+                sin: &[0.0],
+            },
+            ..ok.clone()
+        },
+    ];
+    for p in &cases {
+        let err = m.run_pass(0, p, &mut NoTap).unwrap_err();
+        assert!(matches!(err, Error::InvalidPass { .. }), "{err}");
+    }
+    let bad_token = Pass {
+        input: Input::Tokens(&[1, 1 << 20]),
+        ..ok.clone()
+    };
+    let err = m.run_pass(0, &bad_token, &mut NoTap).unwrap_err();
+    assert!(matches!(err, Error::TokenOutOfRange { .. }), "{err}");
+    let err = m.run_pass(7, &ok, &mut NoTap).unwrap_err();
+    assert!(matches!(err, Error::PositionOutOfRange { .. }), "{err}");
+    m.run_pass(6, &ok, &mut NoTap).unwrap();
+}

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use llama2c::{Checkpoint, Config, ModelFiles, Tokenizer};
-use ref_backend::{CompileOptions, Graph, TensorDType, TensorRole};
+use ref_backend::{CompileError, CompileOptions, CompiledModel, Graph, TensorDType, TensorRole};
 
 /// The stories260K model and tokenizer, or `None` (with a message) when absent.
 pub fn real_model() -> Option<(Checkpoint, Tokenizer)> {
@@ -57,6 +57,16 @@ pub fn synthetic_prompts(vocab: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Compiles a llama2.c checkpoint: its description, its weights, its SHA-256 as fingerprint.
+pub fn compile_ckpt(
+    ckpt: &Checkpoint,
+    prompts: &[Vec<u32>],
+    o: &CompileOptions,
+) -> Result<CompiledModel, CompileError> {
+    let c = llama2c::llama_config(&ckpt.config);
+    ref_backend::compile(&c, ckpt, prompts, o, ckpt.sha256(), &mut |_| {})
+}
+
 pub fn options(context: usize, ar: Vec<usize>) -> CompileOptions {
     CompileOptions::new(context, ar)
 }
@@ -88,11 +98,11 @@ impl Harness {
         )
     }
 
-    pub fn new(config: &Config, kv_elem_size: usize, transposed_keys: bool) -> Self {
+    pub fn new(config: &model::LlamaConfig, kv_elem_size: usize, transposed_keys: bool) -> Self {
         Harness {
             hist: vec![Vec::new(); config.n_layers * config.n_kv_heads * 2],
             h: config.n_kv_heads,
-            d: config.head_dim(),
+            d: config.head_dim,
             es: kv_elem_size,
             transposed: transposed_keys,
             len: 0,

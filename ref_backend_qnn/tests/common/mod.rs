@@ -49,9 +49,10 @@ pub fn real_model() -> Option<(Checkpoint, Tokenizer)> {
 /// its serialized bytes.
 pub fn compiled(ckpt: &Checkpoint, tok: &Tokenizer, s: usize) -> (CompiledModel, Vec<u8>) {
     let mut o = CompileOptions::new(s, vec![1]);
-    o.calibration_prompts = vec![tok.encode("Once upon a time", true, false)];
     o.calibration_tokens = 12;
-    let model = compile(ckpt, &o, &mut |_| {}).expect("compile");
+    let prompts = [tok.encode("Once upon a time", true, false)];
+    let c = llama2c::llama_config(&ckpt.config);
+    let model = compile(&c, ckpt, &prompts, &o, ckpt.sha256(), &mut |_| {}).expect("compile");
     let bytes = model.to_bytes();
     (model, bytes)
 }
