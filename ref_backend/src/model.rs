@@ -200,13 +200,6 @@ impl Matrix {
     /// # Panics
     /// If `n == 0` or `x` / `out` are not `n` rows of the matrix's columns / of `m`.
     #[allow(clippy::too_many_arguments)]
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "wired into the shared forward's `linear` with H1's exec"
-        )
-    )]
     pub(crate) fn matmul(
         &self,
         row0: usize,
@@ -245,7 +238,8 @@ impl Matrix {
         }
     }
 
-    fn cols(&self) -> usize {
+    /// Columns (the input width).
+    pub(crate) fn cols(&self) -> usize {
         match self {
             Matrix::I8 { cols, .. } | Matrix::Float { cols, .. } => *cols,
         }
