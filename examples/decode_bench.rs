@@ -5,6 +5,12 @@
 //! - `float_reference`: llama2c's plain f32 implementation with its own cache.
 //!
 //! `cargo run --release --example decode_bench -- [--json] [--tokens N] [--kv-dtype T] [--weights T]`
+//!
+//! With `--model <gguf file | safetensors folder>` it measures a real model instead: compile
+//! (with calibration) at context `--context` (2048), then prefill a `--prompt`-token prompt
+//! (128) through one AR-`prompt` step and decode `--tokens` (128) greedy tokens one AR-1 step
+//! each; it reports prefill and decode tokens/s. Threads: rayon's pool, one per core
+//! (`RAYON_NUM_THREADS` overrides).
 
 use anyhow::{Context, bail};
 use htpkv::reference::ReferenceBackend;
@@ -14,19 +20,140 @@ use llama2c::{Checkpoint, FloatModel, ModelFiles, Tokenizer};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// The `--model` run's settings.
+struct ModelRun {
+    path: std::path::PathBuf,
+    context: usize,
+    prompt: usize,
+    tokens: usize,
+}
+
 fn main() -> anyhow::Result<()> {
     let (mut json, mut tokens, mut kv, mut weights) =
-        (false, 256usize, "u16".to_string(), "i8".to_string());
+        (false, None, "u16".to_string(), "i8".to_string());
+    let (mut model, mut context, mut prompt) = (None, 2048usize, 128usize);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
+        let mut value = |what: &str| args.next().with_context(|| format!("{a} {what}"));
         match a.as_str() {
             "--json" => json = true,
-            "--tokens" => tokens = args.next().context("--tokens N")?.parse()?,
-            "--kv-dtype" => kv = args.next().context("--kv-dtype T")?,
-            "--weights" => weights = args.next().context("--weights T")?,
+            "--tokens" => tokens = Some(value("N")?.parse()?),
+            "--kv-dtype" => kv = value("T")?,
+            "--weights" => weights = value("T")?,
+            "--model" => model = Some(std::path::PathBuf::from(value("PATH")?)),
+            "--context" => context = value("S")?.parse()?,
+            "--prompt" => prompt = value("N")?.parse()?,
             other => bail!("unknown argument `{other}`"),
         }
     }
+    let doc = match model {
+        Some(path) => {
+            let run = ModelRun {
+                path,
+                context,
+                prompt,
+                tokens: tokens.unwrap_or(128),
+            };
+            model_bench(&run, &kv, &weights)?
+        }
+        None => stories_bench(tokens.unwrap_or(256), &kv, &weights)?,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        for (k, v) in doc.as_object().into_iter().flatten() {
+            println!("{k:>36}: {v}");
+        }
+    }
+    Ok(())
+}
+
+/// Threads of rayon's pool (the matmuls' threads): `RAYON_NUM_THREADS`, else one per core.
+fn threads() -> usize {
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Prefill and decode speed of a real model at a long context.
+fn model_bench(run: &ModelRun, kv: &str, weights: &str) -> anyhow::Result<serde_json::Value> {
+    anyhow::ensure!(
+        run.prompt > 0 && run.prompt + run.tokens <= run.context,
+        "--prompt {} + --tokens {} must fit --context {}",
+        run.prompt,
+        run.tokens,
+        run.context
+    );
+    let m = model::load(&run.path)?;
+    // The compiled model is never written, so the fingerprint only labels it: the file's
+    // SHA-256, or zeros for a safetensors folder.
+    let fingerprint = if run.path.is_file() {
+        llama2c::sha256(&std::fs::read(&run.path)?)
+    } else {
+        [0; 32]
+    };
+    let mut opts = ref_backend::CompileOptions::new(run.context, vec![1, run.prompt]);
+    opts.kv_dtype = kv.parse().map_err(|e| anyhow::anyhow!("--kv-dtype: {e}"))?;
+    opts.weights = weights
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--weights: {e}"))?;
+    let calibration = ref_backend::DEFAULT_CALIBRATION_PROMPTS
+        .iter()
+        .map(|p| m.tokenizer.encode(p, true))
+        .collect::<Result<Vec<_>, _>>()?;
+    let start = Instant::now();
+    let compiled = Arc::new(ref_backend::compile(
+        &m.config,
+        &*m.weights,
+        &calibration,
+        &opts,
+        fingerprint,
+        &mut |_| {},
+    )?);
+    let compile_s = start.elapsed().as_secs_f64();
+
+    // The prompt: a fixed text, repeated until it has `prompt` tokens.
+    let text = "Once upon a time, in a small village by the sea, there lived an old fisherman \
+                who told stories to the children every evening. ";
+    let unit = m.tokenizer.encode(text, false)?;
+    anyhow::ensure!(
+        !unit.is_empty(),
+        "the tokenizer encodes the prompt text to nothing"
+    );
+    let prompt: Vec<u32> = unit.iter().copied().cycle().take(run.prompt).collect();
+
+    let mut session = Session::new(
+        ReferenceBackend::new(compiled),
+        Strategy::SHIFT_2X,
+        &HostAllocator::default(),
+    )?;
+    let start = Instant::now();
+    let mut next = llama2c::argmax(session.prefill(&prompt)?) as u32;
+    let prefill_s = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    for _ in 0..run.tokens {
+        next = llama2c::argmax(session.decode(next)?) as u32;
+    }
+    let decode_s = start.elapsed().as_secs_f64();
+    Ok(serde_json::json!({
+        "model": run.path.display().to_string(),
+        "context": run.context,
+        "prompt_tokens": run.prompt,
+        "decode_tokens": run.tokens,
+        "kv_dtype": kv,
+        "weights": weights,
+        "threads": threads(),
+        "compile_seconds": compile_s,
+        "prefill_tokens_per_second": run.prompt as f64 / prefill_s,
+        "decode_tokens_per_second": run.tokens as f64 / decode_s,
+    }))
+}
+
+/// stories260K: KV cache vs recomputation vs llama2c's float reference.
+fn stories_bench(tokens: usize, kv: &str, weights: &str) -> anyhow::Result<serde_json::Value> {
+    let (kv, weights) = (kv.to_string(), weights.to_string());
     let files = ModelFiles::discover(None)?;
     let ckpt = Arc::new(Checkpoint::load(&files.checkpoint)?);
     let tok = Tokenizer::load(&files.tokenizer, ckpt.config.vocab_size)?;
@@ -82,32 +209,16 @@ fn main() -> anyhow::Result<()> {
     let uncached_s = start.elapsed().as_secs_f64();
 
     let rate = |s: f64| tokens as f64 / s;
-    let doc = serde_json::json!({
+    Ok(serde_json::json!({
         "model": "stories260K",
         "tokens": tokens,
         "kv_dtype": kv,
         "weights": weights,
+        "threads": threads(),
         "kv_cache_tokens_per_second": rate(cached_s),
         "no_cache_tokens_per_second": rate(uncached_s),
         "float_reference_tokens_per_second": rate(float_s),
         "kv_cache_speedup": uncached_s / cached_s,
         "ratio_to_float_reference": float_s / cached_s,
-    });
-    if json {
-        println!("{}", serde_json::to_string_pretty(&doc)?);
-    } else {
-        println!("{tokens} tokens, KV {kv}, weights {weights}");
-        println!("  with KV cache:      {:>10.1} tok/s", rate(cached_s));
-        println!(
-            "  recompute (no cache): {:>8.1} tok/s  (KV cache speedup {:.1}x)",
-            rate(uncached_s),
-            uncached_s / cached_s
-        );
-        println!(
-            "  float reference:    {:>10.1} tok/s  (runtime at {:.2}x of it)",
-            rate(float_s),
-            float_s / cached_s
-        );
-    }
-    Ok(())
+    }))
 }

@@ -124,7 +124,11 @@ struct AttnScratch {
     vpast: Vec<f32>,
     scores: Vec<f32>,
     idx: Vec<usize>,
+    /// i16 activations of the step's rows (`n x` the widest matrix input).
     qbuf: Vec<i16>,
+    /// Transpose scratch of the batched matmul (`n x` the widest layer matrix output; empty
+    /// for AR-1).
+    tbuf: Vec<f32>,
 }
 
 impl AttnScratch {
@@ -141,6 +145,7 @@ impl AttnScratch {
         floats
             + self.idx.len() * std::mem::size_of::<usize>()
             + self.qbuf.len() * 2
+            + self.tbuf.len() * 4
             + self.visible_any.len()
     }
 }
@@ -257,6 +262,8 @@ impl Graph {
             }
         }
         let (n, s) = (ar, o.context);
+        // The widest input and output of a layer matrix.
+        let widest = c.dim.max(c.hidden_dim).max(c.q_dim());
         let scratch = Scratch {
             ids: vec![0; n],
             pos: vec![0; n],
@@ -270,7 +277,8 @@ impl Graph {
                 vpast: vec![0.0; w * d],
                 scores: vec![0.0; s],
                 idx: vec![0; s],
-                qbuf: vec![0; c.dim.max(c.hidden_dim).max(c.q_dim())],
+                qbuf: vec![0; n * widest],
+                tbuf: vec![0.0; if n > 1 { n * widest } else { 0 }],
             },
         };
         Graph {
@@ -543,12 +551,20 @@ impl Kernels for ExecKernels<'_> {
         self.graph.model.embedding.row_into(token as usize, out);
     }
 
+    /// All rows at once (each weight row read once per step) when the transpose scratch
+    /// holds the output: every layer matrix; the classifier, applied one row at a time, runs
+    /// as a matrix-vector product.
     fn linear(&mut self, w: Tensor, x: &[f32], out: &mut [f32]) {
-        let m = &self.graph.model;
-        let (matrix, act) = m.linear(w);
-        let shape = w.shape(&m.config);
-        for (o, xr) in out.chunks_exact_mut(shape[0]).zip(x.chunks_exact(shape[1])) {
-            matrix.matvec(0, o, xr, act, &mut self.s.qbuf);
+        let (matrix, act) = self.graph.model.linear(w);
+        let n = x.len() / matrix.cols();
+        let s = &mut *self.s;
+        if n == 1 || out.len() <= s.tbuf.len() {
+            matrix.matmul(0, n, out, x, act, &mut s.qbuf, &mut s.tbuf);
+        } else {
+            let m = out.len() / n;
+            for (o, xr) in out.chunks_exact_mut(m).zip(x.chunks_exact(matrix.cols())) {
+                matrix.matvec(0, o, xr, act, &mut s.qbuf);
+            }
         }
     }
 

@@ -1,4 +1,6 @@
 //! Integer kernels of the W8A16 matmuls: i8 weights × i16 activations, exact integer sums.
+//! Public for benchmarks (`examples/kernel_bench.rs`); the executor calls them through its
+//! weight matrices.
 //!
 //! # Arithmetic
 //! Every dot product is summed exactly: products are accumulated in i32 over runs of at most
@@ -22,16 +24,16 @@
 use multiversion::multiversion;
 use rayon::prelude::*;
 
-use crate::model::I32_CHUNK;
+pub use crate::model::I32_CHUNK;
 
 /// Elements summed in one i32 run: the largest multiple of 64 (a whole number of vector
 /// iterations at any width) not above [`I32_CHUNK`].
-pub(crate) const KERNEL_CHUNK: usize = I32_CHUNK / 64 * 64;
+pub const KERNEL_CHUNK: usize = I32_CHUNK / 64 * 64;
 const _: () = assert!(KERNEL_CHUNK > 0 && KERNEL_CHUNK <= I32_CHUNK);
 
 /// Below this many multiply-adds a matrix runs on the calling thread (handing rows to other
 /// threads would cost more than it saves).
-pub(crate) const PARALLEL_MIN_MACS: usize = 1 << 15;
+pub const PARALLEL_MIN_MACS: usize = 1 << 15;
 
 /// Rows computed together by the micro-kernel.
 const ROW_TILE: usize = 4;
@@ -119,7 +121,7 @@ fn dots_block(w: &[i8], a: &[i16], cols: usize, out: &mut [i64]) {
 ///
 /// # Panics
 /// If `cols == 0`, `w.len()` or `a.len()` is not a multiple of `cols`, or `out.len() != rows * n`.
-pub(crate) fn matmul_i8_i16<T: Send>(
+pub fn matmul_i8_i16<T: Send>(
     w: &[i8],
     a: &[i16],
     cols: usize,

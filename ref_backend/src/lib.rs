@@ -64,7 +64,7 @@ mod compile;
 mod error;
 mod exec;
 pub mod format;
-mod kernels;
+pub mod kernels;
 mod model;
 mod options;
 mod types;

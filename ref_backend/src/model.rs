@@ -75,7 +75,7 @@ pub(crate) fn act_index(layer: usize, site: ActSite) -> usize {
 /// Longest run of i8 x i16 products whose sum provably fits an i32:
 /// `516 * 127 * 32768 = 2_147_352_576 <= 2^31 - 1` (517 would not fit). (Weights are clamped to `[-127, 127]`,
 /// activations are i16, so `|product| <= 127 * 32768`.)
-pub(crate) const I32_CHUNK: usize = 516;
+pub const I32_CHUNK: usize = 516;
 
 /// A weight matrix, row-major `(rows, cols)`, `y = W x`.
 #[derive(Debug, Clone, PartialEq)]
@@ -201,13 +201,6 @@ impl Matrix {
     /// # Panics
     /// If `n == 0` or `x` / `out` are not `n` rows of the matrix's columns / of `m`.
     #[allow(clippy::too_many_arguments)]
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "wired into the shared forward's `linear` with H1's exec"
-        )
-    )]
     pub(crate) fn matmul(
         &self,
         row0: usize,
@@ -246,7 +239,8 @@ impl Matrix {
         }
     }
 
-    fn cols(&self) -> usize {
+    /// Columns (the input width).
+    pub(crate) fn cols(&self) -> usize {
         match self {
             Matrix::I8 { cols, .. } | Matrix::Float { cols, .. } => *cols,
         }

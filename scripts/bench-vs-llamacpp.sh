@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Decode and prefill speed of htpkv's reference executor against llama.cpp, measured in one run
+# on the same machine with the same thread count, printed as one JSON object.
+#
+# Usage: scripts/bench-vs-llamacpp.sh <llama-bench binary> <model.gguf> [<peer.gguf>]
+#   <model.gguf>  what decode_bench compiles (i8 weights by default: WEIGHTS=i8|f16|f32)
+#   <peer.gguf>   what llama-bench runs (default: the same file); for the i8 comparison give
+#                 llama.cpp's Q8_0 requantization of the model:
+#                 llama-quantize --allow-requantize model.Q4_1.gguf model.Q8_0.gguf Q8_0
+# Environment: THREADS (2), KV (u16), WEIGHTS (i8), PROMPT (128), TOKENS (128), CONTEXT (2048).
+# llama.cpp must be built outside this repository (see README, "Speed").
+set -euo pipefail
+[ $# -ge 2 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+peer_bin=$1 model=$2 peer_model=${3:-$2}
+threads=${THREADS:-2} kv=${KV:-u16} weights=${WEIGHTS:-i8}
+prompt=${PROMPT:-128} tokens=${TOKENS:-128} context=${CONTEXT:-2048}
+[ -x "$peer_bin" ] || { echo "not an executable: $peer_bin" >&2; exit 2; }
+for f in "$model" "$peer_model"; do [ -e "$f" ] || { echo "no such model: $f" >&2; exit 2; }; done
+
+cd "$(dirname "$0")/.."
+cargo build --release --example decode_bench >&2
+ours=$(RAYON_NUM_THREADS=$threads cargo run -q --release --example decode_bench -- \
+    --model "$model" --json --kv-dtype "$kv" --weights "$weights" \
+    --context "$context" --prompt "$prompt" --tokens "$tokens")
+peer=$("$peer_bin" -m "$peer_model" -t "$threads" -p "$prompt" -n "$tokens" -o json)
+
+OURS=$ours PEER=$peer PEER_MODEL=$peer_model python3 - <<'PY'
+import json, os
+ours = json.loads(os.environ["OURS"])
+peer = json.loads(os.environ["PEER"])
+def rate(kind):
+    # llama-bench: one entry per test; prompt tests have n_gen 0, generation tests n_prompt 0.
+    for t in peer:
+        if (kind == "pp" and t["n_gen"] == 0) or (kind == "tg" and t["n_prompt"] == 0):
+            return t["avg_ts"]
+    raise SystemExit(f"llama-bench reported no {kind} test")
+pp, tg = rate("pp"), rate("tg")
+print(json.dumps({
+    "htpkv": ours,
+    "llama_cpp": {"model": os.environ["PEER_MODEL"], "threads": peer[0]["n_threads"],
+                  "prefill_tokens_per_second": pp, "decode_tokens_per_second": tg,
+                  "build": peer[0].get("build_commit")},
+    "decode_ratio": ours["decode_tokens_per_second"] / tg,
+    "prefill_ratio": ours["prefill_tokens_per_second"] / pp,
+}, indent=2))
+PY
