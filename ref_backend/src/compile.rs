@@ -11,6 +11,7 @@ use crate::error::CompileError;
 use crate::exec::Graph;
 use crate::model::{ActSite, LayerData, Matrix, ModelData, graph_name};
 use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS};
+use crate::parts::Part;
 use crate::types::WeightType;
 
 /// A stage of [`compile`].
@@ -81,7 +82,15 @@ impl CompiledModel {
             .options
             .ar
             .iter()
-            .map(|&n| Graph::new(graph_name(n, data.options.context), n, Arc::clone(&data)))
+            .map(|&n| {
+                let name = graph_name(n, data.options.context);
+                Graph::new(
+                    name,
+                    n,
+                    Arc::clone(&data),
+                    Part::whole(data.config.n_layers),
+                )
+            })
             .collect();
         CompiledModel { data, graphs }
     }

@@ -51,6 +51,7 @@ pub mod format;
 mod kernels;
 mod model;
 mod options;
+mod parts;
 mod types;
 
 pub use bytes::crc32;
@@ -64,4 +65,5 @@ pub use options::{
     CALIBRATION_VERSION, CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS,
     MAX_CALIBRATION_TOKENS,
 };
+pub use parts::Part;
 pub use types::{Granularity, KLayout, TensorDesc, TensorRole, WeightType};

@@ -1110,7 +1110,13 @@ pub fn reported_tensor_name(desc: &TensorDesc) -> String {
         TensorRole::PastValue => kv("value", "in"),
         TensorRole::NewKey => kv("key", "out"),
         TensorRole::NewValue => kv("value", "out"),
-        TensorRole::InputIds | TensorRole::Mask | TensorRole::Logits => desc.name.clone(),
+        TensorRole::RopeCos => "position_ids_cos".into(),
+        TensorRole::RopeSin => "position_ids_sin".into(),
+        TensorRole::InputIds
+        | TensorRole::Mask
+        | TensorRole::Logits
+        | TensorRole::HiddenIn
+        | TensorRole::HiddenOut => desc.name.clone(),
     }
 }
 
@@ -1129,9 +1135,11 @@ pub fn reported_order(descs: &[TensorDesc]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..descs.len()).collect();
     if naming() == Naming::ExecuTorch {
         let rank = |r: TensorRole| match r {
-            TensorRole::InputIds | TensorRole::Logits => 0,
+            TensorRole::InputIds | TensorRole::Logits | TensorRole::HiddenIn => 0,
+            TensorRole::HiddenOut => 0,
             TensorRole::Mask | TensorRole::NewKey => 1,
-            TensorRole::Positions | TensorRole::NewValue => 2,
+            TensorRole::Positions | TensorRole::RopeCos | TensorRole::RopeSin => 2,
+            TensorRole::NewValue => 2,
             TensorRole::PastKey => 3,
             TensorRole::PastValue => 4,
         };

@@ -1,0 +1,120 @@
+//! Split models: a compiled model cut into N parts of consecutive layers, one graph per part and
+//! AR variant, as Qualcomm AI Hub ships its LLMs (`{prompt|token}_ar{n}_cl{c}_{i}_of_{N}`).
+//!
+//! Part 1 takes `input_ids`, every other part the hidden state `hidden_in [1, n, dim]` (f32:
+//! the residual stream passes between parts exactly, so a split model computes the whole
+//! model's logits bit for bit); the last part gives `logits`, every other part `hidden_out
+//! [1, n, dim]` f32. Each part holds the K/V tensors of its own layers (named by the absolute
+//! layer). With RoPE tables the positions come as `position_ids_cos` and `position_ids_sin`
+//! `[1, 1, n, head_dim / 2]` f32 (the cosine and sine of each row's angle per rotated pair)
+//! instead of `positions`.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::compile::CompiledModel;
+use crate::error::CompileError;
+use crate::exec::Graph;
+
+/// One part of a split model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// 0-based part index.
+    pub index: usize,
+    /// Number of parts.
+    pub count: usize,
+    /// The layers this part runs.
+    pub layers: Range<usize>,
+    /// Positions as cos/sin tables (`position_ids_cos`/`_sin`) instead of position ids.
+    pub rope_tables: bool,
+}
+
+impl Part {
+    /// The whole model as its one part, with position ids (htpkv's own graphs).
+    pub fn whole(n_layers: usize) -> Part {
+        Part {
+            index: 0,
+            count: 1,
+            layers: 0..n_layers,
+            rope_tables: false,
+        }
+    }
+
+    /// `count` parts of consecutive layers of an `n_layers` model; sizes differ by at most one,
+    /// earlier parts the larger. Every part needs at least one layer.
+    pub fn split(n_layers: usize, count: usize, rope_tables: bool) -> Result<Vec<Part>, String> {
+        if count == 0 || count > n_layers {
+            return Err(format!(
+                "{count} parts for {n_layers} layers: expected 1 to {n_layers}"
+            ));
+        }
+        let (base, extra) = (n_layers / count, n_layers % count);
+        let mut start = 0;
+        Ok((0..count)
+            .map(|index| {
+                let len = base + usize::from(index < extra);
+                start += len;
+                Part {
+                    index,
+                    count,
+                    layers: start - len..start,
+                    rope_tables,
+                }
+            })
+            .collect())
+    }
+
+    /// True for the part that takes the token ids.
+    pub fn is_first(&self) -> bool {
+        self.index == 0
+    }
+
+    /// True for the part that gives the logits.
+    pub fn is_last(&self) -> bool {
+        self.index + 1 == self.count
+    }
+
+    /// AI Hub's graph name: `prompt_ar{n}_cl{c}_{i}_of_{N}` for `n > 1`, else `token_…`.
+    pub fn graph_name(&self, n: usize, context: usize) -> String {
+        let phase = if n > 1 { "prompt" } else { "token" };
+        let (i, count) = (self.index + 1, self.count);
+        format!("{phase}_ar{n}_cl{context}_{i}_of_{count}")
+    }
+}
+
+impl CompiledModel {
+    /// The graphs of the model cut into `count` parts ([`Part::split`]): for each AR variant
+    /// (in the order of the options) its `count` part graphs, in part order, named by
+    /// [`Part::graph_name`]. They share this model's weights and encodings.
+    pub fn part_graphs(&self, count: usize, rope_tables: bool) -> Result<Vec<Graph>, CompileError> {
+        let parts = Part::split(self.data.config.n_layers, count, rope_tables)
+            .map_err(|reason| CompileError::InvalidOptions { reason })?;
+        let context = self.data.options.context;
+        let mut graphs = Vec::with_capacity(self.data.options.ar.len() * count);
+        for &n in &self.data.options.ar {
+            for part in &parts {
+                let name = part.graph_name(n, context);
+                graphs.push(Graph::new(name, n, Arc::clone(&self.data), part.clone()));
+            }
+        }
+        Ok(graphs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_covers_every_layer_once() {
+        let parts = Part::split(5, 2, true).unwrap();
+        assert_eq!(parts[0].layers, 0..3);
+        assert_eq!(parts[1].layers, 3..5);
+        assert!(parts[0].is_first() && !parts[0].is_last() && parts[1].is_last());
+        assert_eq!(parts[1].graph_name(1, 64), "token_ar1_cl64_2_of_2");
+        assert_eq!(parts[0].graph_name(32, 64), "prompt_ar32_cl64_1_of_2");
+        assert!(Part::split(5, 6, false).is_err());
+        assert!(Part::split(5, 0, false).is_err());
+        assert_eq!(Part::split(5, 5, false).unwrap()[4].layers, 4..5);
+    }
+}
