@@ -6,7 +6,7 @@ use quant::{DataType, Encoding, QuantError, QuantSpec, ScaleOffset, Symmetry};
 
 use crate::kernels;
 use crate::options::CompileOptions;
-use crate::parts::Part;
+use crate::parts::{Part, ai_hub_kv_name};
 use crate::types::{Granularity, KLayout, TensorDesc, TensorRole};
 
 /// Scale of the u16 attention-mask encoding: `100 / 65535`.
@@ -480,7 +480,11 @@ impl ModelData {
                             head,
                         };
                         let desc = TensorDesc {
-                            name: t.name(),
+                            name: if part.ai_hub_names {
+                                ai_hub_kv_name(&t)
+                            } else {
+                                t.name()
+                            },
                             shape: match kind {
                                 TensorKind::Key => kshape(rows, lead),
                                 TensorKind::Value => vec![lead, 1, rows, d],

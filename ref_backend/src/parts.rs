@@ -12,9 +12,10 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use kv_manager::{KvIo, KvTensor, TensorKind};
+
 use crate::compile::CompiledModel;
 use crate::error::CompileError;
-use crate::exec::Graph;
 
 /// One part of a split model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +28,10 @@ pub struct Part {
     pub layers: Range<usize>,
     /// Positions as cos/sin tables (`position_ids_cos`/`_sin`) instead of position ids.
     pub rope_tables: bool,
+    /// AI Hub's names: graphs `{phase}_ar{n}_cl{c}_{i}_of_{N}`, K/V `past_key_{l}_in`,
+    /// `past_key_{l}_out`, … (`…_{l}_h{h}_…` per head). Every part made by [`Part::split`]
+    /// has them; [`Part::whole`] keeps htpkv's (`ar{n}_cl{c}`, `past_key_{l}[_{h}]`, `new_key_…`).
+    pub ai_hub_names: bool,
 }
 
 impl Part {
@@ -37,6 +42,7 @@ impl Part {
             count: 1,
             layers: 0..n_layers,
             rope_tables: false,
+            ai_hub_names: false,
         }
     }
 
@@ -59,6 +65,7 @@ impl Part {
                     count,
                     layers: start - len..start,
                     rope_tables,
+                    ai_hub_names: true,
                 }
             })
             .collect())
@@ -74,30 +81,49 @@ impl Part {
         self.index + 1 == self.count
     }
 
-    /// AI Hub's graph name: `prompt_ar{n}_cl{c}_{i}_of_{N}` for `n > 1`, else `token_…`.
+    /// The name of the AR-`n` graph: with AI Hub's names `prompt_ar{n}_cl{c}_{i}_of_{N}` for
+    /// `n > 1`, else `token_…`; otherwise htpkv's `ar{n}_cl{c}`.
     pub fn graph_name(&self, n: usize, context: usize) -> String {
+        if !self.ai_hub_names {
+            return crate::model::graph_name(n, context);
+        }
         let phase = if n > 1 { "prompt" } else { "token" };
         let (i, count) = (self.index + 1, self.count);
         format!("{phase}_ar{n}_cl{context}_{i}_of_{count}")
     }
 }
 
+/// AI Hub's name of a K/V tensor: `past_{key|value}_{l}[_h{h}]_{in|out}`.
+pub(crate) fn ai_hub_kv_name(t: &KvTensor) -> String {
+    let kind = match t.kind {
+        TensorKind::Key => "key",
+        TensorKind::Value => "value",
+    };
+    let dir = match t.io {
+        KvIo::Past => "in",
+        KvIo::New => "out",
+    };
+    match t.head {
+        Some(h) => format!("past_{kind}_{}_h{h}_{dir}", t.layer),
+        None => format!("past_{kind}_{}_{dir}", t.layer),
+    }
+}
+
 impl CompiledModel {
-    /// The graphs of the model cut into `count` parts ([`Part::split`]): for each AR variant
-    /// (in the order of the options) its `count` part graphs, in part order, named by
-    /// [`Part::graph_name`]. They share this model's weights and encodings.
-    pub fn part_graphs(&self, count: usize, rope_tables: bool) -> Result<Vec<Graph>, CompileError> {
+    /// The model cut into `count` parts ([`Part::split`]), one [`CompiledModel`] (one file,
+    /// one QNN context) each, sharing this model's weights and encodings; every part has a
+    /// graph per AR variant.
+    pub fn split(
+        &self,
+        count: usize,
+        rope_tables: bool,
+    ) -> Result<Vec<CompiledModel>, CompileError> {
         let parts = Part::split(self.data.config.n_layers, count, rope_tables)
             .map_err(|reason| CompileError::InvalidOptions { reason })?;
-        let context = self.data.options.context;
-        let mut graphs = Vec::with_capacity(self.data.options.ar.len() * count);
-        for &n in &self.data.options.ar {
-            for part in &parts {
-                let name = part.graph_name(n, context);
-                graphs.push(Graph::new(name, n, Arc::clone(&self.data), part.clone()));
-            }
-        }
-        Ok(graphs)
+        Ok(parts
+            .into_iter()
+            .map(|p| CompiledModel::with_part(Arc::clone(&self.data), p))
+            .collect())
     }
 }
 
@@ -111,6 +137,7 @@ mod tests {
         assert_eq!(parts[0].layers, 0..3);
         assert_eq!(parts[1].layers, 3..5);
         assert!(parts[0].is_first() && !parts[0].is_last() && parts[1].is_last());
+        assert_eq!(Part::whole(5).graph_name(1, 64), "ar1_cl64");
         assert_eq!(parts[1].graph_name(1, 64), "token_ar1_cl64_2_of_2");
         assert_eq!(parts[0].graph_name(32, 64), "prompt_ar32_cl64_1_of_2");
         assert!(Part::split(5, 6, false).is_err());

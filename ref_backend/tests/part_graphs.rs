@@ -1,4 +1,4 @@
-//! Part graphs ([`CompiledModel::part_graphs`]): a model cut into parts, run in order with the
+//! Part graphs ([`CompiledModel::split`]): a model cut into parts, run in order with the
 //! hidden state between them, computes exactly what the whole graph computes.
 
 mod common;
@@ -80,8 +80,9 @@ fn execute(g: &Graph, ins: &[Vec<u8>]) -> Vec<Vec<u8>> {
     outs
 }
 
-/// Runs the parts in order (hidden state from each to the next); returns every output by name.
-fn run_parts(parts: &[&Graph], step: &Step, rope: &Rope) -> Vec<(String, Vec<u8>)> {
+/// Runs the parts in order (hidden state from each to the next); returns every output with
+/// its description.
+fn run_parts(parts: &[&Graph], step: &Step, rope: &Rope) -> Vec<(TensorDesc, Vec<u8>)> {
     let mut hidden = Vec::new();
     let mut all = Vec::new();
     for g in parts {
@@ -97,7 +98,7 @@ fn run_parts(parts: &[&Graph], step: &Step, rope: &Rope) -> Vec<(String, Vec<u8>
             if d.role == TensorRole::HiddenOut {
                 hidden = bytes.clone();
             }
-            all.push((d.name.clone(), bytes));
+            all.push((d.clone(), bytes));
         }
     }
     all
@@ -109,11 +110,12 @@ fn parts_give_the_whole_graphs_logits_and_kv_bit_for_bit() {
     let c = m.config().clone();
     let rope = Rope::new(c.head_dim, &c.rope);
     for tables in [false, true] {
-        let parts = m.part_graphs(2, tables).expect("parts");
+        let models = m.split(2, tables).expect("parts");
+        let parts: Vec<&Graph> = models.iter().flat_map(|p| p.graphs()).collect();
         assert_eq!(parts.len(), 4);
         for n in [1, 4] {
             let whole = m.graph_for_ar(n).unwrap();
-            let mine: Vec<&Graph> = parts.iter().filter(|g| g.ar() == n).collect();
+            let mine: Vec<&Graph> = parts.iter().copied().filter(|g| g.ar() == n).collect();
             let phase = if n > 1 { "prompt" } else { "token" };
             assert_eq!(mine[1].name(), format!("{phase}_ar{n}_cl32_2_of_2"));
             let step = Step {
@@ -130,9 +132,10 @@ fn parts_give_the_whole_graphs_logits_and_kv_bit_for_bit() {
             let expected = execute(whole, &ins);
             let got = run_parts(&mine, &step, &rope);
             for (d, bytes) in whole.outputs().iter().zip(&expected) {
+                // The same tensor, under AI Hub's name, in one of the parts.
                 let (_, b) = got
                     .iter()
-                    .find(|(name, _)| *name == d.name)
+                    .find(|(g, _)| (g.role, g.layer) == (d.role, d.layer))
                     .expect("output in a part");
                 assert_eq!(b, bytes, "{} (tables {tables}, ar {n})", d.name);
             }
@@ -148,8 +151,9 @@ fn parts_give_the_whole_graphs_logits_and_kv_bit_for_bit() {
 #[test]
 fn part_descriptions() {
     let m = model();
-    let parts = m.part_graphs(2, true).unwrap();
-    let (p1, p2) = (&parts[0], &parts[1]);
+    let parts = m.split(2, true).unwrap();
+    let (p1, p2) = (&parts[0].graphs()[0], &parts[1].graphs()[0]);
+    assert_eq!(p1.name(), "token_ar1_cl32_1_of_2");
     let roles = |g: &Graph, ins: bool| -> Vec<TensorRole> {
         let ds = if ins { g.inputs() } else { g.outputs() };
         ds.iter().take(4).map(|d| d.role).collect()
@@ -161,10 +165,47 @@ fn part_descriptions() {
     assert_eq!(p1.outputs()[0].shape, [1, 1, 32]);
     assert_eq!(p2.outputs()[0].role, Logits);
     assert_eq!(p1.inputs()[1].shape, [1, 1, 1, 4]);
-    // Each part holds its own layer's K/V, named by the absolute layer.
-    assert_eq!(p1.inputs()[4].name, "past_key_0");
-    assert_eq!(p2.inputs()[4].name, "past_key_1");
+    // Each part holds its own layer's K/V, named by the absolute layer, AI Hub style.
+    assert_eq!(p1.inputs()[4].name, "past_key_0_in");
+    assert_eq!(p2.inputs()[4].name, "past_key_1_in");
+    assert_eq!(p2.inputs()[5].name, "past_value_1_in");
+    assert_eq!(p2.outputs()[1].name, "past_key_1_out");
+    assert_eq!(
+        p2.inputs()[4].shape,
+        [2, 1, 8, 31],
+        "per layer, K transposed"
+    );
     assert_eq!(p2.inputs().len(), 6);
-    assert!(m.part_graphs(3, false).is_err(), "more parts than layers");
-    assert!(m.part_graphs(0, false).is_err());
+    assert!(m.split(3, false).is_err(), "more parts than layers");
+    assert!(m.split(0, false).is_err());
+}
+
+#[test]
+fn a_part_file_round_trips_and_a_bad_part_section_is_refused() {
+    let m = model();
+    let parts = m.split(2, true).unwrap();
+    let bytes = parts[1].to_bytes();
+    let back = CompiledModel::from_bytes(&bytes, "part").expect("read back");
+    assert!(back == parts[1]);
+    assert_eq!(back.part().index, 1);
+    assert_eq!(back.graphs()[1].name(), "prompt_ar4_cl32_2_of_2");
+    assert!(
+        CompiledModel::from_bytes(&m.to_bytes(), "whole")
+            .unwrap()
+            .part()
+            .count
+            == 1
+    );
+    // Part index 1 of 2 -> 5 of 2, with the checksum fixed up: refused, naming the part.
+    let at = find(&bytes, b"PART") + 4 + 8;
+    let mut bad = bytes.clone();
+    bad[at] = 5;
+    let err = CompiledModel::from_bytes(&common::reseal(bad), "part").unwrap_err();
+    assert!(err.to_string().contains("part index 5 of 2"), "{err}");
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> usize {
+    hay.windows(needle.len())
+        .position(|w| w == needle)
+        .expect("section present")
 }
