@@ -1,4 +1,7 @@
-//! `htpkv compile`: a llama2.c checkpoint -> a reference-backend context binary.
+//! `htpkv compile`: a llama2.c checkpoint -> a reference-backend context binary (or a Genie
+//! bundle of part binaries, [`bundle`]).
+
+mod bundle;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -52,7 +55,19 @@ pub struct CompileArgs {
     /// Length in tokens of each calibration sequence (prompt + greedy continuation).
     #[arg(long, default_value_t = DEFAULT_CALIBRATION_TOKENS)]
     calibration_tokens: usize,
-    /// Output file.
+    /// IO convention of the output: `htpkv` (one file) or `aihub` (a Genie bundle of part
+    /// binaries taking RoPE cos/sin tables; implies `--granularity per_layer --k-layout
+    /// transposed`).
+    #[arg(long, default_value = "htpkv", value_parser = ["htpkv", "aihub"])]
+    convention: String,
+    /// Cut the model into N parts of consecutive layers and write a Genie bundle (`--out` is
+    /// then a directory).
+    #[arg(long, value_name = "N")]
+    parts: Option<usize>,
+    /// The HF tokenizer.json copied into a bundle (a llama2.c tokenizer is not one).
+    #[arg(long, value_name = "FILE")]
+    tokenizer_json: Option<PathBuf>,
+    /// Output file (a directory for a bundle).
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
 }
@@ -82,10 +97,18 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             (files.checkpoint, tok.clone().unwrap_or(files.tokenizer))
         }
     };
+    let aihub = args.convention == "aihub";
+    let bundle = aihub || args.parts.is_some();
+    if bundle && args.tokenizer_json.is_none() {
+        bail!("a bundle (--parts or --convention aihub) needs --tokenizer-json FILE");
+    }
     // Refuse a bad output path before any work; it is checked again when written.
     let mut inputs = vec![ckpt_path.as_path(), tok_path.as_path()];
     inputs.extend(args.calibration_prompts.as_deref());
-    check_output(&args.out, &inputs)?;
+    inputs.extend(args.tokenizer_json.as_deref());
+    if !bundle {
+        check_output(&args.out, &inputs)?;
+    }
     let ckpt = Checkpoint::load(&ckpt_path).context("loading the checkpoint")?;
     let context = args.context.unwrap_or(ckpt.config.seq_len);
     htpkv::engine::check_geometry(&ckpt.config, context, &args.ar, args.kv_dtype)?;
@@ -116,8 +139,11 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     let mut opts = CompileOptions::new(context, args.ar);
     opts.kv_dtype = args.kv_dtype;
     opts.weights = args.weights;
-    opts.k_layout = args.k_layout;
-    opts.granularity = args.granularity;
+    (opts.k_layout, opts.granularity) = if aihub {
+        (KLayout::Transposed, Granularity::PerLayer)
+    } else {
+        (args.k_layout, args.granularity)
+    };
     opts.calibration_tokens = args.calibration_tokens;
     let calibration: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t, true, false)).collect();
     let config = llama2c::llama_config(&ckpt.config);
@@ -150,6 +176,30 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     .context("compiling")?;
     bar.finish_and_clear();
 
+    if let Some(tokenizer_json) = args.tokenizer_json.as_deref().filter(|_| bundle) {
+        let stem = ckpt_path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned());
+        let spec = bundle::BundleSpec {
+            parts: args.parts.unwrap_or(1),
+            rope_tables: aihub,
+            tokenizer_json,
+            stem: stem.as_deref().unwrap_or("model"),
+        };
+        let bins = bundle::write_bundle(&model, &args.out, &spec, &inputs)?;
+        return crate::output::to_stdout(|out| {
+            writeln!(
+                out,
+                "wrote the bundle {} in {:.2?}",
+                args.out.display(),
+                started.elapsed()
+            )?;
+            for b in &bins {
+                writeln!(out, "part {}", b.display())?;
+            }
+            Ok(())
+        });
+    }
     // Written only after it was read back and found equal (the runtime's validation).
     model.write(&args.out, &inputs)?;
     let size = std::fs::metadata(&args.out).map(|m| m.len()).unwrap_or(0);
