@@ -111,6 +111,11 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     }
     let ckpt = Checkpoint::load(&ckpt_path).context("loading the checkpoint")?;
     let context = args.context.unwrap_or(ckpt.config.seq_len);
+    if let Some(n) = args.parts {
+        // Refused before compiling, with the reason `CompiledModel::split` would give.
+        ref_backend::Part::split(ckpt.config.n_layers, n, aihub)
+            .map_err(|reason| anyhow::anyhow!("--parts: {reason}"))?;
+    }
     htpkv::engine::check_geometry(&ckpt.config, context, &args.ar, args.kv_dtype)?;
     let tok =
         Tokenizer::load(&tok_path, ckpt.config.vocab_size).context("loading the tokenizer")?;

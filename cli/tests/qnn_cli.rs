@@ -636,6 +636,11 @@ fn compiled_aihub_parts_bundle_gives_the_tokens_of_one_binary() {
     ]);
     let o = htpkv(&args, &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut six = args.clone();
+    six[8] = "6";
+    let o = htpkv(&six, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--parts: 6 parts for 5 layers"), "{err}");
     let part2 = dir.join("stories260K_part_2_of_2.bin");
     let inspect = ok_json(&htpkv(
         &[
