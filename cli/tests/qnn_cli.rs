@@ -659,6 +659,18 @@ fn compiled_aihub_parts_bundle_gives_the_tokens_of_one_binary() {
         .map(|g| g["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["token_ar1_cl64_2_of_2", "prompt_ar8_cl64_2_of_2"]);
+    // Presented under AI Hub's names, a part keeps its part number.
+    let presented = ok_json(&htpkv(
+        &[
+            "inspect",
+            part2.to_str().unwrap(),
+            "--qnn-system",
+            lib,
+            "--json",
+        ],
+        &[("HTPKV_REF_QNN_NAMES", "aihub")],
+    ));
+    assert_eq!(presented["graphs"][0]["name"], "token_ar1_cl64_2_of_2");
     let inputs: Vec<&str> = inspect["graphs"][0]["inputs"]
         .as_array()
         .unwrap()

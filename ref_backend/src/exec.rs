@@ -320,6 +320,11 @@ impl Graph {
         &self.name
     }
 
+    /// The part of the model the graph runs ([`Part::whole`] for htpkv's own graphs).
+    pub fn part(&self) -> &Part {
+        &self.part
+    }
+
     /// Tokens per step (n).
     pub fn ar(&self) -> usize {
         self.ar

@@ -1044,7 +1044,7 @@ pub const STRICT_ENV: &str = "HTPKV_REF_QNN_STRICT";
 /// Environment variable choosing how the library presents graphs and tensors, so that the
 /// runtime's IO conventions are exercised on real context binaries:
 /// - unset or `htpkv`: htpkv's own names and order;
-/// - `aihub`: the names of Qualcomm AI Hub's LLM exports — graphs `{token|prompt}_ar{n}_cl{S}_1_of_1`,
+/// - `aihub`: the names of Qualcomm AI Hub's LLM exports — graphs `{token|prompt}_ar{n}_cl{S}_{i}_of_{N}` (`1_of_1` for a whole model),
 ///   `position_ids`, `past_key_{layer}_in` / `_out`, `past_value_{layer}_in` / `_out` (per head:
 ///   `past_key_{layer}_h{head}_in`, …);
 /// - `executorch`: ExecuTorch's Qualcomm llama layout — graphs `kv_forward` (AR-1) and
@@ -1075,8 +1075,9 @@ pub fn reported_graph_name(g: &ref_backend::Graph) -> String {
     match naming() {
         Naming::Htpkv => g.name().to_string(),
         Naming::AiHub => {
-            let phase = if g.ar() == 1 { "token" } else { "prompt" };
-            format!("{phase}_ar{}_cl{}_1_of_1", g.ar(), g.context())
+            let mut part = g.part().clone();
+            part.ai_hub_names = true;
+            part.graph_name(g.ar(), g.context())
         }
         Naming::ExecuTorch if g.ar() == 1 => "kv_forward".into(),
         Naming::ExecuTorch => "prefill_forward".into(),
