@@ -17,6 +17,10 @@ pub fn io_tensor(t: &TensorDesc) -> IoTensor {
         TensorRole::NewKey => IoRole::NewKey,
         TensorRole::NewValue => IoRole::NewValue,
         TensorRole::Logits => IoRole::Logits,
+        TensorRole::RopeCos => IoRole::RopeCos,
+        TensorRole::RopeSin => IoRole::RopeSin,
+        TensorRole::HiddenIn => IoRole::HiddenIn,
+        TensorRole::HiddenOut => IoRole::HiddenOut,
     };
     IoTensor {
         name: t.name.clone(),

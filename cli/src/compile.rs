@@ -1,5 +1,7 @@
 //! `htpkv compile`: a model (llama2.c checkpoint, GGUF file or Hugging Face folder) -> a
-//! reference-backend context binary.
+//! reference-backend context binary (or a Genie bundle of part binaries, [`bundle`]).
+
+mod bundle;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -55,7 +57,19 @@ pub struct CompileArgs {
     /// Length in tokens of each calibration sequence (prompt + greedy continuation).
     #[arg(long, default_value_t = DEFAULT_CALIBRATION_TOKENS)]
     calibration_tokens: usize,
-    /// Output file.
+    /// IO convention of the output: `htpkv` (one file) or `aihub` (a Genie bundle of part
+    /// binaries taking RoPE cos/sin tables; implies `--granularity per_layer --k-layout
+    /// transposed`).
+    #[arg(long, default_value = "htpkv", value_parser = ["htpkv", "aihub"])]
+    convention: String,
+    /// Cut the model into N parts of consecutive layers and write a Genie bundle (`--out` is
+    /// then a directory).
+    #[arg(long, value_name = "N")]
+    parts: Option<usize>,
+    /// The HF tokenizer.json copied into a bundle (a llama2.c tokenizer is not one).
+    #[arg(long, value_name = "FILE")]
+    tokenizer_json: Option<PathBuf>,
+    /// Output file (a directory for a bundle).
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
 }
@@ -83,11 +97,12 @@ fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<
     }
     let mut inputs = vec![path];
     inputs.extend(args.calibration_prompts.as_deref());
-    check_output(&args.out, &inputs)?;
+    check_early(args, &inputs)?;
     let opened = OpenedModel::open(Some(path))?;
     let context = args
         .context
         .unwrap_or(opened.config.context_length.min(DEFAULT_MAX_CONTEXT));
+    check_parts(args, opened.config.n_layers)?;
     htpkv::engine::check_geometry(&opened.config, context, &args.ar, args.kv_dtype)?;
     let calibration: Vec<Vec<u32>> = calibration_texts(args)?
         .iter()
@@ -99,8 +114,73 @@ fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<
     let model = opened.compile(&opts, &calibration, &mut |p| bars.update(p));
     bars.finish();
     let model = model.context("compiling")?;
-    model.write(&args.out, &inputs)?;
-    report(args, &model, started)
+    write_output(args, &model, path, &inputs, started)
+}
+
+/// True when the output is a Genie bundle (`--parts` or `--convention aihub`).
+fn is_bundle(args: &CompileArgs) -> bool {
+    args.convention == "aihub" || args.parts.is_some()
+}
+
+/// Refuses what can be refused before any work: a bundle without its tokenizer.json, a bad output
+/// path (checked again when written).
+fn check_early(args: &CompileArgs, inputs: &[&std::path::Path]) -> anyhow::Result<()> {
+    if !is_bundle(args) {
+        return Ok(check_output(&args.out, inputs)?);
+    }
+    if args.tokenizer_json.is_none() {
+        bail!("a bundle (--parts or --convention aihub) needs --tokenizer-json FILE");
+    }
+    Ok(())
+}
+
+/// Refuses a bad `--parts` before compiling, with the reason `CompiledModel::split` would give.
+fn check_parts(args: &CompileArgs, n_layers: usize) -> anyhow::Result<()> {
+    if let Some(n) = args.parts {
+        ref_backend::Part::split(n_layers, n, args.convention == "aihub")
+            .map_err(|reason| anyhow::anyhow!("--parts: {reason}"))?;
+    }
+    Ok(())
+}
+
+/// Writes the compiled model: one file, or a Genie bundle (part binaries, genie_config.json and
+/// the tokenizer.json) in the directory `--out`.
+fn write_output(
+    args: &CompileArgs,
+    model: &ref_backend::CompiledModel,
+    model_path: &std::path::Path,
+    inputs: &[&std::path::Path],
+    started: Instant,
+) -> anyhow::Result<()> {
+    let Some(tokenizer_json) = args.tokenizer_json.as_deref().filter(|_| is_bundle(args)) else {
+        // Written only after it was read back and found equal (the runtime's validation).
+        model.write(&args.out, inputs)?;
+        return report(args, model, started);
+    };
+    let stem = model_path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned());
+    let spec = bundle::BundleSpec {
+        parts: args.parts.unwrap_or(1),
+        rope_tables: args.convention == "aihub",
+        tokenizer_json,
+        stem: stem.as_deref().unwrap_or("model"),
+    };
+    let mut inputs = inputs.to_vec();
+    inputs.push(tokenizer_json);
+    let bins = bundle::write_bundle(model, &args.out, &spec, &inputs)?;
+    crate::output::to_stdout(|out| {
+        writeln!(
+            out,
+            "wrote the bundle {} in {:.2?}",
+            args.out.display(),
+            started.elapsed()
+        )?;
+        for b in &bins {
+            writeln!(out, "part {}", b.display())?;
+        }
+        Ok(())
+    })
 }
 
 fn calibration_texts(args: &CompileArgs) -> anyhow::Result<Vec<String>> {
@@ -131,8 +211,12 @@ fn compile_options(args: &CompileArgs, context: usize) -> CompileOptions {
     let mut opts = CompileOptions::new(context, args.ar.clone());
     opts.kv_dtype = args.kv_dtype;
     opts.weights = args.weights;
-    opts.k_layout = args.k_layout;
-    opts.granularity = args.granularity;
+    // AI Hub's convention: per-layer K/V tensors with K transposed.
+    (opts.k_layout, opts.granularity) = if args.convention == "aihub" {
+        (KLayout::Transposed, Granularity::PerLayer)
+    } else {
+        (args.k_layout, args.granularity)
+    };
     opts.calibration_tokens = args.calibration_tokens;
     opts
 }
@@ -159,9 +243,10 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     // Refuse a bad output path before any work; it is checked again when written.
     let mut inputs = vec![ckpt_path.as_path(), tok_path.as_path()];
     inputs.extend(args.calibration_prompts.as_deref());
-    check_output(&args.out, &inputs)?;
+    check_early(&args, &inputs)?;
     let ckpt = Checkpoint::load(&ckpt_path).context("loading the checkpoint")?;
     let context = args.context.unwrap_or(ckpt.config.seq_len);
+    check_parts(&args, ckpt.config.n_layers)?;
     let config = llama2c::llama_config(&ckpt.config);
     htpkv::engine::check_geometry(&config, context, &args.ar, args.kv_dtype)?;
     let tok =
@@ -184,10 +269,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     )
     .context("compiling")?;
     bars.finish();
-
-    // Written only after it was read back and found equal (the runtime's validation).
-    model.write(&args.out, &inputs)?;
-    report(&args, &model, started)
+    write_output(&args, &model, &ckpt_path, &inputs, started)
 }
 
 /// What was written, on stdout.

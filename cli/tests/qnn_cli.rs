@@ -607,3 +607,104 @@ fn executorch_layout_is_detected_by_index_and_gives_the_same_tokens() {
     assert_eq!(et["tokens"], own["tokens"]);
     assert_eq!(et["stop"], own["stop"]);
 }
+
+/// `htpkv compile --parts 2 --convention aihub` writes a Genie bundle (two part binaries with
+/// AI Hub's graph and tensor names, RoPE cos/sin inputs, the hidden state between the parts;
+/// genie_config.json; the tokenizer) that generates, through `--bundle` and the reference
+/// library, the greedy tokens of the one-binary `htpkv` convention.
+#[test]
+fn compiled_aihub_parts_bundle_gives_the_tokens_of_one_binary() {
+    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = lib.to_str().unwrap();
+    let tok = bundle("parts-tok", "2").join("tokenizer.json");
+    let dir = scratch().join("parts-bundle");
+    let mut args = vec![
+        "compile",
+        "--context",
+        "64",
+        "--ar",
+        "1,8",
+        "--kv-dtype",
+        "u8",
+    ];
+    args.extend(["--parts", "2", "--convention", "aihub"]);
+    args.extend([
+        "--tokenizer-json",
+        tok.to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    let o = htpkv(&args, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut six = args.clone();
+    six[8] = "6";
+    let o = htpkv(&six, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--parts: 6 parts for 5 layers"), "{err}");
+    let part2 = dir.join("stories260K_part_2_of_2.bin");
+    let inspect = ok_json(&htpkv(
+        &[
+            "inspect",
+            part2.to_str().unwrap(),
+            "--qnn-system",
+            lib,
+            "--json",
+        ],
+        &[],
+    ));
+    let names: Vec<&str> = inspect["graphs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["token_ar1_cl64_2_of_2", "prompt_ar8_cl64_2_of_2"]);
+    // Presented under AI Hub's names, a part keeps its part number.
+    let presented = ok_json(&htpkv(
+        &[
+            "inspect",
+            part2.to_str().unwrap(),
+            "--qnn-system",
+            lib,
+            "--json",
+        ],
+        &[("HTPKV_REF_QNN_NAMES", "aihub")],
+    ));
+    assert_eq!(presented["graphs"][0]["name"], "token_ar1_cl64_2_of_2");
+    let inputs: Vec<&str> = inspect["graphs"][0]["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        inputs[..5],
+        [
+            "hidden_in",
+            "position_ids_cos",
+            "position_ids_sin",
+            "attention_mask",
+            "past_key_3_in"
+        ]
+    );
+
+    let steps = [
+        "--steps",
+        "40",
+        "--json",
+        "--backend",
+        "qnn",
+        "--qnn-backend",
+        lib,
+    ];
+    let mut direct = vec!["generate", "--compiled", compiled().to_str().unwrap()];
+    direct.extend(steps);
+    let direct = ok_json(&htpkv(&direct, &[]));
+    let mut via = vec!["generate", "--bundle", dir.to_str().unwrap()];
+    via.extend(steps);
+    let via = ok_json(&htpkv(&via, &[]));
+    assert_eq!(via["convention"], "aihub");
+    assert!(direct["tokens"].as_array().unwrap().len() > 10, "{direct}");
+    assert_eq!(via["tokens"], direct["tokens"]);
+    assert_eq!(via["stop"], direct["stop"]);
+}

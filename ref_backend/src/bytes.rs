@@ -122,6 +122,11 @@ impl<'a> Reader<'a> {
         self.data.len() - self.pos
     }
 
+    /// True when the next bytes are `prefix` (nothing is consumed).
+    pub(crate) fn starts_with(&self, prefix: &[u8]) -> bool {
+        self.data[self.pos..].starts_with(prefix)
+    }
+
     pub(crate) fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], FormatError> {
         if self.remaining() < n {
             return Err(FormatError::Truncated {

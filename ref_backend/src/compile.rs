@@ -9,8 +9,9 @@ use quant::{DataType, QuantSpec, ScaleOffset};
 use crate::calibrate::calibrate;
 use crate::error::CompileError;
 use crate::exec::Graph;
-use crate::model::{ActSite, LayerData, Matrix, ModelData, graph_name};
+use crate::model::{ActSite, LayerData, Matrix, ModelData};
 use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS};
+use crate::parts::Part;
 use crate::types::WeightType;
 
 /// A stage of [`compile`].
@@ -48,6 +49,7 @@ pub struct Progress {
 /// reference backend's "context binary" (see [`mod@crate::format`] for the file).
 pub struct CompiledModel {
     pub(crate) data: Arc<ModelData>,
+    pub(crate) part: Part,
     pub(crate) graphs: Vec<Graph>,
 }
 
@@ -66,6 +68,7 @@ impl std::fmt::Debug for CompiledModel {
 impl PartialEq for CompiledModel {
     fn eq(&self, other: &Self) -> bool {
         self.data == other.data
+            && self.part == other.part
             && self.graphs.len() == other.graphs.len()
             && self.graphs.iter().zip(&other.graphs).all(|(a, b)| {
                 a.name() == b.name() && a.inputs() == b.inputs() && a.outputs() == b.outputs()
@@ -74,16 +77,35 @@ impl PartialEq for CompiledModel {
 }
 
 impl CompiledModel {
-    /// Builds the graphs for `data` (validated by the caller).
+    /// Builds the graphs for `data` (validated by the caller): the whole model.
     pub(crate) fn from_data(data: ModelData) -> CompiledModel {
-        let data = Arc::new(data);
+        let part = Part::whole(data.config.n_layers);
+        CompiledModel::with_part(Arc::new(data), part)
+    }
+
+    /// The graphs of `part` of `data` (a part that fits the model), one per AR variant.
+    pub(crate) fn with_part(data: Arc<ModelData>, part: Part) -> CompiledModel {
+        let context = data.options.context;
         let graphs = data
             .options
             .ar
             .iter()
-            .map(|&n| Graph::new(graph_name(n, data.options.context), n, Arc::clone(&data)))
+            .map(|&n| {
+                Graph::new(
+                    part.graph_name(n, context),
+                    n,
+                    Arc::clone(&data),
+                    part.clone(),
+                )
+            })
             .collect();
-        CompiledModel { data, graphs }
+        CompiledModel { data, part, graphs }
+    }
+
+    /// The part of the model this file holds ([`Part::whole`] unless made by
+    /// [`split`](Self::split)).
+    pub fn part(&self) -> &Part {
+        &self.part
     }
 
     /// The model description.

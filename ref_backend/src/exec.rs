@@ -13,6 +13,7 @@ use quant::{DataType, Encoding, ScaleOffset};
 
 use crate::error::ExecError;
 use crate::model::{MASKED_AT_OR_BELOW, ModelData, mask_encoding};
+use crate::parts::Part;
 use crate::types::{Granularity, KLayout, TensorDesc};
 
 /// Element codec of one KV head's tensors.
@@ -108,6 +109,11 @@ struct KvSlot {
 struct Scratch {
     ids: Vec<u32>,
     pos: Vec<usize>,
+    /// The hidden state input (parts after the first), `[n, dim]`.
+    hidden: Vec<f32>,
+    /// RoPE tables (graphs that take them), `[n, head_dim / 2]` each.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
     acts: Activations,
     attn: AttnScratch,
 }
@@ -163,6 +169,7 @@ pub struct Graph {
     inputs: Vec<TensorDesc>,
     outputs: Vec<TensorDesc>,
     model: Arc<ModelData>,
+    part: Part,
     rope: Rope,
     slots: Vec<KvSlot>,
     mask_u16: bool,
@@ -223,8 +230,9 @@ impl Io for RawIo<'_> {
 }
 
 impl Graph {
-    pub(crate) fn new(name: String, ar: usize, model: Arc<ModelData>) -> Graph {
-        let (inputs, outputs) = model.describe(ar);
+    pub(crate) fn new(name: String, ar: usize, model: Arc<ModelData>, part: Part) -> Graph {
+        let (inputs, outputs) = model.describe(ar, &part);
+        let leading = leading_inputs(&part);
         let c = &model.config;
         let o = &model.options;
         let d = c.head_dim;
@@ -232,7 +240,7 @@ impl Graph {
         let w = o.context - ar;
         let esize = o.kv_dtype.size_bytes();
         let mut slots = Vec::with_capacity(c.n_layers * hk);
-        for l in 0..c.n_layers {
+        for l in part.layers.clone() {
             for h in 0..hk {
                 let kspec = model.kv_spec(l, h, false);
                 let vspec = model.kv_spec(l, h, true);
@@ -240,14 +248,15 @@ impl Graph {
                     Granularity::PerHead => (Some(h), 0, 0),
                     Granularity::PerLayer => (None, h * w * d * esize, h * ar * d * esize),
                 };
-                // Inputs: ids, positions, mask, then the K/V tensors; outputs: logits, then K/V.
+                // Inputs: the leading ones, then the part's K/V tensors; outputs: logits or
+                // the hidden state, then K/V.
                 let key = |io| KvTensor {
                     io,
                     kind: TensorKind::Key,
-                    layer: l,
+                    layer: l - part.layers.start,
                     head,
                 };
-                let past_k = 3 + key(KvIo::Past).position(hk);
+                let past_k = leading + key(KvIo::Past).position(hk);
                 let new_k = 1 + key(KvIo::New).position(hk);
                 slots.push(KvSlot {
                     past_k,
@@ -264,9 +273,13 @@ impl Graph {
         let (n, s) = (ar, o.context);
         // The widest input and output of a layer matrix.
         let widest = c.dim.max(c.hidden_dim).max(c.q_dim());
+        let table = if part.rope_tables { n * d / 2 } else { 0 };
         let scratch = Scratch {
             ids: vec![0; n],
             pos: vec![0; n],
+            hidden: vec![0.0; if part.is_first() { 0 } else { n * c.dim }],
+            cos: vec![0.0; table],
+            sin: vec![0.0; table],
             acts: Activations::new(c, n),
             attn: AttnScratch {
                 mask: vec![0.0; n * s],
@@ -289,6 +302,7 @@ impl Graph {
             outputs,
             mask_u16: o.kv_dtype.is_fixed_point(),
             rope: Rope::new(d, &c.rope),
+            part,
             model,
             slots,
             scratch: Mutex::new(scratch),
@@ -303,13 +317,20 @@ impl Graph {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let words = s.ids.len() * 4 + s.pos.len() * std::mem::size_of::<usize>();
+        let words = s.ids.len() * 4
+            + s.pos.len() * std::mem::size_of::<usize>()
+            + (s.hidden.len() + s.cos.len() + s.sin.len()) * 4;
         s.acts.bytes() + s.attn.bytes() + words
     }
 
     /// Graph name, e.g. `ar32_cl512`.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The part of the model the graph runs ([`Part::whole`] for htpkv's own graphs).
+    pub fn part(&self) -> &Part {
+        &self.part
     }
 
     /// Tokens per step (n).
@@ -453,19 +474,36 @@ impl Graph {
         let Scratch {
             ids,
             pos,
+            hidden,
+            cos,
+            sin,
             acts,
             attn,
         } = &mut *guard;
-        self.decode_ids(io.input(0), ids)?;
-        self.decode_positions(io.input(1), pos)?;
-        self.decode_mask(io.input(2), attn);
-        let c = &self.model.config;
-        let pass = Pass {
-            layers: 0..c.n_layers,
-            input: Input::Tokens(ids),
-            positions: Positions::Ids(pos),
-            output: Output::Logits,
+        let input = if self.part.is_first() {
+            self.decode_ids(io.input(0), ids)?;
+            Input::Tokens(ids)
+        } else {
+            decode_f32(io.input(0), hidden);
+            Input::Hidden(hidden)
         };
+        let positions = if self.part.rope_tables {
+            decode_f32(io.input(1), cos);
+            decode_f32(io.input(2), sin);
+            Positions::Table { cos, sin }
+        } else {
+            self.decode_positions(io.input(1), pos)?;
+            Positions::Ids(pos)
+        };
+        self.decode_mask(io.input(leading_inputs(&self.part) - 1), attn);
+        let last = self.part.is_last();
+        let pass = Pass {
+            layers: self.part.layers.clone(),
+            input,
+            positions,
+            output: if last { Output::Logits } else { Output::Hidden },
+        };
+        let c = &self.model.config;
         let mut k = ExecKernels {
             graph: self,
             io,
@@ -474,6 +512,9 @@ impl Graph {
         // Ids and positions were checked above, the pass fits the graph by construction.
         forward::run(c, &self.rope, &mut k, acts, &pass, &mut NoTap)
             .expect("the executor's pass is consistent with its graph");
+        if !last {
+            encode_f32(acts.hidden(), k.io.output(0));
+        }
         Ok(())
     }
 
@@ -532,6 +573,25 @@ impl Graph {
     }
 }
 
+/// Inputs before the K/V tensors: ids or hidden state, positions or two RoPE tables, the mask.
+fn leading_inputs(part: &Part) -> usize {
+    if part.rope_tables { 4 } else { 3 }
+}
+
+/// Little-endian f32 values (the buffer's size was checked against the destination's).
+fn decode_f32(bytes: &[u8], dst: &mut [f32]) {
+    for (d, ch) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
+        *d = f32::from_le_bytes([ch[0], ch[1], ch[2], ch[3]]);
+    }
+}
+
+/// `src` as little-endian f32 values into `dst`.
+fn encode_f32(src: &[f32], dst: &mut [u8]) {
+    for (d, v) in dst.chunks_exact_mut(4).zip(src) {
+        d.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
 /// A mask value that lets the query see the key.
 fn visible(mask: f32) -> bool {
     mask > MASKED_AT_OR_BELOW
@@ -574,7 +634,8 @@ impl Kernels for ExecKernels<'_> {
 
     fn attention(&mut self, layer: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
         for h in 0..self.graph.model.config.n_kv_heads {
-            let slot = self.graph.slots[layer * self.graph.model.config.n_kv_heads + h];
+            let local = layer - self.graph.part.layers.start;
+            let slot = self.graph.slots[local * self.graph.model.config.n_kv_heads + h];
             self.store_new(slot, h, k, v);
             self.load_past(slot);
             self.attend_head(h, q, out);

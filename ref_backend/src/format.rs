@@ -8,7 +8,7 @@
 //! offset 12  flags        u32      0 (reserved)
 //! offset 16  payload_len  u64
 //! offset 24  crc32        u32      CRC-32 (IEEE) of the payload
-//! offset 28  payload      payload_len bytes: seven sections, in this order
+//! offset 28  payload      payload_len bytes: seven sections (eight in a part file), in this order
 //! ```
 //!
 //! Each section is a 4-byte tag, a u64 body length and the body: `OPTS` (compile options),
@@ -20,7 +20,9 @@
 //! (empty without biases) as u64 count + f32 values and the matrices Q, K, V, O, gate, up,
 //! down, then the final norm and the classifier flag (+ matrix when untied); a matrix is kind
 //! u8 (0 i8, 1 f16, 2 f32), rows u64, cols u64, then i8: f32 row scales + i8 values, f16: u16
-//! bits, f32: f32 values) and `GRPH` (graph names and tensor descriptions). Counts are u64;
+//! bits, f32: f32 values), in a part file `PART` (part index u64 and count u64 of the parts
+//! [`crate::Part::split`] makes, RoPE-table flag u8; the file holds the whole model's weights,
+//! its graphs run the part's layers) and `GRPH` (graph names and tensor descriptions). Counts are u64;
 //! strings are a u64 length and UTF-8 bytes.
 //!
 //! Reading checks the magic, the version, the payload length, the checksum, every count
@@ -46,6 +48,7 @@ use crate::compile::{CompiledModel, validate_options};
 use crate::error::FormatError;
 use crate::model::{LayerData, Matrix, ModelData};
 use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS, kv_code, kv_from_code};
+use crate::parts::Part;
 use crate::types::{Granularity, KLayout, TensorDesc, TensorRole, WeightType};
 
 /// Magic bytes at the start of every file.
@@ -105,6 +108,9 @@ impl CompiledModel {
                 }
             }
         });
+        if self.part != Part::whole(d.config.n_layers) {
+            section(&mut payload, b"PART", |w| write_part(w, &self.part));
+        }
         section(&mut payload, b"GRPH", |w| {
             w.len(self.graphs.len());
             for g in &self.graphs {
@@ -300,6 +306,14 @@ impl CompiledModel {
             kv,
         };
 
+        let part = if p.starts_with(b"PART") {
+            let mut s = open_section(&mut p, b"PART")?;
+            let part = read_part(&mut s, data.config.n_layers)?;
+            close_section(&s)?;
+            part
+        } else {
+            Part::whole(data.config.n_layers)
+        };
         let mut s = open_section(&mut p, b"GRPH")?;
         let at = s.offset();
         let count = s.len("graph count", MAX_COUNT)?;
@@ -312,7 +326,7 @@ impl CompiledModel {
                 ),
             ));
         }
-        let model = CompiledModel::from_data(data);
+        let model = CompiledModel::with_part(std::sync::Arc::new(data), part);
         for g in &model.graphs {
             let at = s.offset();
             let name = s.str("graph name")?;
@@ -365,6 +379,26 @@ impl CompiledModel {
         }
         Ok(model)
     }
+}
+
+fn write_part(w: &mut Writer, p: &Part) {
+    w.len(p.index);
+    w.len(p.count);
+    w.u8(u8::from(p.rope_tables));
+}
+
+/// A part section: index and count (one of the parts [`Part::split`] makes of the model) and
+/// the RoPE-table flag.
+fn read_part(s: &mut Reader<'_>, n_layers: usize) -> Result<Part, FormatError> {
+    let at = s.offset();
+    let index = s.len("part index", MAX_COUNT)?;
+    let count = s.len("part count", MAX_COUNT)?;
+    let tables = read_flag(s, "RoPE-table flag")?;
+    let parts = Part::split(n_layers, count, tables).map_err(|r| s.corrupt_at(at, r))?;
+    parts
+        .into_iter()
+        .nth(index)
+        .ok_or_else(|| s.corrupt_at(at, format!("part index {index} of {count} parts")))
 }
 
 fn section(w: &mut Writer, tag: &[u8; 4], body: impl FnOnce(&mut Writer)) {

@@ -32,6 +32,10 @@
 //! left padding) may hold any bytes. A new token's K/V, as seen by the queries of the same
 //! step, is the value read back from its KV encoding, so an AR-n prefill equals n AR-1 steps.
 //!
+//! **Parts.** [`CompiledModel::split`] cuts the model into N parts of consecutive layers, one
+//! file each, with AI Hub's graph and K/V names, the hidden state (f32) between the parts and,
+//! optionally, RoPE cos/sin table inputs: see [`Part`].
+//!
 //! # What is quantized and what is float
 //! * **Weights** (`--weights i8`): every matrix (`wq wk wv wo w1 w2 w3` and the token
 //!   embedding, which is also the tied classifier) is i8, symmetric, one scale per output
@@ -67,6 +71,7 @@ pub mod format;
 pub mod kernels;
 mod model;
 mod options;
+mod parts;
 mod types;
 
 pub use bytes::crc32;
@@ -80,4 +85,5 @@ pub use options::{
     CALIBRATION_VERSION, CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS,
     MAX_CALIBRATION_TOKENS,
 };
+pub use parts::Part;
 pub use types::{Granularity, KLayout, TensorDesc, TensorRole, WeightType};

@@ -6,6 +6,7 @@ use quant::{DataType, Encoding, QuantError, QuantSpec, ScaleOffset, Symmetry};
 
 use crate::kernels;
 use crate::options::CompileOptions;
+use crate::parts::{Part, ai_hub_kv_name};
 use crate::types::{Granularity, KLayout, TensorDesc, TensorRole};
 
 /// Scale of the u16 attention-mask encoding: `100 / 65535`.
@@ -444,54 +445,20 @@ impl ModelData {
         }
     }
 
-    /// The input and output descriptions of the AR-`n` graph.
-    pub(crate) fn describe(&self, n: usize) -> (Vec<TensorDesc>, Vec<TensorDesc>) {
+    /// The input and output descriptions of the AR-`n` graph of `part`.
+    pub(crate) fn describe(&self, n: usize, part: &Part) -> (Vec<TensorDesc>, Vec<TensorDesc>) {
         let c = &self.config;
         let o = &self.options;
-        let s = o.context;
-        let w = s - n;
+        let w = o.context - n;
         let d = c.head_dim;
         let hk = c.n_kv_heads;
-        let kvq = o.kv_dtype.is_fixed_point();
-        let mut inputs = vec![
-            plain("input_ids", vec![1, n], DataType::I32, TensorRole::InputIds),
-            plain(
-                "positions",
-                vec![1, n],
-                DataType::I32,
-                TensorRole::Positions,
-            ),
-            if kvq {
-                TensorDesc {
-                    name: "attention_mask".into(),
-                    shape: vec![1, 1, n, s],
-                    dtype: DataType::U16,
-                    encoding: Encoding::PerTensor(mask_encoding()),
-                    role: TensorRole::Mask,
-                    layer: None,
-                    head: None,
-                }
-            } else {
-                plain(
-                    "attention_mask",
-                    vec![1, 1, n, s],
-                    DataType::F32,
-                    TensorRole::Mask,
-                )
-            },
-        ];
-        let mut outputs = vec![plain(
-            "logits",
-            vec![1, n, c.vocab_size],
-            DataType::F32,
-            TensorRole::Logits,
-        )];
+        let (mut inputs, mut outputs) = self.describe_leading(n, part);
         let dtype = o.kv_dtype;
         let kshape = |rows: usize, lead: usize| match o.k_layout {
             KLayout::Rows => vec![lead, 1, rows, d],
             KLayout::Transposed => vec![lead, 1, d, rows],
         };
-        for l in 0..c.n_layers {
+        for l in part.layers.clone() {
             let heads: Vec<Option<usize>> = match o.granularity {
                 Granularity::PerHead => (0..hk).map(Some).collect(),
                 Granularity::PerLayer => vec![None],
@@ -507,7 +474,11 @@ impl ModelData {
                             head,
                         };
                         let desc = TensorDesc {
-                            name: t.name(),
+                            name: if part.ai_hub_names {
+                                ai_hub_kv_name(&t)
+                            } else {
+                                t.name()
+                            },
                             shape: match kind {
                                 TensorKind::Key => kshape(rows, lead),
                                 TensorKind::Value => vec![lead, 1, rows, d],
@@ -527,6 +498,69 @@ impl ModelData {
             }
         }
         (inputs, outputs)
+    }
+    /// The tensors before the K/V ones: token ids or the hidden state, positions or RoPE
+    /// tables, the mask; logits or the hidden state.
+    fn describe_leading(&self, n: usize, part: &Part) -> (Vec<TensorDesc>, Vec<TensorDesc>) {
+        let c = &self.config;
+        let s = self.options.context;
+        let hidden = |name: &str, role| plain(name, vec![1, n, c.dim], DataType::F32, role);
+        let mut inputs = vec![if part.is_first() {
+            plain("input_ids", vec![1, n], DataType::I32, TensorRole::InputIds)
+        } else {
+            hidden("hidden_in", TensorRole::HiddenIn)
+        }];
+        if part.rope_tables {
+            let table = vec![1, 1, n, c.head_dim / 2];
+            inputs.push(plain(
+                "position_ids_cos",
+                table.clone(),
+                DataType::F32,
+                TensorRole::RopeCos,
+            ));
+            inputs.push(plain(
+                "position_ids_sin",
+                table,
+                DataType::F32,
+                TensorRole::RopeSin,
+            ));
+        } else {
+            inputs.push(plain(
+                "positions",
+                vec![1, n],
+                DataType::I32,
+                TensorRole::Positions,
+            ));
+        }
+        inputs.push(if self.options.kv_dtype.is_fixed_point() {
+            TensorDesc {
+                name: "attention_mask".into(),
+                shape: vec![1, 1, n, s],
+                dtype: DataType::U16,
+                encoding: Encoding::PerTensor(mask_encoding()),
+                role: TensorRole::Mask,
+                layer: None,
+                head: None,
+            }
+        } else {
+            plain(
+                "attention_mask",
+                vec![1, 1, n, s],
+                DataType::F32,
+                TensorRole::Mask,
+            )
+        });
+        let output = if part.is_last() {
+            plain(
+                "logits",
+                vec![1, n, c.vocab_size],
+                DataType::F32,
+                TensorRole::Logits,
+            )
+        } else {
+            hidden("hidden_out", TensorRole::HiddenOut)
+        };
+        (inputs, vec![output])
     }
 }
 

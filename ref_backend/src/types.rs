@@ -40,6 +40,14 @@ pub enum TensorRole {
     NewValue,
     /// `logits [1, n, V]` f32 (output).
     Logits,
+    /// RoPE cosine table `[1, 1, n, head_dim / 2]` f32 (a part graph's input, see [`crate::Part`]).
+    RopeCos,
+    /// RoPE sine table `[1, 1, n, head_dim / 2]` f32.
+    RopeSin,
+    /// The hidden state `[1, n, dim]` f32 from the previous part (input).
+    HiddenIn,
+    /// The hidden state `[1, n, dim]` f32 for the next part (output).
+    HiddenOut,
 }
 
 impl TensorRole {
@@ -54,6 +62,10 @@ impl TensorRole {
             TensorRole::NewKey => "new_key",
             TensorRole::NewValue => "new_value",
             TensorRole::Logits => "logits",
+            TensorRole::RopeCos => "rope_cos",
+            TensorRole::RopeSin => "rope_sin",
+            TensorRole::HiddenIn => "hidden_in",
+            TensorRole::HiddenOut => "hidden_out",
         }
     }
 
@@ -67,6 +79,10 @@ impl TensorRole {
             TensorRole::NewKey => 5,
             TensorRole::NewValue => 6,
             TensorRole::Logits => 7,
+            TensorRole::RopeCos => 8,
+            TensorRole::RopeSin => 9,
+            TensorRole::HiddenIn => 10,
+            TensorRole::HiddenOut => 11,
         }
     }
 
@@ -80,6 +96,10 @@ impl TensorRole {
             5 => TensorRole::NewKey,
             6 => TensorRole::NewValue,
             7 => TensorRole::Logits,
+            8 => TensorRole::RopeCos,
+            9 => TensorRole::RopeSin,
+            10 => TensorRole::HiddenIn,
+            11 => TensorRole::HiddenOut,
             _ => return None,
         })
     }

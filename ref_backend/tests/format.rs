@@ -176,13 +176,6 @@ fn damaged_files_are_typed_errors() {
     assert_eq!(&bytes[..8], &MAGIC);
 }
 
-/// Re-seals a payload with a correct checksum, so the content checks are reached.
-fn reseal(mut b: Vec<u8>) -> Vec<u8> {
-    let crc = ref_backend::crc32(&b[HEADER_LEN..]);
-    b[24..28].copy_from_slice(&crc.to_le_bytes());
-    b
-}
-
 #[test]
 fn consistent_checksum_but_bad_content_never_panics() {
     let bytes = small_model_bytes();
@@ -191,7 +184,7 @@ fn consistent_checksum_but_bad_content_never_panics() {
     let ctx_at = HEADER_LEN + 4 + 8;
     b[ctx_at..ctx_at + 8].copy_from_slice(&1_000_000_000u64.to_le_bytes());
     assert!(matches!(
-        CompiledModel::from_bytes(&reseal(b), "x"),
+        CompiledModel::from_bytes(&common::reseal(b), "x"),
         Err(FormatError::Corrupt { .. })
     ));
     // Every byte of the payload flipped in turn (checksum fixed up): errors or (for weight
@@ -200,7 +193,7 @@ fn consistent_checksum_but_bad_content_never_panics() {
     for at in (HEADER_LEN..bytes.len()).step_by(7) {
         let mut b = bytes.clone();
         b[at] ^= 0xA5;
-        if CompiledModel::from_bytes(&reseal(b), "x").is_err() {
+        if CompiledModel::from_bytes(&common::reseal(b), "x").is_err() {
             errors += 1;
         }
     }
@@ -230,7 +223,7 @@ fn non_finite_norms_and_weights_are_refused_even_with_a_right_checksum() {
             .unwrap_or_else(|| panic!("{name} not found"));
         let mut b = bytes.clone();
         b[at..at + 4].copy_from_slice(&bad.to_le_bytes());
-        match CompiledModel::from_bytes(&reseal(b), "nan.htpkv") {
+        match CompiledModel::from_bytes(&common::reseal(b), "nan.htpkv") {
             Err(e @ FormatError::NonFinite { .. }) => {
                 let msg = e.to_string();
                 assert_eq!(

@@ -1044,7 +1044,7 @@ pub const STRICT_ENV: &str = "HTPKV_REF_QNN_STRICT";
 /// Environment variable choosing how the library presents graphs and tensors, so that the
 /// runtime's IO conventions are exercised on real context binaries:
 /// - unset or `htpkv`: htpkv's own names and order;
-/// - `aihub`: the names of Qualcomm AI Hub's LLM exports — graphs `{token|prompt}_ar{n}_cl{S}_1_of_1`,
+/// - `aihub`: the names of Qualcomm AI Hub's LLM exports — graphs `{token|prompt}_ar{n}_cl{S}_{i}_of_{N}` (`1_of_1` for a whole model),
 ///   `position_ids`, `past_key_{layer}_in` / `_out`, `past_value_{layer}_in` / `_out` (per head:
 ///   `past_key_{layer}_h{head}_in`, …);
 /// - `executorch`: ExecuTorch's Qualcomm llama layout — graphs `kv_forward` (AR-1) and
@@ -1075,8 +1075,9 @@ pub fn reported_graph_name(g: &ref_backend::Graph) -> String {
     match naming() {
         Naming::Htpkv => g.name().to_string(),
         Naming::AiHub => {
-            let phase = if g.ar() == 1 { "token" } else { "prompt" };
-            format!("{phase}_ar{}_cl{}_1_of_1", g.ar(), g.context())
+            let mut part = g.part().clone();
+            part.ai_hub_names = true;
+            part.graph_name(g.ar(), g.context())
         }
         Naming::ExecuTorch if g.ar() == 1 => "kv_forward".into(),
         Naming::ExecuTorch => "prefill_forward".into(),
@@ -1110,7 +1111,13 @@ pub fn reported_tensor_name(desc: &TensorDesc) -> String {
         TensorRole::PastValue => kv("value", "in"),
         TensorRole::NewKey => kv("key", "out"),
         TensorRole::NewValue => kv("value", "out"),
-        TensorRole::InputIds | TensorRole::Mask | TensorRole::Logits => desc.name.clone(),
+        TensorRole::RopeCos => "position_ids_cos".into(),
+        TensorRole::RopeSin => "position_ids_sin".into(),
+        TensorRole::InputIds
+        | TensorRole::Mask
+        | TensorRole::Logits
+        | TensorRole::HiddenIn
+        | TensorRole::HiddenOut => desc.name.clone(),
     }
 }
 
@@ -1129,9 +1136,11 @@ pub fn reported_order(descs: &[TensorDesc]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..descs.len()).collect();
     if naming() == Naming::ExecuTorch {
         let rank = |r: TensorRole| match r {
-            TensorRole::InputIds | TensorRole::Logits => 0,
+            TensorRole::InputIds | TensorRole::Logits | TensorRole::HiddenIn => 0,
+            TensorRole::HiddenOut => 0,
             TensorRole::Mask | TensorRole::NewKey => 1,
-            TensorRole::Positions | TensorRole::NewValue => 2,
+            TensorRole::Positions | TensorRole::RopeCos | TensorRole::RopeSin => 2,
+            TensorRole::NewValue => 2,
             TensorRole::PastKey => 3,
             TensorRole::PastValue => 4,
         };

@@ -1,0 +1,102 @@
+//! `htpkv compile --parts N` / `--convention aihub`: the compiled model as Qualcomm AI Hub ships
+//! an LLM — one context binary per part (`{model}_part_{i}_of_{N}.bin`), `genie_config.json`
+//! and `tokenizer.json` in one directory, which `htpkv generate --bundle DIR` runs.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use model::LlamaConfig;
+use model::fsio::{FileKind, check_output, read_capped};
+use ref_backend::CompiledModel;
+use serde_json::{Value, json};
+
+/// What to emit.
+pub struct BundleSpec<'a> {
+    /// Number of parts.
+    pub parts: usize,
+    /// Positions as RoPE cos/sin tables (the `aihub` convention).
+    pub rope_tables: bool,
+    /// The HF `tokenizer.json` copied into the bundle.
+    pub tokenizer_json: &'a Path,
+    /// File-name stem of the parts (the checkpoint's).
+    pub stem: &'a str,
+}
+
+/// Writes the bundle into `dir` (created if absent); returns the part files written.
+pub fn write_bundle(
+    model: &CompiledModel,
+    dir: &Path,
+    spec: &BundleSpec<'_>,
+    inputs: &[&Path],
+) -> anyhow::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut bins = Vec::new();
+    for part in model.split(spec.parts, spec.rope_tables)? {
+        let p = part.part();
+        let path = dir.join(format!(
+            "{}_part_{}_of_{}.bin",
+            spec.stem,
+            p.index + 1,
+            p.count
+        ));
+        part.write(&path, inputs)?;
+        bins.push(path);
+    }
+    let names: Vec<String> = bins
+        .iter()
+        .filter_map(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .collect();
+    let tok = read_capped(spec.tokenizer_json, FileKind::TOKENIZER)?;
+    write_checked(&dir.join("tokenizer.json"), &tok, inputs)?;
+    let config = genie_config(model.config(), model.options().context, &names);
+    let text = serde_json::to_string_pretty(&config).context("genie_config.json")?;
+    write_checked(&dir.join("genie_config.json"), text.as_bytes(), inputs)?;
+    Ok(bins)
+}
+
+fn write_checked(path: &Path, bytes: &[u8], inputs: &[&Path]) -> anyhow::Result<()> {
+    check_output(path, inputs)?;
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+/// `genie_config.json` with the fields `htpkv::bundle` reads: context size, vocabulary, BOS,
+/// the tokens that end generation (EOS, end of turn, and BOS, which ends a llama2.c story),
+/// tokenizer path, the binaries, and the RoPE settings (`rope-dim` is half the head dim: the
+/// width of the cos/sin tables).
+fn genie_config(c: &LlamaConfig, context: usize, bins: &[String]) -> Value {
+    let s = &c.special;
+    let eos: Vec<u32> = [s.eos, s.eot, s.bos].into_iter().flatten().collect();
+    let mut rope = json!({"type": "rope", "rope-dim": c.head_dim / 2, "rope-theta": c.rope.theta});
+    if let Some(sc) = &c.rope.scaling {
+        rope["rope-scaling"] = json!({
+            "rope-type": "llama3",
+            "factor": sc.factor,
+            "low-freq-factor": sc.low_freq_factor,
+            "high-freq-factor": sc.high_freq_factor,
+            "original-max-position-embeddings": sc.original_context,
+        });
+    }
+    json!({"dialog": {
+        "version": 1,
+        "type": "basic",
+        "context": {
+            "version": 1,
+            "size": context,
+            "n-vocab": c.vocab_size,
+            "bos-token": s.bos.map_or(-1, i64::from),
+            "eos-token": eos,
+        },
+        "tokenizer": {"version": 1, "path": "tokenizer.json"},
+        "engine": {
+            "version": 1,
+            "backend": {"version": 1, "type": "QnnHtp", "QnnHtp": {"version": 1}},
+            "model": {
+                "version": 1,
+                "type": "binary",
+                "binary": {"version": 1, "ctx-bins": bins},
+                "positional-encoding": rope,
+            },
+        },
+    }})
+}
