@@ -183,7 +183,7 @@ fn report(args: &Args, names: &[&str], scores: &[Score]) -> anyhow::Result<()> {
         .collect();
     if args.json {
         let doc = serde_json::json!({
-            "model": "stories260K",
+            "model": args.model_dir.as_ref().map_or("stories260K (embedded)".into(), |p| p.display().to_string()),
             "context": args.context,
             "keep": args.keep,
             "chunk": args.chunk,
