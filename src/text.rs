@@ -3,8 +3,8 @@
 //!
 //! Chat prompts are rendered with the model's chat template (GGUF `tokenizer.chat_template`, or
 //! `tokenizer_config.json`), with `add_generation_prompt`. A model without a template (the
-//! llama2.c story models) gets the **plain fallback**: every turn's text followed by a newline, in
-//! order, system turn included (so a story model simply continues the conversation as text).
+//! llama2.c story models) gets the **plain fallback**: one `<role>: <text>` line per turn, in
+//! order, and `assistant: ` where an answer is to begin (with `add_generation_prompt`).
 
 use crate::session::TextCodec;
 use model::{ChatTemplate, HfTokenizer, Message};
@@ -146,10 +146,16 @@ impl ChatFormat {
     ) -> Result<String, model::Error> {
         match &self.template {
             Some(t) => t.render_chat(messages, add_generation_prompt),
-            None => Ok(messages
-                .iter()
-                .map(|m| format!("{}\n", m.content))
-                .collect()),
+            None => {
+                let mut out: String = messages
+                    .iter()
+                    .map(|m| format!("{}: {}\n", m.role, m.content))
+                    .collect();
+                if add_generation_prompt {
+                    out.push_str("assistant: ");
+                }
+                Ok(out)
+            }
         }
     }
 }
@@ -178,7 +184,7 @@ mod tests {
     }
 
     #[test]
-    fn plain_fallback_joins_turns_with_newlines() {
+    fn plain_fallback_labels_each_turn_with_its_role() {
         let chat = ChatFormat::new(None);
         let m = [
             Message::new("system", "Be brief."),
@@ -186,7 +192,11 @@ mod tests {
         ];
         assert_eq!(
             chat.render(&m, true).unwrap(),
-            "Be brief.\nOnce upon a time\n"
+            "system: Be brief.\nuser: Once upon a time\nassistant: "
+        );
+        assert_eq!(
+            chat.render(&m, false).unwrap(),
+            "system: Be brief.\nuser: Once upon a time\n"
         );
         assert!(!chat.has_template());
     }

@@ -48,7 +48,9 @@ fn each_turn_feeds_only_new_tokens_and_answers_as_a_fresh_prefill() {
     let cached = engine.session().tokens().to_vec();
     let second = engine.chat(&messages, &greedy(12), &mut |_| true).unwrap();
     // The history is not prefilled again: the turn fed the conversation minus what was cached.
-    let text = format!("Once upon a time\n{}\nThe cat sat\n", first.text);
+    let text = htpkv::text::ChatFormat::new(None)
+        .render(&messages, true)
+        .unwrap();
     let full = engine.tokenizer().encode(&text, true);
     let common = cached.iter().zip(&full).take_while(|(a, b)| a == b).count();
     assert!(common > first.prompt_tokens.len(), "history re-fed");

@@ -25,8 +25,8 @@ pub struct GenerateArgs {
     #[arg(long = "model", visible_alias = "model-dir", value_name = "PATH")]
     model_dir: Option<PathBuf>,
     /// Answer one chat question: the model's chat template renders it (with --system) and the
-    /// answer stops at the model's stop tokens. Without a template (llama2.c models) the turns
-    /// are joined as plain text lines.
+    /// answer stops at the model's stop tokens. Without a template (llama2.c models) each turn is
+    /// a `<role>: <text>` line (the plain fallback).
     #[arg(long, value_name = "TEXT", conflicts_with = "prompt")]
     chat: Option<String>,
     /// System message of --chat and `htpkv chat`.
