@@ -72,17 +72,9 @@ fn each_turn_feeds_only_new_tokens_and_answers_as_a_fresh_prefill() {
 /// text again, multi-byte characters included; its stop tokens end generation.
 #[test]
 fn hf_codec_pieces_spell_the_text_and_stop_at_the_models_stop_tokens() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if !path.is_file() {
-        let msg = format!(
-            "{} is missing: run scripts/fetch-smollm2.sh",
-            path.display()
-        );
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
-        eprintln!("skipped: {msg}");
+    let Some(path) = model::fetched::smollm2_gguf("hf_codec_pieces_spell_the_text") else {
         return;
-    }
+    };
     let model = htpkv::engine::OpenedModel::open(Some(&path)).unwrap();
     let text = "Paris — café, 東京!\n  Done.";
     let ids = model.codec.encode(text, false);

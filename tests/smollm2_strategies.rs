@@ -6,7 +6,6 @@
 //! environment variable `CI` is set, and otherwise prints how to fetch it and passes. Sizes are
 //! small (context 32, short calibration) so that it runs in well under a minute in debug.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,20 +17,8 @@ use model::ops::argmax;
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType};
 
-const FETCH: &str = "run scripts/fetch-smollm2.sh to fetch SmolLM2-135M-Instruct";
-
 fn compiled() -> Option<Arc<CompiledModel>> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let path = root.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if !path.exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{} is missing: {FETCH}",
-            path.display()
-        );
-        eprintln!("SKIPPED: {} is missing: {FETCH}", path.display());
-        return None;
-    }
+    let path = model::fetched::smollm2_gguf("smollm2_strategies")?;
     let m = GgufModel::load(&path).expect("SmolLM2 loads");
     let mut o = CompileOptions::new(32, vec![1, 8]);
     o.kv_dtype = DataType::U8;

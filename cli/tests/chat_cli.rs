@@ -2,7 +2,7 @@
 //! on SmolLM2 (GGUF).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 mod common;
@@ -102,26 +102,9 @@ fn generate_json_reports_peak_memory_and_rejects_a_non_model_file() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
-/// SmolLM2-135M-Instruct (GGUF Q4_1), fetched by `scripts/fetch-smollm2.sh`; a failure under
-/// `CI=true` when missing, else skipped with a message.
-fn smollm2() -> Option<PathBuf> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if path.is_file() {
-        return Some(path);
-    }
-    let msg = format!(
-        "{} is missing: run scripts/fetch-smollm2.sh",
-        path.display()
-    );
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
-    eprintln!("skipped: {msg}");
-    None
-}
-
 #[test]
 fn smollm2_answers_the_capital_of_france_with_f32_weights_and_kv() {
-    let Some(model) = smollm2() else {
+    let Some(model) = model::fetched::smollm2_gguf("smollm2_answers_the_capital_of_france") else {
         return;
     };
     let cache = common::scratch("chat", "smollm2");

@@ -57,6 +57,7 @@
 pub mod chat;
 mod config;
 mod error;
+pub mod fetched;
 pub mod forward;
 pub mod fsio;
 pub mod gguf;

@@ -4,34 +4,17 @@
 //! The model comes from `scripts/fetch-smollm2.sh`. When it is absent these tests fail if the
 //! environment variable `CI` is set, and otherwise print how to fetch it and pass.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Instant;
 
 use model::gguf::GgufModel;
 use model::{ChatTemplate, FloatModel, HfTokenizer, Message};
 
-const FETCH: &str = "run scripts/fetch-smollm2.sh to fetch SmolLM2-135M-Instruct";
-
-fn model_path() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    root.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
-}
-
 /// The loaded model, once per test binary; `None` (after saying why) when the file is absent
 /// outside CI.
 fn smollm2(test: &str) -> Option<&'static GgufModel> {
     static MODEL: OnceLock<Option<GgufModel>> = OnceLock::new();
-    let path = model_path();
-    if !path.exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{} is missing: {FETCH}",
-            path.display()
-        );
-        eprintln!("SKIPPED {test}: {} is missing: {FETCH}", path.display());
-        return None;
-    }
+    let path = model::fetched::smollm2_gguf(test)?;
     let m = MODEL.get_or_init(|| {
         let t0 = Instant::now();
         let m = GgufModel::load(&path).expect("SmolLM2 loads");
@@ -73,7 +56,10 @@ fn description_matches_the_published_geometry() {
     assert_eq!(c.rope.pairing, model::RopePairing::Adjacent);
     assert_eq!((c.special.bos, c.special.eos), (Some(1), Some(2)));
     // The header alone gives the same description.
-    assert_eq!(&model::describe(&model_path()).unwrap(), c);
+    assert_eq!(
+        &model::describe(&model::fetched::smollm2_gguf_path()).unwrap(),
+        c
+    );
 }
 
 #[test]

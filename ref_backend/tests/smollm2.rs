@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,20 +16,8 @@ use model::{ChatTemplate, FloatModel, HfTokenizer, Message};
 use quant::DataType;
 use ref_backend::{CompileOptions, WeightType, compile};
 
-const FETCH: &str = "run scripts/fetch-smollm2.sh to fetch SmolLM2-135M-Instruct";
-
-fn smollm2() -> Option<(GgufModel, [u8; 32])> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let path = root.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if !path.exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{} is missing: {FETCH}",
-            path.display()
-        );
-        eprintln!("SKIPPED: {} is missing: {FETCH}", path.display());
-        return None;
-    }
+fn smollm2(test: &str) -> Option<(GgufModel, [u8; 32])> {
+    let path = model::fetched::smollm2_gguf(test)?;
     let sha = llama2c::sha256(&std::fs::read(&path).expect("model file reads"));
     Some((GgufModel::load(&path).expect("SmolLM2 loads"), sha))
 }
@@ -52,7 +39,9 @@ fn chat_prompt(m: &GgufModel) -> Vec<u32> {
 /// logit within 1e-4, and the answer is the float model's "The capital of France is Paris."
 #[test]
 fn f32_graph_answers_the_chat_question_like_the_float_model() {
-    let Some((m, sha)) = smollm2() else { return };
+    let Some((m, sha)) = smollm2("f32_graph_answers_the_chat_question") else {
+        return;
+    };
     let t0 = Instant::now();
     let prompt = chat_prompt(&m);
     let context = 128;
