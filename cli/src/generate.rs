@@ -347,38 +347,28 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let generate = checked.generate;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    if let Some(question) = &args.chat {
-        let mut messages = Vec::new();
-        messages.extend(args.system.as_deref().map(|s| Message::new("system", s)));
-        messages.push(Message::new("user", question));
-        let mut write_failed = None;
-        let generation = engine.chat(&messages, &generate, &mut |piece| {
-            args.json || stream(&mut out, piece, &mut write_failed)
-        })?;
-        return finish(
-            &args,
-            &mut engine,
-            strategy,
-            &ran,
-            generation,
-            write_failed,
-            out,
-        );
-    }
-    // A prompt that cannot fit is refused before it is printed.
-    engine
-        .session()
-        .encode_fitting(engine.tokenizer(), &args.prompt)
-        .map_err(htpkv::engine::EngineError::from)?;
-    // Like llama2.c, the story starts with the prompt itself.
-    if !args.json && !args.prompt.is_empty() {
-        write!(out, "{}", args.prompt)?;
-        out.flush()?;
-    }
     let mut write_failed = None;
-    let generation = engine.generate(&args.prompt, &generate, &mut |piece| {
-        args.json || stream(&mut out, piece, &mut write_failed)
-    })?;
+    let mut on_piece = |piece: &str| args.json || stream(&mut out, piece, &mut write_failed);
+    let generation = match &args.chat {
+        Some(question) => {
+            let mut messages = Vec::new();
+            messages.extend(args.system.as_deref().map(|s| Message::new("system", s)));
+            messages.push(Message::new("user", question));
+            engine.chat(&messages, &generate, &mut on_piece)?
+        }
+        None => {
+            // A prompt that cannot fit is refused before it is printed.
+            engine
+                .session()
+                .encode_fitting(engine.tokenizer(), &args.prompt)
+                .map_err(htpkv::engine::EngineError::from)?;
+            // Like llama2.c, the story starts with the prompt itself.
+            if !args.json && !args.prompt.is_empty() {
+                on_piece(&args.prompt);
+            }
+            engine.generate(&args.prompt, &generate, &mut on_piece)?
+        }
+    };
     finish(
         &args,
         &mut engine,
