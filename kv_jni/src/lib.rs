@@ -167,41 +167,51 @@ fn call_token_callback(
     })
 }
 
-/// The open options Java passed (see `SessionOptions`), checked.
-#[allow(clippy::too_many_arguments)]
-fn open_options(
-    env: &mut Env<'_>,
-    model_dir: &JString<'_>,
-    compiled: &JString<'_>,
-    backend: &JString<'_>,
-    backend_lib: &JString<'_>,
-    system_lib: &JString<'_>,
-    strategy: &JString<'_>,
-    kv_dtype: &JString<'_>,
-    weights: &JString<'_>,
-    context: jint,
-    ar: &JIntArray<'_>,
-    cache_dir: &JString<'_>,
-) -> Result<EngineOptions, GlueError> {
-    let mut ar_values = Vec::new();
-    if !ar.is_null() {
-        ar_values = vec![0; ar.len(env)?];
-        ar.get_region(env, 0, &mut ar_values)?;
+/// The open options Java passed (a `SessionOptions`), read field by field and checked.
+fn open_options(env: &mut Env<'_>, options: &JObject<'_>) -> Result<EngineOptions, GlueError> {
+    if options.is_null() {
+        return Err(GlueError::bad_option("options must not be null"));
     }
-    let args = OpenArgs {
-        model_dir: optional_string(env, model_dir)?,
-        compiled: optional_string(env, compiled)?,
-        backend: optional_string(env, backend)?,
-        backend_lib: optional_string(env, backend_lib)?,
-        system_lib: optional_string(env, system_lib)?,
-        strategy: optional_string(env, strategy)?,
-        kv_dtype: optional_string(env, kv_dtype)?,
-        weights: optional_string(env, weights)?,
-        context,
-        ar: ar_values,
-        cache_dir: optional_string(env, cache_dir)?,
-    };
-    args.to_engine_options()
+    env.with_local_frame(32, |env| -> Result<EngineOptions, GlueError> {
+        let ar = env
+            .get_field(options, jni_str!("arVariants"), jni_sig!("[I"))?
+            .l()?;
+        let ar = env.cast_local::<JIntArray<'_>>(ar)?;
+        let mut ar_values = Vec::new();
+        if !ar.is_null() {
+            ar_values = vec![0; ar.len(env)?];
+            ar.get_region(env, 0, &mut ar_values)?;
+        }
+        let args = OpenArgs {
+            model_dir: string_field(env, options, jni_str!("modelDir"))?,
+            compiled: string_field(env, options, jni_str!("compiled"))?,
+            backend: string_field(env, options, jni_str!("backend"))?,
+            backend_lib: string_field(env, options, jni_str!("qnnBackendLib"))?,
+            system_lib: string_field(env, options, jni_str!("qnnSystemLib"))?,
+            strategy: string_field(env, options, jni_str!("strategy"))?,
+            kv_dtype: string_field(env, options, jni_str!("kvDtype"))?,
+            weights: string_field(env, options, jni_str!("weights"))?,
+            context: env
+                .get_field(options, jni_str!("context"), jni_sig!("I"))?
+                .i()?,
+            ar: ar_values,
+            cache_dir: string_field(env, options, jni_str!("cacheDir"))?,
+        };
+        args.to_engine_options()
+    })
+}
+
+/// One `String` field of a `SessionOptions` (`None` when null).
+fn string_field(
+    env: &mut Env<'_>,
+    options: &JObject<'_>,
+    name: &jni::strings::JNIStr,
+) -> Result<Option<String>, GlueError> {
+    let value = env
+        .get_field(options, name, jni_sig!("Ljava/lang/String;"))?
+        .l()?;
+    let value = env.cast_local::<JString<'_>>(value)?;
+    optional_string(env, &value)
 }
 
 fn log_progress(line: &str) {
@@ -210,37 +220,13 @@ fn log_progress(line: &str) {
 
 /// `static native long nativeOpen(...)`: opens a session (and its own model), returns its handle.
 #[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
 pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeOpen<'local>(
     mut env: EnvUnowned<'local>,
     _class: JClass<'local>,
-    model_dir: JString<'local>,
-    compiled: JString<'local>,
-    backend: JString<'local>,
-    backend_lib: JString<'local>,
-    system_lib: JString<'local>,
-    strategy: JString<'local>,
-    kv_dtype: JString<'local>,
-    weights: JString<'local>,
-    context: jint,
-    ar: JIntArray<'local>,
-    cache_dir: JString<'local>,
+    options: JObject<'local>,
 ) -> jlong {
     entry(&mut env, |env| {
-        let options = open_options(
-            env,
-            &model_dir,
-            &compiled,
-            &backend,
-            &backend_lib,
-            &system_lib,
-            &strategy,
-            &kv_dtype,
-            &weights,
-            context,
-            &ar,
-            &cache_dir,
-        )?;
+        let options = open_options(env, &options)?;
         let engine = Engine::open(&options, &mut log_progress)?;
         Ok(SESSIONS.insert(engine))
     })
@@ -248,37 +234,13 @@ pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeOpen<'local>(
 
 /// `static native long nativeOpen(...)` of `HtpkvModel`: loads a model that sessions share.
 #[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
 pub extern "system" fn Java_org_htpkv_HtpkvModel_nativeOpen<'local>(
     mut env: EnvUnowned<'local>,
     _class: JClass<'local>,
-    model_dir: JString<'local>,
-    compiled: JString<'local>,
-    backend: JString<'local>,
-    backend_lib: JString<'local>,
-    system_lib: JString<'local>,
-    strategy: JString<'local>,
-    kv_dtype: JString<'local>,
-    weights: JString<'local>,
-    context: jint,
-    ar: JIntArray<'local>,
-    cache_dir: JString<'local>,
+    options: JObject<'local>,
 ) -> jlong {
     entry(&mut env, |env| {
-        let options = open_options(
-            env,
-            &model_dir,
-            &compiled,
-            &backend,
-            &backend_lib,
-            &system_lib,
-            &strategy,
-            &kv_dtype,
-            &weights,
-            context,
-            &ar,
-            &cache_dir,
-        )?;
+        let options = open_options(env, &options)?;
         let model = Model::open(&options, &mut log_progress)?;
         Ok(MODELS.insert(Arc::new(model)))
     })

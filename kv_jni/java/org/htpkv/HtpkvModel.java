@@ -32,9 +32,7 @@ public final class HtpkvModel implements AutoCloseable {
         if (options == null) {
             throw new HtpkvException("bad_option", "options must not be null");
         }
-        long h = nativeOpen(options.modelDir, options.compiled, options.backend, options.qnnBackendLib,
-                options.qnnSystemLib, options.strategy, options.kvDtype, options.weights,
-                options.context, options.arVariants, options.cacheDir);
+        long h = nativeOpen(options);
         return new HtpkvModel(h);
     }
 
@@ -65,9 +63,7 @@ public final class HtpkvModel implements AutoCloseable {
         return h;
     }
 
-    static native long nativeOpen(String modelDir, String compiled, String backend, String backendLib,
-            String systemLib, String strategy, String kvDtype, String weights, int context, int[] ar,
-            String cacheDir);
+    static native long nativeOpen(SessionOptions options);
 
     static native long nativeNewSession(long model);
 

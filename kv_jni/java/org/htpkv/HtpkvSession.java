@@ -55,9 +55,7 @@ public final class HtpkvSession implements AutoCloseable {
         if (options == null) {
             throw new HtpkvException("bad_option", "options must not be null");
         }
-        long h = nativeOpen(options.modelDir, options.compiled, options.backend, options.qnnBackendLib,
-                options.qnnSystemLib, options.strategy, options.kvDtype, options.weights,
-                options.context, options.arVariants, options.cacheDir);
+        long h = nativeOpen(options);
         return new HtpkvSession(h);
     }
 
@@ -204,9 +202,7 @@ public final class HtpkvSession implements AutoCloseable {
     }
 
     // The native half (kv_jni). Package-private so tests in org.htpkv can pass forged handles.
-    static native long nativeOpen(String modelDir, String compiled, String backend, String backendLib,
-            String systemLib, String strategy, String kvDtype, String weights, int context, int[] ar,
-            String cacheDir);
+    static native long nativeOpen(SessionOptions options);
 
     static native void nativeClose(long handle);
 
