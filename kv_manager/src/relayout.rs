@@ -132,7 +132,7 @@ mod tests {
     fn strategies() -> Vec<Strategy> {
         vec![
             Strategy::Shift {
-                reserve: Reserve::Factor(1.5),
+                reserve: Reserve::Factor(2.0),
                 stagger: true,
             },
             Strategy::Conveyor,
