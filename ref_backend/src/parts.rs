@@ -125,6 +125,19 @@ impl CompiledModel {
             .map(|p| CompiledModel::with_part(Arc::clone(&self.data), p))
             .collect())
     }
+
+    /// The same model and part — weights, activation and K/V encodings — with its graphs built for
+    /// context length `context` (`_cl{context}` in their names): several context lengths of one
+    /// model whose K/V rows mean the same in each, so a runtime can move its cache from one to
+    /// another by copying rows. `context` must satisfy the compile rules (2 to the model's context
+    /// length, above every AR variant).
+    pub fn with_context(&self, context: usize) -> Result<CompiledModel, CompileError> {
+        let mut data = (*self.data).clone();
+        data.options.context = context;
+        crate::compile::validate_options(&data.config, &data.options)
+            .map_err(|reason| CompileError::InvalidOptions { reason })?;
+        Ok(CompiledModel::with_part(Arc::new(data), self.part.clone()))
+    }
 }
 
 #[cfg(test)]
