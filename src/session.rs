@@ -491,7 +491,13 @@ impl<B: Backend> Session<B> {
         rope: Option<RopeConfig>,
     ) -> Result<Self, SessionError> {
         let context = contexts::largest(backend.graphs())?;
-        Session::build(backend, strategy, allocator, context, Tiers::fixed(rope))
+        Session::build(
+            backend,
+            strategy,
+            allocator,
+            context,
+            Tiers::fixed(context, rope),
+        )
     }
 
     /// The session on the graphs of context length `context`.

@@ -29,8 +29,12 @@ pub struct CompileArgs {
     #[arg(long, value_name = "TOK")]
     tokenizer: Option<PathBuf>,
     /// Context length S (default: the model's seq_len).
-    #[arg(long, value_name = "S")]
+    #[arg(long, value_name = "S", conflicts_with = "contexts")]
     context: Option<usize>,
+    /// A bundle with graphs for each of these context lengths (the model is compiled at the
+    /// largest); a session starts on the smallest that holds the prompt and moves up as it fills.
+    #[arg(long, value_delimiter = ',', value_name = "S,..")]
+    contexts: Vec<usize>,
     /// AR variants (tokens per step), one graph each.
     #[arg(
         long,
@@ -101,8 +105,10 @@ fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<
     let opened = OpenedModel::open(Some(path))?;
     let context = args
         .context
+        .or(args.contexts.iter().max().copied())
         .unwrap_or(opened.config.context_length.min(DEFAULT_MAX_CONTEXT));
     check_parts(args, opened.config.n_layers)?;
+    check_contexts(args, &opened.config)?;
     htpkv::engine::check_geometry(&opened.config, context, &args.ar, args.kv_dtype)?;
     let calibration: Vec<Vec<u32>> = calibration_texts(args)?
         .iter()
@@ -130,6 +136,21 @@ fn check_early(args: &CompileArgs, inputs: &[&std::path::Path]) -> anyhow::Resul
     }
     if args.tokenizer_json.is_none() {
         bail!("a bundle (--parts or --convention aihub) needs --tokenizer-json FILE");
+    }
+    Ok(())
+}
+
+/// Refuses `--contexts` outside a bundle, or with a length no graph set can have, before compiling.
+fn check_contexts(args: &CompileArgs, config: &model::LlamaConfig) -> anyhow::Result<()> {
+    if args.contexts.is_empty() {
+        return Ok(());
+    }
+    if !is_bundle(args) {
+        bail!("--contexts writes a bundle: add --parts N or --convention aihub");
+    }
+    for &c in &args.contexts {
+        htpkv::engine::check_geometry(config, c, &args.ar, args.kv_dtype)
+            .with_context(|| format!("--contexts: context {c}"))?;
     }
     Ok(())
 }
@@ -165,6 +186,7 @@ fn write_output(
         rope_tables: args.convention == "aihub",
         tokenizer_json,
         stem: stem.as_deref().unwrap_or("model"),
+        contexts: &args.contexts,
     };
     let mut inputs = inputs.to_vec();
     inputs.push(tokenizer_json);
@@ -245,9 +267,13 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     inputs.extend(args.calibration_prompts.as_deref());
     check_early(&args, &inputs)?;
     let ckpt = Checkpoint::load(&ckpt_path).context("loading the checkpoint")?;
-    let context = args.context.unwrap_or(ckpt.config.seq_len);
+    let context = args
+        .context
+        .or(args.contexts.iter().max().copied())
+        .unwrap_or(ckpt.config.seq_len);
     check_parts(&args, ckpt.config.n_layers)?;
     let config = llama2c::llama_config(&ckpt.config);
+    check_contexts(&args, &config)?;
     htpkv::engine::check_geometry(&config, context, &args.ar, args.kv_dtype)?;
     let tok =
         Tokenizer::load(&tok_path, ckpt.config.vocab_size).context("loading the tokenizer")?;

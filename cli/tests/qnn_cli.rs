@@ -708,3 +708,52 @@ fn compiled_aihub_parts_bundle_gives_the_tokens_of_one_binary() {
     assert_eq!(via["tokens"], direct["tokens"]);
     assert_eq!(via["stop"], direct["stop"]);
 }
+
+/// `htpkv compile --contexts 32,64 --parts 2 --convention aihub` writes part binaries for each
+/// context length; `--bundle` starts on context 32 and moves the cache to 64 when it fills (one
+/// relayout of the 31 rows of every buffer), and generates the greedy tokens of the one-binary
+/// `htpkv` convention at context 64, with `smart_mask` (the QNN default) and `naive`.
+#[test]
+fn a_bundle_of_two_context_lengths_moves_up_and_gives_the_same_tokens() {
+    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = lib.to_str().unwrap();
+    let tok = bundle("contexts-tok", "2").join("tokenizer.json");
+    let dir = scratch().join("contexts-bundle");
+    let mut args = vec!["compile", "--contexts", "32,64", "--ar", "1,8"];
+    args.extend(["--kv-dtype", "u8", "--parts", "2", "--convention", "aihub"]);
+    args.extend(["--tokenizer-json", tok.to_str().unwrap()]);
+    args.extend(["--out", dir.to_str().unwrap()]);
+    let o = htpkv(&args, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for c in [32, 64] {
+        for i in [1, 2] {
+            let f = dir.join(format!("stories260K_cl{c}_part_{i}_of_2.bin"));
+            assert!(f.is_file(), "{}", f.display());
+        }
+    }
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("genie_config.json")).unwrap()).unwrap();
+    assert_eq!(config["dialog"]["context"]["size"], 64);
+    let o = htpkv(&["compile", "--contexts", "32,64", "--out", "x.htpkv"], &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--contexts writes a bundle"), "{err}");
+
+    let steps = ["--steps", "40", "--json", "--backend", "qnn"];
+    let mut direct = vec!["generate", "--compiled", compiled().to_str().unwrap()];
+    direct.extend(steps);
+    direct.extend(["--qnn-backend", lib]);
+    let direct = ok_json(&htpkv(&direct, &[]));
+    assert!(direct["tokens"].as_array().unwrap().len() > 35, "{direct}");
+    for update in ["smart_mask", "naive"] {
+        let mut via = vec!["generate", "--bundle", dir.to_str().unwrap()];
+        via.extend(steps);
+        via.extend(["--qnn-backend", lib, "--update", update]);
+        let via = ok_json(&htpkv(&via, &[]));
+        assert_eq!(via["tokens"], direct["tokens"], "{update}");
+        assert_eq!(via["contexts"], serde_json::json!([32, 64]));
+        assert_eq!(via["context"], 64, "{update}: moved up");
+        assert_eq!(via["relayouts"], 1, "{update}");
+        // 31 tokens (context 32, AR-1) in each of 5 layers x 4 KV heads x K and V.
+        assert_eq!(via["rows_moved_by_relayouts"], 31 * 40, "{update}");
+    }
+}

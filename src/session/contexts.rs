@@ -29,9 +29,9 @@ pub(super) struct Tiers {
 
 impl Tiers {
     /// One context length, never left.
-    pub(super) fn fixed(rope: Option<RopeConfig>) -> Tiers {
+    pub(super) fn fixed(context: usize, rope: Option<RopeConfig>) -> Tiers {
         Tiers {
-            contexts: Vec::new(),
+            contexts: vec![context],
             allocator: None,
             rope,
             capacity: None,
@@ -102,6 +102,12 @@ impl<B: Backend> Session<B> {
         let mut session = Session::build(backend, strategy, allocator.as_ref(), start, tiers)?;
         session.tiers.allocator = Some(allocator);
         Ok(session)
+    }
+
+    /// The context lengths the session may run, ascending (one unless built with
+    /// [`Session::with_contexts`]).
+    pub fn context_lengths(&self) -> &[usize] {
+        &self.tiers.contexts
     }
 
     /// The context length of the graphs the session runs now.
