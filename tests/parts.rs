@@ -418,3 +418,60 @@ fn a_long_prompt_starts_on_the_context_that_holds_it() {
         "AR-8 needs a context above 8"
     );
 }
+
+/// The argmax after the test prompt and after each of `forced` (teacher forcing), and the largest
+/// absolute logit difference from `reference` logits when given.
+fn forced(model: Arc<CompiledModel>, forced: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let alloc = HostAllocator::default();
+    let mut s = Session::new(ReferenceBackend::new(model), Strategy::SmartMask, &alloc).unwrap();
+    let prompt: Vec<u32> = vec![1, 403, 407, 261, 378, 130, 429, 289, 302, 351, 400];
+    let mut logits = vec![s.prefill(&prompt).unwrap().to_vec()];
+    for &t in forced {
+        logits.push(s.decode(t).unwrap().to_vec());
+    }
+    let top = logits.iter().map(|l| llama2c::argmax(l) as u32).collect();
+    (top, logits)
+}
+
+/// u8 K/V with AI Hub's zero point 128: every K/V tensor is described with offset −128 and the
+/// model runs. Symmetric ranges cost up to a bit of resolution; on stories260K (a tiny model whose
+/// free-running greedy text diverges after 2 tokens under this change) the next-token choice
+/// along the calibrated model's own text agrees at 39 of 40 steps (measured; 36 required).
+#[test]
+fn u8_kv_with_zero_point_128_runs_and_mostly_agrees() {
+    let model = compiled();
+    let sym = Arc::new(model.with_kv_zero_point_128().unwrap());
+    let mut kv_tensors = 0;
+    for g in ReferenceBackend::new(sym.clone()).graphs() {
+        for t in g.inputs.iter().chain(&g.outputs) {
+            let kv = [
+                IoRole::PastKey,
+                IoRole::PastValue,
+                IoRole::NewKey,
+                IoRole::NewValue,
+            ];
+            if !kv.contains(&t.role) {
+                continue;
+            }
+            kv_tensors += 1;
+            let encoding = t.quant.as_ref().map(|q| q.encoding.clone());
+            let Some(Encoding::PerTensor(so)) = encoding else {
+                panic!("{} is not per tensor", t.name)
+            };
+            assert_eq!(so.offset, -128, "{}", t.name);
+        }
+    }
+    assert!(kv_tensors > 0);
+    let (mut text, _) = forced(model.clone(), &[]);
+    for _ in 0..39 {
+        let (top, _) = forced(model.clone(), &text);
+        text.push(*top.last().unwrap());
+    }
+    let text = &text[..40];
+    let (own, _) = forced(model.clone(), &text[..39]);
+    assert_eq!(own, text, "teacher forcing reproduces the greedy text");
+    let (top, _) = forced(sym, &text[..39]);
+    let agree = top.iter().zip(text).filter(|(a, b)| a == b).count();
+    eprintln!("zero point 128: {agree} of 40 next-token choices agree along the calibrated text");
+    assert!(agree >= 36, "{agree} of 40");
+}

@@ -46,6 +46,10 @@ pub struct CompileArgs {
     /// KV cache dtype: u8, u16, f16 or f32.
     #[arg(long, default_value = "u8", value_parser = parse_kv_dtype)]
     kv_dtype: DataType,
+    /// `128`: u8 K/V encodings symmetric around 0 with zero point 128 (offset -128), as AI Hub
+    /// ships its KV cache, instead of the calibrated asymmetric ones (u8 KV only).
+    #[arg(long, value_name = "128", value_parser = parse_kv_zero_point)]
+    kv_zero_point: Option<u32>,
     /// Weight type: i8 (W8A16), f16 or f32.
     #[arg(long, default_value = "i8", value_parser = parse_from_str::<WeightType>)]
     weights: WeightType,
@@ -83,6 +87,15 @@ fn parse_kv_dtype(s: &str) -> Result<DataType, String> {
         Ok(d @ (DataType::U8 | DataType::U16 | DataType::F16 | DataType::F32)) => Ok(d),
         _ => Err(format!(
             "unsupported KV dtype `{s}` (expected u8, u16, f16 or f32)"
+        )),
+    }
+}
+
+fn parse_kv_zero_point(s: &str) -> Result<u32, String> {
+    match s {
+        "128" => Ok(128),
+        _ => Err(format!(
+            "unsupported K/V zero point `{s}` (128; without the option the encodings are calibrated)"
         )),
     }
 }
@@ -131,6 +144,12 @@ fn is_bundle(args: &CompileArgs) -> bool {
 /// Refuses what can be refused before any work: a bundle without its tokenizer.json, a bad output
 /// path (checked again when written).
 fn check_early(args: &CompileArgs, inputs: &[&std::path::Path]) -> anyhow::Result<()> {
+    if args.kv_zero_point.is_some() && args.kv_dtype != DataType::U8 {
+        bail!(
+            "--kv-zero-point 128 is for a u8 KV cache, not --kv-dtype {}",
+            args.kv_dtype
+        );
+    }
     if !is_bundle(args) {
         return Ok(check_output(&args.out, inputs)?);
     }
@@ -173,6 +192,13 @@ fn write_output(
     inputs: &[&std::path::Path],
     started: Instant,
 ) -> anyhow::Result<()> {
+    let symmetric;
+    let model = if args.kv_zero_point.is_some() {
+        symmetric = model.with_kv_zero_point_128()?;
+        &symmetric
+    } else {
+        model
+    };
     let Some(tokenizer_json) = args.tokenizer_json.as_deref().filter(|_| is_bundle(args)) else {
         // Written only after it was read back and found equal (the runtime's validation).
         model.write(&args.out, inputs)?;

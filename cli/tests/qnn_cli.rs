@@ -757,3 +757,73 @@ fn a_bundle_of_two_context_lengths_moves_up_and_gives_the_same_tokens() {
         assert_eq!(via["rows_moved_by_relayouts"], 31 * 40, "{update}");
     }
 }
+
+/// `--kv-zero-point 128`: an AI Hub bundle whose per-layer K/V encodings all have offset −128
+/// (u8, symmetric around 0, as AI Hub ships them) runs through `--bundle`; the option is refused
+/// for a KV type other than u8 before any work.
+#[test]
+fn a_bundle_with_kv_zero_point_128_runs() {
+    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = lib.to_str().unwrap();
+    let tok = bundle("zp-tok", "2").join("tokenizer.json");
+    let dir = scratch().join("zp-bundle");
+    let mut args = vec![
+        "compile",
+        "--context",
+        "64",
+        "--ar",
+        "1,8",
+        "--kv-dtype",
+        "u8",
+    ];
+    args.extend([
+        "--kv-zero-point",
+        "128",
+        "--parts",
+        "2",
+        "--convention",
+        "aihub",
+    ]);
+    args.extend(["--tokenizer-json", tok.to_str().unwrap()]);
+    args.extend(["--out", dir.to_str().unwrap()]);
+    let o = htpkv(&args, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let part1 = dir.join("stories260K_part_1_of_2.bin");
+    let inspect = ok_json(&htpkv(
+        &[
+            "inspect",
+            part1.to_str().unwrap(),
+            "--qnn-system",
+            lib,
+            "--json",
+        ],
+        &[],
+    ));
+    let mut kv = 0;
+    for t in inspect["graphs"][0]["inputs"].as_array().unwrap() {
+        if t["name"].as_str().unwrap().starts_with("past_") {
+            kv += 1;
+            let offsets = t["quant"]["offsets"].as_array().unwrap();
+            assert!(offsets.iter().all(|o| o == -128), "{t}");
+        }
+    }
+    assert_eq!(kv, 6, "K and V of part 1's three layers");
+    let mut run = vec![
+        "generate",
+        "--bundle",
+        dir.to_str().unwrap(),
+        "--steps",
+        "30",
+    ];
+    run.extend(["--json", "--backend", "qnn", "--qnn-backend", lib]);
+    let doc = ok_json(&htpkv(&run, &[]));
+    assert!(doc["tokens"].as_array().unwrap().len() > 10, "{doc}");
+    let mut u16 = args.clone();
+    u16[6] = "u16";
+    let o = htpkv(&u16, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--kv-zero-point 128 is for a u8 KV cache"),
+        "{err}"
+    );
+}

@@ -13,6 +13,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use kv_manager::{KvIo, KvTensor, TensorKind};
+use quant::{DataType, Encoding, ScaleOffset, Symmetry};
 
 use crate::compile::CompiledModel;
 use crate::error::CompileError;
@@ -136,6 +137,36 @@ impl CompiledModel {
         data.options.context = context;
         crate::compile::validate_options(&data.config, &data.options)
             .map_err(|reason| CompileError::InvalidOptions { reason })?;
+        Ok(CompiledModel::with_part(Arc::new(data), self.part.clone()))
+    }
+
+    /// The same model with every u8 K/V encoding symmetric around 0 with zero point 128 (offset
+    /// −128, scale `max(|lo|, |hi|) / 127` of the calibrated range `[lo, hi]`), as Qualcomm AI Hub
+    /// ships its KV cache: the range of each (layer, KV head, K|V) widened to be symmetric, at the
+    /// cost of up to one bit of resolution where the calibrated range was one-sided. Refused unless
+    /// the KV cache is u8.
+    pub fn with_kv_zero_point_128(&self) -> Result<CompiledModel, CompileError> {
+        let refuse = |reason: String| CompileError::InvalidOptions { reason };
+        if self.data.options.kv_dtype != DataType::U8 {
+            return Err(refuse(format!(
+                "a K/V zero point of 128 needs a u8 KV cache, not {}",
+                self.data.options.kv_dtype
+            )));
+        }
+        let mut data = (*self.data).clone();
+        for spec in &mut data.kv {
+            let Encoding::PerTensor(so) = spec.encoding else {
+                return Err(refuse("a u8 K/V encoding is not per tensor".into()));
+            };
+            let lo = so.scale * so.offset as f32;
+            let hi = so.scale * (255 + so.offset) as f32;
+            let symmetric = ScaleOffset::from_range(lo, hi, DataType::U8, Symmetry::Symmetric)
+                .map_err(|source| CompileError::Quant {
+                    what: "the symmetric K/V encoding".into(),
+                    source,
+                })?;
+            spec.encoding = Encoding::PerTensor(symmetric);
+        }
         Ok(CompiledModel::with_part(Arc::new(data), self.part.clone()))
     }
 }
