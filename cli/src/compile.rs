@@ -114,7 +114,7 @@ fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<
     }
     let mut inputs = vec![path];
     inputs.extend(args.calibration_prompts.as_deref());
-    check_early(args, &inputs)?;
+    check_early(args, &inputs, true)?;
     let opened = OpenedModel::open(Some(path))?;
     let context = args
         .context
@@ -143,7 +143,11 @@ fn is_bundle(args: &CompileArgs) -> bool {
 
 /// Refuses what can be refused before any work: a bundle without its tokenizer.json, a bad output
 /// path (checked again when written).
-fn check_early(args: &CompileArgs, inputs: &[&std::path::Path]) -> anyhow::Result<()> {
+fn check_early(
+    args: &CompileArgs,
+    inputs: &[&std::path::Path],
+    brings_tokenizer: bool,
+) -> anyhow::Result<()> {
     if args.kv_zero_point.is_some() && args.kv_dtype != DataType::U8 {
         bail!(
             "--kv-zero-point 128 is for a u8 KV cache, not --kv-dtype {}",
@@ -153,10 +157,40 @@ fn check_early(args: &CompileArgs, inputs: &[&std::path::Path]) -> anyhow::Resul
     if !is_bundle(args) {
         return Ok(check_output(&args.out, inputs)?);
     }
-    if args.tokenizer_json.is_none() {
-        bail!("a bundle (--parts or --convention aihub) needs --tokenizer-json FILE");
+    if args.tokenizer_json.is_none() && !brings_tokenizer {
+        bail!(
+            "a bundle (--parts or --convention aihub) of a llama2.c checkpoint needs \
+             --tokenizer-json FILE"
+        );
     }
     Ok(())
+}
+
+/// The bundle's tokenizer.json: `--tokenizer-json`, else the model's own (a Hugging Face folder's
+/// tokenizer.json; a GGUF file's vocabulary and merges written as one).
+fn bundle_tokenizer(args: &CompileArgs, model_path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    if let Some(p) = &args.tokenizer_json {
+        return Ok(read_capped(p, FileKind::TOKENIZER)?);
+    }
+    match model::format_of(model_path) {
+        Ok(model::ModelFormat::HfFolder) => Ok(read_capped(
+            &model_path.join("tokenizer.json"),
+            FileKind::TOKENIZER,
+        )?),
+        Ok(model::ModelFormat::Gguf) => {
+            let file = std::fs::File::open(model_path)
+                .with_context(|| format!("opening {}", model_path.display()))?;
+            let len = file.metadata()?.len();
+            let gguf = model::gguf::GgufFile::read(std::io::BufReader::new(file), len)
+                .with_context(|| format!("reading {}", model_path.display()))?;
+            let tok = model::HfTokenizer::from_gguf(&gguf)?;
+            let json = tok.inner().to_string(false).map_err(|e| {
+                anyhow::anyhow!("writing the GGUF tokenizer as tokenizer.json: {e}")
+            })?;
+            Ok(json.into_bytes())
+        }
+        Err(_) => bail!("a bundle of a llama2.c checkpoint needs --tokenizer-json FILE"),
+    }
 }
 
 /// Refuses `--contexts` outside a bundle, or with a length no graph set can have, before compiling.
@@ -199,23 +233,24 @@ fn write_output(
     } else {
         model
     };
-    let Some(tokenizer_json) = args.tokenizer_json.as_deref().filter(|_| is_bundle(args)) else {
+    if !is_bundle(args) {
         // Written only after it was read back and found equal (the runtime's validation).
         model.write(&args.out, inputs)?;
         return report(args, model, started);
-    };
+    }
+    let tokenizer = bundle_tokenizer(args, model_path)?;
     let stem = model_path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned());
     let spec = bundle::BundleSpec {
         parts: args.parts.unwrap_or(1),
         rope_tables: args.convention == "aihub",
-        tokenizer_json,
+        tokenizer: &tokenizer,
         stem: stem.as_deref().unwrap_or("model"),
         contexts: &args.contexts,
     };
     let mut inputs = inputs.to_vec();
-    inputs.push(tokenizer_json);
+    inputs.extend(args.tokenizer_json.as_deref());
     let bins = bundle::write_bundle(model, &args.out, &spec, &inputs)?;
     crate::output::to_stdout(|out| {
         writeln!(
@@ -291,7 +326,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     // Refuse a bad output path before any work; it is checked again when written.
     let mut inputs = vec![ckpt_path.as_path(), tok_path.as_path()];
     inputs.extend(args.calibration_prompts.as_deref());
-    check_early(&args, &inputs)?;
+    check_early(&args, &inputs, false)?;
     let ckpt = Checkpoint::load(&ckpt_path).context("loading the checkpoint")?;
     let context = args
         .context

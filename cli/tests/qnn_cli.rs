@@ -827,3 +827,84 @@ fn a_bundle_with_kv_zero_point_128_runs() {
         "{err}"
     );
 }
+
+/// SmolLM2-135M-Instruct (GGUF Q4_1), fetched by `scripts/fetch-smollm2.sh`; a failure under
+/// `CI=true` when missing, else skipped with a message.
+fn smollm2() -> Option<PathBuf> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if path.is_file() {
+        return Some(path);
+    }
+    let msg = format!(
+        "{} is missing: run scripts/fetch-smollm2.sh",
+        path.display()
+    );
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
+    eprintln!("SKIPPED: {msg}");
+    None
+}
+
+/// `htpkv compile --model SmolLM2.gguf --parts 3 --convention aihub` writes a Genie bundle (the
+/// tokenizer.json made from the GGUF's vocabulary) that generates, through `--bundle` and the
+/// reference library, the greedy tokens of the same model compiled as one `htpkv` binary under the
+/// same genie_config.json. Small and fast: context 32, f16 weights, short calibration.
+#[test]
+fn a_smollm2_bundle_of_three_parts_gives_the_tokens_of_one_binary() {
+    let Some(model) = smollm2() else { return };
+    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = lib.to_str().unwrap();
+    let dir = scratch().join("smollm2-bundle");
+    let one = scratch().join("smollm2-one");
+    std::fs::create_dir_all(&one).unwrap();
+    let one_bin = one.join("smollm2.htpkv");
+    let mut common = vec!["compile", "--model", model.to_str().unwrap()];
+    common.extend(["--context", "32", "--ar", "1,8", "--kv-dtype", "u8"]);
+    common.extend(["--weights", "f16", "--calibration-tokens", "12"]);
+    let mut parts = common.clone();
+    parts.extend(["--parts", "3", "--convention", "aihub"]);
+    parts.extend(["--out", dir.to_str().unwrap()]);
+    let o = htpkv(&parts, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut whole = common.clone();
+    whole.extend(["--out", one_bin.to_str().unwrap()]);
+    let o = htpkv(&whole, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The one binary under the bundle's own genie_config.json and tokenizer.json.
+    let mut config: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("genie_config.json")).unwrap()).unwrap();
+    let bins = &mut config["dialog"]["engine"]["model"]["binary"]["ctx-bins"];
+    assert_eq!(bins.as_array().unwrap().len(), 3);
+    *bins = serde_json::json!(["smollm2.htpkv"]);
+    std::fs::write(one.join("genie_config.json"), config.to_string()).unwrap();
+    std::fs::copy(dir.join("tokenizer.json"), one.join("tokenizer.json")).unwrap();
+
+    let run = |d: &Path| {
+        let mut args = vec!["generate", "The capital of France is", "--bundle"];
+        args.push(d.to_str().unwrap());
+        args.extend([
+            "--steps",
+            "8",
+            "--json",
+            "--backend",
+            "qnn",
+            "--qnn-backend",
+            lib,
+        ]);
+        ok_json(&htpkv(&args, &[]))
+    };
+    let (via, direct) = (run(&dir), run(&one));
+    assert_eq!(via["convention"], "aihub");
+    assert_eq!(direct["convention"], "htpkv");
+    assert!(!direct["tokens"].as_array().unwrap().is_empty(), "{direct}");
+    assert_eq!(via["tokens"], direct["tokens"]);
+    assert_eq!(via["text"], direct["text"]);
+    let size = |p: PathBuf| std::fs::metadata(p).unwrap().len();
+    eprintln!(
+        "SmolLM2 sizes: one binary {} bytes; parts {} / {} / {} bytes",
+        size(one_bin.clone()),
+        size(dir.join("SmolLM2-135M-Instruct.Q4_1_part_1_of_3.bin")),
+        size(dir.join("SmolLM2-135M-Instruct.Q4_1_part_2_of_3.bin")),
+        size(dir.join("SmolLM2-135M-Instruct.Q4_1_part_3_of_3.bin")),
+    );
+}

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use model::LlamaConfig;
-use model::fsio::{FileKind, check_output, read_capped};
+use model::fsio::check_output;
 use ref_backend::CompiledModel;
 use serde_json::{Value, json};
 
@@ -16,8 +16,8 @@ pub struct BundleSpec<'a> {
     pub parts: usize,
     /// Positions as RoPE cos/sin tables (the `aihub` convention).
     pub rope_tables: bool,
-    /// The HF `tokenizer.json` copied into the bundle.
-    pub tokenizer_json: &'a Path,
+    /// The HF `tokenizer.json` written into the bundle.
+    pub tokenizer: &'a [u8],
     /// File-name stem of the parts (the checkpoint's).
     pub stem: &'a str,
     /// Context lengths to write graphs for (empty: the model's own); the model was compiled at
@@ -72,8 +72,7 @@ pub fn write_bundle(
         .filter_map(|p| p.file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .collect();
-    let tok = read_capped(spec.tokenizer_json, FileKind::TOKENIZER)?;
-    write_checked(&dir.join("tokenizer.json"), &tok, inputs)?;
+    write_checked(&dir.join("tokenizer.json"), spec.tokenizer, inputs)?;
     let config = genie_config(model.config(), model.options().context, &names);
     let text = serde_json::to_string_pretty(&config).context("genie_config.json")?;
     write_checked(&dir.join("genie_config.json"), text.as_bytes(), inputs)?;
