@@ -316,13 +316,22 @@ struct Tiered {
 
 impl Tiered {
     fn new(model: &CompiledModel, contexts: &[usize]) -> Tiered {
+        Tiered::of(
+            contexts
+                .iter()
+                .map(|&c| model.with_context(c).expect("context")),
+        )
+    }
+
+    fn of(models: impl Iterator<Item = CompiledModel>) -> Tiered {
         let mut t = Tiered {
             inner: Vec::new(),
             descs: Vec::new(),
             owner: Vec::new(),
         };
-        for &c in contexts {
-            let b = ReferenceBackend::new(Arc::new(model.with_context(c).expect("context")));
+        for m in models {
+            let c = m.options().context;
+            let b = ReferenceBackend::new(Arc::new(m));
             for (i, g) in b.graphs().iter().enumerate() {
                 assert!(g.name.ends_with(&format!("_cl{c}")), "{}", g.name);
                 t.descs.push(g.clone());
@@ -416,6 +425,27 @@ fn a_long_prompt_starts_on_the_context_that_holds_it() {
     assert!(
         model.with_context(8).is_err(),
         "AR-8 needs a context above 8"
+    );
+}
+
+/// Context lengths whose K/V encodings differ cannot exchange rows: refused when the session is
+/// built, naming both.
+#[test]
+fn context_lengths_with_different_encodings_are_refused() {
+    let model = compiled();
+    let small = model.with_context(24).unwrap();
+    let large = model
+        .with_kv_zero_point_128()
+        .unwrap()
+        .with_context(64)
+        .unwrap();
+    let tiered = Tiered::of([small, large].into_iter());
+    let alloc = Box::new(HostAllocator::default());
+    let err = Session::with_contexts(tiered, Strategy::SmartMask, alloc, None).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("context 24") && text.contains("context 64"),
+        "{text}"
     );
 }
 

@@ -78,6 +78,9 @@ impl<B: Backend> Session<B> {
             .collect::<Result<Vec<_>, _>>()?;
         let (first, last) = (&specs[0], &specs[specs.len() - 1]);
         for (c, spec) in contexts.iter().zip(&specs) {
+            // The strategy must serve every context length (e.g. a `shift` reservation of fixed
+            // rows), refused now rather than when the cache fills.
+            spec.region_bytes()?;
             let (g, l) = (&spec.geometry, &last.geometry);
             let same_rows = (g.layers, g.kv_heads, g.head_dim, g.dtype)
                 == (l.layers, l.kv_heads, l.head_dim, l.dtype)
