@@ -339,7 +339,7 @@ impl QnnBackend {
     }
 
     /// The allocator the KV region must come from for the chosen memory.
-    pub fn region_allocator(&self) -> Box<dyn RegionAllocator> {
+    pub fn region_allocator(&self) -> Box<dyn RegionAllocator + Send> {
         self.memory.allocator(self.rpcmem.clone())
     }
 

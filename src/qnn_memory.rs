@@ -90,7 +90,7 @@ impl MemoryUse {
     }
 
     /// The allocator for the region.
-    pub fn allocator(self, rpcmem: Option<RpcMemAllocator>) -> Box<dyn RegionAllocator> {
+    pub fn allocator(self, rpcmem: Option<RpcMemAllocator>) -> Box<dyn RegionAllocator + Send> {
         match (self, rpcmem) {
             (MemoryUse::RpcMem, Some(rpc)) => Box::new(RpcRegionAllocator(rpc)),
             (MemoryUse::Memfd, _) => Box::new(MemfdAllocator),

@@ -15,7 +15,9 @@ use model::ops::Rope;
 use quant::QuantSpec;
 use std::time::Instant;
 
+mod contexts;
 mod overflow;
+use contexts::Tiers;
 pub use overflow::{Overflow, SlideEvent, SlidePositions};
 
 /// Errors of the runtime.
@@ -95,15 +97,17 @@ struct GraphSlot {
     parts: Vec<PartSlot>,
 }
 
-/// The graphs of each AR variant, parts in order: every variant of one context length, the
-/// largest one (runtime switching between context lengths is not done).
-fn variant_groups(graphs: &[GraphDesc]) -> Result<Vec<Vec<usize>>, SessionError> {
+/// The bindings of every graph of one context length.
+struct Slots {
+    slots: Vec<GraphSlot>,
+    vocab: usize,
+    /// Byte size of each hidden-state boundary between parts.
+    hidden: Vec<usize>,
+}
+
+/// The graphs of each AR variant of context length `context`, parts in order.
+fn variant_groups(graphs: &[GraphDesc], context: usize) -> Result<Vec<Vec<usize>>, SessionError> {
     let bad = |m: String| SessionError::Graphs(m);
-    let context = graphs
-        .iter()
-        .filter_map(GraphDesc::context)
-        .max()
-        .ok_or_else(|| bad("no graph has an attention mask input".into()))?;
     let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
     for (i, g) in graphs.iter().enumerate() {
         // A part without a mask (one that only embeds, say) goes with every context length.
@@ -170,16 +174,26 @@ fn rate(tokens: usize, seconds: f64) -> f64 {
     }
 }
 
-/// Derives the cache geometry and per-buffer encodings from a model's graphs.
+/// Derives the cache geometry and per-buffer encodings from a model's graphs (of the largest
+/// context length when they have several).
 pub fn cache_spec_from_graphs(
     graphs: &[GraphDesc],
     strategy: Strategy,
+) -> Result<CacheSpec, SessionError> {
+    cache_spec_for_context(graphs, strategy, contexts::largest(graphs)?)
+}
+
+/// The cache geometry and per-buffer encodings of the graphs of context length `context`.
+pub fn cache_spec_for_context(
+    graphs: &[GraphDesc],
+    strategy: Strategy,
+    context: usize,
 ) -> Result<CacheSpec, SessionError> {
     let bad = |m: String| SessionError::Graphs(m);
     if graphs.is_empty() {
         return Err(bad("the model has no graphs".into()));
     }
-    let groups = variant_groups(graphs)?;
+    let groups = variant_groups(graphs, context)?;
     let first = &graphs[groups[0][0]];
     let past: Vec<_> = groups[0]
         .iter()
@@ -360,6 +374,8 @@ pub struct Session<B: Backend> {
     /// After slides that kept positions: the fewest tokens kept (a rollback to this length or less
     /// leaves only tokens at their own index, so positions restart there).
     keep_floor: Option<usize>,
+    /// The context lengths the session may move its cache to.
+    tiers: Tiers,
 }
 
 /// The cache-buffer index of a K/V tensor.
@@ -466,20 +482,71 @@ impl<B: Backend> Session<B> {
 
     /// As [`Session::new`], for graphs that may take RoPE cos/sin tables, which the session
     /// computes from `rope` (theta and scaling; the width comes from each table tensor).
+    /// With graphs of several context lengths, the session uses the largest
+    /// ([`Session::with_contexts`] starts on the smallest and moves up).
     pub fn with_rope(
-        mut backend: B,
+        backend: B,
         strategy: Strategy,
         allocator: &dyn RegionAllocator,
         rope: Option<RopeConfig>,
     ) -> Result<Self, SessionError> {
-        let spec = cache_spec_from_graphs(backend.graphs(), strategy)?;
+        let context = contexts::largest(backend.graphs())?;
+        Session::build(
+            backend,
+            strategy,
+            allocator,
+            context,
+            Tiers::fixed(context, rope),
+        )
+    }
+
+    /// The session on the graphs of context length `context`.
+    fn build(
+        mut backend: B,
+        strategy: Strategy,
+        allocator: &dyn RegionAllocator,
+        context: usize,
+        tiers: Tiers,
+    ) -> Result<Self, SessionError> {
+        let spec = cache_spec_for_context(backend.graphs(), strategy, context)?;
         let cache = KvCache::new(spec, allocator)?;
-        let geometry = cache.spec().geometry.clone();
-        let graphs = backend.graphs();
+        let slots = Self::slots_for(backend.graphs(), &cache, tiers.rope.as_ref())?;
+        let region = cache.region();
+        backend.attach_region(region.as_ptr(), region.len(), region.fd())?;
+        Ok(Session {
+            backend,
+            cache,
+            vocab: slots.vocab,
+            slots: slots.slots,
+            ids: Vec::new(),
+            positions: Vec::new(),
+            made: Vec::new(),
+            hidden: slots.hidden.into_iter().map(|n| vec![0; n]).collect(),
+            logits_raw: Vec::new(),
+            logits: Vec::new(),
+            last_logits: Vec::new(),
+            tokens: Vec::new(),
+            stats: SessionStats::default(),
+            overflow: Overflow::Stop,
+            rope: None,
+            slides: Vec::new(),
+            keep_floor: None,
+            tiers,
+        })
+    }
+
+    /// How the session binds every graph of `cache`'s context length.
+    fn slots_for(
+        graphs: &[GraphDesc],
+        cache: &KvCache,
+        rope: Option<&RopeConfig>,
+    ) -> Result<Slots, SessionError> {
+        let geometry = &cache.spec().geometry;
         let mut slots = Vec::new();
         let mut vocab = 0;
         let mut hidden_sizes: Vec<usize> = Vec::new();
-        for (group, &ar) in variant_groups(graphs)?.iter().zip(&geometry.ar_variants) {
+        let groups = variant_groups(graphs, geometry.context)?;
+        for (group, &ar) in groups.iter().zip(&geometry.ar_variants) {
             let mut parts = Vec::new();
             // The boundary the previous part wrote, with its byte size.
             let mut into: Option<(usize, usize)> = None;
@@ -489,7 +556,7 @@ impl<B: Backend> Session<B> {
                 let out_of = (p + 1 < group.len()).then_some(p);
                 let mut feeds = Vec::new();
                 for t in &g.inputs {
-                    feeds.push(feed_of(g, t, &geometry, rope.as_ref(), into)?);
+                    feeds.push(feed_of(g, t, geometry, rope, into)?);
                 }
                 into = None;
                 let mut sinks = Vec::new();
@@ -515,8 +582,8 @@ impl<B: Backend> Session<B> {
                             into = Some((b, t.byte_size()));
                             Sink::Hidden(b, t.byte_size())
                         }
-                        IoRole::NewKey => Sink::New(kv_index(&geometry, t, TensorKind::Key)?),
-                        IoRole::NewValue => Sink::New(kv_index(&geometry, t, TensorKind::Value)?),
+                        IoRole::NewKey => Sink::New(kv_index(geometry, t, TensorKind::Key)?),
+                        IoRole::NewValue => Sink::New(kv_index(geometry, t, TensorKind::Value)?),
                         other => {
                             return Err(SessionError::Graphs(format!(
                                 "output `{}` has input role {other:?}",
@@ -536,26 +603,10 @@ impl<B: Backend> Session<B> {
         if vocab == 0 {
             return Err(SessionError::Graphs("no graph has a logits output".into()));
         }
-        let region = cache.region();
-        backend.attach_region(region.as_ptr(), region.len(), region.fd())?;
-        Ok(Session {
-            backend,
-            cache,
+        Ok(Slots {
             slots,
             vocab,
-            ids: Vec::new(),
-            positions: Vec::new(),
-            made: Vec::new(),
-            hidden: hidden_sizes.into_iter().map(|n| vec![0; n]).collect(),
-            logits_raw: Vec::new(),
-            logits: Vec::new(),
-            last_logits: Vec::new(),
-            tokens: Vec::new(),
-            stats: SessionStats::default(),
-            overflow: Overflow::Stop,
-            rope: None,
-            slides: Vec::new(),
-            keep_floor: None,
+            hidden: hidden_sizes,
         })
     }
 
@@ -584,9 +635,11 @@ impl<B: Backend> Session<B> {
         self.cache.is_empty()
     }
 
-    /// Tokens the cache can hold.
+    /// Tokens the cache can hold (in the largest context length the session may move to).
     pub fn capacity(&self) -> usize {
-        self.cache.spec().geometry.capacity()
+        self.tiers
+            .capacity
+            .unwrap_or_else(|| self.cache.spec().geometry.capacity())
     }
 
     /// Timing and KV counters so far.
@@ -778,6 +831,7 @@ impl<B: Backend> Session<B> {
             ));
         }
         let started = Instant::now();
+        self.grow_for(tokens.len())?;
         let geometry = &self.cache.spec().geometry;
         let (big, small, capacity) = (geometry.max_ar(), geometry.min_ar(), geometry.capacity());
         let mut rest = tokens;

@@ -29,8 +29,12 @@ pub struct CompileArgs {
     #[arg(long, value_name = "TOK")]
     tokenizer: Option<PathBuf>,
     /// Context length S (default: the model's seq_len).
-    #[arg(long, value_name = "S")]
+    #[arg(long, value_name = "S", conflicts_with = "contexts")]
     context: Option<usize>,
+    /// A bundle with graphs for each of these context lengths (the model is compiled at the
+    /// largest); a session starts on the smallest that holds the prompt and moves up as it fills.
+    #[arg(long, value_delimiter = ',', value_name = "S,..")]
+    contexts: Vec<usize>,
     /// AR variants (tokens per step), one graph each.
     #[arg(
         long,
@@ -42,6 +46,10 @@ pub struct CompileArgs {
     /// KV cache dtype: u8, u16, f16 or f32.
     #[arg(long, default_value = "u8", value_parser = parse_kv_dtype)]
     kv_dtype: DataType,
+    /// `128`: u8 K/V encodings symmetric around 0 with zero point 128 (offset -128), as AI Hub
+    /// ships its KV cache, instead of the calibrated asymmetric ones (u8 KV only).
+    #[arg(long, value_name = "128", value_parser = parse_kv_zero_point)]
+    kv_zero_point: Option<u32>,
     /// Weight type: i8 (W8A16), f16 or f32.
     #[arg(long, default_value = "i8", value_parser = parse_from_str::<WeightType>)]
     weights: WeightType,
@@ -83,6 +91,15 @@ fn parse_kv_dtype(s: &str) -> Result<DataType, String> {
     }
 }
 
+fn parse_kv_zero_point(s: &str) -> Result<u32, String> {
+    match s {
+        "128" => Ok(128),
+        _ => Err(format!(
+            "unsupported K/V zero point `{s}` (128; without the option the encodings are calibrated)"
+        )),
+    }
+}
+
 fn parse_from_str<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, String> {
     s.parse()
 }
@@ -97,12 +114,14 @@ fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<
     }
     let mut inputs = vec![path];
     inputs.extend(args.calibration_prompts.as_deref());
-    check_early(args, &inputs)?;
+    check_early(args, &inputs, true)?;
     let opened = OpenedModel::open(Some(path))?;
     let context = args
         .context
+        .or(args.contexts.iter().max().copied())
         .unwrap_or(opened.config.context_length.min(DEFAULT_MAX_CONTEXT));
     check_parts(args, opened.config.n_layers)?;
+    check_contexts(args, &opened.config)?;
     htpkv::engine::check_geometry(&opened.config, context, &args.ar, args.kv_dtype)?;
     let calibration: Vec<Vec<u32>> = calibration_texts(args)?
         .iter()
@@ -124,12 +143,67 @@ fn is_bundle(args: &CompileArgs) -> bool {
 
 /// Refuses what can be refused before any work: a bundle without its tokenizer.json, a bad output
 /// path (checked again when written).
-fn check_early(args: &CompileArgs, inputs: &[&std::path::Path]) -> anyhow::Result<()> {
+fn check_early(
+    args: &CompileArgs,
+    inputs: &[&std::path::Path],
+    brings_tokenizer: bool,
+) -> anyhow::Result<()> {
+    if args.kv_zero_point.is_some() && args.kv_dtype != DataType::U8 {
+        bail!(
+            "--kv-zero-point 128 is for a u8 KV cache, not --kv-dtype {}",
+            args.kv_dtype
+        );
+    }
     if !is_bundle(args) {
         return Ok(check_output(&args.out, inputs)?);
     }
-    if args.tokenizer_json.is_none() {
-        bail!("a bundle (--parts or --convention aihub) needs --tokenizer-json FILE");
+    if args.tokenizer_json.is_none() && !brings_tokenizer {
+        bail!(
+            "a bundle (--parts or --convention aihub) of a llama2.c checkpoint needs \
+             --tokenizer-json FILE"
+        );
+    }
+    Ok(())
+}
+
+/// The bundle's tokenizer.json: `--tokenizer-json`, else the model's own (a Hugging Face folder's
+/// tokenizer.json; a GGUF file's vocabulary and merges written as one).
+fn bundle_tokenizer(args: &CompileArgs, model_path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    if let Some(p) = &args.tokenizer_json {
+        return Ok(read_capped(p, FileKind::TOKENIZER)?);
+    }
+    match model::format_of(model_path) {
+        Ok(model::ModelFormat::HfFolder) => Ok(read_capped(
+            &model_path.join("tokenizer.json"),
+            FileKind::TOKENIZER,
+        )?),
+        Ok(model::ModelFormat::Gguf) => {
+            let file = std::fs::File::open(model_path)
+                .with_context(|| format!("opening {}", model_path.display()))?;
+            let len = file.metadata()?.len();
+            let gguf = model::gguf::GgufFile::read(std::io::BufReader::new(file), len)
+                .with_context(|| format!("reading {}", model_path.display()))?;
+            let tok = model::HfTokenizer::from_gguf(&gguf)?;
+            let json = tok.inner().to_string(false).map_err(|e| {
+                anyhow::anyhow!("writing the GGUF tokenizer as tokenizer.json: {e}")
+            })?;
+            Ok(json.into_bytes())
+        }
+        Err(_) => bail!("a bundle of a llama2.c checkpoint needs --tokenizer-json FILE"),
+    }
+}
+
+/// Refuses `--contexts` outside a bundle, or with a length no graph set can have, before compiling.
+fn check_contexts(args: &CompileArgs, config: &model::LlamaConfig) -> anyhow::Result<()> {
+    if args.contexts.is_empty() {
+        return Ok(());
+    }
+    if !is_bundle(args) {
+        bail!("--contexts writes a bundle: add --parts N or --convention aihub");
+    }
+    for &c in &args.contexts {
+        htpkv::engine::check_geometry(config, c, &args.ar, args.kv_dtype)
+            .with_context(|| format!("--contexts: context {c}"))?;
     }
     Ok(())
 }
@@ -152,22 +226,31 @@ fn write_output(
     inputs: &[&std::path::Path],
     started: Instant,
 ) -> anyhow::Result<()> {
-    let Some(tokenizer_json) = args.tokenizer_json.as_deref().filter(|_| is_bundle(args)) else {
+    let symmetric;
+    let model = if args.kv_zero_point.is_some() {
+        symmetric = model.with_kv_zero_point_128()?;
+        &symmetric
+    } else {
+        model
+    };
+    if !is_bundle(args) {
         // Written only after it was read back and found equal (the runtime's validation).
         model.write(&args.out, inputs)?;
         return report(args, model, started);
-    };
+    }
+    let tokenizer = bundle_tokenizer(args, model_path)?;
     let stem = model_path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned());
     let spec = bundle::BundleSpec {
         parts: args.parts.unwrap_or(1),
         rope_tables: args.convention == "aihub",
-        tokenizer_json,
+        tokenizer: &tokenizer,
         stem: stem.as_deref().unwrap_or("model"),
+        contexts: &args.contexts,
     };
     let mut inputs = inputs.to_vec();
-    inputs.push(tokenizer_json);
+    inputs.extend(args.tokenizer_json.as_deref());
     let bins = bundle::write_bundle(model, &args.out, &spec, &inputs)?;
     crate::output::to_stdout(|out| {
         writeln!(
@@ -243,11 +326,15 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     // Refuse a bad output path before any work; it is checked again when written.
     let mut inputs = vec![ckpt_path.as_path(), tok_path.as_path()];
     inputs.extend(args.calibration_prompts.as_deref());
-    check_early(&args, &inputs)?;
+    check_early(&args, &inputs, false)?;
     let ckpt = Checkpoint::load(&ckpt_path).context("loading the checkpoint")?;
-    let context = args.context.unwrap_or(ckpt.config.seq_len);
+    let context = args
+        .context
+        .or(args.contexts.iter().max().copied())
+        .unwrap_or(ckpt.config.seq_len);
     check_parts(&args, ckpt.config.n_layers)?;
     let config = llama2c::llama_config(&ckpt.config);
+    check_contexts(&args, &config)?;
     htpkv::engine::check_geometry(&config, context, &args.ar, args.kv_dtype)?;
     let tok =
         Tokenizer::load(&tok_path, ckpt.config.vocab_size).context("loading the tokenizer")?;

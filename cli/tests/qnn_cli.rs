@@ -708,3 +708,203 @@ fn compiled_aihub_parts_bundle_gives_the_tokens_of_one_binary() {
     assert_eq!(via["tokens"], direct["tokens"]);
     assert_eq!(via["stop"], direct["stop"]);
 }
+
+/// `htpkv compile --contexts 32,64 --parts 2 --convention aihub` writes part binaries for each
+/// context length; `--bundle` starts on context 32 and moves the cache to 64 when it fills (one
+/// relayout of the 31 rows of every buffer), and generates the greedy tokens of the one-binary
+/// `htpkv` convention at context 64, with `smart_mask` (the QNN default) and `naive`.
+#[test]
+fn a_bundle_of_two_context_lengths_moves_up_and_gives_the_same_tokens() {
+    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = lib.to_str().unwrap();
+    let tok = bundle("contexts-tok", "2").join("tokenizer.json");
+    let dir = scratch().join("contexts-bundle");
+    let mut args = vec!["compile", "--contexts", "32,64", "--ar", "1,8"];
+    args.extend(["--kv-dtype", "u8", "--parts", "2", "--convention", "aihub"]);
+    args.extend(["--tokenizer-json", tok.to_str().unwrap()]);
+    args.extend(["--out", dir.to_str().unwrap()]);
+    let o = htpkv(&args, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for c in [32, 64] {
+        for i in [1, 2] {
+            let f = dir.join(format!("stories260K_cl{c}_part_{i}_of_2.bin"));
+            assert!(f.is_file(), "{}", f.display());
+        }
+    }
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("genie_config.json")).unwrap()).unwrap();
+    assert_eq!(config["dialog"]["context"]["size"], 64);
+    let o = htpkv(&["compile", "--contexts", "32,64", "--out", "x.htpkv"], &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--contexts writes a bundle"), "{err}");
+
+    let steps = ["--steps", "40", "--json", "--backend", "qnn"];
+    let mut direct = vec!["generate", "--compiled", compiled().to_str().unwrap()];
+    direct.extend(steps);
+    direct.extend(["--qnn-backend", lib]);
+    let direct = ok_json(&htpkv(&direct, &[]));
+    assert!(direct["tokens"].as_array().unwrap().len() > 35, "{direct}");
+    for update in ["smart_mask", "naive"] {
+        let mut via = vec!["generate", "--bundle", dir.to_str().unwrap()];
+        via.extend(steps);
+        via.extend(["--qnn-backend", lib, "--update", update]);
+        let via = ok_json(&htpkv(&via, &[]));
+        assert_eq!(via["tokens"], direct["tokens"], "{update}");
+        assert_eq!(via["contexts"], serde_json::json!([32, 64]));
+        assert_eq!(via["context"], 64, "{update}: moved up");
+        assert_eq!(via["relayouts"], 1, "{update}");
+        // 31 tokens (context 32, AR-1) in each of 5 layers x 4 KV heads x K and V.
+        assert_eq!(via["rows_moved_by_relayouts"], 31 * 40, "{update}");
+    }
+}
+
+/// `--kv-zero-point 128`: an AI Hub bundle whose per-layer K/V encodings all have offset −128
+/// (u8, symmetric around 0, as AI Hub ships them) runs through `--bundle`; the option is refused
+/// for a KV type other than u8 before any work.
+#[test]
+fn a_bundle_with_kv_zero_point_128_runs() {
+    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = lib.to_str().unwrap();
+    let tok = bundle("zp-tok", "2").join("tokenizer.json");
+    let dir = scratch().join("zp-bundle");
+    let mut args = vec![
+        "compile",
+        "--context",
+        "64",
+        "--ar",
+        "1,8",
+        "--kv-dtype",
+        "u8",
+    ];
+    args.extend([
+        "--kv-zero-point",
+        "128",
+        "--parts",
+        "2",
+        "--convention",
+        "aihub",
+    ]);
+    args.extend(["--tokenizer-json", tok.to_str().unwrap()]);
+    args.extend(["--out", dir.to_str().unwrap()]);
+    let o = htpkv(&args, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let part1 = dir.join("stories260K_part_1_of_2.bin");
+    let inspect = ok_json(&htpkv(
+        &[
+            "inspect",
+            part1.to_str().unwrap(),
+            "--qnn-system",
+            lib,
+            "--json",
+        ],
+        &[],
+    ));
+    let mut kv = 0;
+    for t in inspect["graphs"][0]["inputs"].as_array().unwrap() {
+        if t["name"].as_str().unwrap().starts_with("past_") {
+            kv += 1;
+            let offsets = t["quant"]["offsets"].as_array().unwrap();
+            assert!(offsets.iter().all(|o| o == -128), "{t}");
+        }
+    }
+    assert_eq!(kv, 6, "K and V of part 1's three layers");
+    let mut run = vec![
+        "generate",
+        "--bundle",
+        dir.to_str().unwrap(),
+        "--steps",
+        "30",
+    ];
+    run.extend(["--json", "--backend", "qnn", "--qnn-backend", lib]);
+    let doc = ok_json(&htpkv(&run, &[]));
+    assert!(doc["tokens"].as_array().unwrap().len() > 10, "{doc}");
+    let mut u16 = args.clone();
+    u16[6] = "u16";
+    let o = htpkv(&u16, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--kv-zero-point 128 is for a u8 KV cache"),
+        "{err}"
+    );
+}
+
+/// SmolLM2-135M-Instruct (GGUF Q4_1), fetched by `scripts/fetch-smollm2.sh`; a failure under
+/// `CI=true` when missing, else skipped with a message.
+fn smollm2() -> Option<PathBuf> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if path.is_file() {
+        return Some(path);
+    }
+    let msg = format!(
+        "{} is missing: run scripts/fetch-smollm2.sh",
+        path.display()
+    );
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
+    eprintln!("SKIPPED: {msg}");
+    None
+}
+
+/// `htpkv compile --model SmolLM2.gguf --parts 3 --convention aihub` writes a Genie bundle (the
+/// tokenizer.json made from the GGUF's vocabulary) that generates, through `--bundle` and the
+/// reference library, the greedy tokens of the same model compiled as one `htpkv` binary under the
+/// same genie_config.json. Small and fast: context 32, f16 weights, short calibration.
+#[test]
+fn a_smollm2_bundle_of_three_parts_gives_the_tokens_of_one_binary() {
+    let Some(model) = smollm2() else { return };
+    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = lib.to_str().unwrap();
+    let dir = scratch().join("smollm2-bundle");
+    let one = scratch().join("smollm2-one");
+    std::fs::create_dir_all(&one).unwrap();
+    let one_bin = one.join("smollm2.htpkv");
+    let mut common = vec!["compile", "--model", model.to_str().unwrap()];
+    common.extend(["--context", "32", "--ar", "1,8", "--kv-dtype", "u8"]);
+    common.extend(["--weights", "f16", "--calibration-tokens", "12"]);
+    let mut parts = common.clone();
+    parts.extend(["--parts", "3", "--convention", "aihub"]);
+    parts.extend(["--out", dir.to_str().unwrap()]);
+    let o = htpkv(&parts, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut whole = common.clone();
+    whole.extend(["--out", one_bin.to_str().unwrap()]);
+    let o = htpkv(&whole, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The one binary under the bundle's own genie_config.json and tokenizer.json.
+    let mut config: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("genie_config.json")).unwrap()).unwrap();
+    let bins = &mut config["dialog"]["engine"]["model"]["binary"]["ctx-bins"];
+    assert_eq!(bins.as_array().unwrap().len(), 3);
+    *bins = serde_json::json!(["smollm2.htpkv"]);
+    std::fs::write(one.join("genie_config.json"), config.to_string()).unwrap();
+    std::fs::copy(dir.join("tokenizer.json"), one.join("tokenizer.json")).unwrap();
+
+    let run = |d: &Path| {
+        let mut args = vec!["generate", "The capital of France is", "--bundle"];
+        args.push(d.to_str().unwrap());
+        args.extend([
+            "--steps",
+            "8",
+            "--json",
+            "--backend",
+            "qnn",
+            "--qnn-backend",
+            lib,
+        ]);
+        ok_json(&htpkv(&args, &[]))
+    };
+    let (via, direct) = (run(&dir), run(&one));
+    assert_eq!(via["convention"], "aihub");
+    assert_eq!(direct["convention"], "htpkv");
+    assert!(!direct["tokens"].as_array().unwrap().is_empty(), "{direct}");
+    assert_eq!(via["tokens"], direct["tokens"]);
+    assert_eq!(via["text"], direct["text"]);
+    let size = |p: PathBuf| std::fs::metadata(p).unwrap().len();
+    eprintln!(
+        "SmolLM2 sizes: one binary {} bytes; parts {} / {} / {} bytes",
+        size(one_bin.clone()),
+        size(dir.join("SmolLM2-135M-Instruct.Q4_1_part_1_of_3.bin")),
+        size(dir.join("SmolLM2-135M-Instruct.Q4_1_part_2_of_3.bin")),
+        size(dir.join("SmolLM2-135M-Instruct.Q4_1_part_3_of_3.bin")),
+    );
+}

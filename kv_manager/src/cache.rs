@@ -345,6 +345,11 @@ impl KvCache {
         }
     }
 
+    /// The totals, for a relayout that carries them over.
+    pub(crate) fn counters_mut(&mut self) -> &mut Counters {
+        &mut self.counters
+    }
+
     /// The region as mutable bytes, for the snapshot import.
     pub(crate) fn region_mut(&mut self) -> &mut [u8] {
         self.region.as_mut_slice()

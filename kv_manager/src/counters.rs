@@ -37,6 +37,12 @@ pub struct Counters {
     pub evictions: usize,
     pub tokens_evicted: usize,
     pub rows_moved_by_evictions: usize,
+    /// Relayouts ([`crate::KvCache::relayout_into`]: the cache moved to another geometry, e.g. the
+    /// graphs of a larger context length), the rows they moved and their bytes (also counted in
+    /// `bytes_copied`).
+    pub relayouts: usize,
+    pub rows_moved_by_relayouts: usize,
+    pub bytes_moved_by_relayouts: usize,
 }
 
 /// Remembers which (group position, variant) keys have been bound, to count handles.

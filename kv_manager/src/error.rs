@@ -127,4 +127,11 @@ pub enum KvError {
         cache: String,
         snapshot: String,
     },
+    /// A cache cannot be relaid out into a spec (see [`crate::KvCache::relayout_into`]).
+    #[error("cannot move the cache to the new layout: {what} is {target} there, {current} here")]
+    RelayoutMismatch {
+        what: &'static str,
+        current: String,
+        target: String,
+    },
 }

@@ -42,6 +42,13 @@
 //! a [`KvSnapshot`], whatever the strategy and layout; [`KvCache::import_rows`] refills a cache of the
 //! same row shape and encodings, with any strategy and layout, so that later steps see exactly those
 //! rows (see [`snapshot`]). Sessions are saved and restored this way.
+//!
+//! ## Relayouts
+//! [`KvCache::relayout_into`] moves a cache into a new one built from another spec with the same row
+//! shape and encodings (typically the graphs of a larger context length): every valid row is copied
+//! from where it lives now to where the new geometry and strategy keep it, positions continue, and
+//! the totals carry over with the relayout counted (`relayouts`, `rows_moved_by_relayouts`,
+//! `bytes_moved_by_relayouts`).
 
 mod cache;
 mod counters;
@@ -50,6 +57,7 @@ pub mod evict;
 mod geometry;
 mod plan;
 mod region;
+mod relayout;
 pub mod size;
 pub mod snapshot;
 pub mod workload;

@@ -13,6 +13,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use kv_manager::{KvIo, KvTensor, TensorKind};
+use quant::{DataType, Encoding, ScaleOffset, Symmetry};
 
 use crate::compile::CompiledModel;
 use crate::error::CompileError;
@@ -124,6 +125,49 @@ impl CompiledModel {
             .into_iter()
             .map(|p| CompiledModel::with_part(Arc::clone(&self.data), p))
             .collect())
+    }
+
+    /// The same model and part — weights, activation and K/V encodings — with its graphs built for
+    /// context length `context` (`_cl{context}` in their names): several context lengths of one
+    /// model whose K/V rows mean the same in each, so a runtime can move its cache from one to
+    /// another by copying rows. `context` must satisfy the compile rules (2 to the model's context
+    /// length, above every AR variant).
+    pub fn with_context(&self, context: usize) -> Result<CompiledModel, CompileError> {
+        let mut data = (*self.data).clone();
+        data.options.context = context;
+        crate::compile::validate_options(&data.config, &data.options)
+            .map_err(|reason| CompileError::InvalidOptions { reason })?;
+        Ok(CompiledModel::with_part(Arc::new(data), self.part.clone()))
+    }
+
+    /// The same model with every u8 K/V encoding symmetric around 0 with zero point 128 (offset
+    /// −128, scale `max(|lo|, |hi|) / 127` of the calibrated range `[lo, hi]`), as Qualcomm AI Hub
+    /// ships its KV cache: the range of each (layer, KV head, K|V) widened to be symmetric, at the
+    /// cost of up to one bit of resolution where the calibrated range was one-sided. Refused unless
+    /// the KV cache is u8.
+    pub fn with_kv_zero_point_128(&self) -> Result<CompiledModel, CompileError> {
+        let refuse = |reason: String| CompileError::InvalidOptions { reason };
+        if self.data.options.kv_dtype != DataType::U8 {
+            return Err(refuse(format!(
+                "a K/V zero point of 128 needs a u8 KV cache, not {}",
+                self.data.options.kv_dtype
+            )));
+        }
+        let mut data = (*self.data).clone();
+        for spec in &mut data.kv {
+            let Encoding::PerTensor(so) = spec.encoding else {
+                return Err(refuse("a u8 K/V encoding is not per tensor".into()));
+            };
+            let lo = so.scale * so.offset as f32;
+            let hi = so.scale * (255 + so.offset) as f32;
+            let symmetric = ScaleOffset::from_range(lo, hi, DataType::U8, Symmetry::Symmetric)
+                .map_err(|source| CompileError::Quant {
+                    what: "the symmetric K/V encoding".into(),
+                    source,
+                })?;
+            spec.encoding = Encoding::PerTensor(symmetric);
+        }
+        Ok(CompiledModel::with_part(Arc::new(data), self.part.clone()))
     }
 }
 

@@ -206,6 +206,8 @@ impl<B: Backend> Session<B> {
     /// the first `n_keep`. With `stop`, or when nothing can be dropped, does nothing (the next step
     /// then reports the full context).
     pub(crate) fn make_room(&mut self, want: usize) -> Result<(), SessionError> {
+        // A larger context length comes before any policy.
+        self.grow_for(want)?;
         let (len, capacity) = (self.cache.len(), self.capacity());
         if len + want <= capacity {
             return Ok(());

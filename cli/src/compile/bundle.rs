@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use model::LlamaConfig;
-use model::fsio::{FileKind, check_output, read_capped};
+use model::fsio::check_output;
 use ref_backend::CompiledModel;
 use serde_json::{Value, json};
 
@@ -16,10 +16,13 @@ pub struct BundleSpec<'a> {
     pub parts: usize,
     /// Positions as RoPE cos/sin tables (the `aihub` convention).
     pub rope_tables: bool,
-    /// The HF `tokenizer.json` copied into the bundle.
-    pub tokenizer_json: &'a Path,
+    /// The HF `tokenizer.json` written into the bundle.
+    pub tokenizer: &'a [u8],
     /// File-name stem of the parts (the checkpoint's).
     pub stem: &'a str,
+    /// Context lengths to write graphs for (empty: the model's own); the model was compiled at
+    /// the largest.
+    pub contexts: &'a [usize],
 }
 
 /// Writes the bundle into `dir` (created if absent); returns the part files written.
@@ -30,25 +33,46 @@ pub fn write_bundle(
     inputs: &[&Path],
 ) -> anyhow::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let own = model.options().context;
+    let mut contexts = spec.contexts.to_vec();
+    contexts.sort_unstable();
+    contexts.dedup();
+    if contexts.is_empty() {
+        contexts.push(own);
+    }
     let mut bins = Vec::new();
-    for part in model.split(spec.parts, spec.rope_tables)? {
-        let p = part.part();
-        let path = dir.join(format!(
-            "{}_part_{}_of_{}.bin",
-            spec.stem,
-            p.index + 1,
-            p.count
-        ));
-        part.write(&path, inputs)?;
-        bins.push(path);
+    for &c in &contexts {
+        // The same weights and encodings with graphs of context c (rows mean the same in each).
+        let tier = (c != own).then(|| model.with_context(c)).transpose()?;
+        // One file per part and context length (AI Hub links all of a part's graphs into one
+        // binary; the reference format holds one context length per file).
+        let label = if contexts.len() > 1 {
+            format!("_cl{c}")
+        } else {
+            String::new()
+        };
+        for part in tier
+            .as_ref()
+            .unwrap_or(model)
+            .split(spec.parts, spec.rope_tables)?
+        {
+            let p = part.part();
+            let path = dir.join(format!(
+                "{}{label}_part_{}_of_{}.bin",
+                spec.stem,
+                p.index + 1,
+                p.count
+            ));
+            part.write(&path, inputs)?;
+            bins.push(path);
+        }
     }
     let names: Vec<String> = bins
         .iter()
         .filter_map(|p| p.file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .collect();
-    let tok = read_capped(spec.tokenizer_json, FileKind::TOKENIZER)?;
-    write_checked(&dir.join("tokenizer.json"), &tok, inputs)?;
+    write_checked(&dir.join("tokenizer.json"), spec.tokenizer, inputs)?;
     let config = genie_config(model.config(), model.options().context, &names);
     let text = serde_json::to_string_pretty(&config).context("genie_config.json")?;
     write_checked(&dir.join("genie_config.json"), text.as_bytes(), inputs)?;

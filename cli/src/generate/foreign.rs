@@ -122,18 +122,17 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
     let qnn = QnnBackend::open_binaries(backend_lib, system_lib.as_deref(), &paths, &options)?;
     let allocator = qnn.region_allocator();
     let convention_name = qnn.convention().name.clone();
-    let mut session = Session::with_rope(qnn, checked.engine.strategy, allocator.as_ref(), m.rope)
+    let mut session = Session::with_contexts(qnn, checked.engine.strategy, allocator, m.rope)
         .map_err(htpkv::engine::EngineError::from)?;
-    if let Some((context, vocab)) = m.declared {
-        let g = &session.cache().spec().geometry;
-        if g.context != context || session.vocab_size() != vocab {
-            anyhow::bail!(
-                "genie_config.json declares context {context} and {vocab} tokens, but the binaries \
-                 have context {} and {} logits",
-                g.context,
-                session.vocab_size()
-            );
-        }
+    let largest = *session.context_lengths().last().expect("a context");
+    if let Some((context, vocab)) = m.declared
+        && (largest != context || session.vocab_size() != vocab)
+    {
+        anyhow::bail!(
+            "genie_config.json declares context {context} and {vocab} tokens, but the binaries \
+             have context {largest} and {} logits",
+            session.vocab_size()
+        );
     }
     let mut prompt: Vec<u32> = bos.into_iter().collect();
     prompt.extend(tok.encode(&args.prompt, false)?);
@@ -192,7 +191,10 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
             "stop": stop,
             "convention": convention_name,
             "binaries": m.binaries.len(),
-            "context": session.cache().spec().geometry.context,
+            "context": session.context(),
+            "contexts": session.context_lengths(),
+            "relayouts": stats.kv.relayouts,
+            "rows_moved_by_relayouts": stats.kv.rows_moved_by_relayouts,
             "ar": session.cache().spec().geometry.ar_variants,
             "kv_dtype": session.cache().spec().geometry.dtype.to_string(),
             "prefill_tokens_per_second": stats.prefill_tokens_per_second(),
