@@ -696,6 +696,7 @@ impl Config {
                 TensorsConfig::PerHead => Granularity::PerHead,
                 TensorsConfig::PerLayer => Granularity::PerLayer,
             },
+            windows: Vec::new(),
         }
     }
 

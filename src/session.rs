@@ -250,6 +250,7 @@ pub fn cache_spec_from_graphs(
         } else {
             Granularity::PerLayer
         },
+        windows: Vec::new(),
     };
     geometry.validate()?;
     let mut variants = Vec::new();

@@ -60,9 +60,9 @@ pub use error::KvError;
 pub use evict::{Eviction, PositionMode, RequantError};
 pub use geometry::{
     CacheSpec, Geometry, Granularity, KLayout, KvIo, KvTensor, Reserve, Strategy, TensorKind,
-    encodings_from_graphs,
+    encodings_from_graphs, mask_name, parse_mask_name,
 };
-pub use plan::{Plan, TensorBinding, TensorId};
+pub use plan::{Plan, TensorBinding, TensorId, WindowMask};
 pub use region::{HostAllocator, REGION_ALIGN, Region, RegionAllocator, RegionMemory};
 pub use size::{
     MAX_AR_VARIANTS, MAX_BUFFERS, MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS,
