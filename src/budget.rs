@@ -506,7 +506,8 @@ pub struct GraphIo {
     pub input_ids_bytes: usize,
     /// `positions [1, n]` i32: n x 4 bytes.
     pub positions_bytes: usize,
-    /// `mask [1, 1, n, S]`: u16 (2 bytes) for a fixed-point cache, f32 (4 bytes) for f16/f32 caches.
+    /// `attention_mask [1, 1, n, S]`, plus `attention_mask_w{W} [1, 1, n, W - 1 + n]` per distinct
+    /// sliding window: u16 (2 bytes) for a fixed-point cache, f32 (4 bytes) for f16/f32 caches.
     pub mask_bytes: usize,
     /// `logits [1, n, vocab]` f32: n x vocab x 4 bytes.
     pub logits_bytes: usize,
@@ -525,8 +526,14 @@ pub fn graph_io(geometry: &Geometry, vocab: usize) -> Result<Vec<GraphIo>, KvErr
         .iter()
         .map(|&n| {
             let ids = Size::new("input_ids bytes", n).times(4).get()?;
-            let mask = Size::new("mask bytes", n)
-                .times(geometry.context)
+            // The global mask [n, S] and one [n, W - 1 + n] per distinct sliding window.
+            let mask = geometry
+                .distinct_windows()
+                .into_iter()
+                .fold(Size::new("mask bytes", geometry.context), |sum, w| {
+                    sum.plus(w - 1 + n)
+                })
+                .times(n)
                 .times(mask_elem)
                 .get()?;
             let logits = Size::new("logits bytes", n).times(vocab).times(4).get()?;
@@ -600,6 +607,25 @@ pub struct BudgetReport {
     pub handles: usize,
     /// Distinct (window offset, variant) bindings of the busiest buffer.
     pub max_window_offsets_per_buffer: usize,
+    /// Layers with a sliding attention window (`model.sliding_window`, `model.global_every`).
+    pub sliding_layers: usize,
+    /// K/V bytes one decode step (AR-min(ar)) binds as past inputs: S - n rows per buffer of a
+    /// global layer, W - 1 of a sliding one. What the graph reads from the region every step.
+    pub past_bytes_per_decode_step: usize,
+    /// The same with every layer global: the saving of the sliding layers is the difference.
+    pub past_bytes_per_decode_step_all_global: usize,
+}
+
+/// K/V bytes of the past inputs of one AR-`ar` step of `g` ([`BudgetReport::past_bytes_per_decode_step`]).
+pub fn past_bytes_per_step(g: &Geometry, ar: usize) -> Result<usize, KvError> {
+    (0..g.layers)
+        .try_fold(Size::new("past bytes per step", 0), |sum, l| {
+            let layer = Size::new("past bytes per step", g.past_rows(l, ar))
+                .times(2 * g.kv_heads)
+                .times(g.row_bytes());
+            Ok(sum.plus_size(layer))
+        })?
+        .get()
 }
 
 /// The budget of `config` with strategy `update`, for the full-context run after a prefill of
@@ -663,6 +689,15 @@ pub fn report(
         rebases_per_context: p.rebases,
         handles: p.handles,
         max_window_offsets_per_buffer: p.max_window_offsets_per_buffer,
+        sliding_layers: g.windows.iter().flatten().count(),
+        past_bytes_per_decode_step: past_bytes_per_step(g, g.min_ar())?,
+        past_bytes_per_decode_step_all_global: past_bytes_per_step(
+            &Geometry {
+                windows: Vec::new(),
+                ..g.clone()
+            },
+            g.min_ar(),
+        )?,
     })
 }
 

@@ -13,7 +13,8 @@
 //! | `model.layers`, `model.heads`, `model.kv_heads`, `model.head_dim` | integer >= 1 | attention geometry; `heads` must be a multiple of `kv_heads` (GQA) |
 //! | `model.vocab` | integer >= 1 | vocabulary size (logits are `[n, vocab]`) |
 //! | `model.dim` | integer, optional | hidden size; when given it must equal `heads x head_dim` |
-//! | `model.sliding_window` | integer, optional | the model's attention window (informational: a static graph of context S only ever sees S tokens, so the cache is bounded by S anyway) |
+//! | `model.sliding_window` | integer, optional | W, the attention window of the model's sliding layers: each of their tokens sees the last W positions. A layer whose window exceeds `S - max(ar) + 1` is served as a global layer (a static graph of context S sees at most S tokens anyway) |
+//! | `model.global_every` | integer, optional | with `sliding_window`: every N-th layer (layers N-1, 2N-1, ...) is global and the others slide (Gemma 3: 6, i.e. 5 local : 1 global); without it every layer slides (Mistral) |
 //! | `graph.context` | integer | S, the context length of every static graph (the mask is `[n, S]`) |
 //! | `graph.ar` | list of integers | the AR variants n sharing the cache, e.g. `[1, 128]`; each must be smaller than S |
 //! | `kv.dtype` | `u8` `u16` `i8` `i16` `f16` `f32` | element type of the K/V tensors |
@@ -142,9 +143,31 @@ pub struct ModelConfig {
     /// Hidden size (informational; checked against heads x head_dim).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dim: Option<usize>,
-    /// The model's sliding attention window, if it has one (informational).
+    /// The attention window of the sliding layers, if the model has any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<usize>,
+    /// With `sliding_window`: every N-th layer is global, the others slide (none: all slide).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_every: Option<usize>,
+}
+
+impl ModelConfig {
+    /// The per-layer windows of a graph of context `context` whose largest AR variant is
+    /// `max_ar` (empty when no layer slides within that context; see the module docs).
+    pub fn layer_windows(&self, context: usize, max_ar: usize) -> Vec<Option<usize>> {
+        let Some(w) = self
+            .sliding_window
+            .filter(|&w| w <= (context + 1).saturating_sub(max_ar))
+        else {
+            return Vec::new();
+        };
+        (0..self.layers)
+            .map(|l| match self.global_every {
+                Some(n) if (l + 1).is_multiple_of(n) => None,
+                _ => Some(w),
+            })
+            .collect()
+    }
 }
 
 /// `graph:` the static graphs sharing the cache.
@@ -357,7 +380,7 @@ fn expected_at(field: &str) -> String {
     match (top, leaf) {
         ("", _) | (".", _) => "a mapping with the sections model, graph and kv".into(),
         ("model", "model") => {
-            "a mapping with name, layers, heads, kv_heads, head_dim, vocab (dim and sliding_window optional)"
+            "a mapping with name, layers, heads, kv_heads, head_dim, vocab (dim, sliding_window, global_every optional)"
                 .into()
         }
         ("graph", "graph") => "a mapping with context and ar, e.g. { context: 2048, ar: [1] }".into(),
@@ -470,6 +493,7 @@ impl Config {
                 vocab: c.vocab_size,
                 dim: None,
                 sliding_window: None,
+                global_every: None,
             },
             graph: GraphConfig {
                 context,
@@ -527,6 +551,11 @@ impl Config {
                 "model.sliding_window",
                 m.sliding_window.unwrap_or(1),
                 MAX_CONTEXT,
+            ),
+            (
+                "model.global_every",
+                m.global_every.unwrap_or(1),
+                MAX_LAYERS,
             ),
             ("graph.context", self.graph.context, MAX_CONTEXT),
         ] {
@@ -631,6 +660,7 @@ impl Config {
                     "layers" | "kv_heads" | "head_dim" => format!("model.{field}"),
                     "context" => "graph.context".into(),
                     "ar" => "graph.ar".into(),
+                    "windows" => "model.sliding_window".into(),
                     other => other.to_string(),
                 };
                 let expected = expected_at(&field);
@@ -696,6 +726,10 @@ impl Config {
                 TensorsConfig::PerHead => Granularity::PerHead,
                 TensorsConfig::PerLayer => Granularity::PerLayer,
             },
+            windows: self.model.layer_windows(
+                self.graph.context,
+                self.graph.ar.iter().copied().max().unwrap_or(1),
+            ),
         }
     }
 

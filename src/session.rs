@@ -264,6 +264,7 @@ pub fn cache_spec_for_context(
         } else {
             Granularity::PerLayer
         },
+        windows: Vec::new(),
     };
     geometry.validate()?;
     let mut variants = Vec::new();

@@ -97,6 +97,7 @@ fn shipped_configs_parse_with_their_real_geometries() {
         ("qwen2.5-0.5b.yaml", 24, 14, 2, 64, 151_936),
         ("mistral-7b.yaml", 32, 32, 8, 128, 32_000),
         ("stories260K.yaml", 5, 8, 4, 8, 512),
+        ("gemma-3-1b.yaml", 26, 4, 1, 256, 262_144),
     ];
     let mut files: Vec<String> = std::fs::read_dir(configs_dir())
         .unwrap()
@@ -107,7 +108,14 @@ fn shipped_configs_parse_with_their_real_geometries() {
     for f in &files {
         let c = load(f);
         for u in Update::ALL {
-            report(&c, u, 0).unwrap_or_else(|e| panic!("{f} {u}: {e}"));
+            let r = report(&c, u, 0);
+            if u == Update::SmartMask && c.geometry().has_windows() {
+                // Sliding layers need left-padded windows: refused with the reason.
+                let e = r.unwrap_err().to_string();
+                assert!(e.contains("left-padded"), "{f}: {e}");
+                continue;
+            }
+            r.unwrap_or_else(|e| panic!("{f} {u}: {e}"));
         }
     }
     for (file, layers, heads, kv_heads, head_dim, vocab) in facts {
@@ -220,6 +228,39 @@ type Case = (
 );
 
 #[test]
+fn gemma_slides_five_layers_in_six_and_the_budget_shows_the_saving() {
+    let c = load("gemma-3-1b.yaml");
+    let g = c.geometry();
+    let global: Vec<usize> = (0..g.layers)
+        .filter(|&l| g.layer_window(l).is_none())
+        .collect();
+    assert_eq!(global, [5, 11, 17, 23]);
+    assert_eq!(g.distinct_windows(), [512]);
+    let r = report(&c, Update::Shift, 0).unwrap();
+    assert_eq!(r.sliding_layers, 22);
+    // AR-1: 2 buffers per layer of 512-byte rows; 4095 past rows global, 511 sliding.
+    assert_eq!(
+        r.past_bytes_per_decode_step,
+        2 * 512 * (4 * 4095 + 22 * 511)
+    );
+    assert_eq!(r.past_bytes_per_decode_step_all_global, 2 * 512 * 26 * 4095);
+    // The AR-1 graph also takes attention_mask_w512 [1, 512].
+    assert_eq!(r.graph_io[0].mask_bytes, 2 * (4096 + 512));
+    // A window longer than the graph's reach is the global layer: at S = 600 with AR-128 the
+    // longest window served is 473.
+    let mut short = c.clone();
+    short.graph.context = 600;
+    assert!(!short.geometry().has_windows());
+    short.model.sliding_window = Some(100);
+    short.model.global_every = None;
+    assert_eq!(short.geometry().distinct_windows(), [100]);
+    assert_eq!(short.geometry().windows.len(), 26);
+    short.model.sliding_window = Some(64);
+    let e = short.validate().unwrap_err().to_string();
+    assert!(e.contains("model.sliding_window"), "{e}");
+}
+
+#[test]
 fn predictions_equal_a_real_cache() {
     let cases: &[Case] = &[
         ("stories260K.yaml", None, Update::Shift, "2x", false, 0),
@@ -267,6 +308,16 @@ fn predictions_equal_a_real_cache() {
             0,
         ),
         ("mistral-7b.yaml", Some(136), Update::Naive, "2x", false, 0),
+        ("gemma-3-1b.yaml", Some(700), Update::Naive, "2x", false, 9),
+        ("gemma-3-1b.yaml", Some(640), Update::Shift, "1.5x", true, 0),
+        (
+            "gemma-3-1b.yaml",
+            Some(600),
+            Update::Conveyor,
+            "2x",
+            false,
+            3,
+        ),
         (
             "llama-3-8b.yaml",
             Some(136),

@@ -152,14 +152,24 @@ fn strategies(config: &Config, only: Option<Update>) -> Vec<Update> {
         None => Update::ALL.to_vec(),
     }
     .into_iter()
-    .filter(|&u| {
-        // shift and conveyor write outputs in place: they need per_head tensors and K rows.
-        !matches!(u, Update::Shift | Update::Conveyor)
-            || (config.kv.tensors == htpkv::config::TensorsConfig::PerHead
-                && config.kv.k_layout == htpkv::config::KLayoutConfig::Rows)
-            || only.is_some()
-    })
+    .filter(|&u| only.is_some() || skip_reason(config, u).is_none())
     .collect()
+}
+
+/// Why the budget leaves `update` out for `config` when no update is asked for.
+fn skip_reason(config: &Config, update: Update) -> Option<&'static str> {
+    // shift and conveyor write outputs in place: they need per_head tensors and K rows.
+    let in_place = config.kv.tensors == htpkv::config::TensorsConfig::PerHead
+        && config.kv.k_layout == htpkv::config::KLayoutConfig::Rows;
+    if matches!(update, Update::Shift | Update::Conveyor) && !in_place {
+        return Some("it needs tensors: per_head and k_layout: rows");
+    }
+    // Sliding layers bind the last W - 1 rows of a left-padded window (kv_manager refuses
+    // smart_mask with the reason).
+    if update == Update::SmartMask && config.geometry().has_windows() {
+        return Some("sliding-window layers need left-padded windows");
+    }
+    None
 }
 
 fn thousands(n: usize) -> String {
@@ -201,8 +211,9 @@ pub fn run_budget(args: BudgetArgs) -> anyhow::Result<()> {
             }
             if !strategies(config, args.overrides.update).contains(&update) {
                 skipped.push(format!(
-                    "{}: {update} skipped: it needs tensors: per_head and k_layout: rows",
-                    config.origin.display()
+                    "{}: {update} skipped: {}",
+                    config.origin.display(),
+                    skip_reason(config, update).unwrap_or("not applicable")
                 ));
                 continue;
             }
@@ -321,6 +332,23 @@ fn print_config(out: &mut dyn Write, config: &Config, reports: &[BudgetReport]) 
         first.row_bytes,
         thousands(first.capacity_tokens)
     )?;
+    if first.sliding_layers > 0 {
+        let (w, g0) = (
+            first.past_bytes_per_decode_step,
+            first.past_bytes_per_decode_step_all_global,
+        );
+        writeln!(
+            out,
+            "  sliding layers: {} of {} (windows {:?}): a decode step binds {} of past K/V instead of {} \
+             all-global ({:.1}% less); the region still holds every row",
+            first.sliding_layers,
+            g.layers,
+            g.distinct_windows(),
+            human_bytes(w),
+            human_bytes(g0),
+            100.0 * (g0 - w) as f64 / g0.max(1) as f64
+        )?;
+    }
     for io in &first.graph_io {
         writeln!(
             out,

@@ -112,6 +112,7 @@ impl KvCache {
             k_transposed: g.k_layout == KLayout::Transposed,
             context: g.context,
             left_padded: spec.strategy.left_padded(),
+            windows: g.windows.clone(),
             past_offsets: Vec::with_capacity(tensors.len()),
             new_offsets: Vec::with_capacity(tensors.len()),
             tensors,
@@ -651,6 +652,13 @@ impl KvCache {
                     plan.past_offsets.push((t * h * w_max + origin) * rb);
                     plan.new_offsets.push(out_base + t * h * g.max_ar() * rb);
                 }
+            }
+        }
+        // A sliding layer's past tensors are the last W - 1 rows of its window (per_head rows
+        // and left-padded strategies only, see `CacheSpec::check_windows`).
+        for (offset, id) in plan.past_offsets.iter_mut().zip(&plan.tensors) {
+            if let Some(window) = g.layer_window(id.layer) {
+                *offset += (w - (window - 1)) * rb;
             }
         }
         let h = plan.heads_per_tensor;

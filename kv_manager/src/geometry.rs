@@ -105,6 +105,32 @@ impl KvTensor {
     }
 }
 
+/// The name of the attention mask input for layers of attention window `window` — the one rule,
+/// used by every backend, the session and the KV manager: `attention_mask` for global layers
+/// (`None`, the `[n, S]` mask) and `attention_mask_w{W}` for the sliding layers of window W (the
+/// `[n, W - 1 + n]` mask over their `W - 1` past rows and the n new ones; see
+/// [`crate::Plan::window_masks`]). A graph takes one mask per distinct window of its layers.
+pub fn mask_name(window: Option<usize>) -> String {
+    match window {
+        None => "attention_mask".to_owned(),
+        Some(w) => format!("attention_mask_w{w}"),
+    }
+}
+
+/// The attention window a mask name denotes ([`mask_name`]'s inverse): `Some(None)` for the
+/// global mask, `Some(Some(W))` for a window, `None` for any other name.
+pub fn parse_mask_name(name: &str) -> Option<Option<usize>> {
+    match name.strip_prefix("attention_mask") {
+        Some("") => Some(None),
+        Some(rest) => {
+            let digits = rest.strip_prefix("_w")?;
+            let ok = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+            ok.then(|| digits.parse().ok().map(Some)).flatten()
+        }
+        None => None,
+    }
+}
+
 /// Layout of the K tensors (V is always `rows`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KLayout {
@@ -137,6 +163,12 @@ pub struct Geometry {
     pub dtype: DataType,
     pub k_layout: KLayout,
     pub granularity: Granularity,
+    /// Per-layer attention windows: empty when every layer is global, else one entry per layer,
+    /// `None` for a global layer and `Some(W)` for a sliding-window layer, whose new token at
+    /// position p sees positions `p - W + 1 ..= p` only. Such a layer's past tensors hold
+    /// `W - 1` rows in every AR variant ([`Geometry::past_rows`]) and its mask is
+    /// [`mask_name`]`(Some(W))`. `max(ar) <= W <= S - max(ar) + 1`.
+    pub windows: Vec<Option<usize>>,
 }
 
 impl Geometry {
@@ -158,7 +190,44 @@ impl Geometry {
             dtype,
             k_layout: KLayout::Rows,
             granularity: Granularity::PerHead,
+            windows: Vec::new(),
         }
+    }
+
+    /// The same geometry with window `window` on `layers` (others unchanged, global by default).
+    pub fn with_windows(mut self, layers: &[usize], window: usize) -> Geometry {
+        self.windows.resize(self.layers, None);
+        for &l in layers {
+            if let Some(w) = self.windows.get_mut(l) {
+                *w = Some(window);
+            }
+        }
+        self
+    }
+
+    /// The attention window of `layer`: `None` when global.
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        self.windows.get(layer).copied().flatten()
+    }
+
+    /// True when some layer has a sliding window.
+    pub fn has_windows(&self) -> bool {
+        self.windows.iter().any(Option::is_some)
+    }
+
+    /// The distinct sliding windows, ascending (one mask input each besides the global one).
+    pub fn distinct_windows(&self) -> Vec<usize> {
+        let mut w: Vec<usize> = self.windows.iter().flatten().copied().collect();
+        w.sort_unstable();
+        w.dedup();
+        w
+    }
+
+    /// Rows of `layer`'s past tensors in the AR-`ar` graph: S - n for a global layer, W - 1 for
+    /// a sliding layer of window W (its new token i sees the last W - 1 - i past rows and new
+    /// tokens 0..=i, so every token sees exactly the last W positions).
+    pub fn past_rows(&self, layer: usize, ar: usize) -> usize {
+        self.layer_window(layer).map_or(self.window(ar), |w| w - 1)
     }
 
     /// Checks every field against its range and the limits ([`crate::MAX_LAYERS`] and its neighbours, so that every size
@@ -227,6 +296,35 @@ impl Geometry {
                     min_ar + max_ar
                 ),
             ));
+        }
+        self.validate_windows()
+    }
+
+    /// Windows: one per layer (or none), each with `max(ar) <= W` (an AR-n step's new tokens see
+    /// each other) and `W - 1 <= S - max(ar)` (the past rows fit every variant's global window).
+    fn validate_windows(&self) -> Result<(), KvError> {
+        let bad = |reason: String| KvError::InvalidGeometry {
+            field: "windows",
+            reason,
+        };
+        if !self.windows.is_empty() && self.windows.len() != self.layers {
+            return Err(bad(format!(
+                "lists {} windows for {} layers (one per layer, or none)",
+                self.windows.len(),
+                self.layers
+            )));
+        }
+        let (max_ar, s) = (self.max_ar(), self.context);
+        for (layer, w) in self.windows.iter().enumerate() {
+            if let Some(w) = *w
+                && (w < max_ar || w > s - max_ar + 1)
+            {
+                return Err(bad(format!(
+                    "layer {layer}: window {w} must be between the largest AR variant {max_ar} and \
+                     context - {max_ar} + 1 = {} (a longer window is the global layer)",
+                    s - max_ar + 1
+                )));
+            }
         }
         Ok(())
     }
@@ -479,6 +577,7 @@ impl CacheSpec {
                 });
             }
         }
+        self.check_windows()?;
         let b = g.buffers();
         let w_max = g.max_window();
         let name = self.strategy.name();
@@ -537,6 +636,36 @@ impl CacheSpec {
                 region_rows: rows(b).times(w_max + g.max_ar()).get()?,
                 buffer_stride_rows: w_max,
             }),
+        }
+    }
+
+    /// Sliding-window layers bind their past tensors as the last `W - 1` rows of the layer's
+    /// window: refused where that view is not one contiguous, fixed binding.
+    fn check_windows(&self) -> Result<(), KvError> {
+        let g = &self.geometry;
+        if !g.has_windows() {
+            return Ok(());
+        }
+        let refuse = |reason: &str| {
+            Err(KvError::UnsupportedCombination {
+                strategy: self.strategy.name(),
+                reason: reason.to_owned(),
+            })
+        };
+        match self.strategy {
+            Strategy::SmartMask => refuse(
+                "sliding-window layers need left-padded windows: smart_mask's valid rows grow from \
+                 the start of its fixed slots, so a layer's last W - 1 rows would move every step \
+                 (a new memory handle per step, which smart_mask exists to avoid); use shift, \
+                 conveyor or naive",
+            ),
+            _ if g.granularity == Granularity::PerLayer || g.k_layout == KLayout::Transposed => {
+                refuse(
+                    "sliding-window layers need per_head tensors with k_layout rows: their past \
+                     tensor is the last W - 1 rows of the window, contiguous only in that layout",
+                )
+            }
+            _ => Ok(()),
         }
     }
 

@@ -20,6 +20,11 @@
 //! - The mask is `[n, S]`: column `j < S - n` is row j of every past window, column `S - n + i` is new
 //!   token i; new tokens are causal, so padded tail tokens of a partial prefill chunk are never seen by
 //!   real ones. Positions are `len + i`.
+//! - Sliding-window layers ([`Geometry::windows`]): a layer of window W binds the last W - 1 rows of
+//!   its window as its past tensors in every AR variant and takes the mask
+//!   [`mask_name`]`(Some(W))`, `[n, W - 1 + n]`, under which new token i sees exactly the last W
+//!   positions ([`WindowMask`]). `shift`, `conveyor` and `naive` (per_head, K rows) serve them;
+//!   other combinations are refused with the reason. The region keeps every row of every layer.
 //! - Past and new tensors of a buffer share one encoding ([`encodings_from_graphs`] refuses graphs
 //!   where they differ): updating is a byte copy or a pointer shift, never a requantization.
 //! - Bytes outside visible rows (padding) are unspecified but always hold data the cache once held or
@@ -68,9 +73,9 @@ pub use error::KvError;
 pub use evict::{Eviction, PositionMode, RequantError};
 pub use geometry::{
     CacheSpec, Geometry, Granularity, KLayout, KvIo, KvTensor, Reserve, Strategy, TensorKind,
-    encodings_from_graphs,
+    encodings_from_graphs, mask_name, parse_mask_name,
 };
-pub use plan::{Plan, TensorBinding, TensorId};
+pub use plan::{Plan, TensorBinding, TensorId, WindowMask};
 pub use region::{HostAllocator, REGION_ALIGN, Region, RegionAllocator, RegionMemory};
 pub use size::{
     MAX_AR_VARIANTS, MAX_BUFFERS, MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS,

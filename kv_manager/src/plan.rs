@@ -53,6 +53,18 @@ pub struct TensorId {
     pub kind: TensorKind,
 }
 
+/// The attention mask of the sliding-window layers of one window W (input
+/// [`crate::mask_name`]`(Some(W))`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WindowMask {
+    /// The window W.
+    pub window: usize,
+    /// `[n, W - 1 + n]` row-major, 0.0 visible, `-inf` masked: column `j < W - 1` is row j of the
+    /// layer's past tensors, column `W - 1 + i` new token i. New token i sees exactly the cached
+    /// tokens at positions `>= len + i + 1 - W` and new tokens `0..=i`: the last W positions.
+    pub mask: Vec<f32>,
+}
+
 /// What a step on the AR-n graph needs from the cache.
 ///
 /// Bindings are stored compactly (one offset per tensor; every past tensor has the same byte length,
@@ -90,6 +102,10 @@ pub struct Plan {
     pub first_position: usize,
     /// Position of each new token: `first_position + i`.
     pub positions: Vec<i32>,
+    /// Per-layer attention windows ([`crate::Geometry::windows`]; empty when all are global).
+    pub windows: Vec<Option<usize>>,
+    /// One mask per distinct sliding window, ascending by window (empty when all are global).
+    pub window_masks: Vec<WindowMask>,
 }
 
 impl Plan {
@@ -118,9 +134,31 @@ impl Plan {
         self.tensors.len()
     }
 
-    /// The past-window input binding of tensor `index`.
+    /// The past-window input binding of tensor `index` ([`Plan::past_rows`] rows).
     pub fn past(&self, index: usize) -> TensorBinding {
-        self.binding(index, self.window(), self.past_offsets[index])
+        let rows = self.past_rows(self.tensors[index].layer);
+        self.binding(index, rows, self.past_offsets[index])
+    }
+
+    /// Past rows of `layer`'s tensors: S - n, or W - 1 for a sliding layer of window W.
+    pub fn past_rows(&self, layer: usize) -> usize {
+        self.windows
+            .get(layer)
+            .copied()
+            .flatten()
+            .map_or(self.window(), |w| w - 1)
+    }
+
+    /// The mask of the layers of window `window` (`None`: the global `[n, S]` mask).
+    pub fn mask_for(&self, window: Option<usize>) -> Option<&[f32]> {
+        match window {
+            None => Some(&self.mask),
+            Some(w) => self
+                .window_masks
+                .iter()
+                .find(|m| m.window == w)
+                .map(|m| m.mask.as_slice()),
+        }
     }
 
     /// The new-rows output binding of tensor `index`.
@@ -128,7 +166,7 @@ impl Plan {
         self.binding(index, self.ar, self.new_offsets[index])
     }
 
-    /// Byte length of every past tensor.
+    /// Byte length of every past tensor of a global layer.
     pub fn past_bytes(&self) -> usize {
         self.heads_per_tensor * self.window() * self.head_dim * self.elem_bytes
     }
@@ -169,68 +207,113 @@ impl Plan {
         self.positions.clear();
         self.positions
             .extend((0..n).map(|i| (self.first_position + i) as i32));
+        self.fill_window_masks();
+    }
+
+    /// The sliding windows' masks. A sliding layer's past tensors are the last W - 1 rows of its
+    /// window (left-padded: valid rows right-aligned), so column j holds token `len - (W - 1) + j`.
+    fn fill_window_masks(&mut self) {
+        let mut windows: Vec<usize> = self.windows.iter().flatten().copied().collect();
+        windows.sort_unstable();
+        windows.dedup();
+        let (n, len) = (self.ar, self.past_len);
+        self.window_masks
+            .resize_with(windows.len(), WindowMask::default);
+        for (m, w) in self.window_masks.iter_mut().zip(windows) {
+            let p = w - 1;
+            m.window = w;
+            m.mask.clear();
+            m.mask.resize(n * (p + n), f32::NEG_INFINITY);
+            for (i, row) in m.mask.chunks_exact_mut(p + n).enumerate() {
+                // Cached tokens t with len + i + 1 - W <= t < len, i.e. columns j >= i.
+                let first_valid = p.saturating_sub(len);
+                row[first_valid.max(i).min(p)..p].fill(0.0);
+                row[p..=p + i].fill(0.0);
+            }
+        }
     }
 
     /// Writes the mask in the fixed-point form a quantized graph takes (`u8`/`u16`/`i8`/`i16`, little
     /// endian): visible = the integer that dequantizes to exactly 0.0, masked = the type's smallest
     /// integer (the most negative value it can hold). Float specs write f32 or f16 0/-inf.
     pub fn mask_quantized(&self, spec: &QuantSpec, out: &mut [u8]) -> Result<(), KvError> {
-        let size = spec.dtype.size_bytes();
-        let expected = self.mask.len() * size;
-        if out.len() != expected {
-            return Err(KvError::BufferSize {
-                what: "quantized mask buffer",
-                expected,
-                found: out.len(),
+        quantize_mask(&self.mask, spec, out)
+    }
+
+    /// [`Plan::mask_quantized`] for the mask of the layers of window `window` ([`Plan::mask_for`]).
+    pub fn mask_quantized_for(
+        &self,
+        window: Option<usize>,
+        spec: &QuantSpec,
+        out: &mut [u8],
+    ) -> Result<(), KvError> {
+        let mask = self
+            .mask_for(window)
+            .ok_or_else(|| KvError::InvalidGeometry {
+                field: "windows",
+                reason: format!("no layer has attention window {window:?}"),
+            })?;
+        quantize_mask(mask, spec, out)
+    }
+}
+
+/// Writes `mask` in the form [`Plan::mask_quantized`] describes.
+fn quantize_mask(mask: &[f32], spec: &QuantSpec, out: &mut [u8]) -> Result<(), KvError> {
+    let size = spec.dtype.size_bytes();
+    let expected = mask.len() * size;
+    if out.len() != expected {
+        return Err(KvError::BufferSize {
+            what: "quantized mask buffer",
+            expected,
+            found: out.len(),
+        });
+    }
+    let (visible, masked): (i64, i64) = match (&spec.encoding, spec.dtype.integer_range()) {
+        (Encoding::PerTensor(so), Some((qmin, qmax))) => {
+            let zero = -(so.offset as i64);
+            let err = |reason| KvError::MaskEncoding {
+                dtype: spec.dtype,
+                scale: so.scale,
+                offset: so.offset,
+                reason,
+            };
+            if zero < qmin as i64 || zero > qmax as i64 {
+                return Err(err(
+                    "0.0 is not representable (zero point outside the type's range)",
+                ));
+            }
+            if zero == qmin as i64 {
+                return Err(err(
+                    "no integer below the zero point is left to mean `masked`",
+                ));
+            }
+            (zero, qmin as i64)
+        }
+        (Encoding::Float, None) => {
+            for (v, chunk) in mask.iter().zip(out.chunks_exact_mut(size)) {
+                if spec.dtype == DataType::F32 {
+                    chunk.copy_from_slice(&v.to_le_bytes());
+                } else {
+                    chunk.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+                }
+            }
+            return Ok(());
+        }
+        _ => {
+            return Err(KvError::MaskEncoding {
+                dtype: spec.dtype,
+                scale: 0.0,
+                offset: 0,
+                reason: "a mask needs a per-tensor encoding of a fixed-point type, or a float type",
             });
         }
-        let (visible, masked): (i64, i64) = match (&spec.encoding, spec.dtype.integer_range()) {
-            (Encoding::PerTensor(so), Some((qmin, qmax))) => {
-                let zero = -(so.offset as i64);
-                let err = |reason| KvError::MaskEncoding {
-                    dtype: spec.dtype,
-                    scale: so.scale,
-                    offset: so.offset,
-                    reason,
-                };
-                if zero < qmin as i64 || zero > qmax as i64 {
-                    return Err(err(
-                        "0.0 is not representable (zero point outside the type's range)",
-                    ));
-                }
-                if zero == qmin as i64 {
-                    return Err(err(
-                        "no integer below the zero point is left to mean `masked`",
-                    ));
-                }
-                (zero, qmin as i64)
-            }
-            (Encoding::Float, None) => {
-                for (v, chunk) in self.mask.iter().zip(out.chunks_exact_mut(size)) {
-                    if spec.dtype == DataType::F32 {
-                        chunk.copy_from_slice(&v.to_le_bytes());
-                    } else {
-                        chunk.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
-                    }
-                }
-                return Ok(());
-            }
-            _ => {
-                return Err(KvError::MaskEncoding {
-                    dtype: spec.dtype,
-                    scale: 0.0,
-                    offset: 0,
-                    reason: "a mask needs a per-tensor encoding of a fixed-point type, or a float type",
-                });
-            }
-        };
-        for (v, chunk) in self.mask.iter().zip(out.chunks_exact_mut(size)) {
-            let q = if *v == 0.0 { visible } else { masked };
-            match size {
-                1 => chunk[0] = q as u8,
-                _ => chunk.copy_from_slice(&(q as u16).to_le_bytes()),
-            }
+    };
+    for (v, chunk) in mask.iter().zip(out.chunks_exact_mut(size)) {
+        let q = if *v == 0.0 { visible } else { masked };
+        match size {
+            1 => chunk[0] = q as u8,
+            _ => chunk.copy_from_slice(&(q as u16).to_le_bytes()),
         }
-        Ok(())
     }
+    Ok(())
 }

@@ -35,6 +35,7 @@ pub fn llama_config(c: &Config) -> LlamaConfig {
             eos: Some(Tokenizer::EOS),
             ..SpecialTokens::default()
         },
+        layer_windows: Vec::new(),
     }
 }
 

@@ -108,7 +108,15 @@ pub struct LlamaConfig {
     pub qkv_bias: bool,
     /// Special token ids.
     pub special: SpecialTokens,
+    /// Per-layer attention windows: empty when every layer is global, else one entry per layer,
+    /// `None` for a global layer and `Some(W)` for a sliding-window layer whose token at position
+    /// `p` attends to positions `p - W + 1 ..= p` only (itself and the `W - 1` before it: Hugging
+    /// Face's `sliding_window` and llama.cpp's SWA convention). See [`LlamaConfig::layer_window`].
+    pub layer_windows: Vec<Option<usize>>,
 }
+
+/// Largest sliding window accepted (the largest context).
+const MAX_CONTEXT_WINDOW: usize = limits::MAX_CONTEXT;
 
 fn bounded(field: &'static str, value: usize, max: usize) -> Result<(), Error> {
     if value == 0 {
@@ -148,6 +156,22 @@ impl LlamaConfig {
         self.n_heads / self.n_kv_heads
     }
 
+    /// The attention window of `layer`: `None` for a global layer, `Some(W)` for a sliding one.
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        self.layer_windows.get(layer).copied().flatten()
+    }
+
+    /// Sets window `window` on `layers` (the others stay as they are, global by default).
+    pub fn with_layer_windows(mut self, layers: &[usize], window: usize) -> LlamaConfig {
+        self.layer_windows.resize(self.n_layers, None);
+        for &l in layers {
+            if let Some(w) = self.layer_windows.get_mut(l) {
+                *w = Some(window);
+            }
+        }
+        self
+    }
+
     /// Checks every dimension against [`limits`], divisibility (KV heads divide heads, head_dim
     /// even), finite positive epsilon/theta/scaling and special ids below the vocabulary.
     pub fn validate(&self) -> Result<(), Error> {
@@ -178,7 +202,20 @@ impl LlamaConfig {
         if let Some(s) = &self.rope.scaling {
             s.validate()?;
         }
+        self.validate_windows()?;
         self.validate_special()
+    }
+
+    fn validate_windows(&self) -> Result<(), Error> {
+        let w = &self.layer_windows;
+        if !w.is_empty() && w.len() != self.n_layers {
+            let why = format!("must list one window per layer ({})", self.n_layers);
+            return Err(Error::config("layer_windows", w.len(), why));
+        }
+        for window in w.iter().flatten() {
+            bounded("layer_windows", *window, MAX_CONTEXT_WINDOW)?;
+        }
+        Ok(())
     }
 
     fn validate_special(&self) -> Result<(), Error> {
@@ -249,6 +286,7 @@ pub(crate) mod tests {
                 eos: Some(2),
                 ..SpecialTokens::default()
             },
+            layer_windows: Vec::new(),
         }
     }
 
@@ -279,6 +317,14 @@ pub(crate) mod tests {
             ("rms_eps", Box::new(|c| c.rms_eps = f32::NAN)),
             ("rope.theta", Box::new(|c| c.rope.theta = -1.0)),
             ("eos", Box::new(|c| c.special.eos = Some(32))),
+            (
+                "layer_windows",
+                Box::new(|c| c.layer_windows = vec![Some(4)]),
+            ),
+            (
+                "layer_windows",
+                Box::new(|c| c.layer_windows = vec![None, Some(0)]),
+            ),
             (
                 "rope.scaling.high_freq_factor",
                 Box::new(|c| {

@@ -468,7 +468,8 @@ impl FloatCache {
 
 /// The f32 [`Kernels`]: weights read from a [`WeightSource`], keys and values stored in a
 /// [`FloatCache`] at positions `pos0, pos0 + 1, ...` (row `i` at `pos0 + i`), causal attention
-/// over positions `0..=pos0 + i`.
+/// over positions `0..=pos0 + i`, or over the last `W` of them in a sliding-window layer
+/// ([`LlamaConfig::layer_window`]).
 #[derive(Debug)]
 pub struct FloatKernels<'a, W: ?Sized> {
     /// Model description.
@@ -526,14 +527,18 @@ impl<W: WeightSource + ?Sized> Kernels for FloatKernels<'_, W> {
             let at = self.cache.offset(layer, pos);
             self.cache.keys[at..at + kvd].copy_from_slice(kr);
             self.cache.values[at..at + kvd].copy_from_slice(vr);
-            let base = self.cache.offset(layer, 0);
+            // A sliding-window layer sees positions `pos + 1 - W ..= pos` only.
+            let first = c
+                .layer_window(layer)
+                .map_or(0, |w| (pos + 1).saturating_sub(w));
+            let base = self.cache.offset(layer, first);
             let (keys, values) = (&self.cache.keys[base..], &self.cache.values[base..]);
             for h in 0..c.n_heads {
                 let off = (h / kv_mul) * hd;
                 let row = |t: usize| t * kvd + off..t * kvd + off + hd;
                 attend(
                     &qr[h * hd..(h + 1) * hd],
-                    pos + 1,
+                    pos + 1 - first,
                     |t| &keys[row(t)],
                     |t| &values[row(t)],
                     |_| 0.0,

@@ -2,7 +2,7 @@
 //! or shards) for the weights, as f32, f16 or bf16, converted to f32 on load.
 //!
 //! HF stores Q/K rows in the order its `rotate_half` RoPE expects, so the description's RoPE
-//! pairing is [`RopePairing::HalfSplit`]. Model types: `llama`, `mistral` (no sliding window),
+//! pairing is [`RopePairing::HalfSplit`]. Model types: `llama`, `mistral` (its `sliding_window` on every layer),
 //! `qwen2` (Q/K/V biases).
 
 use std::path::{Path, PathBuf};
@@ -270,9 +270,42 @@ pub fn config_from_json(text: &str, origin: &str) -> Result<LlamaConfig, Error> 
             eot,
             pad: f.ids("pad_token_id")?.0,
         },
+        layer_windows: layer_windows(&f, model_type)?,
     };
     config.validate()?;
     Ok(config)
+}
+
+/// Per-layer windows: `layer_types` (`sliding_attention` / `full_attention` per layer) with
+/// `sliding_window` when present; else every layer of a `mistral` model with a non-null
+/// `sliding_window`; else none (all global).
+fn layer_windows(f: &Fields<'_>, model_type: &str) -> Result<Vec<Option<usize>>, Error> {
+    let window = f.usize_opt("sliding_window")?;
+    let types = &f.json["layer_types"];
+    if types.is_null() {
+        let n = if model_type == "mistral" && window.is_some() {
+            f.usize("num_hidden_layers")?
+        } else {
+            0
+        };
+        return Ok(vec![window; n]);
+    }
+    let Some(types) = types.as_array() else {
+        return Err(f.err("layer_types is not a list".into()));
+    };
+    types
+        .iter()
+        .map(|t| match (t.as_str(), window) {
+            (Some("full_attention"), _) => Ok(None),
+            (Some("sliding_attention"), Some(w)) => Ok(Some(w)),
+            (Some("sliding_attention"), None) => Err(f.err(
+                "layer_types lists a sliding_attention layer but sliding_window is missing".into(),
+            )),
+            _ => Err(f.err(format!(
+                "layer_types entry {t} is not supported (sliding_attention, full_attention)"
+            ))),
+        })
+        .collect()
 }
 
 /// `rope_scaling`: absent/null, or `llama3` (key `rope_type`, or `type` in older files).

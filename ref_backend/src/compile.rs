@@ -196,6 +196,20 @@ pub(crate) fn validate_options(config: &LlamaConfig, opts: &CompileOptions) -> R
     if opts.ar.is_empty() {
         return Err("at least one AR variant is needed".into());
     }
+    // The float forward honours per-layer windows; the executor's graphs do not take them yet, so a
+    // window that would bite within the context is refused rather than silently ignored.
+    let windows = config.layer_windows.iter().enumerate();
+    if let Some((layer, w)) = windows
+        .filter_map(|(l, w)| Some((l, (*w)?)))
+        .find(|&(_, w)| w < opts.context)
+    {
+        return Err(format!(
+            "layer {layer} has a sliding attention window of {w} tokens, shorter than the context {}: \
+             the reference executor does not compile per-layer windows yet (compile with a context of \
+             at most {w})",
+            opts.context
+        ));
+    }
     let mut seen = HashSet::new();
     for &n in &opts.ar {
         if n == 0 || n >= opts.context {

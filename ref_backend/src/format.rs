@@ -588,6 +588,7 @@ fn read_config(s: &mut Reader<'_>) -> Result<LlamaConfig, FormatError> {
         tied_output,
         qkv_bias,
         special: SpecialTokens { bos, eos, eot, pad },
+        layer_windows: Vec::new(),
     };
     c.validate().map_err(|e| s.corrupt_at(at, e.to_string()))?;
     Ok(c)

@@ -287,6 +287,26 @@ fn options_the_file_cannot_hold_are_refused_before_compiling() {
     assert_eq!(calls, 0, "nothing was computed");
 }
 
+/// The float forward honours per-layer windows and the executor's graphs do not take them yet: a
+/// window shorter than the context is refused, a window the context never reaches is harmless.
+#[test]
+fn windows_that_would_bite_are_refused_before_compiling() {
+    let ckpt = common::synthetic(true);
+    let o = CompileOptions::new(32, vec![1, 4]);
+    let prompts = common::synthetic_prompts(64);
+    let base = llama2c::llama_config(&ckpt.config);
+    let c = base.clone().with_layer_windows(&[1], 16);
+    let e = compile(&c, &ckpt, &prompts, &o, ckpt.sha256(), &mut |_| {}).unwrap_err();
+    assert!(
+        e.to_string().contains(
+            "layer 1 has a sliding attention window of 16 tokens, shorter than the context 32"
+        ),
+        "{e}"
+    );
+    let c = base.with_layer_windows(&[1], 32);
+    assert!(compile(&c, &ckpt, &prompts, &o, ckpt.sha256(), &mut |_| {}).is_ok());
+}
+
 /// Issue 14 row 14: messages carry their own context once and the cause once, as the source.
 #[test]
 fn compile_errors_name_the_cause_once() {

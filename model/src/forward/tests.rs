@@ -113,7 +113,7 @@ fn tap_sees_every_site_with_its_width() {
 }
 
 /// Plain f64 forward over the whole sequence without a cache: explicit per-pair RoPE (either
-/// layout), GQA, biases, untied classifier. Returns the logits of every position.
+/// layout), GQA, biases, untied classifier, per-layer sliding windows. Returns the logits of every position.
 fn reference(c: &LlamaConfig, w: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
     let g =
         |t: Tensor| -> Vec<f64> { w.tensor(t).unwrap().iter().map(|&v| f64::from(v)).collect() };
@@ -179,7 +179,9 @@ fn reference(c: &LlamaConfig, w: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
             for h in 0..c.n_heads {
                 let kvh = h / c.kv_mul();
                 let q = &qs[p][h * hd..(h + 1) * hd];
-                let sc: Vec<f64> = (0..=p)
+                // A sliding-window layer sees the last W positions only.
+                let first = c.layer_window(l).map_or(0, |w| (p + 1).saturating_sub(w));
+                let sc: Vec<f64> = (first..=p)
                     .map(|t| {
                         let k = &ks[t][kvh * hd..(kvh + 1) * hd];
                         q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt()
@@ -188,7 +190,7 @@ fn reference(c: &LlamaConfig, w: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
                 let m = sc.iter().cloned().fold(f64::MIN, f64::max);
                 let e: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
                 let z: f64 = e.iter().sum();
-                for (t, et) in e.iter().enumerate() {
+                for (t, et) in (first..).zip(&e) {
                     for i in 0..hd {
                         o[h * hd + i] += et / z * vs[t][kvh * hd + i];
                     }
@@ -250,6 +252,24 @@ fn forward_matches_f64_reference_for_each_option() {
     c.head_dim = 8; // q_dim 32 != dim 16
     c.n_kv_heads = 1;
     assert_matches_reference(c, 9);
+}
+
+#[test]
+fn sliding_window_layers_match_the_reference_and_change_the_result() {
+    // Window 3 on layer 0, window 5 on layer 1: with 10 tokens both bite.
+    let mut c = tiny().with_layer_windows(&[0], 3);
+    c.layer_windows[1] = Some(5);
+    assert_matches_reference(c.clone(), 11);
+    // A window as long as the sequence is the global layer.
+    let w = Arc::new(synthetic(&c, 11));
+    let tokens = [3, 9, 4, 17, 8, 2, 30, 6];
+    let last = |c: &LlamaConfig| stepwise(c, &w, &tokens).0;
+    let global = last(&tiny());
+    assert_eq!(
+        last(&tiny().with_layer_windows(&[0, 1], tokens.len())),
+        global
+    );
+    assert_ne!(last(&c), global);
 }
 
 #[test]

@@ -209,6 +209,7 @@ pub fn llama_config(file: &GgufFile, origin: &str) -> Result<LlamaConfig, Error>
             .tensor(&gguf_name(Tensor::Layer(0, LayerTensor::QBias)))
             .is_some(),
         special: special_tokens(&m)?,
+        layer_windows: Vec::new(),
     };
     config.validate()?;
     Ok(config)

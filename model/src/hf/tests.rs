@@ -53,6 +53,41 @@ fn config_json_fills_the_description() {
 }
 
 #[test]
+fn sliding_windows_come_from_layer_types_or_mistral() {
+    let mut j = tiny_json();
+    j["sliding_window"] = json!(4);
+    let c = config_from_json(&j.to_string(), "t").unwrap();
+    assert!(c.layer_windows.is_empty(), "llama ignores sliding_window");
+    j["model_type"] = json!("mistral");
+    let c = config_from_json(&j.to_string(), "t").unwrap();
+    assert_eq!(c.layer_windows, [Some(4), Some(4)]);
+    j["layer_types"] = json!(["sliding_attention", "full_attention"]);
+    let c = config_from_json(&j.to_string(), "t").unwrap();
+    assert_eq!((c.layer_window(0), c.layer_window(1)), (Some(4), None));
+    for (types, window, why) in [
+        (
+            json!(["sliding_attention"]),
+            json!(4),
+            "one window per layer",
+        ),
+        (json!(["sliding_attention", "local"]), json!(4), "\"local\""),
+        (json!("sliding_attention"), json!(4), "not a list"),
+        (
+            json!(["sliding_attention", "full_attention"]),
+            json!(null),
+            "sliding_window is missing",
+        ),
+    ] {
+        j["layer_types"] = types;
+        j["sliding_window"] = window;
+        let err = config_from_json(&j.to_string(), "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(why), "{err}");
+    }
+}
+
+#[test]
 fn config_json_errors_name_the_field() {
     let cases: [(&str, Json); 5] = [
         ("hidden_size", json!(null)),
