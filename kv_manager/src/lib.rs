@@ -43,6 +43,7 @@
 //! same row shape and encodings, with any strategy and layout, so that later steps see exactly those
 //! rows (see [`snapshot`]). Sessions are saved and restored this way.
 
+pub mod beam;
 mod cache;
 mod counters;
 mod error;
@@ -54,6 +55,7 @@ pub mod size;
 pub mod snapshot;
 pub mod workload;
 
+pub use beam::{BeamCounters, BeamError, BeamKv};
 pub use cache::KvCache;
 pub use counters::{Counters, StepStats};
 pub use error::KvError;
