@@ -171,7 +171,10 @@ impl BeamKv {
     ) -> Result<&Plan, BeamError> {
         self.pending = None;
         self.check_len(cache)?;
-        if beams.len() > ar || beams.is_empty() {
+        if beams.is_empty() {
+            return Err(BeamError::BeamCount { count: 0 });
+        }
+        if beams.len() > ar {
             return Err(BeamError::TooManyBeams {
                 beams: beams.len(),
                 ar,

@@ -354,6 +354,10 @@ fn misuse_is_refused_with_a_typed_error() {
         BeamError::TooManyBeams { beams: 3, ar: 2 }
     );
     assert_eq!(
+        kv.plan(&mut cache, 2, &[]).unwrap_err(),
+        BeamError::BeamCount { count: 0 }
+    );
+    assert_eq!(
         kv.plan(&mut cache, 2, &[1, 1]).unwrap_err(),
         BeamError::DuplicateBeam { index: 1 }
     );
