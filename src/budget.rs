@@ -59,6 +59,9 @@ pub enum BudgetError {
     /// A byte size above [`MAX_BYTE_SIZE`].
     #[error("byte size `{text}` is above the limit of 1 PiB ({maximum} bytes)")]
     ByteSizeTooLarge { text: String, maximum: usize },
+    /// A beam count `htpkv budget --beams` cannot cost.
+    #[error("--beams {beams}: {reason}")]
+    Beams { beams: usize, reason: String },
     /// A byte size that could not be parsed.
     #[error(
         "invalid byte size `{text}`: expected a number with an optional suffix B, KB, MB, GB, TB, PB \
@@ -745,6 +748,65 @@ pub fn fit_context(config: &Config, update: Update, budget: usize) -> Option<(us
     Some(best)
 }
 
+/// What B beams cost on one cache (`htpkv budget --beams B`): the prompt (the run's prefill) held once
+/// and each beam's own rows after it, against B full caches each holding the prompt and its beam.
+/// The length is the most each beam can generate when every step appends (the pointer-shift
+/// strategies; `smart_mask` and `naive` also reuse rows freed by reorders, so they go further):
+/// `tokens_per_beam = (capacity - prompt) / beams`. Field names are the JSON field names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BeamBudget {
+    pub beams: usize,
+    pub prompt_tokens: usize,
+    pub tokens_per_beam: usize,
+    /// prompt + beams x tokens_per_beam, and x kv_bytes_per_token.
+    pub shared_rows: usize,
+    pub shared_kv_bytes: usize,
+    /// beams x (prompt + tokens_per_beam), and x kv_bytes_per_token.
+    pub independent_rows: usize,
+    pub independent_kv_bytes: usize,
+    /// One region (the config's) against beams x region.
+    pub shared_region_bytes: usize,
+    pub independent_region_bytes: usize,
+}
+
+/// The [`BeamBudget`] of `beams` beams on the cache `report` describes.
+pub fn beam_budget(report: &BudgetReport, beams: usize) -> Result<BeamBudget, BudgetError> {
+    let max = kv_manager::beam::MAX_BEAMS;
+    let refuse = |reason: String| BudgetError::Beams { beams, reason };
+    if beams == 0 || beams > max {
+        return Err(refuse(format!("must be between 1 and {max}")));
+    }
+    let prompt = report.run.prefill;
+    let tokens_per_beam = report.capacity_tokens.saturating_sub(prompt) / beams;
+    if tokens_per_beam == 0 {
+        return Err(refuse(format!(
+            "the cache holds {} tokens: after a prompt of {prompt} there is no room for one token per beam",
+            report.capacity_tokens
+        )));
+    }
+    let rows = |what: &'static str, n: usize| Size::new(what, n);
+    let shared_rows = prompt + beams * tokens_per_beam;
+    let independent_rows = rows("beam rows", prompt + tokens_per_beam)
+        .times(beams)
+        .get()?;
+    let per_token = report.kv_bytes_per_token;
+    Ok(BeamBudget {
+        beams,
+        prompt_tokens: prompt,
+        tokens_per_beam,
+        shared_rows,
+        shared_kv_bytes: rows("beam bytes", shared_rows).times(per_token).get()?,
+        independent_rows,
+        independent_kv_bytes: rows("beam bytes", independent_rows)
+            .times(per_token)
+            .get()?,
+        shared_region_bytes: report.region_bytes,
+        independent_region_bytes: rows("beam regions", report.region_bytes)
+            .times(beams)
+            .get()?,
+    })
+}
+
 /// The largest byte size [`parse_byte_size`] accepts: 1 PiB, more memory than any device has (and
 /// more than the largest region a valid geometry of a real model needs).
 pub const MAX_BYTE_SIZE: usize = 1 << 50;
@@ -984,5 +1046,42 @@ mod tests {
             parse_byte_size("2PB").unwrap_err().to_string(),
             "byte size `2PB` is above the limit of 1 PiB (1125899906842624 bytes)"
         );
+    }
+
+    /// The closed form against the real beam tracker: B beams that never reorder, each stepping
+    /// `tokens_per_beam` times after the prompt, hold exactly `shared_rows` rows in one cache.
+    #[test]
+    fn beam_budget_matches_the_beam_tracker() {
+        let text = "model: { name: t, layers: 2, heads: 4, kv_heads: 2, head_dim: 4, vocab: 32, dim: 16 }\n\
+                    graph: { context: 64, ar: [1, 4] }\n\
+                    kv: { dtype: u8, k_layout: rows, tensors: per_head, update: conveyor }\n";
+        let config = Config::from_yaml(text, std::path::Path::new("t.yaml")).unwrap();
+        let r = report(&config, Update::Conveyor, 7).unwrap();
+        let b = beam_budget(&r, 4).unwrap();
+        assert_eq!(b.tokens_per_beam, (63 - 7) / 4);
+        let mut cache = KvCache::new(
+            config.cache_spec_for(Update::Conveyor),
+            &HostAllocator::default(),
+        )
+        .unwrap();
+        for _ in 0..7 {
+            cache.plan(1).unwrap();
+            cache.commit(1).unwrap();
+        }
+        let mut kv = kv_manager::BeamKv::new(&cache, 4).unwrap();
+        for _ in 0..b.tokens_per_beam {
+            kv.plan(&mut cache, 4, &[0, 1, 2, 3]).unwrap();
+            kv.commit(&mut cache).unwrap();
+        }
+        assert_eq!(
+            (kv.rows_held(), cache.len()),
+            (b.shared_rows, b.shared_rows)
+        );
+        assert_eq!(kv.rows_independent(), b.independent_rows);
+        assert_eq!(b.shared_kv_bytes, b.shared_rows * r.kv_bytes_per_token);
+        assert_eq!(b.independent_region_bytes, 4 * r.region_bytes);
+        assert!(beam_budget(&r, 0).is_err());
+        let e = beam_budget(&r, 57).unwrap_err().to_string();
+        assert!(e.contains("no room for one token per beam"), "{e}");
     }
 }

@@ -178,6 +178,10 @@ impl EngineError {
                 "context_full"
             }
             EngineError::Session(SessionError::Kv(_)) => "kv",
+            EngineError::Session(SessionError::Beam(kv_manager::BeamError::BeamCount {
+                ..
+            })) => "bad_option",
+            EngineError::Session(SessionError::Beam(_)) => "kv",
             EngineError::Session(SessionError::Backend(_)) => "backend",
             EngineError::Session(SessionError::Sampler(_)) => "bad_option",
             EngineError::Session(SessionError::Input(_)) => "bad_option",

@@ -124,6 +124,40 @@ impl Sampler {
     }
 }
 
+/// The `k` most likely tokens with their log-probabilities (a log-softmax in f64), most likely first;
+/// ties go to the lower id, NaN logits are never chosen. Beam search ranks its candidates with it.
+pub fn top_logprobs(logits: &[f32], k: usize) -> Result<Vec<(u32, f64)>, SamplerError> {
+    if logits.is_empty() {
+        return Err(SamplerError::Empty);
+    }
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|x| !x.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits
+        .iter()
+        .filter(|x| !x.is_nan())
+        .map(|&l| (l as f64 - max).exp())
+        .sum();
+    let log_z = max + sum.ln();
+    let mut ranked: Vec<(u32, f64)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| !l.is_nan())
+        .map(|(i, &l)| (i as u32, l as f64 - log_z))
+        .collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    ranked.truncate(k);
+    Ok(ranked)
+}
+
+/// A hypothesis' score under a length penalty: `logprob / len^alpha` (alpha 0: the plain sum; larger
+/// alphas favour longer hypotheses, since log-probabilities are negative).
+pub fn length_penalized(logprob: f64, len: usize, alpha: f32) -> f64 {
+    logprob / (len.max(1) as f64).powf(alpha as f64)
+}
+
 fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &l) in logits.iter().enumerate() {
@@ -208,5 +242,19 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(Sampler::new(bad_p).unwrap_err(), SamplerError::TopP(0.0));
+    }
+
+    #[test]
+    fn top_logprobs_rank_a_log_softmax_and_the_penalty_divides_by_len_to_the_alpha() {
+        let logits = [0.0f32, 3.0f32.ln(), f32::NAN, 3.0f32.ln()];
+        let top = top_logprobs(&logits, 3).unwrap();
+        let ids: Vec<u32> = top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [1, 3, 0]);
+        assert!((top[0].1 - (3.0f64 / 7.0).ln()).abs() < 1e-6, "{top:?}");
+        assert!((top[2].1 - (1.0f64 / 7.0).ln()).abs() < 1e-6, "{top:?}");
+        assert_eq!(top_logprobs(&[], 2), Err(SamplerError::Empty));
+        assert_eq!(length_penalized(-6.0, 4, 0.0), -6.0);
+        assert_eq!(length_penalized(-6.0, 4, 1.0), -1.5);
+        assert_eq!(length_penalized(-6.0, 4, 0.5), -3.0);
     }
 }

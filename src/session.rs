@@ -15,9 +15,11 @@ use model::ops::Rope;
 use quant::QuantSpec;
 use std::time::Instant;
 
+mod beam;
 mod contexts;
 mod overflow;
 use contexts::Tiers;
+pub use beam::{Beam, BeamMemory, BeamOptions, BeamSearch, Samples, decode_text};
 pub use overflow::{Overflow, SlideEvent, SlidePositions};
 
 /// Errors of the runtime.
@@ -32,6 +34,8 @@ pub enum SessionError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Sampler(#[from] SamplerError),
+    #[error(transparent)]
+    Beam(#[from] kv_manager::BeamError),
     /// A runtime-made input (mask, RoPE table) or the logits could not be encoded or decoded.
     #[error("encoding a graph input or decoding the logits")]
     Encode(#[source] quant::QuantError),
@@ -692,6 +696,20 @@ impl<B: Backend> Session<B> {
     /// state passed between them) and commits them; keeps the logits of every token in
     /// `self.logits` (`[n, vocab]`).
     fn run_step(&mut self, slot: usize, tokens: &[u32]) -> Result<(), SessionError> {
+        self.check_step(slot, tokens)?;
+        self.cache.plan(self.slots[slot].ar)?;
+        self.execute(slot, tokens, None)?;
+        self.cache.commit(tokens.len())?;
+        self.tokens.extend_from_slice(tokens);
+        let last = tokens.len() - 1;
+        self.last_logits.clear();
+        self.last_logits
+            .extend_from_slice(&self.logits[last * self.vocab..(last + 1) * self.vocab]);
+        Ok(())
+    }
+
+    /// Refuses a step of `tokens` on the graphs of `slot` before anything is planned.
+    fn check_step(&self, slot: usize, tokens: &[u32]) -> Result<(), SessionError> {
         let ar = self.slots[slot].ar;
         if tokens.is_empty() || tokens.len() > ar {
             return Err(SessionError::Input(format!(
@@ -705,8 +723,23 @@ impl<B: Backend> Session<B> {
                 vocab: self.vocab,
             });
         }
-        self.cache.plan(ar)?;
-        let plan = self.cache.pending_plan().expect("planned");
+        Ok(())
+    }
+
+    /// Runs `tokens` through the graphs of `slot` on the planned step (the cache's pending plan, or
+    /// `plan` when given: a beam step's); keeps the logits of every query row in `self.logits`
+    /// (`[n, vocab]`). Commits nothing.
+    fn execute(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        plan: Option<&kv_manager::Plan>,
+    ) -> Result<(), SessionError> {
+        let ar = self.slots[slot].ar;
+        let plan = match plan {
+            Some(p) => p,
+            None => self.cache.pending_plan().expect("planned"),
+        };
         self.ids.clear();
         for i in 0..ar {
             let id = tokens.get(i).copied().unwrap_or(0) as i32;
@@ -807,12 +840,6 @@ impl<B: Backend> Session<B> {
                     .map_err(SessionError::Encode)?;
             }
         }
-        self.cache.commit(tokens.len())?;
-        self.tokens.extend_from_slice(tokens);
-        let last = tokens.len() - 1;
-        self.last_logits.clear();
-        self.last_logits
-            .extend_from_slice(&self.logits[last * self.vocab..(last + 1) * self.vocab]);
         Ok(())
     }
 

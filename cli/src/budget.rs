@@ -91,6 +91,10 @@ pub struct BudgetArgs {
     /// config does not say) [default: 0, not counted].
     #[arg(long, value_name = "BYTES", requires = "sessions")]
     shared_bytes: Option<String>,
+    /// Also report what B beams (or samples) cost on one cache, the prompt (--prefill) held once and
+    /// each beam's rows after it, against B full caches.
+    #[arg(long, value_name = "B")]
+    beams: Option<usize>,
 }
 
 /// What N concurrent sessions cost with one strategy: N x (region + graph IO) + shared.
@@ -246,11 +250,25 @@ pub fn run_budget(args: BudgetArgs) -> anyhow::Result<()> {
             Some(costs)
         }
     };
+    let beams = match args.beams {
+        None => None,
+        Some(b) => Some(
+            reports
+                .iter()
+                .map(|r| htpkv::budget::beam_budget(r, b))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
     if args.json {
         let mut values = serde_json::to_value(&reports)?;
         if let (Some(costs), Some(list)) = (&sessions, values.as_array_mut()) {
             for (v, cost) in list.iter_mut().zip(costs) {
                 v["sessions"] = cost.json();
+            }
+        }
+        if let (Some(beams), Some(list)) = (&beams, values.as_array_mut()) {
+            for (v, b) in list.iter_mut().zip(beams) {
+                v["beams"] = serde_json::to_value(b)?;
             }
         }
         let text = serde_json::to_string_pretty(&values)?;
@@ -259,12 +277,51 @@ pub fn run_budget(args: BudgetArgs) -> anyhow::Result<()> {
     output::to_stdout(|out| {
         configs.iter().try_for_each(|config| {
             print_config(out, config, &reports)?;
+            if let Some(beams) = &beams {
+                print_beams(out, config, &reports, beams)?;
+            }
             match &sessions {
                 Some(costs) => print_sessions(out, config, &reports, costs),
                 None => Ok(()),
             }
         })
     })
+}
+
+/// The --beams lines of one config.
+fn print_beams(
+    out: &mut dyn Write,
+    config: &Config,
+    reports: &[BudgetReport],
+    beams: &[htpkv::budget::BeamBudget],
+) -> io::Result<()> {
+    let origin = config.origin.display().to_string();
+    for (r, b) in reports
+        .iter()
+        .zip(beams)
+        .filter(|(r, _)| r.config == origin)
+    {
+        writeln!(
+            out,
+            "  {} beams ({}): prompt {} tokens once + {} x {} tokens = {} rows, {} of K/V; \
+             {} full caches: {} rows, {} (regions: 1 x {} vs {} x {} = {})",
+            b.beams,
+            r.update,
+            b.prompt_tokens,
+            b.beams,
+            b.tokens_per_beam,
+            thousands(b.shared_rows),
+            human_bytes(b.shared_kv_bytes),
+            b.beams,
+            thousands(b.independent_rows),
+            human_bytes(b.independent_kv_bytes),
+            human_bytes(b.shared_region_bytes),
+            b.beams,
+            human_bytes(b.shared_region_bytes),
+            human_bytes(b.independent_region_bytes),
+        )?;
+    }
+    writeln!(out)
 }
 
 /// The N-session lines of one config.

@@ -10,6 +10,7 @@ use ref_backend::WeightType;
 use std::io::Write;
 use std::path::PathBuf;
 
+mod beams;
 mod foreign;
 
 /// Arguments of `htpkv generate`.
@@ -124,6 +125,16 @@ pub struct GenerateArgs {
     /// Tokens dropped per slide (at least; default: a quarter of the context after the kept tokens).
     #[arg(long)]
     slide_chunk: Option<usize>,
+    /// Beam search with B beams sharing the prompt's KV rows: prints the best beam (--json: every
+    /// beam with its score). Without --ar, an AR-B variant is compiled so the beams step together.
+    #[arg(long, value_name = "B", conflicts_with_all = ["chat", "save", "resume", "n"])]
+    beams: Option<usize>,
+    /// Length penalty alpha of --beams: a beam scores sum(logprob) / len^alpha.
+    #[arg(long, value_name = "ALPHA", default_value_t = 1.0, requires = "beams")]
+    length_penalty: f32,
+    /// N independent samples sharing one prompt prefill (sample i uses seed --seed + i).
+    #[arg(long, value_name = "N", conflicts_with_all = ["chat", "save", "resume"])]
+    n: Option<usize>,
 }
 
 /// What a run actually uses, read back from the loaded model.
@@ -207,7 +218,10 @@ fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
         kv_dtype: kv_dtype.unwrap_or(defaults.kv_dtype),
         weights: weights.map_or(defaults.weights, |w| w.name().to_owned()),
         context: args.context,
-        ar: args.ar.clone().unwrap_or(defaults.ar),
+        ar: args
+            .ar
+            .clone()
+            .unwrap_or_else(|| beams::default_ar(args, defaults.ar)),
         cache_dir: None,
     };
     let generate = GenerateOptions {
@@ -343,6 +357,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         .and_then(|o| engine.session_mut().set_overflow(o))
         .map_err(htpkv::engine::EngineError::from)
         .context("--overflow")?;
+    if beams::wanted(&args) {
+        return beams::run(&args, &checked, &mut engine);
+    }
     let strategy = checked.engine.strategy;
     let generate = checked.generate;
     let stdout = std::io::stdout();

@@ -405,7 +405,7 @@ impl KvCache {
         self.len = len;
     }
 
-    fn add_copy(&mut self, bytes: usize) {
+    pub(crate) fn add_copy(&mut self, bytes: usize) {
         self.step.bytes_copied += bytes;
         self.counters.bytes_copied += bytes;
         self.counters.worst_step_bytes_copied = self

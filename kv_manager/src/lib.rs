@@ -55,6 +55,7 @@
 //! the totals carry over with the relayout counted (`relayouts`, `rows_moved_by_relayouts`,
 //! `bytes_moved_by_relayouts`).
 
+pub mod beam;
 mod cache;
 mod counters;
 mod error;
@@ -67,6 +68,7 @@ pub mod size;
 pub mod snapshot;
 pub mod workload;
 
+pub use beam::{BeamCounters, BeamError, BeamKv};
 pub use cache::KvCache;
 pub use counters::{Counters, StepStats};
 pub use error::KvError;
