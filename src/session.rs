@@ -331,6 +331,7 @@ pub fn cache_spec_from_graphs(
         geometry,
         strategy,
         encodings,
+        cross: None,
     })
 }
 

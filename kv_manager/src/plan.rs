@@ -90,6 +90,9 @@ pub struct Plan {
     pub first_position: usize,
     /// Position of each new token: `first_position + i`.
     pub positions: Vec<i32>,
+    /// The static cross-attention tensors (read-only inputs of every step, `[heads, 1, E, D]`, in
+    /// graph order), empty without them: fixed for the cache's life (see [`crate::static_kv`]).
+    pub cross: Vec<TensorBinding>,
 }
 
 impl Plan {
