@@ -377,7 +377,8 @@ fn expected_at(field: &str) -> String {
         }
         ("graph", "graph") => "a mapping with context and ar, e.g. { context: 2048, ar: [1] }".into(),
         ("kv", "kv") => {
-            "a mapping with dtype and update (k_layout, tensors, reserve, stagger optional)".into()
+            "a mapping with dtype and update (k_layout, tensors, reserve, stagger, cross optional)"
+                .into()
         }
         ("model", "name") => "a string".into(),
         ("graph", "context") => "a positive integer, the context length S".into(),
