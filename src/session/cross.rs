@@ -90,11 +90,11 @@ pub(super) fn cross_spec_from_graphs(
     };
     let mut encodings: Vec<Option<QuantSpec>> = vec![None; geometry.buffers()];
     let mut seen: Vec<(KvTensor, &IoTensor)> = Vec::new();
-    for t in tensors
-        .iter()
-        .copied()
-        .chain(encoder_outputs.filter(|t| kind_of(t.role).is_some()))
-    {
+    let written: Vec<&IoTensor> = encoder_outputs
+        .filter(|t| kind_of(t.role).is_some())
+        .collect();
+    let read = tensors.len();
+    for (i, &t) in tensors.iter().chain(&written).enumerate() {
         let tensor = cross_tensor(t, kind_of(t.role).expect("filtered"))?;
         if let Some((_, other)) = seen.iter().find(|(s, _)| *s == tensor) {
             if other.shape != t.shape || other.quant != t.quant {
@@ -105,6 +105,12 @@ pub(super) fn cross_spec_from_graphs(
                 )));
             }
             continue;
+        }
+        if i >= read {
+            return Err(bad(format!(
+                "the encoder writes cross tensor `{}`, which no decoder graph reads",
+                t.name
+            )));
         }
         if t.head.is_some() != (granularity == Granularity::PerHead) {
             return Err(bad(format!(
@@ -231,5 +237,84 @@ impl<B: Backend> Session<B> {
     pub fn reset_request(&mut self) {
         self.reset();
         self.cache.clear_cross();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Backend;
+    use crate::reference::EncDecReference;
+    use kv_manager::Strategy;
+    use model::encdec::{EncDecConfig, EncDecWeights};
+    use quant::DataType;
+    use ref_backend::encdec::{EncDecOptions, compile_encdec};
+    use std::sync::Arc;
+
+    fn graphs() -> Vec<GraphDesc> {
+        let c = EncDecConfig::tiny();
+        let w = Arc::new(EncDecWeights::from_seed(&c, 3).unwrap());
+        let opts = EncDecOptions {
+            context: 12,
+            ar: vec![1, 4],
+            cross_dtype: DataType::U8,
+        };
+        let model = compile_encdec(&c, w, &[vec![1; 8]], &opts).unwrap();
+        EncDecReference::new(Arc::new(model))
+            .unwrap()
+            .graphs()
+            .to_vec()
+    }
+
+    fn spec(graphs: &[GraphDesc]) -> Result<kv_manager::CacheSpec, SessionError> {
+        super::super::cache_spec_from_graphs(graphs, Strategy::Conveyor)
+    }
+
+    #[test]
+    fn the_cross_spec_comes_from_the_decoder_graphs() {
+        let s = spec(&graphs()).unwrap();
+        let cross = s.cross.unwrap();
+        assert_eq!((cross.rows, cross.granularity), (8, Granularity::PerHead));
+        assert_eq!(cross.encodings.len(), s.geometry.buffers());
+        assert_eq!(cross.dtype(), Some(DataType::U8));
+        // The encoder graph is not a step variant.
+        assert_eq!(s.geometry.ar_variants, vec![1, 4]);
+    }
+
+    #[test]
+    fn an_encoder_writing_another_encoding_than_the_decoders_read_is_refused() {
+        let mut g = graphs();
+        let encoder = g.iter_mut().find(|g| g.is_encoder()).unwrap();
+        encoder.outputs[3].quant = Some(QuantSpec::float(DataType::F32).unwrap());
+        let err = spec(&g).unwrap_err().to_string();
+        assert!(
+            err.contains("cross_value_0_1") && err.contains("never requantized"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_cross_buffer_no_decoder_reads_is_refused() {
+        let mut g = graphs();
+        for graph in g.iter_mut().filter(|g| !g.is_encoder()) {
+            graph.inputs.retain(|t| t.name != "cross_key_1_0");
+        }
+        let err = spec(&g).unwrap_err().to_string();
+        assert!(
+            err.contains("the encoder writes cross tensor `cross_key_1_0`, which no decoder"),
+            "{err}"
+        );
+        let encoder = g.iter_mut().find(|g| g.is_encoder()).unwrap();
+        encoder.outputs.retain(|t| t.name != "cross_key_1_0");
+        let err = spec(&g).unwrap_err().to_string();
+        assert!(
+            err.contains("no graph reads cross K of layer 1 head 0"),
+            "{err}"
+        );
+        for graph in g.iter_mut() {
+            graph.inputs.retain(|t| kind_of(t.role).is_none());
+        }
+        let err = spec(&g).unwrap_err().to_string();
+        assert!(err.contains("no decoder graph reads them"), "{err}");
     }
 }
