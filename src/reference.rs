@@ -190,6 +190,13 @@ impl Backend for EncDecReference {
         inputs: &[InputBuffer],
         outputs: &[OutputBuffer],
     ) -> Result<(), BackendError> {
+        if graph >= self.graphs.len() {
+            return Err(BackendError {
+                backend: "reference",
+                message: format!("no graph #{graph}"),
+                source: None,
+            });
+        }
         // SAFETY: `Backend::execute`'s contract: every buffer is valid for its length for the
         // call, and no output overlaps another output or any input, so the shared and exclusive
         // slices made here do not alias mutably.

@@ -292,7 +292,9 @@ impl EncDecCompiled {
     }
 
     /// Runs graph `graph` on `inputs`/`outputs` (each exactly its tensor's bytes, in order).
-    /// Counts, sizes, token ids and positions are checked before anything is written.
+    /// Counts, sizes, token ids and positions are checked before anything is written; a graph
+    /// index past [`EncDecCompiled::graphs`] is an `InputCount` error for graph `#index`, which
+    /// has no inputs.
     pub fn execute(
         &self,
         graph: usize,
