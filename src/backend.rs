@@ -27,6 +27,13 @@ pub enum IoRole {
     HiddenIn,
     /// The hidden state for the next part of a split model.
     HiddenOut,
+    /// An encoder-decoder's source token ids (the encoder graph's input).
+    SourceIds,
+    /// A static cross-attention key tensor: an output of the encoder graph, a read-only input of
+    /// every decoder graph (`cross_key_*`, see `kv_manager::CrossSpec`).
+    CrossKey,
+    /// A static cross-attention value tensor.
+    CrossValue,
 }
 
 /// One input or output tensor of a graph.
@@ -88,6 +95,13 @@ impl GraphDesc {
         find(IoRole::Embeddings)
             .or_else(|| find(IoRole::Mask))
             .and_then(rows)
+    }
+
+    /// True for an encoder graph: it writes cross-attention K/V.
+    pub fn is_encoder(&self) -> bool {
+        self.outputs
+            .iter()
+            .any(|t| matches!(t.role, IoRole::CrossKey | IoRole::CrossValue))
     }
 
     /// S: the context length (the mask's last dimension).

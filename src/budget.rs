@@ -588,8 +588,10 @@ pub struct BudgetReport {
     /// reserve_rows x row_bytes.
     pub buffer_bytes: usize,
     pub region_rows: usize,
-    /// Exactly what the KV manager allocates.
+    /// Exactly what the KV manager allocates (static cross K/V included).
     pub region_bytes: usize,
+    /// Static cross-attention K/V (`kv.cross`): E rows per buffer, in the region; 0 without.
+    pub cross_bytes: usize,
     pub graph_io: Vec<GraphIo>,
     /// Sum of graph_io totals.
     pub graph_io_bytes: usize,
@@ -641,6 +643,15 @@ pub fn report(
     let spec = config.cache_spec_for(update);
     let g = &spec.geometry;
     let region_bytes = spec.region_bytes()?;
+    let cross_bytes = match &spec.cross {
+        Some(c) => c.region_bytes(g)?,
+        None => 0,
+    };
+    let self_bytes = CacheSpec {
+        cross: None,
+        ..spec.clone()
+    }
+    .region_bytes()?;
     let run = Run::full_context(g, prefill)?;
     let p = predict(&spec, &run)?;
     let reserve_rows = match spec.strategy {
@@ -678,8 +689,9 @@ pub fn report(
         buffer_bytes: Size::new("bytes per buffer", reserve_rows)
             .times(g.row_bytes())
             .get()?,
-        region_rows: region_bytes / g.row_bytes(),
+        region_rows: self_bytes / g.row_bytes(),
         region_bytes,
+        cross_bytes,
         graph_io: io,
         graph_io_bytes: io_bytes,
         total_bytes,

@@ -196,6 +196,21 @@ pub struct KvConfig {
     pub reserve: ReserveConfig,
     #[serde(default)]
     pub stagger: bool,
+    /// Static cross-attention K/V of an encoder-decoder model (`kv_manager::CrossSpec`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross: Option<CrossConfig>,
+}
+
+/// `kv.cross:` static cross-attention K/V buffers, one per (layer, kv-head, K|V), grouped like the
+/// self-attention tensors (`kv.tensors`), in the same region.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CrossConfig {
+    /// E: rows per buffer (the encoder's output length).
+    pub rows: usize,
+    /// Element type of the static K/V (may differ from `kv.dtype`).
+    #[serde(with = "kv_dtype_serde")]
+    pub dtype: DataType,
 }
 
 /// Parses a K/V element type: a [`DataType`] that stores real values (any but `i32`), by its
@@ -385,7 +400,8 @@ fn expected_at(field: &str) -> String {
         }
         ("graph", "graph") => "a mapping with context and ar, e.g. { context: 2048, ar: [1] }".into(),
         ("kv", "kv") => {
-            "a mapping with dtype and update (k_layout, tensors, reserve, stagger optional)".into()
+            "a mapping with dtype and update (k_layout, tensors, reserve, stagger, cross optional)"
+                .into()
         }
         ("model", "name") => "a string".into(),
         ("graph", "context") => "a positive integer, the context length S".into(),
@@ -398,6 +414,7 @@ fn expected_at(field: &str) -> String {
         ("kv", "update") => EXPECT_UPDATE.into(),
         ("kv", "reserve") => EXPECT_RESERVE.into(),
         ("kv", "stagger") => "true or false".into(),
+        ("kv", "cross") => "a mapping { rows, dtype }: the static cross-attention K/V".into(),
         _ => EXPECT_POSITIVE.into(),
     }
 }
@@ -506,6 +523,7 @@ impl Config {
                 update: Update::Shift,
                 reserve: ReserveConfig::default(),
                 stagger: false,
+                cross: None,
             },
             origin: path.to_path_buf(),
         };
@@ -688,6 +706,12 @@ impl Config {
                     }
                 ),
             ),
+            KvError::InvalidCross { reason } => ConfigError::field_error(
+                path,
+                "kv.cross",
+                reason.clone(),
+                "{ rows: E, dtype: u8 } with 1 <= E <= 16777216",
+            ),
             KvError::ReserveTooLarge { .. } => ConfigError::field_error(
                 path,
                 "kv.reserve",
@@ -759,7 +783,23 @@ impl Config {
 
     /// A simulation cache spec for strategy `update`.
     pub fn cache_spec_for(&self, update: Update) -> CacheSpec {
-        CacheSpec::for_simulation(self.geometry(), self.strategy_for(update))
+        let mut spec = CacheSpec::for_simulation(self.geometry(), self.strategy_for(update));
+        if let Some(cross) = &self.kv.cross {
+            let g = &spec.geometry;
+            let encoding = CacheSpec::for_simulation(
+                kv_manager::Geometry {
+                    dtype: cross.dtype,
+                    ..g.clone()
+                },
+                spec.strategy,
+            )
+            .encodings
+            .first()
+            .cloned();
+            spec.cross =
+                encoding.map(|e| kv_manager::CrossSpec::uniform(g, cross.rows, g.granularity, e));
+        }
+        spec
     }
 }
 

@@ -584,6 +584,9 @@ pub fn role_label(a: &Assigned) -> String {
         IoRole::NewValue => "new V",
         IoRole::HiddenIn => "hidden state in",
         IoRole::HiddenOut => "hidden state out",
+        IoRole::SourceIds => "source ids",
+        IoRole::CrossKey => "cross K",
+        IoRole::CrossValue => "cross V",
     };
     let layer = a.layer.map_or(String::new(), |l| format!(" layer {l}"));
     let head = a.head.map_or(String::new(), |h| format!(" head {h}"));

@@ -98,3 +98,123 @@ impl Backend for ReferenceBackend {
         })
     }
 }
+
+/// The runtime's role of an encoder-decoder graph tensor, from its name.
+fn encdec_role(name: &str) -> Option<(IoRole, Option<kv_manager::KvTensor>)> {
+    use kv_manager::{KvIo, KvTensor, TensorKind};
+    let fixed = match name {
+        "source_ids" => Some(IoRole::SourceIds),
+        "input_ids" => Some(IoRole::InputIds),
+        "positions" => Some(IoRole::Positions),
+        "attention_mask" => Some(IoRole::Mask),
+        "logits" => Some(IoRole::Logits),
+        _ => None,
+    };
+    if let Some(role) = fixed {
+        return Some((role, None));
+    }
+    let t = KvTensor::parse(name)?;
+    let role = match (t.io, t.kind) {
+        (KvIo::Past, TensorKind::Key) => IoRole::PastKey,
+        (KvIo::Past, TensorKind::Value) => IoRole::PastValue,
+        (KvIo::New, TensorKind::Key) => IoRole::NewKey,
+        (KvIo::New, TensorKind::Value) => IoRole::NewValue,
+        (KvIo::Cross, TensorKind::Key) => IoRole::CrossKey,
+        (KvIo::Cross, TensorKind::Value) => IoRole::CrossValue,
+    };
+    Some((role, Some(t)))
+}
+
+fn encdec_tensor(t: &ref_backend::encdec::GraphTensor) -> Result<IoTensor, BackendError> {
+    let (role, kv) = encdec_role(&t.name).ok_or_else(|| BackendError {
+        backend: "reference",
+        message: format!("encoder-decoder tensor `{}` has no known role", t.name),
+        source: None,
+    })?;
+    Ok(IoTensor {
+        name: t.name.clone(),
+        role,
+        layer: kv.map(|k| k.layer),
+        head: kv.and_then(|k| k.head),
+        shape: t.shape.clone(),
+        dtype: t.dtype,
+        quant: t.quant.clone(),
+    })
+}
+
+/// The reference executor of an encoder-decoder model ([`ref_backend::encdec`]) in this process:
+/// its encoder graph and decoder graphs, for [`crate::Session::encode`] and the usual steps.
+#[derive(Debug, Clone)]
+pub struct EncDecReference {
+    model: Arc<ref_backend::encdec::EncDecCompiled>,
+    graphs: Vec<GraphDesc>,
+}
+
+impl EncDecReference {
+    /// Wraps a compiled encoder-decoder model.
+    pub fn new(model: Arc<ref_backend::encdec::EncDecCompiled>) -> Result<Self, BackendError> {
+        let mut graphs = Vec::new();
+        for g in model.graphs() {
+            graphs.push(GraphDesc {
+                name: g.name.clone(),
+                inputs: g
+                    .inputs
+                    .iter()
+                    .map(encdec_tensor)
+                    .collect::<Result<_, _>>()?,
+                outputs: g
+                    .outputs
+                    .iter()
+                    .map(encdec_tensor)
+                    .collect::<Result<_, _>>()?,
+                part: Default::default(),
+                mask: Default::default(),
+            });
+        }
+        Ok(EncDecReference { model, graphs })
+    }
+}
+
+impl Backend for EncDecReference {
+    fn name(&self) -> &'static str {
+        "reference"
+    }
+
+    fn graphs(&self) -> &[GraphDesc] {
+        &self.graphs
+    }
+
+    unsafe fn execute(
+        &mut self,
+        graph: usize,
+        inputs: &[InputBuffer],
+        outputs: &[OutputBuffer],
+    ) -> Result<(), BackendError> {
+        if graph >= self.graphs.len() {
+            return Err(BackendError {
+                backend: "reference",
+                message: format!("no graph #{graph}"),
+                source: None,
+            });
+        }
+        // SAFETY: `Backend::execute`'s contract: every buffer is valid for its length for the
+        // call, and no output overlaps another output or any input, so the shared and exclusive
+        // slices made here do not alias mutably.
+        let ins: Vec<&[u8]> = inputs
+            .iter()
+            .map(|b| unsafe { std::slice::from_raw_parts(b.ptr, b.len) })
+            .collect();
+        // SAFETY: as above.
+        let mut outs: Vec<&mut [u8]> = outputs
+            .iter()
+            .map(|b| unsafe { std::slice::from_raw_parts_mut(b.ptr, b.len) })
+            .collect();
+        self.model
+            .execute(graph, &ins, &mut outs)
+            .map_err(|e| BackendError {
+                backend: "reference",
+                message: format!("executing encoder-decoder graph #{graph}"),
+                source: Some(Box::new(e)),
+            })
+    }
+}

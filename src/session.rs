@@ -17,6 +17,7 @@ use std::time::Instant;
 
 mod beam;
 mod contexts;
+mod cross;
 mod overflow;
 use contexts::Tiers;
 pub use beam::{Beam, BeamMemory, BeamOptions, BeamSearch, Samples, decode_text};
@@ -74,6 +75,8 @@ enum Feed {
     /// The hidden state the previous part wrote (index into the session's hidden buffers, bytes).
     Hidden(usize, usize),
     Past(usize),
+    /// A static cross-attention tensor (index into the plan's cross bindings).
+    Cross(usize),
 }
 
 /// Where one graph output goes.
@@ -114,8 +117,9 @@ fn variant_groups(graphs: &[GraphDesc], context: usize) -> Result<Vec<Vec<usize>
     let bad = |m: String| SessionError::Graphs(m);
     let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
     for (i, g) in graphs.iter().enumerate() {
-        // A part without a mask (one that only embeds, say) goes with every context length.
-        if g.context().is_some_and(|c| c != context) {
+        // A part without a mask (one that only embeds, say) goes with every context length; an
+        // encoder graph is run once per request, not per step.
+        if g.is_encoder() || g.context().is_some_and(|c| c != context) {
             continue;
         }
         let ar = g
@@ -346,10 +350,12 @@ pub fn cache_spec_for_context(
         variants.push((ar, collect(past_enc, "past")?, collect(new_enc, "new")?));
     }
     let encodings = encodings_from_graphs(&geometry, &variants)?;
+    let cross = cross::cross_spec_from_graphs(graphs, &geometry)?;
     Ok(CacheSpec {
         geometry,
         strategy,
         encodings,
+        cross,
     })
 }
 
@@ -461,6 +467,8 @@ fn feed_of(
         },
         IoRole::PastKey => Feed::Past(kv_index(geometry, t, TensorKind::Key)?),
         IoRole::PastValue => Feed::Past(kv_index(geometry, t, TensorKind::Value)?),
+        IoRole::CrossKey => Feed::Cross(cross::cross_index(geometry, t, TensorKind::Key)?),
+        IoRole::CrossValue => Feed::Cross(cross::cross_index(geometry, t, TensorKind::Value)?),
         IoRole::Embeddings => {
             return Err(bad(format!(
                 "graph `{}` takes embeddings (`{}`): the embedding lookup outside the graph is not \
@@ -791,6 +799,12 @@ impl<B: Backend> Session<B> {
                         ptr: self.hidden[*b].as_ptr(),
                         len: *len,
                     },
+                    Feed::Cross(t) => {
+                        let b = plan.cross[*t];
+                        // SAFETY: the plan's bindings lie inside the region (kv_manager's contract).
+                        let ptr = unsafe { base.add(b.offset) };
+                        InputBuffer { ptr, len: b.bytes }
+                    }
                     Feed::Past(t) => {
                         let b = plan.past(*t);
                         // SAFETY: the plan's bindings lie inside the region (kv_manager's contract).

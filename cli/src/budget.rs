@@ -418,6 +418,18 @@ fn print_config(out: &mut dyn Write, config: &Config, reports: &[BudgetReport]) 
             thousands(io.total_bytes)
         )?;
     }
+    if let Some(cross) = &config.kv.cross {
+        writeln!(
+            out,
+            "  static cross K/V: {} buffers x {} rows x {} B rows ({}) = {} B ({}), in every region below",
+            thousands(first.buffers),
+            thousands(cross.rows),
+            g.head_dim * cross.dtype.size_bytes(),
+            cross.dtype,
+            thousands(first.cross_bytes),
+            human_bytes(first.cross_bytes)
+        )?;
+    }
     writeln!(
         out,
         "  run: prefill {} + {} decode steps on AR-{} (fills the context)",

@@ -57,6 +57,8 @@ pub struct KvCache {
     handles: HandleTracker,
     /// Added to every new token's position (grows when evictions keep positions).
     position_offset: usize,
+    /// Per cross tensor (graph order): filled for the current request (see [`crate::static_kv`]).
+    pub(crate) cross_filled: Vec<bool>,
 }
 
 impl KvCache {
@@ -105,6 +107,9 @@ impl KvCache {
             }
         };
         let tensors = tensor_ids(g.layers, g.kv_heads, g.granularity);
+        let self_bytes = layout.region_rows * g.row_bytes(); // checked by `region_bytes`
+        let cross = crate::static_kv::bindings(&spec, self_bytes)?;
+        let cross_filled = vec![false; cross.len()];
         let plan = Plan {
             heads_per_tensor: heads_per_tensor(g.kv_heads, g.granularity),
             head_dim: g.head_dim,
@@ -116,6 +121,7 @@ impl KvCache {
             past_offsets: Vec::with_capacity(tensors.len()),
             new_offsets: Vec::with_capacity(tensors.len()),
             tensors,
+            cross,
             ..Plan::default()
         };
         let counters = Counters {
@@ -134,6 +140,7 @@ impl KvCache {
             step: StepStats::default(),
             handles,
             position_offset: 0,
+            cross_filled,
         })
     }
 
@@ -177,6 +184,11 @@ impl KvCache {
         self.pending.map(|_| &self.plan)
     }
 
+    /// The plan state (its cross bindings are fixed at construction).
+    pub(crate) fn plan_ref(&self) -> &Plan {
+        &self.plan
+    }
+
     /// The pending plan together with the region bytes, for running a graph on the host: the graph
     /// reads the past bindings and writes the new ones.
     pub fn pending_io(&mut self) -> Option<(&Plan, &mut [u8])> {
@@ -210,6 +222,7 @@ impl KvCache {
                 position: last_position,
             });
         }
+        self.check_cross_ready()?;
         self.step = StepStats::default();
         self.counters.steps += 1;
         self.prepare(ar);

@@ -120,6 +120,33 @@ pub enum KvError {
         expected: usize,
         found: usize,
     },
+    /// A [`crate::CrossSpec`] does not fit the cache's geometry.
+    #[error("invalid cross-attention spec: {reason}")]
+    InvalidCross { reason: String },
+    /// A cross tensor that the cache does not have, or filled twice in one request.
+    #[error("cannot fill cross-attention tensor `{tensor}`: {reason}")]
+    CrossTensor { tensor: String, reason: String },
+    /// A cross fill whose bytes are not the tensor's size.
+    #[error("cross-attention tensor `{tensor}` holds {expected} bytes, the fill has {found}")]
+    CrossSize {
+        tensor: String,
+        expected: usize,
+        found: usize,
+    },
+    /// A cross fill in another encoding than the buffer's (it would need a requantization).
+    #[error(
+        "cross-attention tensor `{tensor}` is encoded {expected}, the fill {found}: static K/V is copied, never requantized"
+    )]
+    CrossEncoding {
+        tensor: String,
+        expected: String,
+        found: String,
+    },
+    /// A step planned before every cross tensor was filled for the request.
+    #[error(
+        "{missing} cross-attention tensor(s) not filled for this request (first: `{first}`): fill them from the encoder before the first step"
+    )]
+    CrossNotFilled { missing: usize, first: String },
     /// A snapshot does not fit the cache it is imported into.
     #[error("snapshot does not fit this cache: {what} is {snapshot}, the cache has {cache}")]
     SnapshotMismatch {

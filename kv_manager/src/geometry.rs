@@ -30,12 +30,15 @@ pub enum KvIo {
     Past,
     /// The step's new rows (a graph output): `new_key_*`, `new_value_*`.
     New,
+    /// A static cross-attention buffer (a read-only graph input of every decoder step, an output of
+    /// the encoder graph): `cross_key_*`, `cross_value_*`, E rows (see [`crate::CrossSpec`]).
+    Cross,
 }
 
 /// One K/V graph tensor: the one rule that maps cache buffers to graph tensors, by name and by
 /// position, used by every backend, the session and the KV manager.
 ///
-/// Names: `{past|new}_{key|value}_{layer}_{head}` per head, `{past|new}_{key|value}_{layer}` per
+/// Names: `{past|new|cross}_{key|value}_{layer}_{head}` per head, `{past|new|cross}_{key|value}_{layer}` per
 /// layer (`head == None`, the tensor holds every KV head). Positions: the K/V tensors of one side
 /// of a graph come K then V per unit, units in order — (layer, head) per head, layer per layer —
 /// so a per-head tensor's [`KvTensor::position`] is its [`Geometry::buffer_index`].
@@ -54,6 +57,7 @@ impl KvTensor {
         let io = match self.io {
             KvIo::Past => "past",
             KvIo::New => "new",
+            KvIo::Cross => "cross",
         };
         let kind = match self.kind {
             TensorKind::Key => "key",
@@ -70,6 +74,7 @@ impl KvTensor {
         let (io, rest) = match name.split_once('_')? {
             ("past", rest) => (KvIo::Past, rest),
             ("new", rest) => (KvIo::New, rest),
+            ("cross", rest) => (KvIo::Cross, rest),
             _ => return None,
         };
         let (kind, rest) = match rest.split_once('_')? {
@@ -506,6 +511,8 @@ pub struct CacheSpec {
     /// One encoding per buffer, indexed by [`Geometry::buffer_index`]; shared by the past input and the
     /// new output of that buffer in every graph variant.
     pub encodings: Vec<QuantSpec>,
+    /// Static cross-attention K/V buffers, if the model has them (an encoder-decoder's decoder).
+    pub cross: Option<crate::CrossSpec>,
 }
 
 /// The derived layout of a validated spec: where everything lives in the region, in rows.
@@ -532,6 +539,7 @@ impl CacheSpec {
             geometry,
             strategy,
             encodings,
+            cross: None,
         }
     }
 
@@ -670,11 +678,13 @@ impl CacheSpec {
     }
 
     /// The exact number of bytes the cache allocates for its region, computed without allocating.
+    /// Includes the static cross-attention buffers ([`crate::CrossSpec::region_bytes`]).
     pub fn region_bytes(&self) -> Result<usize, KvError> {
         let layout = self.layout()?;
-        Size::new("region bytes", layout.region_rows)
+        let self_bytes = Size::new("region bytes", layout.region_rows)
             .times(self.geometry.row_bytes())
-            .get()
+            .get()?;
+        crate::static_kv::region_end(self, self_bytes)
     }
 
     /// `shift`'s reservation R in rows per buffer (None for other strategies or a refused reservation).
@@ -753,6 +763,21 @@ mod tests {
         assert_eq!(t.name(), "new_value_5");
         assert_eq!(t.position(g.kv_heads), 11);
         assert_eq!(KvTensor::parse("new_value_5"), Some(t));
+        let cross = KvTensor {
+            io: KvIo::Cross,
+            ..t
+        };
+        assert_eq!(cross.name(), "cross_value_5");
+        assert_eq!(KvTensor::parse("cross_value_5"), Some(cross));
+        assert_eq!(
+            KvTensor::parse("cross_key_2_1"),
+            Some(KvTensor {
+                io: KvIo::Cross,
+                kind: TensorKind::Key,
+                layer: 2,
+                head: Some(1)
+            })
+        );
         assert_eq!(
             KvTensor::parse("past_key_3_1").map(|t| (t.layer, t.head)),
             Some((3, Some(1)))
@@ -763,6 +788,7 @@ mod tests {
             "past_key_",
             "past_key_+1",
             "old_key_1",
+            "crosskey_1",
             "past_keys_1",
             "logits",
         ] {

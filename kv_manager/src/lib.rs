@@ -42,6 +42,12 @@
 //! variants, partial commits, rollbacks and resets; the property tests check exactly this. The region
 //! ends after the last buffer's last possible output: `(B - 1)*S + W_max + (S - 1)` rows.
 //!
+//! ## Static cross-attention K/V
+//! A [`CacheSpec`] may declare static buffers for an encoder-decoder's cross-attention
+//! ([`CrossSpec`]): E rows per (layer, KV head, K|V) with their own encodings, in the same region,
+//! bound read-only in every plan ([`Plan::cross`]), filled once per request
+//! ([`KvCache::fill_cross`], [`KvCache::clear_cross`]) and never moved; see [`static_kv`].
+//!
 //! ## Snapshots
 //! [`KvCache::export_rows`] reads the valid rows of every buffer in logical order (token 0..len) into
 //! a [`KvSnapshot`], whatever the strategy and layout; [`KvCache::import_rows`] refills a cache of the
@@ -66,6 +72,7 @@ mod region;
 mod relayout;
 pub mod size;
 pub mod snapshot;
+pub mod static_kv;
 pub mod workload;
 
 pub use beam::{BeamCounters, BeamError, BeamKv};
@@ -84,3 +91,4 @@ pub use size::{
     MAX_RESERVE_ROWS, Size,
 };
 pub use snapshot::{KvSnapshot, RowShape};
+pub use static_kv::{CROSS_ALIGN, CrossSpec};

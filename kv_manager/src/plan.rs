@@ -106,6 +106,9 @@ pub struct Plan {
     pub windows: Vec<Option<usize>>,
     /// One mask per distinct sliding window, ascending by window (empty when all are global).
     pub window_masks: Vec<WindowMask>,
+    /// The static cross-attention tensors (read-only inputs of every step, `[heads, 1, E, D]`, in
+    /// graph order), empty without them: fixed for the cache's life (see [`crate::static_kv`]).
+    pub cross: Vec<TensorBinding>,
 }
 
 impl Plan {

@@ -168,6 +168,13 @@ pub trait Kernels {
     /// (`[n, q_dim]`). Implementations use [`attend`](crate::ops::attend).
     fn attention(&mut self, layer: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]);
 
+    /// The cross-attention sub-block of `layer`, between self-attention and the FFN: adds its
+    /// output to the residual stream `x` (`[n, dim]`). Decoder-only models have none (the
+    /// default); an encoder-decoder's decoder runs [`crate::encdec::cross_block`].
+    fn cross_attention(&mut self, layer: usize, x: &mut [f32]) {
+        let _ = (layer, x);
+    }
+
     /// The logits of `row` (with [`Output::Logits`]).
     fn logits(&mut self, row: usize, logits: &[f32]);
 }
@@ -282,6 +289,7 @@ pub fn run(
     }
     for l in pass.layers.clone() {
         attention_block(c, rope, l, n, k, a, tap);
+        k.cross_attention(l, &mut a.x[..n * dim]);
         ffn_block(c, l, n, k, a, tap);
         observe_rows(tap, l, Site::Residual, &a.x[..n * dim], dim);
     }
@@ -504,11 +512,7 @@ impl<W: WeightSource + ?Sized> Kernels for FloatKernels<'_, W> {
 
     fn linear(&mut self, w: Tensor, x: &[f32], out: &mut [f32]) {
         let shape = w.shape(self.config);
-        let (rows, cols) = (shape[0], shape[1]);
-        let m = self.tensor(w);
-        for (o, xr) in out.chunks_exact_mut(rows).zip(x.chunks_exact(cols)) {
-            matmul(o, xr, m);
-        }
+        linear_rows(self.tensor(w), shape[0], shape[1], x, out);
     }
 
     fn vector(&self, v: Tensor) -> &[f32] {
@@ -736,6 +740,13 @@ impl<W: WeightSource + ?Sized> FloatModel<W> {
             (token, pos) = (next, pos + 1);
         }
         Ok(out)
+    }
+}
+
+/// `out = m x` row by row: `m` is `[rows, cols]`, `x` `[n, cols]`, `out` `[n, rows]`.
+pub fn linear_rows(m: &[f32], rows: usize, cols: usize, x: &[f32], out: &mut [f32]) {
+    for (o, xr) in out.chunks_exact_mut(rows).zip(x.chunks_exact(cols)) {
+        matmul(o, xr, m);
     }
 }
 

@@ -56,6 +56,7 @@
 
 pub mod chat;
 mod config;
+pub mod encdec;
 mod error;
 pub mod fetched;
 pub mod forward;

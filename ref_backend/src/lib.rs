@@ -65,6 +65,7 @@
 mod bytes;
 mod calibrate;
 mod compile;
+pub mod encdec;
 mod error;
 mod exec;
 pub mod format;

@@ -490,7 +490,7 @@ impl ModelData {
                             head: head.map(|h| h as u32),
                         };
                         match io {
-                            KvIo::Past => inputs.push(desc),
+                            KvIo::Past | KvIo::Cross => inputs.push(desc),
                             KvIo::New => outputs.push(desc),
                         }
                     }
@@ -566,8 +566,9 @@ impl ModelData {
 
 fn kv_role(io: KvIo, kind: TensorKind) -> TensorRole {
     match (io, kind) {
-        (KvIo::Past, TensorKind::Key) => TensorRole::PastKey,
-        (KvIo::Past, TensorKind::Value) => TensorRole::PastValue,
+        // A Llama graph has no cross tensors; were one described, it is a read-only input too.
+        (KvIo::Past | KvIo::Cross, TensorKind::Key) => TensorRole::PastKey,
+        (KvIo::Past | KvIo::Cross, TensorKind::Value) => TensorRole::PastValue,
         (KvIo::New, TensorKind::Key) => TensorRole::NewKey,
         (KvIo::New, TensorKind::Value) => TensorRole::NewValue,
     }

@@ -103,6 +103,7 @@ pub(crate) fn ai_hub_kv_name(t: &KvTensor) -> String {
     let dir = match t.io {
         KvIo::Past => "in",
         KvIo::New => "out",
+        KvIo::Cross => "cross",
     };
     match t.head {
         Some(h) => format!("past_{kind}_{}_h{h}_{dir}", t.layer),
