@@ -83,10 +83,12 @@ fn lockstep_calibration_equals_one_sequence_at_a_time() {
             let next = common::argmax(fm.forward_tapped(seq[pos], pos, &mut want).unwrap());
             pos += 1;
             let next = next as u32;
-            if pos == seq.len() && seq.len() < 10 && Some(next) != c.special.bos {
-                if !stop.contains(&next) {
-                    seq.push(next);
-                }
+            if pos == seq.len()
+                && seq.len() < 10
+                && Some(next) != c.special.bos
+                && !stop.contains(&next)
+            {
+                seq.push(next);
             }
         }
     }
