@@ -104,15 +104,29 @@ fn model_bench(run: &ModelRun, kv: &str, weights: &str) -> anyhow::Result<serde_
         .map(|p| m.tokenizer.encode(p, true))
         .collect::<Result<Vec<_>, _>>()?;
     let start = Instant::now();
+    // Seconds spent in each compile stage (from the progress reports).
+    let mut stages: Vec<(ref_backend::Stage, f64)> = Vec::new();
     let compiled = Arc::new(ref_backend::compile(
         &m.config,
         &*m.weights,
         &calibration,
         &opts,
         fingerprint,
-        &mut |_| {},
+        &mut |p| {
+            let now = start.elapsed().as_secs_f64();
+            match stages.last_mut() {
+                Some((stage, end)) if *stage == p.stage => *end = now,
+                _ => stages.push((p.stage, now)),
+            }
+        },
     )?);
     let compile_s = start.elapsed().as_secs_f64();
+    let mut stage_seconds = serde_json::Map::new();
+    let mut from = 0.0;
+    for (stage, end) in &stages {
+        stage_seconds.insert(stage.name().into(), (end - from).into());
+        from = *end;
+    }
 
     // The prompt: a fixed text, repeated until it has `prompt` tokens.
     let text = "Once upon a time, in a small village by the sea, there lived an old fisherman \
@@ -146,6 +160,7 @@ fn model_bench(run: &ModelRun, kv: &str, weights: &str) -> anyhow::Result<serde_
         "weights": weights,
         "threads": threads(),
         "compile_seconds": compile_s,
+        "compile_stage_seconds": stage_seconds,
         "prefill_tokens_per_second": run.prompt as f64 / prefill_s,
         "decode_tokens_per_second": run.tokens as f64 / decode_s,
     }))

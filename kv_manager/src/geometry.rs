@@ -148,10 +148,57 @@ pub enum KLayout {
 /// How K/V tensors are grouped into graph inputs/outputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Granularity {
-    /// One tensor per (layer, kv-head, K|V): `[1, 1, S-n, D]`.
+    /// One tensor per (layer, kv-head, K|V): `past_key_{l}_{h}` `[1, 1, S-n, D]`.
     PerHead,
-    /// One tensor per (layer, K|V) holding every kv-head: `[n_kv, 1, S-n, D]`.
+    /// One tensor per (layer, K|V) holding every kv-head: `past_key_{l}` `[n_kv, 1, S-n, D]`,
+    /// with a per-axis encoding along axis 0 (one scale/offset per head).
     PerLayer,
+}
+
+impl KLayout {
+    /// Lowercase name (`rows`, `transposed`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            KLayout::Rows => "rows",
+            KLayout::Transposed => "transposed",
+        }
+    }
+}
+
+impl std::str::FromStr for KLayout {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "rows" => Ok(KLayout::Rows),
+            "transposed" => Ok(KLayout::Transposed),
+            _ => Err(format!(
+                "unknown K layout `{s}` (expected rows or transposed)"
+            )),
+        }
+    }
+}
+
+impl Granularity {
+    /// Lowercase name (`per_head`, `per_layer`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Granularity::PerHead => "per_head",
+            Granularity::PerLayer => "per_layer",
+        }
+    }
+}
+
+impl std::str::FromStr for Granularity {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "per_head" => Ok(Granularity::PerHead),
+            "per_layer" => Ok(Granularity::PerLayer),
+            _ => Err(format!(
+                "unknown tensor granularity `{s}` (expected per_head or per_layer)"
+            )),
+        }
+    }
 }
 
 /// The shape of a model's KV cache and of its static graphs.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use std::ops::Range;
 
-use crate::ops::{Rope, argmax, attend, matmul, rmsnorm, rope_apply, silu};
+use crate::ops::{Rope, argmax, attend, matmul, matmul_rows, rmsnorm, rope_apply, silu};
 use crate::{Error, LayerTensor, LlamaConfig, Tensor, WeightSource, check_weights};
 
 /// A point of the forward pass whose values a [`Tap`] sees.
@@ -217,7 +217,7 @@ impl Activations {
             hb2: z(c.hidden_dim),
             cos: z(c.head_dim / 2),
             sin: z(c.head_dim / 2),
-            logits: vec![0.0; c.vocab_size],
+            logits: z(c.vocab_size),
         }
     }
 
@@ -401,7 +401,7 @@ fn ffn_block(
     add(&mut a.x[..n * dim], xb);
 }
 
-/// Final RMSNorm and classifier (the embedding when tied), row by row.
+/// Final RMSNorm and classifier (the embedding when tied), all rows in one matmul.
 fn classify(
     c: &LlamaConfig,
     n: usize,
@@ -415,18 +415,15 @@ fn classify(
     } else {
         Tensor::Output
     };
-    for i in 0..n {
-        let xb = &mut a.xb[i * dim..(i + 1) * dim];
-        rmsnorm(
-            xb,
-            &a.x[i * dim..(i + 1) * dim],
-            k.vector(Tensor::OutputNorm),
-            c.rms_eps,
-        );
-        tap.observe(last, Site::FinalNorm, xb);
-        k.linear(cls, xb, &mut a.logits);
-        tap.observe(last, Site::Logits, &a.logits);
-        k.logits(i, &a.logits);
+    let xb = &mut a.xb[..n * dim];
+    norm_rows(xb, &a.x[..n * dim], k.vector(Tensor::OutputNorm), c.rms_eps);
+    observe_rows(tap, last, Site::FinalNorm, xb, dim);
+    let v = c.vocab_size;
+    let logits = &mut a.logits[..n * v];
+    k.linear(cls, xb, logits);
+    for (i, row) in logits.chunks_exact(v).enumerate() {
+        tap.observe(last, Site::Logits, row);
+        k.logits(i, row);
     }
 }
 
@@ -446,6 +443,8 @@ pub struct FloatModel<W: ?Sized> {
     acts: Activations,
     att: Vec<f32>,
     logits: Vec<f32>,
+    /// Scratch of multi-row passes.
+    transposed: Vec<f32>,
     weights: Arc<W>,
 }
 
@@ -492,6 +491,8 @@ pub struct FloatKernels<'a, W: ?Sized> {
     pub scores: &'a mut [f32],
     /// Receives the logits of the last row.
     pub logits: &'a mut [f32],
+    /// Scratch of the multi-row matmul (grown as needed).
+    pub transposed: &'a mut Vec<f32>,
 }
 
 impl<W: WeightSource + ?Sized> FloatKernels<'_, W> {
@@ -511,8 +512,20 @@ impl<W: WeightSource + ?Sized> Kernels for FloatKernels<'_, W> {
     }
 
     fn linear(&mut self, w: Tensor, x: &[f32], out: &mut [f32]) {
-        let shape = w.shape(self.config);
-        linear_rows(self.tensor(w), shape[0], shape[1], x, out);
+        let cols = w.shape(self.config)[1];
+        let m = self
+            .weights
+            .tensor(w)
+            .expect("FloatModel::new checked that every required tensor is present");
+        if x.len() == cols {
+            matmul(out, x, m);
+        } else {
+            // Several rows (a prefill): each weight row is read once for all of them.
+            if self.transposed.len() < out.len() {
+                self.transposed.resize(out.len(), 0.0);
+            }
+            matmul_rows(out, x, m, cols, self.transposed);
+        }
     }
 
     fn vector(&self, v: Tensor) -> &[f32] {
@@ -578,6 +591,7 @@ impl<W: WeightSource + ?Sized> FloatModel<W> {
             acts: Activations::new(c, 1),
             att: vec![0.0; context],
             logits: vec![0.0; c.vocab_size],
+            transposed: Vec::new(),
             weights,
             config,
         })
@@ -688,6 +702,7 @@ impl<W: WeightSource + ?Sized> FloatModel<W> {
             pos0,
             scores: &mut self.att,
             logits: &mut self.logits,
+            transposed: &mut self.transposed,
         };
         run(&self.config, &self.rope, &mut k, &mut self.acts, pass, tap)
     }

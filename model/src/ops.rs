@@ -276,6 +276,50 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &[f32]) {
         });
 }
 
+/// [`matmul`] of every row of `x` (`[n, cols]`) at once into `out` (`[n, rows]`), reading each
+/// weight row once for all `n` rows; every element equals what [`matmul`] gives for its row.
+/// `scratch` holds the transposed result (its first `n · rows` elements are overwritten).
+///
+/// # Panics
+/// If `w.len() != rows · cols`, `x.len() != n · cols`, `out.len() != n · rows` or `scratch` is
+/// shorter than `out`.
+pub fn matmul_rows(out: &mut [f32], x: &[f32], w: &[f32], cols: usize, scratch: &mut [f32]) {
+    let rows = w.len().checked_div(cols).unwrap_or(0);
+    let n = x.len().checked_div(cols).unwrap_or(0);
+    assert!(
+        cols > 0
+            && w.len() == rows * cols
+            && x.len() == n * cols
+            && out.len() == n * rows
+            && scratch.len() >= out.len(),
+        "matmul_rows: shapes do not fit (w {}, x {}, out {}, scratch {}, cols {cols})",
+        w.len(),
+        x.len(),
+        out.len(),
+        scratch.len()
+    );
+    if n == 0 {
+        return;
+    }
+    let scratch = &mut scratch[..n * rows];
+    let rows_per_task = (PARALLEL_MIN_MACS / (cols * n)).max(1);
+    scratch
+        .par_chunks_mut(rows_per_task * n)
+        .zip(w.par_chunks(rows_per_task * cols))
+        .for_each(|(t, wc)| {
+            for (t, row) in t.chunks_exact_mut(n).zip(wc.chunks_exact(cols)) {
+                for (t, xr) in t.iter_mut().zip(x.chunks_exact(cols)) {
+                    *t = dot(row, xr);
+                }
+            }
+        });
+    for (r, t) in scratch.chunks_exact(n).enumerate() {
+        for (i, &v) in t.iter().enumerate() {
+            out[i * rows + r] = v;
+        }
+    }
+}
+
 /// SiLU (swish): `x · sigmoid(x) = x / (1 + e^-x)`.
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())

@@ -16,8 +16,12 @@
 //!    float model's before the first divergence, and the float model's top-1/top-2 logit margin
 //!    at that token (a margin under ~0.1 logit flips under any 8-bit noise).
 //!
-//! Calibration uses [`ref_backend::DEFAULT_CALIBRATION_PROMPTS`] (tokenized with the model's
-//! tokenizer), each continued to [`CALIBRATION_TOKENS`] tokens.
+//! Calibration (`--calibration chats`, the default): the conversations of
+//! [`ref_backend::DEFAULT_CALIBRATION_CHATS`] rendered with the model's chat template, then
+//! [`ref_backend::DEFAULT_CALIBRATION_PROMPTS`], each cut or continued to
+//! `--calibration-tokens` ([`CALIBRATION_TOKENS`]) tokens; `--calibration stories` uses the
+//! story prompts alone. Each result reports how many of the text's K/V values fall outside the
+//! calibrated KV ranges (`kv_clipping`).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -26,7 +30,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::{Harness, argmax, kl_logits};
-use model::{FloatModel, LoadedModel, Message, WeightSource};
+use model::{FloatModel, LoadedModel, Message, Site, Tap, WeightSource};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType, compile};
 
@@ -38,9 +42,8 @@ const CONTEXT: usize = 1024;
 const PREFILL: usize = 64;
 /// Longest greedy answer compared.
 const MAX_ANSWER: usize = 32;
-/// Length of each calibration sequence (shorter than the engine's default of 128, so the nine
-/// compiles of the grid take minutes, not an hour, on a 2-core machine).
-const CALIBRATION_TOKENS: usize = 48;
+/// Length of each calibration sequence (the engine's default).
+const CALIBRATION_TOKENS: usize = ref_backend::DEFAULT_CALIBRATION_TOKENS;
 
 const QUESTIONS: [&str; 5] = [
     "What is the capital of France?",
@@ -55,6 +58,7 @@ type Error = Box<dyn std::error::Error>;
 fn main() -> Result<(), Error> {
     let mut args = std::env::args().skip(1);
     let (mut path, mut json) = (None, false);
+    let (mut chats_cal, mut cal_tokens) = (true, CALIBRATION_TOKENS);
     let mut kvs = vec![DataType::U16, DataType::U8, DataType::F16];
     let mut wts = vec![WeightType::F32, WeightType::I8, WeightType::F16];
     while let Some(a) = args.next() {
@@ -63,6 +67,13 @@ fn main() -> Result<(), Error> {
             "--json" => json = true,
             "--kv" => kvs = list(args.next())?,
             "--weights" => wts = list(args.next())?,
+            "--calibration" => chats_cal = parse_calibration(args.next())?,
+            "--calibration-tokens" => {
+                cal_tokens = args
+                    .next()
+                    .ok_or("--calibration-tokens needs a value")?
+                    .parse()?
+            }
             other => return Err(format!("unknown argument `{other}`").into()),
         }
     }
@@ -75,17 +86,15 @@ fn main() -> Result<(), Error> {
         return Err(format!("the text has only {} tokens", tokens.len()).into());
     }
     let tokens = &tokens[..TEXT_TOKENS + 1];
-    let float = float_logits(&m, tokens)?;
+    let mut text_kv = KvValues::new(&m.config);
+    let float = float_logits(&m, tokens, &mut text_kv)?;
     eprintln!("float reference: {} positions", float.len());
     let chats = chat_prompts(&m)?;
     let float_answers: Vec<Answer> = chats
         .iter()
         .map(|p| float_greedy(&m, p))
         .collect::<Result<_, _>>()?;
-    let calibration: Vec<Vec<u32>> = ref_backend::DEFAULT_CALIBRATION_PROMPTS
-        .iter()
-        .map(|p| m.tokenizer.encode(p, true))
-        .collect::<Result<_, _>>()?;
+    let calibration = calibration(&m, chats_cal)?;
 
     let mut grid = Vec::new();
     let mut chat_rows = Vec::new();
@@ -94,7 +103,7 @@ fn main() -> Result<(), Error> {
             let mut o = CompileOptions::new(CONTEXT, vec![1, PREFILL]);
             o.kv_dtype = kv;
             o.weights = weights;
-            o.calibration_tokens = CALIBRATION_TOKENS;
+            o.calibration_tokens = cal_tokens;
             let t = std::time::Instant::now();
             let weights_src: &dyn WeightSource = &*m.weights;
             let q = compile(
@@ -107,14 +116,17 @@ fn main() -> Result<(), Error> {
             )?;
             let compile_s = t.elapsed().as_secs_f64();
             let (top1, kl) = teacher_forced(&q, tokens, &float);
+            let clip = text_kv.clipping(&q);
             eprintln!(
-                "KV {kv} weights {}: top-1 {:.2}% mean KL {kl:.5} (compiled in {compile_s:.1} s)",
+                "KV {kv} weights {}: top-1 {:.2}% mean KL {kl:.5} (compiled in {compile_s:.1} s); clipped K/V {}",
                 weights.name(),
-                top1 * 100.0
+                top1 * 100.0,
+                clip
             );
             grid.push(serde_json::json!({
                 "kv": kv.to_string(), "weights": weights.name(),
-                "top1_agreement": top1, "mean_kl": kl,
+                "top1_agreement": top1, "mean_kl": kl, "compile_seconds": compile_s,
+                "kv_clipping": clip,
             }));
             if (kv, weights) == (DataType::U8, WeightType::I8) {
                 for ((question, prompt), want) in QUESTIONS.iter().zip(&chats).zip(&float_answers) {
@@ -125,6 +137,33 @@ fn main() -> Result<(), Error> {
         }
     }
     report(&m, json, &grid, &chat_rows)
+}
+
+/// `chats` (the default) or `stories`.
+fn parse_calibration(arg: Option<String>) -> Result<bool, Error> {
+    match arg.as_deref() {
+        Some("chats") => Ok(true),
+        Some("stories") => Ok(false),
+        other => Err(format!("--calibration: expected chats or stories, got {other:?}").into()),
+    }
+}
+
+/// The calibration sequences: the story prompts, preceded (`chats`) by the default
+/// conversations rendered with the model's chat template.
+fn calibration(m: &LoadedModel, chats: bool) -> Result<Vec<Vec<u32>>, Error> {
+    let mut out = Vec::new();
+    if chats {
+        let chat = m.chat.as_ref().ok_or("the model has no chat template")?;
+        for (q, a) in ref_backend::DEFAULT_CALIBRATION_CHATS {
+            let turns = [Message::new("user", q), Message::new("assistant", a)];
+            let text = chat.render_chat(&turns, false)?;
+            out.push(m.tokenizer.encode(&text, true)?);
+        }
+    }
+    for p in ref_backend::DEFAULT_CALIBRATION_PROMPTS {
+        out.push(m.tokenizer.encode(p, true)?);
+    }
+    Ok(out)
 }
 
 /// A comma-separated list of values.
@@ -155,14 +194,98 @@ fn fingerprint(path: &std::path::Path) -> Result<[u8; 32], Error> {
     Ok(llama2c::sha256(&bytes))
 }
 
-/// The float model's logits after each of `tokens[..len - 1]`.
-fn float_logits(m: &LoadedModel, tokens: &[u32]) -> Result<Vec<Vec<f32>>, Error> {
+/// The float model's logits after each of `tokens[..len - 1]`; `tap` sees the pass.
+fn float_logits(
+    m: &LoadedModel,
+    tokens: &[u32],
+    tap: &mut dyn Tap,
+) -> Result<Vec<Vec<f32>>, Error> {
     let mut f = FloatModel::new(m.config.clone(), Arc::clone(&m.weights), CONTEXT)?;
     let mut out = Vec::new();
     for (pos, &t) in tokens[..tokens.len() - 1].iter().enumerate() {
-        out.push(f.forward(t, pos)?.to_vec());
+        out.push(f.forward_tapped(t, pos, tap)?.to_vec());
     }
     Ok(out)
+}
+
+/// The float model's keys (after RoPE) and values over the scored text, per (layer, KV head,
+/// K|V): what the KV encodings have to represent.
+struct KvValues {
+    n_kv_heads: usize,
+    head_dim: usize,
+    /// `(layer * n_kv_heads + head) * 2 + (0 K | 1 V)`.
+    values: Vec<Vec<f32>>,
+}
+
+impl Tap for KvValues {
+    fn observe(&mut self, layer: usize, site: Site, values: &[f32]) {
+        let v = match site {
+            Site::Key => 0,
+            Site::Value => 1,
+            _ => return,
+        };
+        for (h, head) in values.chunks_exact(self.head_dim).enumerate() {
+            self.values[(layer * self.n_kv_heads + h) * 2 + v].extend_from_slice(head);
+        }
+    }
+}
+
+impl KvValues {
+    fn new(c: &model::LlamaConfig) -> KvValues {
+        KvValues {
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            values: vec![Vec::new(); c.n_layers * c.n_kv_heads * 2],
+        }
+    }
+
+    /// How many of the text's K/V values fall outside the range `q`'s fixed-point KV encodings
+    /// represent (they are clipped when written): in total, and the worst (layer, head, K|V)
+    /// tensors with how far outside they reach (`reach`: the largest distance outside the
+    /// range, in range widths).
+    fn clipping(&self, q: &CompiledModel) -> serde_json::Value {
+        let mut total = (0usize, 0usize);
+        let mut heads = Vec::new();
+        for (i, vals) in self.values.iter().enumerate() {
+            let (layer, head, value) =
+                (i / 2 / self.n_kv_heads, i / 2 % self.n_kv_heads, i % 2 == 1);
+            let Some(spec) = q.kv_spec(layer, head, value) else {
+                continue;
+            };
+            let (quant::Encoding::PerTensor(so), Some(_)) =
+                (&spec.encoding, spec.dtype.integer_range())
+            else {
+                return serde_json::Value::Null;
+            };
+            let Some((lo, hi)) = so.representable_range(spec.dtype) else {
+                continue;
+            };
+            let out = vals.iter().filter(|&&x| x < lo || x > hi).count();
+            let reach = vals
+                .iter()
+                .map(|&x| (lo - x).max(x - hi).max(0.0) / (hi - lo))
+                .fold(0.0f32, f32::max);
+            total.0 += out;
+            total.1 += vals.len();
+            heads.push((out, layer, head, value, lo, hi, reach));
+        }
+        heads.sort_by_key(|h| std::cmp::Reverse(h.0));
+        let worst: Vec<_> = heads
+            .iter()
+            .take(6)
+            .filter(|h| h.0 > 0)
+            .map(|&(out, layer, head, value, lo, hi, reach)| {
+                serde_json::json!({
+                    "layer": layer, "kv_head": head, "tensor": if value { "V" } else { "K" },
+                    "clipped": out, "range": [lo, hi], "reach": reach,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "clipped": total.0, "values": total.1,
+            "share": total.0 as f64 / total.1.max(1) as f64, "worst": worst,
+        })
+    }
 }
 
 /// Top-1 agreement and mean KL of the executor's prefill logits against `float`.

@@ -1,10 +1,10 @@
-//! Calibration: the float forward pass ([`model::FloatModel`]) seen through a [`Tap`] that feeds
-//! observers on the tensors the executor quantizes.
+//! Calibration: the float forward pass (the arithmetic of [`model::FloatModel`], several
+//! sequences in lockstep) seen through a [`Tap`] that feeds observers on the tensors the
+//! executor quantizes.
 
-use std::sync::Arc;
-
-use model::ops::argmax;
-use model::{FloatModel, LlamaConfig, Site, Tap, WeightSource};
+use model::forward::{self, Activations, Input, Kernels, Output, Pass, Positions};
+use model::ops::{Rope, argmax, attend, matmul, matmul_rows};
+use model::{LlamaConfig, Site, Tap, Tensor, WeightSource};
 use quant::{
     DataType, Encoding, HistogramObserver, MinMaxObserver, Observer, QuantSpec, ScaleOffset,
     Symmetry,
@@ -172,6 +172,10 @@ impl Observers {
 /// Runs the float model over the calibration sequences (each continued greedily up to
 /// `opts.calibration_tokens`, clamped to the context, until BOS or a stop token comes out)
 /// and returns the encodings. Without fixed-point KV and i8 weights nothing is run.
+///
+/// Up to [`LOCKSTEP_ROWS`] sequences run in lockstep: one forward pass per position with one
+/// row per sequence ([`Lockstep`]), so each weight row is read once for all of them. The
+/// values observed are those of [`model::FloatModel`] run over each sequence alone.
 pub(crate) fn calibrate(
     c: &LlamaConfig,
     weights: &dyn WeightSource,
@@ -189,36 +193,30 @@ pub(crate) fn calibrate(
             kv: vec![float_kv; c.n_layers * c.n_kv_heads * 2],
         });
     }
+    for (prompt, seq) in sequences.iter().enumerate() {
+        if let Some(&token) = seq.iter().find(|&&t| t as usize >= c.vocab_size) {
+            let vocab_size = c.vocab_size;
+            let source = model::Error::TokenOutOfRange { token, vocab_size };
+            return Err(CompileError::Calibration { prompt, source });
+        }
+    }
     let mut obs = Observers::new(c, opts);
     let max_len = opts
         .calibration_tokens
         .min(opts.context)
         .min(c.context_length);
     let total = (sequences.len() * max_len) as u64;
-    let mut fm = FloatModel::new(c.clone(), Arc::new(weights), max_len)
-        .map_err(|source| CompileError::Model { source })?;
-    let stop = c.special.stop_tokens();
-    for (p, prompt) in sequences.iter().enumerate() {
-        let mut seq: Vec<u32> = prompt.iter().copied().take(max_len).collect();
-        let base = (p * max_len) as u64;
-        let mut pos = 0;
-        while pos < seq.len() {
-            let logits = fm
-                .forward_tapped(seq[pos], pos, &mut obs)
-                .map_err(|source| CompileError::Calibration { prompt: p, source })?;
-            pos += 1;
+    let mut done = 0;
+    for (g, group) in sequences.chunks(LOCKSTEP_ROWS).enumerate() {
+        let mut run = Lockstep::new(c, weights, group, max_len);
+        while run.step(&mut obs, &mut done)? {
             progress(Progress {
                 stage: Stage::Calibrate,
-                done: base + pos as u64,
+                done,
                 total,
             });
-            if pos == seq.len() && seq.len() < max_len {
-                let next = argmax(logits) as u32;
-                if Some(next) != c.special.bos && !stop.contains(&next) {
-                    seq.push(next);
-                }
-            }
         }
+        done = ((g + 1) * LOCKSTEP_ROWS).min(sequences.len()) as u64 * max_len as u64;
     }
     progress(Progress {
         stage: Stage::Calibrate,
@@ -230,6 +228,166 @@ pub(crate) fn calibrate(
         cal.kv = vec![float_kv; c.n_layers * c.n_kv_heads * 2];
     }
     Ok(cal)
+}
+
+/// Most calibration sequences run in lockstep (rows of one pass).
+const LOCKSTEP_ROWS: usize = 16;
+
+/// The float forward over several independent sequences in lockstep: pass `t` runs position
+/// `t` of every sequence that has one, one row each, with per-sequence f32 KV caches and the
+/// arithmetic of [`model::FloatModel`] (f32 matmuls, causal attention over the sequence's own
+/// positions `0..=t`), so every row's values equal that model's for its sequence alone.
+struct Lockstep<'a> {
+    c: &'a LlamaConfig,
+    w: &'a dyn WeightSource,
+    rope: Rope,
+    acts: Activations,
+    /// The sequences, continued greedily up to `max_len`.
+    seqs: Vec<Vec<u32>>,
+    max_len: usize,
+    /// The next position to run.
+    t: usize,
+    /// Per sequence: keys and values `[layer][pos][kv_dim]` (keys after RoPE).
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    /// The sequence of each row of the current pass.
+    rows: Vec<usize>,
+    /// Greedy choice of each row of the current pass.
+    next: Vec<u32>,
+    scores: Vec<f32>,
+    tbuf: Vec<f32>,
+}
+
+impl<'a> Lockstep<'a> {
+    fn new(
+        c: &'a LlamaConfig,
+        w: &'a dyn WeightSource,
+        group: &[Vec<u32>],
+        max_len: usize,
+    ) -> Self {
+        let cache = || vec![0.0f32; c.n_layers * max_len * c.kv_dim()];
+        Lockstep {
+            c,
+            w,
+            rope: Rope::new(c.head_dim, &c.rope),
+            acts: Activations::new(c, group.len()),
+            seqs: group
+                .iter()
+                .map(|s| s.iter().copied().take(max_len).collect())
+                .collect(),
+            max_len,
+            t: 0,
+            keys: group.iter().map(|_| cache()).collect(),
+            values: group.iter().map(|_| cache()).collect(),
+            rows: Vec::with_capacity(group.len()),
+            next: vec![0; group.len()],
+            scores: vec![0.0; max_len],
+            tbuf: Vec::new(),
+        }
+    }
+
+    /// Runs position `t` of every sequence that has one (adding its tokens to `done`) and
+    /// continues the sequences that end there; false when none was left.
+    fn step(&mut self, tap: &mut dyn Tap, done: &mut u64) -> Result<bool, CompileError> {
+        let t = self.t;
+        self.rows.clear();
+        self.rows
+            .extend((0..self.seqs.len()).filter(|&s| t < self.seqs[s].len()));
+        if self.rows.is_empty() {
+            return Ok(false);
+        }
+        let tokens: Vec<u32> = self.rows.iter().map(|&s| self.seqs[s][t]).collect();
+        let positions = vec![t; tokens.len()];
+        let pass = Pass {
+            layers: 0..self.c.n_layers,
+            input: Input::Tokens(&tokens),
+            positions: Positions::Ids(&positions),
+            output: Output::Logits,
+        };
+        let (c, rope) = (self.c, self.rope.clone());
+        let mut acts = std::mem::replace(&mut self.acts, Activations::new(c, 0));
+        let result = forward::run(c, &rope, self, &mut acts, &pass, tap);
+        self.acts = acts;
+        let prompt = self.rows[0];
+        result.map_err(|source| CompileError::Calibration { prompt, source })?;
+        let stop = c.special.stop_tokens();
+        for (i, &s) in self.rows.iter().enumerate() {
+            let seq = &mut self.seqs[s];
+            let next = self.next[i];
+            if t + 1 == seq.len()
+                && seq.len() < self.max_len
+                && Some(next) != c.special.bos
+                && !stop.contains(&next)
+            {
+                seq.push(next);
+            }
+        }
+        *done += self.rows.len() as u64;
+        self.t += 1;
+        Ok(true)
+    }
+
+    fn tensor(&self, t: Tensor) -> &'a [f32] {
+        self.w
+            .tensor(t)
+            .expect("compile checked that every required tensor is present")
+    }
+}
+
+impl Kernels for Lockstep<'_> {
+    fn embed(&mut self, token: u32, out: &mut [f32]) {
+        let d = out.len();
+        let t = token as usize;
+        out.copy_from_slice(&self.tensor(Tensor::TokenEmbedding)[t * d..(t + 1) * d]);
+    }
+
+    fn linear(&mut self, w: Tensor, x: &[f32], out: &mut [f32]) {
+        let cols = w.shape(self.c)[1];
+        let m = self.tensor(w);
+        if x.len() == cols {
+            matmul(out, x, m);
+        } else {
+            if self.tbuf.len() < out.len() {
+                self.tbuf.resize(out.len(), 0.0);
+            }
+            matmul_rows(out, x, m, cols, &mut self.tbuf);
+        }
+    }
+
+    fn vector(&self, v: Tensor) -> &[f32] {
+        self.tensor(v)
+    }
+
+    fn attention(&mut self, layer: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
+        let c = self.c;
+        let (hd, qd, kvd, kv_mul) = (c.head_dim, c.q_dim(), c.kv_dim(), c.kv_mul());
+        let t = self.t;
+        let base = layer * self.max_len * kvd;
+        for (i, &s) in self.rows.iter().enumerate() {
+            let at = base + t * kvd;
+            self.keys[s][at..at + kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
+            self.values[s][at..at + kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
+            let (keys, values) = (&self.keys[s][base..], &self.values[s][base..]);
+            for h in 0..c.n_heads {
+                let off = (h / kv_mul) * hd;
+                let row = |p: usize| p * kvd + off..p * kvd + off + hd;
+                let o = i * qd + h * hd;
+                attend(
+                    &q[o..o + hd],
+                    t + 1,
+                    |p| &keys[row(p)],
+                    |p| &values[row(p)],
+                    |_| 0.0,
+                    &mut self.scores,
+                    &mut out[o..o + hd],
+                );
+            }
+        }
+    }
+
+    fn logits(&mut self, row: usize, logits: &[f32]) {
+        self.next[row] = argmax(logits) as u32;
+    }
 }
 
 fn act_name(i: usize, n_layers: usize) -> String {

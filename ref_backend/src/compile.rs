@@ -263,9 +263,10 @@ fn validate_calibration(opts: &CompileOptions, calibration: &[Vec<u32>]) -> Resu
 ///
 /// 1. Validates the description, the weights ([`check_weights`]), the options (see
 ///    [`CompileOptions`]) and the calibration sequences (token ids, normally BOS + text).
-/// 2. Calibrates (only when KV is u8/u16 or weights are i8): runs the float model
-///    ([`model::FloatModel`], the shared forward) over `calibration`, each sequence continued
-///    greedily to `opts.calibration_tokens` tokens, observing the i16 matmul inputs and the
+/// 2. Calibrates (only when KV is u8/u16 or weights are i8): runs the float model (the shared
+///    forward with [`model::FloatModel`]'s arithmetic, up to 16 sequences in lockstep) over
+///    `calibration`, each sequence cut or continued greedily to `opts.calibration_tokens`
+///    tokens, observing the i16 matmul inputs and the
 ///    keys (after RoPE) and values of every (layer, KV head); see [`crate::U8_KV_PERCENTILE`]
 ///    for the observers.
 /// 3. Converts the weights: i8 per-output-channel symmetric (also the token embedding, whose

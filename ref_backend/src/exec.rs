@@ -77,6 +77,29 @@ impl Codec {
         }
     }
 
+    /// Reads `dst.len()` consecutive elements from `src` (one match for the whole run; each
+    /// value is exactly what [`decode`](Self::decode) gives).
+    fn decode_run(self, src: &[u8], dst: &mut [f32]) {
+        match self {
+            Codec::U8(so) => {
+                for (d, &q) in dst.iter_mut().zip(src) {
+                    *d = quant::dequantize(q, so);
+                }
+            }
+            Codec::U16(so) => {
+                for (d, ch) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                    *d = quant::dequantize(u16::from_le_bytes([ch[0], ch[1]]), so);
+                }
+            }
+            Codec::F16 => {
+                for (d, ch) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                    *d = half::f16::from_le_bytes([ch[0], ch[1]]).to_f32();
+                }
+            }
+            Codec::F32 => decode_f32(src, dst),
+        }
+    }
+
     /// Reads the element at `src[..size]`.
     #[inline]
     fn decode(self, src: &[u8]) -> f32 {
@@ -132,8 +155,8 @@ struct AttnScratch {
     idx: Vec<usize>,
     /// i16 activations of the step's rows (`n x` the widest matrix input).
     qbuf: Vec<i16>,
-    /// Transpose scratch of the batched matmul (`n x` the widest layer matrix output; empty
-    /// for AR-1).
+    /// Transpose scratch of the batched matmul (`n x` the widest matrix output; empty for
+    /// AR-1).
     tbuf: Vec<f32>,
 }
 
@@ -271,8 +294,14 @@ impl Graph {
             }
         }
         let (n, s) = (ar, o.context);
-        // The widest input and output of a layer matrix.
+        // The widest input of a matrix, and the widest output (the classifier's on the last
+        // part).
         let widest = c.dim.max(c.hidden_dim).max(c.q_dim());
+        let widest_out = if part.is_last() {
+            widest.max(c.vocab_size)
+        } else {
+            widest
+        };
         let table = if part.rope_tables { n * d / 2 } else { 0 };
         let scratch = Scratch {
             ids: vec![0; n],
@@ -291,7 +320,7 @@ impl Graph {
                 scores: vec![0.0; s],
                 idx: vec![0; s],
                 qbuf: vec![0; n * widest],
-                tbuf: vec![0.0; if n > 1 { n * widest } else { 0 }],
+                tbuf: vec![0.0; if n > 1 { n * widest_out } else { 0 }],
             },
         };
         Graph {
@@ -611,21 +640,12 @@ impl Kernels for ExecKernels<'_> {
         self.graph.model.embedding.row_into(token as usize, out);
     }
 
-    /// All rows at once (each weight row read once per step) when the transpose scratch
-    /// holds the output: every layer matrix; the classifier, applied one row at a time, runs
-    /// as a matrix-vector product.
+    /// All rows at once: each weight row (the classifier's too) is read once per step.
     fn linear(&mut self, w: Tensor, x: &[f32], out: &mut [f32]) {
         let (matrix, act) = self.graph.model.linear(w);
         let n = x.len() / matrix.cols();
         let s = &mut *self.s;
-        if n == 1 || out.len() <= s.tbuf.len() {
-            matrix.matmul(0, n, out, x, act, &mut s.qbuf, &mut s.tbuf);
-        } else {
-            let m = out.len() / n;
-            for (o, xr) in out.chunks_exact_mut(m).zip(x.chunks_exact(matrix.cols())) {
-                matrix.matvec(0, o, xr, act, &mut s.qbuf);
-            }
-        }
+        matrix.matmul(0, n, out, x, act, &mut s.qbuf, &mut s.tbuf);
     }
 
     fn vector(&self, v: Tensor) -> &[f32] {
@@ -699,14 +719,15 @@ impl ExecKernels<'_> {
             };
             let es = codec.size();
             for j in (0..w).filter(|&j| self.s.visible_any[j]) {
-                for e in 0..d {
-                    let at = if transposed && !value {
-                        e * w + j
-                    } else {
-                        j * d + e
-                    };
-                    let b = slot.past_off + at * es;
-                    dst[j * d + e] = codec.decode(&src[b..b + es]);
+                let row = &mut dst[j * d..(j + 1) * d];
+                if transposed && !value {
+                    for (e, x) in row.iter_mut().enumerate() {
+                        let b = slot.past_off + (e * w + j) * es;
+                        *x = codec.decode(&src[b..b + es]);
+                    }
+                } else {
+                    let b = slot.past_off + j * d * es;
+                    codec.decode_run(&src[b..b + d * es], row);
                 }
             }
         }
@@ -776,5 +797,42 @@ pub fn mask_value_bytes(dtype: DataType, visible: bool) -> Vec<u8> {
         (DataType::U16, false) => 0u16.to_le_bytes().to_vec(),
         (_, true) => 0.0f32.to_le_bytes().to_vec(),
         (_, false) => f32::NEG_INFINITY.to_le_bytes().to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run of elements decodes to exactly what element-wise decoding gives, in every codec.
+    #[test]
+    fn decode_run_equals_decode_of_each_element() {
+        let so = ScaleOffset {
+            scale: 0.037,
+            offset: -131,
+        };
+        let wide = ScaleOffset {
+            scale: 3.1e-4,
+            offset: -30000,
+        };
+        let codecs = [Codec::U8(so), Codec::U16(wide), Codec::F16, Codec::F32];
+        let values: Vec<f32> = (0..67)
+            .map(|i| ((i * 29 % 41) as f32 - 20.0) * 0.37)
+            .collect();
+        for codec in codecs {
+            let es = codec.size();
+            let mut bytes = vec![0u8; values.len() * es];
+            for (v, b) in values.iter().zip(bytes.chunks_exact_mut(es)) {
+                codec.encode(*v, b);
+            }
+            let mut run = vec![f32::NAN; values.len()];
+            codec.decode_run(&bytes, &mut run);
+            let each: Vec<f32> = bytes.chunks_exact(es).map(|b| codec.decode(b)).collect();
+            assert_eq!(
+                run.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                each.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{codec:?}"
+            );
+        }
     }
 }

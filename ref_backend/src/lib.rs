@@ -83,8 +83,8 @@ pub use exec::{Graph, mask_value_bytes};
 pub use format::FORMAT_VERSION;
 pub use model::{ActSite, MASK_OFFSET, MASK_SCALE, MASKED_AT_OR_BELOW, graph_name, mask_encoding};
 pub use options::{
-    CALIBRATION_VERSION, CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS,
-    MAX_CALIBRATION_TOKENS,
+    CALIBRATION_VERSION, CompileOptions, DEFAULT_CALIBRATION_CHATS, DEFAULT_CALIBRATION_PROMPTS,
+    DEFAULT_CALIBRATION_TOKENS, MAX_CALIBRATION_TOKENS,
 };
 pub use parts::Part;
 pub use types::{Granularity, KLayout, TensorDesc, TensorRole, WeightType};

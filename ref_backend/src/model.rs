@@ -221,10 +221,11 @@ impl Matrix {
         );
         let m = out.len() / n;
         match self {
-            Matrix::Float { .. } => {
-                for (o, xt) in out.chunks_exact_mut(m).zip(x.chunks_exact(cols)) {
-                    self.matvec(row0, o, xt, act, qbuf);
-                }
+            Matrix::Float { .. } if n == 1 => self.matvec(row0, out, x, act, qbuf),
+            Matrix::Float { cols, w, .. } => {
+                let w = &w[row0 * cols..(row0 + m) * cols];
+                let t = &mut tbuf[..out.len()];
+                model::ops::matmul_rows(out, x, w, *cols, t);
             }
             Matrix::I8 { .. } if n == 1 => self.matmul_i8(row0, out, x, act, qbuf),
             Matrix::I8 { .. } => {

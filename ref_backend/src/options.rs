@@ -17,6 +17,48 @@ pub const DEFAULT_CALIBRATION_PROMPTS: &[&str] = &[
     "There was a small boat on the lake",
 ];
 
+/// Default calibration conversations for chat models (user question, assistant answer): what
+/// a chat model sees, rendered with the model's chat template by the caller. Varied on purpose
+/// (facts, explanation, a list, code, arithmetic, a letter), because the fixed-point KV ranges
+/// are fixed by what calibration shows the model: values outside them are clipped.
+pub const DEFAULT_CALIBRATION_CHATS: &[(&str, &str)] = &[
+    (
+        "What is the capital of France, and what is it known for?",
+        "The capital of France is Paris. It is known for the Eiffel Tower, the Louvre museum, \
+         its cafes and bakeries, and the river Seine, which divides the city into the Left Bank \
+         and the Right Bank. About two million people live in the city itself.",
+    ),
+    (
+        "Explain why the sky is blue in two sentences.",
+        "Sunlight contains all colors, and when it passes through the atmosphere the short blue \
+         wavelengths are scattered by gas molecules much more strongly than red ones. That \
+         scattered blue light reaches our eyes from every direction, so the whole sky looks blue.",
+    ),
+    (
+        "Give me a list of five healthy breakfast ideas.",
+        "1. Oatmeal with berries and a spoon of peanut butter.\n2. Greek yogurt with honey and \
+         walnuts.\n3. Whole-grain toast with avocado and a boiled egg.\n4. A smoothie of banana, \
+         spinach and milk.\n5. Scrambled eggs with tomatoes and peppers.",
+    ),
+    (
+        "Write a Python function that returns the sum of the even numbers in a list.",
+        "Here is a short solution:\n\n```python\ndef sum_even(numbers):\n    total = 0\n    \
+         for n in numbers:\n        if n % 2 == 0:\n            total += n\n    return total\n```\n\n\
+         For example, sum_even([1, 2, 3, 4]) returns 6.",
+    ),
+    (
+        "If a train travels 120 kilometers in 1.5 hours, what is its average speed?",
+        "Average speed is distance divided by time: 120 km / 1.5 h = 80 km/h. So the train \
+         travels at an average speed of 80 kilometers per hour.",
+    ),
+    (
+        "Write a short note thanking my neighbor for watering my plants.",
+        "Dear Mrs. Thompson,\n\nThank you so much for watering my plants while I was away last \
+         week. They look greener than ever! I really appreciate your kindness, and I would be \
+         happy to return the favor anytime.\n\nWarm regards,\nDaniel",
+    ),
+];
+
 /// Default length (prompt + greedy continuation, in tokens) of one calibration sequence.
 pub const DEFAULT_CALIBRATION_TOKENS: usize = 128;
 
@@ -25,7 +67,7 @@ pub const MAX_CALIBRATION_TOKENS: usize = 1 << 20;
 
 /// Version of the calibration algorithm; part of [`CompileOptions::fingerprint`], so cached
 /// compiled files are rebuilt when the calibration changes.
-pub const CALIBRATION_VERSION: u32 = 1;
+pub const CALIBRATION_VERSION: u32 = 2;
 
 /// What to compile.
 ///
@@ -170,7 +212,7 @@ mod tests {
     #[test]
     fn fingerprint_is_pinned() {
         let o = CompileOptions::new(512, vec![1, 32]);
-        // Changed deliberately with FORMAT_VERSION 3 (any Llama-family model).
-        assert_eq!(o.fingerprint_hex(), "1f61a7747da6ac76");
+        // Changed deliberately with CALIBRATION_VERSION 2 (sequences in lockstep).
+        assert_eq!(o.fingerprint_hex(), "957744ef855b27d1");
     }
 }

@@ -165,6 +165,38 @@ fn matmul_matches_naive_f64_small_and_parallel() {
 }
 
 #[test]
+fn matmul_rows_equals_matmul_of_each_row() {
+    // Serial and parallel sizes, one and several rows, a scratch longer than needed.
+    for (rows, cols, n) in [(5usize, 19usize, 3usize), (300, 301, 4), (7, 8, 1)] {
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 13 % 17) as f32 - 8.0) / 3.0)
+            .collect();
+        let mut out = vec![f32::NAN; n * rows];
+        let mut scratch = vec![f32::NAN; n * rows + 5];
+        matmul_rows(&mut out, &x, &w, cols, &mut scratch);
+        for (i, xr) in x.chunks_exact(cols).enumerate() {
+            let mut want = vec![0.0; rows];
+            matmul(&mut want, xr, &w);
+            assert_eq!(
+                &out[i * rows..(i + 1) * rows],
+                &want[..],
+                "{rows}x{cols}, row {i}"
+            );
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "matmul_rows: shapes do not fit")]
+fn matmul_rows_rejects_a_short_scratch() {
+    let mut out = vec![0.0; 4];
+    matmul_rows(&mut out, &[1.0; 4], &[1.0; 4], 2, &mut [0.0; 3]);
+}
+
+#[test]
 fn silu_and_argmax() {
     assert_eq!(silu(0.0), 0.0);
     assert!(close(
