@@ -19,8 +19,8 @@ mod beam;
 mod contexts;
 mod cross;
 mod overflow;
-use contexts::Tiers;
 pub use beam::{Beam, BeamMemory, BeamOptions, BeamSearch, Samples, decode_text};
+use contexts::Tiers;
 pub use overflow::{Overflow, SlideEvent, SlidePositions};
 
 /// Errors of the runtime.

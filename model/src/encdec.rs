@@ -65,6 +65,7 @@ impl EncDecConfig {
                 tied_output: false,
                 qkv_bias: false,
                 special: SpecialTokens::default(),
+                layer_windows: Vec::new(),
             },
             encoder_layers: 2,
             source_len: 8,
@@ -464,6 +465,7 @@ pub struct EncDecModel {
     scratch: CrossScratch,
     scores: Vec<f32>,
     logits: Vec<f32>,
+    transposed: Vec<f32>,
 }
 
 impl EncDecModel {
@@ -487,6 +489,7 @@ impl EncDecModel {
             scratch: CrossScratch::new(d, config.source_len),
             scores: vec![0.0; context],
             logits: vec![0.0; d.vocab_size],
+            transposed: Vec::new(),
             weights,
             config,
         })
@@ -518,6 +521,7 @@ impl EncDecModel {
             pos0: pos,
             scores: &mut self.scores,
             logits: &mut self.logits,
+            transposed: &mut self.transposed,
         };
         let mut k = WithCross {
             base,
