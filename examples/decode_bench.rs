@@ -179,7 +179,8 @@ fn stories_bench(tokens: usize, kv: &str, weights: &str) -> anyhow::Result<serde
     };
     let config = llama2c::llama_config(&ckpt.config);
     let opts = htpkv::engine::compile_options(&options, &config)?;
-    let calibration = htpkv::engine::calibration_sequences(&tok);
+    let calibration =
+        htpkv::engine::calibration_sequences(&tok, &htpkv::text::ChatFormat::new(None))?;
     let compiled = Arc::new(ref_backend::compile(
         &config,
         &*ckpt,

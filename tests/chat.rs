@@ -92,3 +92,36 @@ fn hf_codec_pieces_spell_the_text_and_stop_at_the_models_stop_tokens() {
     assert!(!model.codec.is_stop(ids[0]));
     assert!(model.chat.has_template());
 }
+
+/// A model with a chat template is calibrated on the default conversations rendered with it, then
+/// on the story prompts; a model without one on the story prompts alone.
+#[test]
+fn a_chat_model_is_calibrated_on_conversations_rendered_with_its_template() {
+    use htpkv::engine::calibration_sequences;
+    use htpkv::session::TextCodec;
+    use htpkv::text::ChatFormat;
+    use ref_backend::{DEFAULT_CALIBRATION_CHATS, DEFAULT_CALIBRATION_PROMPTS};
+
+    /// One token per byte, BOS = 1.
+    struct Bytes;
+    impl TextCodec for Bytes {
+        fn encode(&self, text: &str, bos: bool) -> Vec<u32> {
+            let bos = bos.then_some(1);
+            bos.into_iter().chain(text.bytes().map(u32::from)).collect()
+        }
+        fn decode_piece(&self, _prev: u32, token: u32) -> Vec<u8> {
+            vec![token as u8]
+        }
+    }
+    let source = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}";
+    let template = model::ChatTemplate::new(source, "<s>", "</s>").unwrap();
+    let chat = calibration_sequences(&Bytes, &ChatFormat::new(Some(template))).unwrap();
+    let plain = calibration_sequences(&Bytes, &ChatFormat::new(None)).unwrap();
+    assert_eq!(plain.len(), DEFAULT_CALIBRATION_PROMPTS.len());
+    assert_eq!(chat.len(), DEFAULT_CALIBRATION_CHATS.len() + plain.len());
+    assert_eq!(chat[DEFAULT_CALIBRATION_CHATS.len()..], plain[..]);
+    let (question, answer) = DEFAULT_CALIBRATION_CHATS[0];
+    let first: Vec<u8> = chat[0][1..].iter().map(|&t| t as u8).collect();
+    let expected = format!("<|user|>{question}<|assistant|>{answer}");
+    assert_eq!(String::from_utf8(first).unwrap(), expected);
+}

@@ -59,7 +59,8 @@ pub struct CompileArgs {
     /// KV tensor granularity: per_head or per_layer.
     #[arg(long, default_value = "per_head", value_parser = parse_from_str::<Granularity>)]
     granularity: Granularity,
-    /// Calibration prompts, one per line (default: a built-in set of story openings).
+    /// Calibration prompts, one per line (default: built-in story openings, preceded for a model with
+    /// a chat template by built-in conversations rendered with it).
     #[arg(long, value_name = "FILE")]
     calibration_prompts: Option<PathBuf>,
     /// Length in tokens of each calibration sequence (prompt + greedy continuation).
@@ -123,10 +124,13 @@ fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<
     check_parts(args, opened.config.n_layers)?;
     check_contexts(args, &opened.config)?;
     htpkv::engine::check_geometry(&opened.config, context, &args.ar, args.kv_dtype)?;
-    let calibration: Vec<Vec<u32>> = calibration_texts(args)?
-        .iter()
-        .map(|t| opened.codec.encode(t, true))
-        .collect();
+    let calibration: Vec<Vec<u32>> = match &args.calibration_prompts {
+        Some(_) => calibration_texts(args)?
+            .iter()
+            .map(|t| opened.codec.encode(t, true))
+            .collect(),
+        None => htpkv::engine::calibration_sequences(&*opened.codec, &opened.chat)?,
+    };
     let opts = compile_options(args, context);
     let mut bars = crate::progress::StageBars::default();
     let started = Instant::now();
