@@ -608,6 +608,21 @@ fn executorch_layout_is_detected_by_index_and_gives_the_same_tokens() {
     assert_eq!(et["stop"], own["stop"]);
 }
 
+/// Compiles stories260K into a two-part AI Hub bundle `scratch()/name` (AR-1 and AR-8, u8 K/V,
+/// a test tokenizer.json) with the `extra` compile options; returns the bundle's folder.
+fn compile_aihub_bundle(name: &str, extra: &[&str]) -> PathBuf {
+    let tok = bundle(&format!("{name}-tok"), "2").join("tokenizer.json");
+    let dir = scratch().join(name);
+    let mut args = vec!["compile", "--ar", "1,8", "--kv-dtype", "u8"];
+    args.extend(["--parts", "2", "--convention", "aihub"]);
+    args.extend(extra);
+    args.extend(["--tokenizer-json", tok.to_str().unwrap()]);
+    args.extend(["--out", dir.to_str().unwrap()]);
+    let o = htpkv(&args, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    dir
+}
+
 /// `htpkv compile --parts 2 --convention aihub` writes a Genie bundle (two part binaries with
 /// AI Hub's graph and tensor names, RoPE cos/sin inputs, the hidden state between the parts;
 /// genie_config.json; the tokenizer) that generates, through `--bundle` and the reference
@@ -616,28 +631,18 @@ fn executorch_layout_is_detected_by_index_and_gives_the_same_tokens() {
 fn compiled_aihub_parts_bundle_gives_the_tokens_of_one_binary() {
     let lib = library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
-    let tok = bundle("parts-tok", "2").join("tokenizer.json");
-    let dir = scratch().join("parts-bundle");
-    let mut args = vec![
+    let dir = compile_aihub_bundle("parts-bundle", &["--context", "64"]);
+    let mut six = vec![
         "compile",
         "--context",
         "64",
-        "--ar",
-        "1,8",
-        "--kv-dtype",
-        "u8",
+        "--parts",
+        "6",
+        "--convention",
+        "aihub",
     ];
-    args.extend(["--parts", "2", "--convention", "aihub"]);
-    args.extend([
-        "--tokenizer-json",
-        tok.to_str().unwrap(),
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
-    let o = htpkv(&args, &[]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let mut six = args.clone();
-    six[8] = "6";
+    let tok = dir.join("tokenizer.json");
+    six.extend(["--tokenizer-json", tok.to_str().unwrap(), "--out", "six"]);
     let o = htpkv(&six, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--parts: 6 parts for 5 layers"), "{err}");
@@ -717,14 +722,7 @@ fn compiled_aihub_parts_bundle_gives_the_tokens_of_one_binary() {
 fn a_bundle_of_two_context_lengths_moves_up_and_gives_the_same_tokens() {
     let lib = library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
-    let tok = bundle("contexts-tok", "2").join("tokenizer.json");
-    let dir = scratch().join("contexts-bundle");
-    let mut args = vec!["compile", "--contexts", "32,64", "--ar", "1,8"];
-    args.extend(["--kv-dtype", "u8", "--parts", "2", "--convention", "aihub"]);
-    args.extend(["--tokenizer-json", tok.to_str().unwrap()]);
-    args.extend(["--out", dir.to_str().unwrap()]);
-    let o = htpkv(&args, &[]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let dir = compile_aihub_bundle("contexts-bundle", &["--contexts", "32,64"]);
     for c in [32, 64] {
         for i in [1, 2] {
             let f = dir.join(format!("stories260K_cl{c}_part_{i}_of_2.bin"));
@@ -765,29 +763,8 @@ fn a_bundle_of_two_context_lengths_moves_up_and_gives_the_same_tokens() {
 fn a_bundle_with_kv_zero_point_128_runs() {
     let lib = library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
-    let tok = bundle("zp-tok", "2").join("tokenizer.json");
-    let dir = scratch().join("zp-bundle");
-    let mut args = vec![
-        "compile",
-        "--context",
-        "64",
-        "--ar",
-        "1,8",
-        "--kv-dtype",
-        "u8",
-    ];
-    args.extend([
-        "--kv-zero-point",
-        "128",
-        "--parts",
-        "2",
-        "--convention",
-        "aihub",
-    ]);
-    args.extend(["--tokenizer-json", tok.to_str().unwrap()]);
-    args.extend(["--out", dir.to_str().unwrap()]);
-    let o = htpkv(&args, &[]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let zp = ["--context", "64", "--kv-zero-point", "128"];
+    let dir = compile_aihub_bundle("zp-bundle", &zp);
     let part1 = dir.join("stories260K_part_1_of_2.bin");
     let inspect = ok_json(&htpkv(
         &[
@@ -818,8 +795,16 @@ fn a_bundle_with_kv_zero_point_128_runs() {
     run.extend(["--json", "--backend", "qnn", "--qnn-backend", lib]);
     let doc = ok_json(&htpkv(&run, &[]));
     assert!(doc["tokens"].as_array().unwrap().len() > 10, "{doc}");
-    let mut u16 = args.clone();
-    u16[6] = "u16";
+    let mut u16 = vec!["compile", "--context", "64", "--kv-dtype", "u16"];
+    u16.extend([
+        "--kv-zero-point",
+        "128",
+        "--parts",
+        "2",
+        "--convention",
+        "aihub",
+    ]);
+    u16.extend(["--out", "zp16"]);
     let o = htpkv(&u16, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
