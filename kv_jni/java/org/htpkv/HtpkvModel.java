@@ -29,11 +29,8 @@ public final class HtpkvModel implements AutoCloseable {
      * @throws HtpkvException e.g. kind {@code model_not_found}, {@code bad_option}, {@code compile}
      */
     public static HtpkvModel open(SessionOptions options) {
-        if (options == null) {
-            throw new HtpkvException("bad_option", "options must not be null");
-        }
-        long h = nativeOpen(options);
-        return new HtpkvModel(h);
+        // The native side refuses null options (kind bad_option), with every other option check.
+        return new HtpkvModel(nativeOpen(options));
     }
 
     /** A new session on this model, with its own KV cache; close it when done. */

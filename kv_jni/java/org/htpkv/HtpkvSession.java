@@ -52,11 +52,8 @@ public final class HtpkvSession implements AutoCloseable {
      *     {@code compile}, {@code qnn}, {@code io}
      */
     public static HtpkvSession open(SessionOptions options) {
-        if (options == null) {
-            throw new HtpkvException("bad_option", "options must not be null");
-        }
-        long h = nativeOpen(options);
-        return new HtpkvSession(h);
+        // The native side refuses null options (kind bad_option), with every other option check.
+        return new HtpkvSession(nativeOpen(options));
     }
 
     /**
