@@ -3,13 +3,14 @@
 //! for row) on every reorder. The shared cache must give the same beams for every strategy, batched or
 //! one beam at a time, with bit-identical scores wherever the arithmetic is the same ([`same_beams`]).
 
+mod common;
+
 use htpkv::reference::ReferenceBackend;
 use htpkv::sampler::{Sampler, SamplerOptions, length_penalized, top_logprobs};
 use htpkv::session::{BOS, Beam, BeamOptions, EOS, Session, StopReason};
 use kv_manager::{HostAllocator, Strategy};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
-use quant::DataType;
-use ref_backend::{CompileOptions, CompiledModel, WeightType};
+use ref_backend::CompiledModel;
 use std::sync::Arc;
 
 fn model() -> Option<(Arc<Checkpoint>, Tokenizer)> {
@@ -31,19 +32,9 @@ fn model() -> Option<(Arc<Checkpoint>, Tokenizer)> {
     }
 }
 
+/// stories260K with u8 K/V and i8 weights at its full context, for the AR variants `ar`.
 fn compile(ckpt: &Checkpoint, tok: &Tokenizer, ar: &[usize]) -> Arc<CompiledModel> {
-    let mut opts = CompileOptions::new(ckpt.config.seq_len, ar.to_vec());
-    opts.kv_dtype = DataType::U8;
-    opts.weights = WeightType::I8;
-    let prompts: Vec<Vec<u32>> = ref_backend::DEFAULT_CALIBRATION_PROMPTS
-        .iter()
-        .map(|t| tok.encode(t, true, false))
-        .collect();
-    let c = llama2c::llama_config(&ckpt.config);
-    Arc::new(
-        ref_backend::compile(&c, ckpt, &prompts, &opts, ckpt.sha256(), &mut |_| {})
-            .expect("compiles"),
-    )
+    common::compile_u8(ckpt, tok, ckpt.config.seq_len, ar)
 }
 
 fn session(model: &Arc<CompiledModel>, strategy: Strategy) -> Session<ReferenceBackend> {

@@ -1,12 +1,13 @@
 //! Long conversations on the embedded stories260K: prefix reuse against cold runs, and the overflow
 //! policies (slides with re-rotated or kept positions, restarts) under every strategy.
 
+mod common;
+
 use htpkv::reference::ReferenceBackend;
 use htpkv::session::{Overflow, Session, SlidePositions};
 use kv_manager::{HostAllocator, Strategy};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
-use quant::DataType;
-use ref_backend::{CompileOptions, CompiledModel, WeightType};
+use ref_backend::CompiledModel;
 use std::sync::Arc;
 
 const STRATEGIES: [Strategy; 5] = [
@@ -29,18 +30,7 @@ fn model() -> (Checkpoint, Tokenizer) {
 
 /// stories260K compiled with W8A8 (u8 K/V, so re-rotation requantizes) for `context` and AR [1, 8].
 fn compile(ckpt: &Checkpoint, tok: &Tokenizer, context: usize) -> Arc<CompiledModel> {
-    let mut opts = CompileOptions::new(context, vec![1, 8]);
-    opts.kv_dtype = DataType::U8;
-    opts.weights = WeightType::I8;
-    let prompts: Vec<Vec<u32>> = ref_backend::DEFAULT_CALIBRATION_PROMPTS
-        .iter()
-        .map(|t| tok.encode(t, true, false))
-        .collect();
-    let config = llama2c::llama_config(&ckpt.config);
-    Arc::new(
-        ref_backend::compile(&config, ckpt, &prompts, &opts, ckpt.sha256(), &mut |_| {})
-            .expect("compiles"),
-    )
+    common::compile_u8(ckpt, tok, context, &[1, 8])
 }
 
 fn session(

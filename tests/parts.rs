@@ -4,6 +4,8 @@
 //! u16-quantized logits — gives exactly the whole model's logits (quantized the same way), step for
 //! step and token for token.
 
+mod common;
+
 use htpkv::backend::{
     Backend, BackendError, GraphDesc, InputBuffer, IoRole, IoTensor, OutputBuffer, PartOf,
 };
@@ -12,23 +14,14 @@ use htpkv::session::{Session, SessionError};
 use kv_manager::{HostAllocator, Strategy};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::{DataType, Encoding, QuantSpec, ScaleOffset};
-use ref_backend::{CompileOptions, CompiledModel, WeightType};
+use ref_backend::CompiledModel;
 use std::sync::Arc;
 
 fn compiled() -> Arc<CompiledModel> {
     let files = ModelFiles::discover(None).expect("the stories260K model (set HTPKV_MODEL_DIR)");
     let ckpt = Checkpoint::load(&files.checkpoint).expect("checkpoint loads");
     let tok = Tokenizer::load(&files.tokenizer, ckpt.config.vocab_size).expect("tokenizer loads");
-    let mut opts = CompileOptions::new(ckpt.config.seq_len, vec![1, 8]);
-    opts.kv_dtype = DataType::U8;
-    opts.weights = WeightType::I8;
-    let prompts: Vec<Vec<u32>> = ref_backend::DEFAULT_CALIBRATION_PROMPTS
-        .iter()
-        .map(|t| tok.encode(t, true, false))
-        .collect();
-    let c = llama2c::llama_config(&ckpt.config);
-    let model = ref_backend::compile(&c, &ckpt, &prompts, &opts, ckpt.sha256(), &mut |_| {});
-    Arc::new(model.expect("compiles"))
+    common::compile_u8(&ckpt, &tok, ckpt.config.seq_len, &[1, 8])
 }
 
 /// The u16 encoding of the split model's logits.

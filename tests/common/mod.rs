@@ -1,0 +1,27 @@
+//! What the root crate's stories260K tests share.
+
+use htpkv::text::ChatFormat;
+use llama2c::{Checkpoint, Tokenizer};
+use quant::DataType;
+use ref_backend::{CompileOptions, CompiledModel, WeightType};
+use std::sync::Arc;
+
+/// stories260K compiled for the reference executor with u8 K/V and i8 weights, for `context`
+/// tokens and the AR variants `ar`, calibrated as the engine calibrates it.
+pub fn compile_u8(
+    ckpt: &Checkpoint,
+    tok: &Tokenizer,
+    context: usize,
+    ar: &[usize],
+) -> Arc<CompiledModel> {
+    let mut opts = CompileOptions::new(context, ar.to_vec());
+    opts.kv_dtype = DataType::U8;
+    opts.weights = WeightType::I8;
+    let prompts = htpkv::engine::calibration_sequences(tok, &ChatFormat::new(None))
+        .expect("a model without a chat template needs no rendering");
+    let config = llama2c::llama_config(&ckpt.config);
+    Arc::new(
+        ref_backend::compile(&config, ckpt, &prompts, &opts, ckpt.sha256(), &mut |_| {})
+            .expect("compiles"),
+    )
+}
