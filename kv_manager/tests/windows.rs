@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Op, Rng, Rows, op};
+use common::{Op, Rows, op};
 use kv_manager::{
     CacheSpec, Geometry, Granularity, HostAllocator, KLayout, KvCache, KvError, Plan, Reserve,
     Strategy, mask_name, parse_mask_name,
@@ -63,75 +63,42 @@ fn seen(
     Ok((cached, new))
 }
 
-fn apply(cache: &mut KvCache, reference: &mut Rows, op: &Op) -> Result<(), String> {
-    let g = cache.spec().geometry.clone();
-    match op {
-        Op::Step {
-            ar_pick,
-            accept,
-            seed,
-        } => {
-            let n = g.ar_variants[ar_pick % g.ar_variants.len()];
-            let len = reference[0].len();
-            if len + n > g.capacity() {
-                return match cache.plan(n) {
-                    Err(KvError::ContextFull { .. }) => Ok(()),
-                    other => Err(format!("plan past capacity gave {other:?}")),
-                };
-            }
-            cache.plan(n).map_err(|e| e.to_string())?;
-            let (plan, region) = cache.pending_io().expect("planned");
-            let mut new_rows: Rows = vec![Vec::new(); g.buffers()];
-            for t in 0..plan.tensor_count() {
-                let past = plan.past(t);
-                let b = g.buffer_index(past.layer, past.head.expect("per_head"), past.kind);
-                let window = g.layer_window(past.layer);
-                if past.shape[2] != g.past_rows(past.layer, n)
-                    || past.offset + past.bytes > region.len()
-                {
-                    return Err(format!("buffer {b}: binding {past:?}"));
-                }
-                let mask = plan.mask_for(window).ok_or("no mask for the window")?;
-                for i in 0..n {
-                    let (cached, new) = seen(plan, region, t, mask, &reference[b], i)?;
-                    // The naive reference: the last W positions, or all of them.
-                    let first = window.map_or(0, |w| (len + i + 1).saturating_sub(w));
-                    let want: Vec<usize> = (first.min(len)..len).collect();
-                    if cached != want || new != (0..=i).collect::<Vec<_>>() {
-                        return Err(format!(
-                            "buffer {b} window {window:?} token {i}: sees {cached:?} + new {new:?}, \
-                             expected {want:?} + new 0..={i}"
-                        ));
-                    }
-                }
-                let out = plan.new_output(t);
-                for i in 0..n {
-                    let mut rng = Rng((seed ^ ((b * 64 + i) as u64).wrapping_mul(0x9E37_79B9)) | 1);
-                    let row: Vec<u8> = (0..g.row_bytes()).map(|_| rng.next() as u8).collect();
-                    let at = out.offset + out.element_offset(0, i, 0, 1);
-                    region[at..at + row.len()].copy_from_slice(&row);
-                    new_rows[b].push(row);
-                }
-            }
-            if let Some(accept) = accept {
-                let k = accept % (n + 1);
-                cache.commit(k).map_err(|e| e.to_string())?;
-                for (rows, new) in reference.iter_mut().zip(new_rows) {
-                    rows.extend(new.into_iter().take(k));
-                }
-            }
+/// The windows check of a step: for every buffer and every new token, the rows visible through
+/// the layer's mask and binding are the reference's last W rows (all rows for a global layer).
+fn check_windows(
+    cache: &KvCache,
+    plan: &Plan,
+    region: &[u8],
+    reference: &Rows,
+) -> Result<(), String> {
+    let g = &cache.spec().geometry;
+    let (n, len) = (plan.ar, reference[0].len());
+    for t in 0..plan.tensor_count() {
+        let past = plan.past(t);
+        let b = g.buffer_index(past.layer, past.head.expect("per_head"), past.kind);
+        let window = g.layer_window(past.layer);
+        if past.shape[2] != g.past_rows(past.layer, n) || past.offset + past.bytes > region.len() {
+            return Err(format!("buffer {b}: binding {past:?}"));
         }
-        Op::Rollback(pick) => {
-            let to = pick % (reference[0].len() + 1);
-            cache.rollback(to).map_err(|e| e.to_string())?;
-            reference.iter_mut().for_each(|r| r.truncate(to));
-        }
-        Op::Reset => {
-            cache.reset();
-            reference.iter_mut().for_each(Vec::clear);
+        let mask = plan.mask_for(window).ok_or("no mask for the window")?;
+        for i in 0..n {
+            let (cached, new) = seen(plan, region, t, mask, &reference[b], i)?;
+            // The naive reference: the last W positions, or all of them.
+            let first = window.map_or(0, |w| (len + i + 1).saturating_sub(w));
+            let want: Vec<usize> = (first.min(len)..len).collect();
+            if cached != want || new != (0..=i).collect::<Vec<_>>() {
+                return Err(format!(
+                    "buffer {b} window {window:?} token {i}: sees {cached:?} + new {new:?}, \
+                     expected {want:?} + new 0..={i}"
+                ));
+            }
         }
     }
     Ok(())
+}
+
+fn apply(cache: &mut KvCache, reference: &mut Rows, op: &Op) -> Result<(), String> {
+    common::apply_checked(cache, reference, op, &check_windows)
 }
 
 /// A geometry with a random window (or none) per layer.

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use kv_manager::{
-    CacheSpec, Geometry, Granularity, HostAllocator, KLayout, KvCache, KvError, KvSnapshot,
+    CacheSpec, Geometry, Granularity, HostAllocator, KLayout, KvCache, KvError, KvSnapshot, Plan,
     Reserve, Strategy,
 };
 use proptest::prelude::*;
@@ -66,10 +66,25 @@ pub fn configs(ar: &[usize]) -> Vec<(Strategy, KLayout, Granularity)> {
 
 pub type Rows = Vec<Vec<Vec<u8>>>;
 
-/// Applies `op` to the cache and the reference; after `plan`, checks every visible window row.
+/// Applies `op` to the cache and the reference; after `plan`, checks the positions and every
+/// visible window row ([`check_window`]).
 pub fn apply(cache: &mut KvCache, reference: &mut Rows, op: &Op) -> Result<(), String> {
+    apply_checked(cache, reference, op, &check_window)
+}
+
+/// How a test checks a planned step (the plan, the region, the reference before the step)
+/// before the graph's new rows are written.
+pub type CheckStep<'a> = dyn Fn(&KvCache, &Plan, &[u8], &Rows) -> Result<(), String> + 'a;
+
+/// Applies `op` to the cache and the reference, checking every planned step with `check`; the
+/// new rows' bytes depend on (seed, buffer, token) only, so every configuration writes the same.
+pub fn apply_checked(
+    cache: &mut KvCache,
+    reference: &mut Rows,
+    op: &Op,
+    check: &CheckStep<'_>,
+) -> Result<(), String> {
     let g = cache.spec().geometry.clone();
-    let left_padded = cache.spec().strategy.left_padded();
     let (d, e) = (g.head_dim, g.dtype.size_bytes());
     match op {
         Op::Step {
@@ -78,41 +93,21 @@ pub fn apply(cache: &mut KvCache, reference: &mut Rows, op: &Op) -> Result<(), S
             seed,
         } => {
             let n = g.ar_variants[ar_pick % g.ar_variants.len()];
-            let len = reference[0].len();
-            if len + n > g.capacity() {
+            if reference[0].len() + n > g.capacity() {
                 return match cache.plan(n) {
                     Err(KvError::ContextFull { .. }) => Ok(()),
                     other => Err(format!("plan past capacity gave {other:?}")),
                 };
             }
-            let first = len + cache.position_offset();
             cache.plan(n).map_err(|e| e.to_string())?;
-            let (plan, region) = cache.pending_io().expect("planned");
-            let want: Vec<i32> = (first..first + n).map(|p| p as i32).collect();
-            if plan.positions != want {
-                return Err(format!("positions {:?} != {want:?}", plan.positions));
+            {
+                let plan = cache.pending_plan().expect("planned");
+                check(cache, plan, cache.region().as_slice(), reference)?;
             }
-            let w = g.context - n;
+            let (plan, region) = cache.pending_io().expect("planned");
             let mut new_rows: Rows = vec![Vec::new(); g.buffers()];
             for t in 0..plan.tensor_count() {
-                let (past, out) = (plan.past(t), plan.new_output(t));
-                for h in 0..past.shape[0] {
-                    let b = g.buffer_index(past.layer, past.head.unwrap_or(h), past.kind);
-                    for (token, want) in reference[b].iter().enumerate() {
-                        let j = if left_padded { w - len + token } else { token };
-                        let row: Vec<u8> = (0..d)
-                            .flat_map(|c| {
-                                let at = past.offset + past.element_offset(h, j, c, e);
-                                region[at..at + e].to_vec()
-                            })
-                            .collect();
-                        if row != *want {
-                            return Err(format!("buffer {b} token {token}: {row:?} != {want:?}"));
-                        }
-                    }
-                }
-                // The graph writes n new rows; their bytes depend on (seed, buffer, token) only, so
-                // every configuration computes the same rows.
+                let out = plan.new_output(t);
                 for h in 0..out.shape[0] {
                     let b = g.buffer_index(out.layer, out.head.unwrap_or(h), out.kind);
                     for i in 0..n {
@@ -147,6 +142,49 @@ pub fn apply(cache: &mut KvCache, reference: &mut Rows, op: &Op) -> Result<(), S
     }
     if cache.len() != reference[0].len() {
         return Err(format!("len {} != {}", cache.len(), reference[0].len()));
+    }
+    Ok(())
+}
+
+/// The seed check of a step: the new tokens' positions follow the cached ones, and every cached
+/// row sits in its buffer's window where the strategy keeps it (left-padded or from the start).
+pub fn check_window(
+    cache: &KvCache,
+    plan: &Plan,
+    region: &[u8],
+    reference: &Rows,
+) -> Result<(), String> {
+    let g = &cache.spec().geometry;
+    let left_padded = cache.spec().strategy.left_padded();
+    let (d, e, n, len) = (
+        g.head_dim,
+        g.dtype.size_bytes(),
+        plan.ar,
+        reference[0].len(),
+    );
+    let first = len + cache.position_offset();
+    let want: Vec<i32> = (first..first + n).map(|p| p as i32).collect();
+    if plan.positions != want {
+        return Err(format!("positions {:?} != {want:?}", plan.positions));
+    }
+    let w = g.context - n;
+    for t in 0..plan.tensor_count() {
+        let past = plan.past(t);
+        for h in 0..past.shape[0] {
+            let b = g.buffer_index(past.layer, past.head.unwrap_or(h), past.kind);
+            for (token, want) in reference[b].iter().enumerate() {
+                let j = if left_padded { w - len + token } else { token };
+                let row: Vec<u8> = (0..d)
+                    .flat_map(|c| {
+                        let at = past.offset + past.element_offset(h, j, c, e);
+                        region[at..at + e].to_vec()
+                    })
+                    .collect();
+                if row != *want {
+                    return Err(format!("buffer {b} token {token}: {row:?} != {want:?}"));
+                }
+            }
+        }
     }
     Ok(())
 }
