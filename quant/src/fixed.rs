@@ -360,4 +360,52 @@ mod tests {
         );
         assert_eq!(dst, [7; 3]);
     }
+
+    #[test]
+    fn the_f32_dequantize_path_is_bit_identical_wherever_it_claims_to_be() {
+        // Scales from subnormal products to overflow, offsets at the ends of what is allowed.
+        let scales = [
+            1e-40f32,
+            1.17e-38,
+            3.1e-4,
+            0.037,
+            0.1,
+            1.0 / 3.0,
+            7.5,
+            3.0e33,
+        ];
+        let offsets = [
+            0,
+            -128,
+            128,
+            -32768,
+            -65535,
+            65535,
+            (1 << 24) - 65535,
+            -(1 << 24),
+        ];
+        let mut checked = 0;
+        for dtype in [DataType::U8, DataType::U16, DataType::I8, DataType::I16] {
+            let (qmin, qmax) = dtype.integer_range().unwrap();
+            for (&scale, &offset) in scales
+                .iter()
+                .flat_map(|s| offsets.iter().map(move |o| (s, o)))
+            {
+                let e = so(scale, offset);
+                if !e.dequantizes_exactly_in_f32(dtype) {
+                    continue;
+                }
+                for q in qmin..=qmax {
+                    let (fast, exact) = (e.dequantize_i32_in_f32(q), e.dequantize_i32(q));
+                    assert_eq!(fast.to_bits(), exact.to_bits(), "{dtype:?} q {q} {e:?}");
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 50, "only {checked} encodings checked");
+        // Outside ±2^24 the f32 sum would round: not claimed.
+        assert!(!so(0.5, 1 << 24).dequantizes_exactly_in_f32(DataType::U16));
+        assert!(so(0.5, (1 << 24) - 65535).dequantizes_exactly_in_f32(DataType::U16));
+        assert!(!so(0.5, 0).dequantizes_exactly_in_f32(DataType::F16));
+    }
 }

@@ -163,6 +163,26 @@ impl ScaleOffset {
         ((i64::from(q) + i64::from(self.offset)) as f64 * f64::from(self.scale)) as f32
     }
 
+    /// [`Self::dequantize_i32`] computed in `f32`, for the fast paths that dequantize runs of
+    /// values (it vectorizes; the `f64` form does not). Equal to it bit for bit whenever
+    /// `|q + offset| <= 2^24` (check [`Self::dequantizes_exactly_in_f32`] first): the sum is then
+    /// exact in `f32`, and the product of two `f32` values rounded once to `f32` is the same
+    /// number whether it is computed in `f32` or exactly in `f64` and then rounded.
+    #[inline]
+    pub fn dequantize_i32_in_f32(self, q: i32) -> f32 {
+        q.wrapping_add(self.offset) as f32 * self.scale
+    }
+
+    /// True when [`Self::dequantize_i32_in_f32`] equals [`Self::dequantize_i32`] for every
+    /// stored value of `dtype` (an integer type whose `q + offset` stays within `±2^24`).
+    pub fn dequantizes_exactly_in_f32(self, dtype: DataType) -> bool {
+        const EXACT: i64 = 1 << 24;
+        dtype.integer_range().is_some_and(|(qmin, qmax)| {
+            let off = i64::from(self.offset);
+            (i64::from(qmin) + off).abs() <= EXACT && (i64::from(qmax) + off).abs() <= EXACT
+        })
+    }
+
     /// The smallest and largest real values `dtype` can represent with this encoding:
     /// `((qmin + offset) * scale, (qmax + offset) * scale)`; `None` for float types.
     pub fn representable_range(self, dtype: DataType) -> Option<(f32, f32)> {
