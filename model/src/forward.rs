@@ -159,6 +159,15 @@ pub trait Kernels {
     /// `[n, cols]`, `out` `[n, rows]` ([`Tensor::shape`]).
     fn linear(&mut self, w: Tensor, x: &[f32], out: &mut [f32]);
 
+    /// [`Kernels::linear`] for matrices that read the same `x` (a layer's `Q`/`K`/`V`, its
+    /// `Gate`/`Up`), `outs[i] = ws[i] x`: an implementation may run them as one job. The
+    /// results must equal separate `linear` calls.
+    fn linear_many(&mut self, ws: &[Tensor], x: &[f32], outs: &mut [&mut [f32]]) {
+        for (&w, out) in ws.iter().zip(outs) {
+            self.linear(w, x, out);
+        }
+    }
+
     /// An f32 vector: RMSNorm weights and Q/K/V biases.
     fn vector(&self, v: Tensor) -> &[f32];
 
@@ -319,20 +328,21 @@ fn add(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// `out = W x (+ bias when the model has Q/K/V biases)` for the rows of `x`.
-fn project(
-    c: &LlamaConfig,
-    k: &mut dyn Kernels,
-    l: usize,
-    w: [LayerTensor; 2],
-    x: &[f32],
-    out: &mut [f32],
-) {
-    k.linear(Tensor::Layer(l, w[0]), x, out);
+/// A layer's Q, K and V projections of the rows of `x` (+ their biases when the model has them).
+fn project_qkv(c: &LlamaConfig, k: &mut dyn Kernels, l: usize, x: &[f32], outs: [&mut [f32]; 3]) {
+    use LayerTensor as L;
+    let mut outs = outs;
+    k.linear_many(
+        &[L::Q, L::K, L::V].map(|t| Tensor::Layer(l, t)),
+        x,
+        &mut outs,
+    );
     if c.qkv_bias {
-        let b = k.vector(Tensor::Layer(l, w[1]));
-        for row in out.chunks_exact_mut(b.len()) {
-            add(row, b);
+        for (out, bias) in outs.into_iter().zip([L::QBias, L::KBias, L::VBias]) {
+            let b = k.vector(Tensor::Layer(l, bias));
+            for row in out.chunks_exact_mut(b.len()) {
+                add(row, b);
+            }
         }
     }
 }
@@ -353,9 +363,7 @@ fn attention_block(
     norm_rows(xb, x, k.vector(Tensor::Layer(l, L::AttnNorm)), c.rms_eps);
     observe_rows(tap, l, Site::AttnInput, xb, dim);
     let (q, kk, v) = (&mut a.q[..n * qd], &mut a.k[..n * kvd], &mut a.v[..n * kvd]);
-    project(c, k, l, [L::Q, L::QBias], xb, q);
-    project(c, k, l, [L::K, L::KBias], xb, kk);
-    project(c, k, l, [L::V, L::VBias], xb, v);
+    project_qkv(c, k, l, xb, [&mut *q, &mut *kk, &mut *v]);
     let tables = a.cos.chunks_exact(half).zip(a.sin.chunks_exact(half));
     for ((qr, kr), (cos, sin)) in q
         .chunks_exact_mut(qd)
@@ -391,8 +399,11 @@ fn ffn_block(
     norm_rows(xb, x, k.vector(Tensor::Layer(l, L::FfnNorm)), c.rms_eps);
     observe_rows(tap, l, Site::FfnInput, xb, dim);
     let (hb, hb2) = (&mut a.hb[..n * hd], &mut a.hb2[..n * hd]);
-    k.linear(Tensor::Layer(l, L::Gate), xb, hb);
-    k.linear(Tensor::Layer(l, L::Up), xb, hb2);
+    k.linear_many(
+        &[Tensor::Layer(l, L::Gate), Tensor::Layer(l, L::Up)],
+        xb,
+        &mut [&mut *hb, &mut *hb2],
+    );
     for (g, u) in hb.iter_mut().zip(hb2.iter()) {
         *g = silu(*g) * u;
     }

@@ -12,7 +12,8 @@ use model::{NoTap, Tensor};
 use quant::{DataType, Encoding, ScaleOffset};
 
 use crate::error::ExecError;
-use crate::model::{MASKED_AT_OR_BELOW, ModelData, mask_encoding};
+use crate::kernels;
+use crate::model::{MASKED_AT_OR_BELOW, Matrix, ModelData, mask_encoding};
 use crate::parts::Part;
 use crate::types::{Granularity, KLayout, TensorDesc};
 
@@ -81,6 +82,17 @@ impl Codec {
     /// value is exactly what [`decode`](Self::decode) gives).
     fn decode_run(self, src: &[u8], dst: &mut [f32]) {
         match self {
+            // The f32 form vectorizes; it is bit-identical where `dequantizes_exactly_in_f32`.
+            Codec::U8(so) if so.dequantizes_exactly_in_f32(DataType::U8) => {
+                for (d, &q) in dst.iter_mut().zip(src) {
+                    *d = so.dequantize_i32_in_f32(i32::from(q));
+                }
+            }
+            Codec::U16(so) if so.dequantizes_exactly_in_f32(DataType::U16) => {
+                for (d, ch) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                    *d = so.dequantize_i32_in_f32(i32::from(u16::from_le_bytes([ch[0], ch[1]])));
+                }
+            }
             Codec::U8(so) => {
                 for (d, &q) in dst.iter_mut().zip(src) {
                     *d = quant::dequantize(q, so);
@@ -212,7 +224,8 @@ impl std::fmt::Debug for Graph {
 }
 
 /// Access to the buffers of one execution (slices or raw pointers).
-trait Io {
+/// `Send`: a step runs on a pool thread ([`kernels::on_busy_pool`]) while the caller waits.
+trait Io: Send {
     fn input(&self, i: usize) -> &[u8];
     fn output(&mut self, i: usize) -> &mut [u8];
 }
@@ -235,6 +248,11 @@ struct RawIo<'a> {
     inputs: &'a [(*const u8, usize)],
     outputs: &'a [(*mut u8, usize)],
 }
+
+// SAFETY: `execute_raw`'s contract gives the call exclusive use of the buffers until it
+// returns; the executor hands its `RawIo` to one pool thread while the calling thread waits for
+// the step, so one thread at a time reads and writes through the pointers, within the call.
+unsafe impl Send for RawIo<'_> {}
 
 impl Io for RawIo<'_> {
     fn input(&self, i: usize) -> &[u8] {
@@ -539,7 +557,7 @@ impl Graph {
             s: attn,
         };
         // Ids and positions were checked above, the pass fits the graph by construction.
-        forward::run(c, &self.rope, &mut k, acts, &pass, &mut NoTap)
+        kernels::on_busy_pool(|| forward::run(c, &self.rope, &mut k, acts, &pass, &mut NoTap))
             .expect("the executor's pass is consistent with its graph");
         if !last {
             encode_f32(acts.hidden(), k.io.output(0));
@@ -646,6 +664,24 @@ impl Kernels for ExecKernels<'_> {
         let n = x.len() / matrix.cols();
         let s = &mut *self.s;
         matrix.matmul(0, n, out, x, act, &mut s.qbuf, &mut s.tbuf);
+    }
+
+    fn linear_many(&mut self, ws: &[Tensor], x: &[f32], outs: &mut [&mut [f32]]) {
+        let model = &self.graph.model;
+        let (first, act) = model.linear(ws[0]);
+        let parts: Vec<&Matrix> = ws.iter().map(|&w| model.linear(w).0).collect();
+        // One token through i8 matrices of one activation encoding: one parallel job.
+        let fused = std::env::var_os("NOFUSE").is_none()
+            && x.len() == first.cols()
+            && parts.iter().all(|m| m.is_i8())
+            && ws.iter().all(|&w| model.linear(w).1 == act);
+        if fused {
+            Matrix::matvec_i8_many(&parts, outs, x, act, &mut self.s.qbuf);
+        } else {
+            for (&w, out) in ws.iter().zip(outs) {
+                self.linear(w, x, out);
+            }
+        }
     }
 
     fn vector(&self, v: Tensor) -> &[f32] {
@@ -815,7 +851,19 @@ mod tests {
             scale: 3.1e-4,
             offset: -30000,
         };
-        let codecs = [Codec::U8(so), Codec::U16(wide), Codec::F16, Codec::F32];
+        // An offset past ±2^24 takes the f64 path of `decode_run`.
+        let far = ScaleOffset {
+            scale: 0.37,
+            offset: 1 << 25,
+        };
+        let codecs = [
+            Codec::U8(so),
+            Codec::U16(wide),
+            Codec::U8(far),
+            Codec::U16(far),
+            Codec::F16,
+            Codec::F32,
+        ];
         let values: Vec<f32> = (0..67)
             .map(|i| ((i * 29 % 41) as f32 - 20.0) * 0.37)
             .collect();

@@ -10,19 +10,28 @@
 //! the same i64: results are bit-identical to the plain scalar loop on every machine.
 //!
 //! # Speed
-//! The inner loops are plain Rust that LLVM turns into `pmaddwd` (SSE2) / `vpmaddwd` (AVX2).
-//! The default x86_64 target has no `pmovsxbw` (SSE4.1), and without it LLVM widens i8 weights
-//! so badly that the loop runs about 10x slower, so the entry points are compiled several
-//! times by [`multiversion`] (AVX2+FMA, SSE4.1, baseline) and the best one for the running CPU
-//! is picked once at run time. No `-C target-cpu` flag is needed for speed or correctness.
+//! On x86-64 CPUs with SSE4.1 (all of them since 2008) the micro-kernel is written with
+//! intrinsics (`kernels/x86.rs`: `pmovsxbw` + `pmaddwd`), picked at run time from CPUID; LLVM
+//! does not form `pmaddwd` from the plain loop (it widens both operands to i32 and multiplies
+//! with `pmulld`, about 3x slower). Elsewhere the plain loop runs, a row at a time. No
+//! `-C target-cpu` flag is needed for speed or correctness. The one `unsafe` of this module is
+//! the call into the SSE4.1 function after the feature check.
 //!
 //! Matrices are split by output rows over rayon's pool (one thread per core); a row's sum does
-//! not depend on which thread computes it, so neither does the result. Rows are processed four
-//! at a time so one activation load feeds four weight rows; for several tokens (prefill) every
-//! weight row is read from memory once per call, not once per token.
+//! not depend on which thread computes it, so neither does the result. Matrices that read the
+//! same activations go to the pool as one job ([`matmul_i8_i16_many`]), and the executor runs a
+//! whole step inside the pool with the other threads spinning for work ([`on_busy_pool`]).
+//! The x86 micro-kernel takes four rows at a time so one activation load feeds four weight
+//! rows; for several tokens (prefill) every weight row is read from memory once per call, not
+//! once per token.
 
-use multiversion::multiversion;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
 use rayon::prelude::*;
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub use crate::model::I32_CHUNK;
 
@@ -56,40 +65,21 @@ fn dot1(w: &[i8], a: &[i16]) -> i64 {
     acc
 }
 
-/// Exact dot products of four weight rows with one activation row (one load of `a` per
-/// element feeds four products).
+/// Exact dot products of [`ROW_TILE`] weight rows with one activation row, by the fastest
+/// micro-kernel the running CPU has.
 #[inline(always)]
-fn dot4(w: [&[i8]; ROW_TILE], a: &[i16]) -> [i64; ROW_TILE] {
-    let mut acc = [0i64; ROW_TILE];
-    let mut start = 0;
-    while start < a.len() {
-        let end = (start + KERNEL_CHUNK).min(a.len());
-        let ac = &a[start..end];
-        let (w0, w1, w2, w3) = (
-            &w[0][start..end],
-            &w[1][start..end],
-            &w[2][start..end],
-            &w[3][start..end],
-        );
-        let mut s = [0i32; ROW_TILE];
-        for i in 0..ac.len() {
-            let y = i32::from(ac[i]);
-            s[0] += i32::from(w0[i]) * y;
-            s[1] += i32::from(w1[i]) * y;
-            s[2] += i32::from(w2[i]) * y;
-            s[3] += i32::from(w3[i]) * y;
-        }
-        for (a, s) in acc.iter_mut().zip(s) {
-            *a += i64::from(s);
-        }
-        start = end;
+fn dot_tile(rows: [&[i8]; ROW_TILE], a: &[i16]) -> [i64; ROW_TILE] {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("sse4.1") {
+        // SAFETY: `x86::dot_tile` enables SSE4.1 only, and the running CPU has it (checked
+        // just above; std caches the CPUID result).
+        return unsafe { x86::dot_tile(rows, a) };
     }
-    acc
+    rows.map(|row| dot1(row, a))
 }
 
 /// `out[r * n + t] = Σ_c w[r * cols + c] · a[t * cols + c]` for every row `r` of `w` and token
 /// `t` of `a` (`n = a.len() / cols`), exactly, on the calling thread.
-#[multiversion(targets("x86_64+avx2+fma", "x86_64+sse4.1", "aarch64+neon"))]
 fn dots_block(w: &[i8], a: &[i16], cols: usize, out: &mut [i64]) {
     let n = a.len() / cols;
     let mut tiles = w.chunks_exact(ROW_TILE * cols);
@@ -97,7 +87,7 @@ fn dots_block(w: &[i8], a: &[i16], cols: usize, out: &mut [i64]) {
     for (wt, ot) in (&mut tiles).zip(&mut outs) {
         let rows: [&[i8]; ROW_TILE] = std::array::from_fn(|k| &wt[k * cols..(k + 1) * cols]);
         for (t, at) in a.chunks_exact(cols).enumerate() {
-            for (k, v) in dot4(rows, at).into_iter().enumerate() {
+            for (k, v) in dot_tile(rows, at).into_iter().enumerate() {
                 ot[k * n + t] = v;
             }
         }
@@ -109,6 +99,47 @@ fn dots_block(w: &[i8], a: &[i16], cols: usize, out: &mut [i64]) {
     {
         for (o, at) in or.iter_mut().zip(a.chunks_exact(cols)) {
             *o = dot1(row, at);
+        }
+    }
+}
+
+/// How long an idle pool thread keeps looking for work inside [`on_busy_pool`] before it goes
+/// back to rayon's sleep: longer than the serial stretches of a decode step (a layer's
+/// attention, norms and activation quantization), short enough to give the cores back soon
+/// after a step that ended in a panic.
+const SPIN_IDLE: Duration = Duration::from_micros(500);
+
+/// Runs `step` on one of rayon's threads while the pool's other threads spin, looking for the
+/// step's parallel work, instead of sleeping between its matmuls.
+///
+/// A decode step hands ~150 small matmuls to the pool; a sleeping thread takes tens of
+/// microseconds to wake (more in a VM), which cost a third of the decode time on 2 threads.
+/// With the step inside the pool, each matmul's halves are taken by a spinning thread at once;
+/// the caller sleeps once per step. Results do not depend on it (see the module docs).
+pub fn on_busy_pool<R: Send>(step: impl FnOnce() -> R + Send) -> R {
+    let others = rayon::current_num_threads().saturating_sub(1);
+    if others == 0 {
+        return step();
+    }
+    let done = AtomicBool::new(false);
+    rayon::scope(|s| {
+        for _ in 0..others {
+            s.spawn(|_| spin_for_work(&done));
+        }
+        let r = step();
+        done.store(true, Ordering::Release);
+        r
+    })
+}
+
+/// Executes the pool's pending jobs until `done`, or until nothing came for [`SPIN_IDLE`].
+fn spin_for_work(done: &AtomicBool) {
+    let mut last_work = Instant::now();
+    while !done.load(Ordering::Acquire) {
+        match rayon::yield_now() {
+            Some(rayon::Yield::Executed) => last_work = Instant::now(),
+            _ if last_work.elapsed() > SPIN_IDLE => return,
+            _ => std::hint::spin_loop(),
         }
     }
 }
@@ -128,46 +159,111 @@ pub fn matmul_i8_i16<T: Send>(
     out: &mut [T],
     finish: impl Fn(usize, i64) -> T + Sync,
 ) {
+    matmul_i8_i16_many(
+        a,
+        cols,
+        vec![Product {
+            w,
+            out,
+            finish: &finish,
+        }],
+    );
+}
+
+/// One matrix of [`matmul_i8_i16_many`]: its i8 weights (`rows x cols`, row-major), its
+/// results (`rows * n`, row-major by weight row) and how a row's exact sum becomes a result.
+#[allow(missing_debug_implementations)]
+pub struct Product<'a, T> {
+    /// The weights, `rows x cols`.
+    pub w: &'a [i8],
+    /// The results, `out[row * n + token]`.
+    pub out: &'a mut [T],
+    /// `finish(row, sum)`: the result of `row`'s exact sum.
+    pub finish: &'a (dyn Fn(usize, i64) -> T + Sync),
+}
+
+/// A run of rows of one [`Product`]: the unit of work handed to a thread.
+struct Task<'a, T> {
+    w: &'a [i8],
+    out: &'a mut [T],
+    finish: &'a (dyn Fn(usize, i64) -> T + Sync),
+    row0: usize,
+}
+
+/// [`matmul_i8_i16`] for several matrices that multiply the same activations (a layer's Q, K
+/// and V; its gate and up projections), as one parallel job: one hand-off to the pool instead
+/// of one per matrix.
+///
+/// # Panics
+/// As [`matmul_i8_i16`], for each product.
+pub fn matmul_i8_i16_many<T: Send>(a: &[i16], cols: usize, products: Vec<Product<'_, T>>) {
     assert!(
-        cols > 0 && w.len().is_multiple_of(cols) && a.len().is_multiple_of(cols),
-        "matmul_i8_i16: {} weights / {} activations are not rows of {cols}",
-        w.len(),
+        cols > 0 && a.len().is_multiple_of(cols),
+        "matmul_i8_i16: {} activations are not rows of {cols}",
         a.len()
     );
-    let (rows, n) = (w.len() / cols, a.len() / cols);
-    assert_eq!(out.len(), rows * n, "matmul_i8_i16: output length");
+    let n = a.len() / cols;
+    let mut rows = 0;
+    for p in &products {
+        assert!(
+            p.w.len().is_multiple_of(cols),
+            "matmul_i8_i16: {} weights are not rows of {cols}",
+            p.w.len()
+        );
+        assert_eq!(
+            p.out.len(),
+            p.w.len() / cols * n,
+            "matmul_i8_i16: output length"
+        );
+        rows += p.w.len() / cols;
+    }
     if n == 0 || rows == 0 {
         return;
     }
-    // Rows per task: a multiple of the tile, enough work to pay for the hand-off.
+    // Rows per task: a multiple of the tile, enough work to pay for the hand-off, and no more
+    // tasks than two per thread (each hand-off costs more than a few rows of a decode step).
+    let per_thread = rows.div_ceil(2 * rayon::current_num_threads());
     let per_task = (PARALLEL_MIN_MACS / (cols * n))
-        .max(1)
+        .max(per_thread)
         .next_multiple_of(ROW_TILE);
-    let run = |(task, (wc, oc)): (usize, (&[i8], &mut [T]))| {
-        // Sums in stack-sized blocks of rows x tokens: no heap allocation per call.
-        let mut sums = [0i64; SUMS];
-        let tokens = n.min(SUMS / ROW_TILE);
-        let rows_per_block = SUMS / tokens / ROW_TILE * ROW_TILE;
-        for (b, wb) in wc.chunks(rows_per_block * cols).enumerate() {
-            let r0 = b * rows_per_block;
-            for (tb, ab) in a.chunks(tokens * cols).enumerate() {
-                let nt = ab.len() / cols;
-                let s = &mut sums[..wb.len() / cols * nt];
-                dots_block(wb, ab, cols, s);
-                for (i, &v) in s.iter().enumerate() {
-                    let (r, t) = (r0 + i / nt, tb * tokens + i % nt);
-                    oc[r * n + t] = finish(task * per_task + r, v);
-                }
+    let tasks = products.into_iter().flat_map(|p| {
+        let finish = p.finish;
+        p.w.chunks(per_task * cols)
+            .zip(p.out.chunks_mut(per_task * n))
+            .enumerate()
+            .map(move |(i, (w, out))| Task {
+                w,
+                out,
+                finish,
+                row0: i * per_task,
+            })
+    });
+    let run = |t: Task<'_, T>| run_task(t, a, cols);
+    if rows * cols * n < PARALLEL_MIN_MACS {
+        tasks.for_each(run);
+    } else {
+        tasks.collect::<Vec<_>>().into_par_iter().for_each(run);
+    }
+}
+
+/// The rows of one task, on the calling thread.
+fn run_task<T>(t: Task<'_, T>, a: &[i16], cols: usize) {
+    let n = a.len() / cols;
+    // Sums in stack-sized blocks of rows x tokens: no heap allocation per task.
+    let mut sums = [0i64; SUMS];
+    let tokens = n.min(SUMS / ROW_TILE);
+    let rows_per_block = SUMS / tokens / ROW_TILE * ROW_TILE;
+    for (b, wb) in t.w.chunks(rows_per_block * cols).enumerate() {
+        let r0 = b * rows_per_block;
+        for (tb, ab) in a.chunks(tokens * cols).enumerate() {
+            let nt = ab.len() / cols;
+            let s = &mut sums[..wb.len() / cols * nt];
+            dots_block(wb, ab, cols, s);
+            for (i, &v) in s.iter().enumerate() {
+                let (r, tok) = (r0 + i / nt, tb * tokens + i % nt);
+                t.out[r * n + tok] = (t.finish)(t.row0 + r, v);
             }
         }
-    };
-    if rows * cols * n < PARALLEL_MIN_MACS {
-        run((0, (w, out)));
-    } else {
-        w.par_chunks(per_task * cols)
-            .zip(out.par_chunks_mut(per_task * n))
-            .enumerate()
-            .for_each(run);
     }
 }
 
@@ -274,6 +370,58 @@ mod tests {
             assert!(want.abs() > i64::from(i32::MAX));
             assert_eq!(got, vec![want; rows]);
         }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_sse41_tile_equals_the_portable_rows() {
+        assert!(std::arch::is_x86_feature_detected!("sse4.1"), "no SSE4.1");
+        for (i, cols) in [1, 7, 8, 9, 511, 512, 520, 1100, 3 * I32_CHUNK + 7]
+            .into_iter()
+            .enumerate()
+        {
+            let w = weights(i as u64 + 11, ROW_TILE * cols);
+            let a = acts(i as u64 + 50, cols);
+            let rows: [&[i8]; ROW_TILE] = std::array::from_fn(|r| &w[r * cols..(r + 1) * cols]);
+            // SAFETY: SSE4.1 was checked above.
+            let simd = unsafe { x86::dot_tile(rows, &a) };
+            assert_eq!(simd, rows.map(|row| dot1(row, &a)), "cols {cols}");
+        }
+    }
+
+    #[test]
+    fn several_products_equal_one_call_each_and_the_busy_pool_changes_nothing() {
+        let (cols, n) = (576, 1);
+        let ws: Vec<Vec<i8>> = [576, 192, 192, 5]
+            .iter()
+            .map(|&r| weights(r as u64, r * cols))
+            .collect();
+        let a = acts(3, n * cols);
+        let finish = |r: usize, v: i64| v * 3 + r as i64;
+        let mut outs: Vec<Vec<i64>> = ws.iter().map(|w| vec![0; w.len() / cols * n]).collect();
+        let products = ws
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(w, out)| Product {
+                w,
+                out,
+                finish: &finish,
+            })
+            .collect();
+        let threads = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        threads.install(|| on_busy_pool(|| matmul_i8_i16_many(&a, cols, products)));
+        for (w, got) in ws.iter().zip(&outs) {
+            let want: Vec<i64> = reference(w, &a, cols)
+                .into_iter()
+                .enumerate()
+                .map(|(r, v)| finish(r, v))
+                .collect();
+            assert_eq!(got, &want);
+        }
+        assert_eq!(threads.install(|| on_busy_pool(|| 7)), 7);
     }
 
     #[test]

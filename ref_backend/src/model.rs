@@ -258,35 +258,94 @@ impl Matrix {
         act: Option<ScaleOffset>,
         qbuf: &mut [i16],
     ) {
-        let Matrix::I8 {
-            cols,
-            scales,
-            q,
-            row_sums,
-            ..
-        } = self
-        else {
-            unreachable!("matmul_i8 on a float matrix")
-        };
-        let cols = *cols;
-        // An i8 model always carries activation encodings (compile and the file reader
-        // guarantee it); the fallback is the identity-ish unit encoding.
-        let so = act.unwrap_or(ScaleOffset {
-            scale: 1.0,
-            offset: 0,
-        });
-        let qa = &mut qbuf[..x.len()];
-        for (d, &v) in qa.iter_mut().zip(x) {
-            *d = quant::quantize::<i16>(v, so);
-        }
+        let (cols, q) = self.i8_weights();
+        let so = act_or_unit(act);
+        let qa = quantize_acts(x, so, qbuf);
         let rows = out.len() / (x.len() / cols).max(1);
         let w = &q[row0 * cols..(row0 + rows) * cols];
+        let finish = self.i8_finish(row0, so);
+        kernels::matmul_i8_i16(w, qa, cols, out, finish);
+    }
+
+    /// One token through several i8 matrices of `cols` columns that share the activation
+    /// encoding `act` (a layer's Q/K/V, or its gate/up): `x` is quantized once and all rows
+    /// run as one parallel job; `outs[i] = ms[i] · x`, exactly as [`Matrix::matvec`] each.
+    ///
+    /// # Panics
+    /// If a matrix is not i8, the column counts differ, or an output has the wrong length.
+    pub(crate) fn matvec_i8_many(
+        ms: &[&Matrix],
+        outs: &mut [&mut [f32]],
+        x: &[f32],
+        act: Option<ScaleOffset>,
+        qbuf: &mut [i16],
+    ) {
+        let so = act_or_unit(act);
+        let qa = quantize_acts(x, so, qbuf);
+        let finishers: Vec<_> = ms.iter().map(|m| m.i8_finish(0, so)).collect();
+        let products = ms
+            .iter()
+            .zip(outs.iter_mut())
+            .zip(&finishers)
+            .map(|((m, out), finish)| {
+                let (cols, w) = m.i8_weights();
+                assert_eq!(cols, x.len(), "matvec_i8_many: column counts differ");
+                kernels::Product {
+                    w,
+                    out,
+                    finish,
+                }
+            })
+            .collect();
+        kernels::matmul_i8_i16_many(qa, x.len(), products);
+    }
+
+    /// Columns and weights of an i8 matrix.
+    fn i8_weights(&self) -> (usize, &[i8]) {
+        match self {
+            Matrix::I8 { cols, q, .. } => (*cols, q),
+            Matrix::Float { .. } => unreachable!("an i8 path on a float matrix"),
+        }
+    }
+
+    /// How row `row0 + r`'s exact integer sum becomes its output: the activation offset is
+    /// applied as `offset * Σ q_w` in i64, then one rescale (see [`Matrix::matvec`]).
+    fn i8_finish(&self, row0: usize, so: ScaleOffset) -> impl Fn(usize, i64) -> f32 + Sync + '_ {
+        let Matrix::I8 {
+            scales, row_sums, ..
+        } = self
+        else {
+            unreachable!("an i8 path on a float matrix")
+        };
         let off = i64::from(so.offset);
-        kernels::matmul_i8_i16(w, qa, cols, out, |r, acc| {
+        move |r, acc| {
             let row = row0 + r;
             (acc + off * row_sums[row]) as f32 * so.scale * scales[row]
-        });
+        }
     }
+
+    /// True for an i8 matrix.
+    pub(crate) fn is_i8(&self) -> bool {
+        matches!(self, Matrix::I8 { .. })
+    }
+}
+
+/// An i8 model always carries activation encodings (compile and the file reader guarantee
+/// it); the fallback is the unit encoding.
+fn act_or_unit(act: Option<ScaleOffset>) -> ScaleOffset {
+    act.unwrap_or(ScaleOffset {
+        scale: 1.0,
+        offset: 0,
+    })
+}
+
+/// `x` quantized to i16 with `so` into the front of `qbuf`.
+fn quantize_acts<'a>(x: &[f32], so: ScaleOffset, qbuf: &'a mut [i16]) -> &'a [i16] {
+    let qa = &mut qbuf[..x.len()];
+    for (d, &v) in qa.iter_mut().zip(x) {
+        *d = quant::quantize::<i16>(v, so);
+    }
+    qa
 }
 
 /// Where an activation is quantized for the matmul `t`: its [`ActSite`] (`None` for the
@@ -647,6 +706,41 @@ mod tests {
                 (f - want).abs() < 0.05 * f.abs().max(1.0),
                 "row {r}: {f} vs {want}"
             );
+        }
+    }
+
+    #[test]
+    fn fused_matvecs_equal_one_matvec_per_matrix() {
+        // Q/K/V-like shapes over one input; large enough to split over threads.
+        let cols = 600;
+        let shapes = [(96, 0.37f32), (32, -0.5), (32, 1.25)];
+        let ms: Vec<Matrix> = shapes
+            .iter()
+            .map(|&(rows, k)| {
+                let w: Vec<f32> = (0..rows * cols)
+                    .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0 * k)
+                    .collect();
+                Matrix::quantize_i8(&w, rows, cols).unwrap()
+            })
+            .collect();
+        let x: Vec<f32> = (0..cols)
+            .map(|i| ((i * 13 % 29) as f32) / 7.0 - 1.0)
+            .collect();
+        let so = ScaleOffset::from_range(-1.0, 3.0, DataType::I16, Symmetry::Asymmetric).unwrap();
+        let mut qbuf = vec![0i16; cols];
+        let mut fused: Vec<Vec<f32>> = shapes.iter().map(|&(r, _)| vec![0.0; r]).collect();
+        let mut outs: Vec<&mut [f32]> = fused.iter_mut().map(|v| v.as_mut_slice()).collect();
+        let refs: Vec<&Matrix> = ms.iter().collect();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        pool.install(|| Matrix::matvec_i8_many(&refs, &mut outs, &x, Some(so), &mut qbuf));
+        for (m, got) in ms.iter().zip(&fused) {
+            let mut want = vec![0.0; got.len()];
+            m.matvec(0, &mut want, &x, Some(so), &mut qbuf);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(got), bits(&want));
         }
     }
 
