@@ -325,25 +325,32 @@ impl KvCache {
         }
         self.pending = None;
         let dropped = self.len - len;
+        let old_len = self.len;
         match &mut self.state {
-            State::Shift { v1, .. } => v1.iter_mut().for_each(|v| *v -= dropped),
+            // A layer's window end moves back by the held tokens dropped (a sliding layer rolled
+            // back below its held rows, to 0 or with W = 1, keeps its end at its oldest held row).
+            State::Shift { v1, .. } => {
+                for (v, &first) in v1.iter_mut().zip(&self.first_held) {
+                    *v -= old_len - len.max(first);
+                }
+            }
             State::Conveyor => {}
             State::Slots { stride, .. } => {
                 if self.spec.strategy == Strategy::Naive && dropped > 0 && len > 0 {
                     // Right-aligned rows: the held ones move right by the dropped count.
                     let stride = *stride;
-                    let old_len = self.len;
                     let first = |s: usize| old_len.saturating_sub(s);
                     self.move_slot_tokens(
                         |s| first(s).min(len)..len,
-                        |s, t| (s - old_len + t, s),
-                        |s, t| (s - len + t, s),
+                        |s, t| (s + t - old_len, s),
+                        |s, t| (s + t - len, s),
                         stride,
                     );
                 }
             }
         }
         self.len = len;
+        self.first_held.iter_mut().for_each(|f| *f = (*f).min(len));
         Ok(())
     }
 
@@ -421,7 +428,7 @@ impl KvCache {
             State::Shift { v1, .. } => {
                 let end = v1[buffer / (2 * g.kv_heads)];
                 RowRef {
-                    start: (base + end - self.len + token) * rb,
+                    start: (base + end + token - self.len) * rb,
                     step: e,
                 }
             }
@@ -442,7 +449,7 @@ impl KvCache {
                 };
                 let s = self.slot_stride(tensor, *stride);
                 let slot = if self.spec.strategy == Strategy::Naive {
-                    s - self.len + token
+                    s + token - self.len
                 } else {
                     token
                 };
@@ -778,7 +785,11 @@ fn heads_per_tensor(kv_heads: usize, granularity: Granularity) -> usize {
     }
 }
 
-pub(crate) fn tensor_ids(layers: usize, kv_heads: usize, granularity: Granularity) -> Vec<TensorId> {
+pub(crate) fn tensor_ids(
+    layers: usize,
+    kv_heads: usize,
+    granularity: Granularity,
+) -> Vec<TensorId> {
     let mut ids = Vec::new();
     for layer in 0..layers {
         match granularity {

@@ -719,7 +719,8 @@ impl CacheSpec {
                 // A sliding layer's buffers keep K rows and get the same slide room rule.
                 let per_buffer = (0..b).map(|buf| {
                     let layer = g.buffer_coords(buf).0;
-                    g.kept_rows(layer).map_or(r, |k| k + reserve.slide_room(r, k, g))
+                    g.kept_rows(layer)
+                        .map_or(r, |k| k + reserve.slide_room(r, k, g))
                 });
                 Layout::packed(per_buffer.collect(), 0, 0)
             }

@@ -145,7 +145,11 @@ impl KvSnapshot {
                 None => {
                     return mismatch(
                         "row bytes",
-                        format!("whole rows of {} bytes, at most {}", shape.row_bytes(), self.len),
+                        format!(
+                            "whole rows of {} bytes, at most {}",
+                            shape.row_bytes(),
+                            self.len
+                        ),
                         format!("{} in buffer {b}", self.rows[b].len()),
                     );
                 }
