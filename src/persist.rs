@@ -145,7 +145,7 @@ impl<B: Backend> Session<B> {
     /// must come from the same compiled model (any strategy); on any error the session is unchanged.
     pub fn restore(&mut self, path: &Path) -> Result<(), PersistError> {
         let data = read_bounded(path, self.max_file_bytes())?;
-        let saved = decode(&data)?;
+        let saved = decode_windowed(&data, &self.cache().spec().geometry.windows)?;
         saved
             .snapshot
             .check_fits(self.cache())
@@ -256,7 +256,15 @@ fn encode(
     out
 }
 
+#[cfg(test)]
 fn decode(data: &[u8]) -> Result<SavedSession, PersistError> {
+    decode_windowed(data, &[])
+}
+
+/// Decodes a session file of a model whose layers have the attention windows `windows` (empty:
+/// all global): a sliding layer's buffers hold only their last `min(len, W - 1)` rows, as
+/// [`kv_manager::KvCache::export_rows`] saves them.
+fn decode_windowed(data: &[u8], windows: &[Option<usize>]) -> Result<SavedSession, PersistError> {
     let mut r = Reader { data, pos: 0 };
     let magic = r.take(8, "magic")?;
     if magic != MAGIC {
@@ -288,7 +296,7 @@ fn decode(data: &[u8]) -> Result<SavedSession, PersistError> {
     if stored != computed {
         return Err(PersistError::Checksum { stored, computed });
     }
-    let (snapshot, tokens, position_offset, logits) = read_payload(&mut r, version)?;
+    let (snapshot, tokens, position_offset, logits) = read_payload(&mut r, version, windows)?;
     if r.pos != data.len() {
         return Err(PersistError::Malformed(format!(
             "the payload has {} bytes after the last row",
@@ -306,7 +314,11 @@ fn decode(data: &[u8]) -> Result<SavedSession, PersistError> {
 
 type Payload = (KvSnapshot, Vec<u32>, usize, Vec<f32>);
 
-fn read_payload(r: &mut Reader<'_>, version: u32) -> Result<Payload, PersistError> {
+fn read_payload(
+    r: &mut Reader<'_>,
+    version: u32,
+    windows: &[Option<usize>],
+) -> Result<Payload, PersistError> {
     let shape = RowShape {
         layers: r.u32("layers")? as usize,
         kv_heads: r.u32("kv_heads")? as usize,
@@ -343,8 +355,11 @@ fn read_payload(r: &mut Reader<'_>, version: u32) -> Result<Payload, PersistErro
     let buffer_bytes = (len as u64).saturating_mul(shape.row_bytes() as u64);
     r.check(buffer_bytes.saturating_mul(buffers as u64), "K/V rows")?;
     let rows = (0..buffers)
-        .map(|_| {
-            r.take(buffer_bytes as usize, "K/V rows")
+        .map(|b| {
+            // Each buffer's bytes are at most len rows, checked against the file above.
+            let window = windows.get(b / (2 * shape.kv_heads)).copied().flatten();
+            let held = window.map_or(len, |w| len.min(w.saturating_sub(1)));
+            r.take(held * shape.row_bytes(), "K/V rows")
                 .map(<[u8]>::to_vec)
         })
         .collect::<Result<_, _>>()?;
