@@ -352,14 +352,22 @@ fn read_payload(
     let logits = (0..count)
         .map(|_| r.u32("logit").map(f32::from_bits))
         .collect::<Result<_, _>>()?;
-    let buffer_bytes = (len as u64).saturating_mul(shape.row_bytes() as u64);
-    r.check(buffer_bytes.saturating_mul(buffers as u64), "K/V rows")?;
-    let rows = (0..buffers)
+    // Rows per buffer: len, or the last min(len, W - 1) of a sliding layer; their total is
+    // checked against the file before anything is read.
+    let held: Vec<usize> = (0..buffers)
         .map(|b| {
-            // Each buffer's bytes are at most len rows, checked against the file above.
             let window = windows.get(b / (2 * shape.kv_heads)).copied().flatten();
-            let held = window.map_or(len, |w| len.min(w.saturating_sub(1)));
-            r.take(held * shape.row_bytes(), "K/V rows")
+            window.map_or(len, |w| len.min(w.saturating_sub(1)))
+        })
+        .collect();
+    let total = held
+        .iter()
+        .fold(0u64, |sum, &h| sum.saturating_add(h as u64));
+    r.check(total.saturating_mul(shape.row_bytes() as u64), "K/V rows")?;
+    let rows = held
+        .iter()
+        .map(|&h| {
+            r.take(h * shape.row_bytes(), "K/V rows")
                 .map(<[u8]>::to_vec)
         })
         .collect::<Result<_, _>>()?;
@@ -592,6 +600,20 @@ mod tests {
             rows,
         };
         (snapshot, vec![1, 5, 9], vec![0.5, -1.0, f32::MIN_POSITIVE])
+    }
+
+    #[test]
+    fn a_sliding_layer_saves_only_its_last_window_rows() {
+        let (mut snapshot, tokens, logits) = sample();
+        // Window 3: the last 2 of the 3 tokens' rows (4 bytes each) per buffer.
+        snapshot.rows.iter_mut().for_each(|r| {
+            r.drain(..4);
+        });
+        let bytes = encode(7, &snapshot, &tokens, 0, &logits);
+        let saved = decode_windowed(&bytes, &[Some(3)]).unwrap();
+        assert_eq!(saved.snapshot, snapshot);
+        // Read as all-global rows, the file is too short.
+        assert!(decode(&bytes).is_err());
     }
 
     #[test]
