@@ -37,7 +37,9 @@
 //! Byte sizes (`--fit`) are at most [`MAX_BYTE_SIZE`].
 
 use crate::config::{Config, Update};
-use kv_manager::{CacheSpec, Counters, Geometry, Granularity, KLayout, KvError, Size, Strategy};
+use kv_manager::{
+    CacheSpec, Counters, Geometry, Granularity, KLayout, KvError, Reserve, Size, Strategy,
+};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 
@@ -311,9 +313,7 @@ pub fn predict(spec: &CacheSpec, run: &Run) -> Result<Prediction, BudgetError> {
             steps,
         ),
         Strategy::SmartMask | Strategy::Naive => slots(g, spec.strategy, &segments, &mut copies),
-        Strategy::Shift { reserve, stagger } => {
-            shift(g, reserve.rows(g)?, stagger, &segments, &mut copies)
-        }
+        Strategy::Shift { reserve, stagger } => shift(g, reserve, stagger, &segments, &mut copies)?,
     };
     let rb = g.row_bytes();
     let rows_copied = copies.rows.get()?;
@@ -348,7 +348,16 @@ fn slots(
         Granularity::PerHead => b,
         Granularity::PerLayer => 2 * g.layers,
     };
-    let commit_rows = |stride: usize, k: usize| if naive { b * stride } else { b * k };
+    // A fixed layout's slot windows: W_max rows per buffer, K for a sliding layer's (windows
+    // need fixed layouts); strided layouts use the variant's window for every buffer.
+    let fixed_rows: usize = (0..b)
+        .map(|buf| g.kept_rows(buf / (2 * g.kv_heads)).unwrap_or(w_max))
+        .sum();
+    let commit_rows = |stride: usize, k: usize| match (naive, fixed) {
+        (true, true) => fixed_rows,
+        (true, false) => b * stride,
+        (false, _) => b * k,
+    };
     let mut stride = w_max;
     let mut rebases = 0;
     let mut variants: Vec<usize> = Vec::new();
@@ -391,35 +400,43 @@ fn slots(
     )
 }
 
-/// `shift` with R rows per buffer: (rebases, handles, distinct keys of the busiest layer).
+/// `shift`: (rebases, handles, distinct keys of the busiest layer). Layer l has R_l rows per
+/// buffer and rebases to its anchor A_l (W_max; a sliding layer's K, with R = K + its slide room),
+/// moving min(len, A_l) rows of each of its 2H buffers.
 fn shift(
     g: &Geometry,
-    r: usize,
+    reserve: Reserve,
     stagger: bool,
     segments: &[Segment],
     copies: &mut Copies,
-) -> (usize, Size, usize) {
-    let (w_max, h, layers) = (g.max_window(), g.kv_heads, g.layers);
-    let slack = r - w_max - g.max_ar();
+) -> Result<(usize, Size, usize), KvError> {
+    let (h, layers) = (g.kv_heads, g.layers);
+    let global_r = reserve.rows(g)?;
     // Rows copied by rebases, by global step index (staggered layers may rebase on the same step).
     let mut events: BTreeMap<usize, (usize, bool)> = BTreeMap::new();
     let mut rebases = 0;
     let (mut handles, mut max_keys) = (Size::new("memory handles", 0), 0);
-    // Layers that start at the same offset behave identically: predict each start once and count it
-    // `n` times, so the work is bounded by the steps, not layers x steps.
-    let mut starts: BTreeMap<usize, usize> = BTreeMap::new();
+    // Layers that start at the same offset with the same rows behave identically: predict each
+    // (start, R, anchor) once and count it `n` times, so the work is bounded by the steps, not
+    // layers x steps.
+    let mut starts: BTreeMap<(usize, usize, usize), usize> = BTreeMap::new();
     for layer in 0..layers {
-        let start = if stagger {
-            w_max + layer * slack / layers
-        } else {
-            w_max
+        let (anchor, r) = match g.kept_rows(layer) {
+            Some(k) => (k, k + reserve.slide_room(global_r, k, g)),
+            None => (g.capacity(), global_r),
         };
-        *starts.entry(start).or_default() += 1;
+        let start = if stagger {
+            anchor + layer * (r - anchor - g.max_ar()) / layers
+        } else {
+            anchor
+        };
+        *starts.entry((start, r, anchor)).or_default() += 1;
     }
     // With one start (no staggering) every rebase is its own step: no need to sum them by step.
     let single = starts.len() == 1;
-    for (start, n) in starts {
-        let mut off = start;
+    for ((start, r, anchor), n) in starts {
+        // The window end is off + len (off < 0 once a sliding layer holds more than its anchor).
+        let mut off = start as isize;
         // Window ends bound, per variant: (first, step, count) progressions.
         let mut keys: HashMap<usize, Vec<(usize, usize)>> = HashMap::new();
         let mut record = |ar: usize, first: usize, step: usize, count: usize| {
@@ -435,29 +452,31 @@ fn shift(
         for s in segments {
             let mut i = 0;
             while i < s.count {
-                // Step j rebases when off + len_j + ar > R, i.e. len_j > t.
-                let t = r - s.ar - off;
+                // Step j rebases when off + len_j + ar > R, i.e. len_j > t (t >= len0 >= 0
+                // while no rebase is due: the end never passes R).
+                let t = (r - s.ar) as isize - off;
                 let len_i = s.len0 + i * s.commit;
-                let j = if len_i > t {
+                let j = if len_i as isize > t {
                     i
                 } else {
-                    (t - s.len0) / s.commit + 1
+                    (t as usize - s.len0) / s.commit + 1
                 };
                 let upto = j.min(s.count);
-                record(s.ar, off + len_i, s.commit, upto - i);
+                record(s.ar, (off + len_i as isize) as usize, s.commit, upto - i);
                 if j >= s.count {
                     break;
                 }
                 let len_j = s.len0 + j * s.commit;
+                let moved = n * 2 * h * len_j.min(anchor);
                 rebases += n;
                 if single {
-                    copies.add(n * 2 * h * len_j, 1, s.decode);
+                    copies.add(moved, 1, s.decode);
                 } else {
                     let e = events.entry(base + j).or_insert((0, s.decode));
-                    e.0 += n * 2 * h * len_j;
+                    e.0 += moved;
                 }
-                off = w_max - len_j;
-                record(s.ar, w_max, 1, 1);
+                off = anchor as isize - len_j as isize;
+                record(s.ar, anchor, 1, 1);
                 i = j + 1;
             }
             base += s.count;
@@ -469,7 +488,7 @@ fn shift(
     for (rows, decode) in events.into_values() {
         copies.add(rows, 1, decode);
     }
-    (rebases, handles, max_keys)
+    Ok((rebases, handles, max_keys))
 }
 
 /// Appends a closed interval, merged into the last one when they overlap or touch (a shift layer that
@@ -582,14 +601,18 @@ pub struct BudgetReport {
     pub kv_bytes_per_token: usize,
     /// Tokens the cache holds: S - min(ar).
     pub capacity_tokens: usize,
-    /// Rows per buffer: `shift` R, `conveyor` S (the stride between buffers), `smart_mask`/`naive`
-    /// W_max = S - min(ar) (the window slots; their output staging rows are in `region_rows`).
+    /// Rows per buffer of a global layer: `shift` R, `conveyor` S (the stride between buffers),
+    /// `smart_mask`/`naive` W_max = S - min(ar) (the window slots; their output staging rows are in
+    /// `region_rows`). A sliding layer's buffers are smaller (`region_bytes_all_global`).
     pub reserve_rows: usize,
     /// reserve_rows x row_bytes.
     pub buffer_bytes: usize,
     pub region_rows: usize,
     /// Exactly what the KV manager allocates (static cross K/V included).
     pub region_bytes: usize,
+    /// The same region with every layer global: a sliding layer's buffers keep only its last
+    /// W - 1 + max(ar) rows plus the strategy's slack, so the saving is the difference.
+    pub region_bytes_all_global: usize,
     /// Static cross-attention K/V (`kv.cross`): E rows per buffer, in the region; 0 without.
     pub cross_bytes: usize,
     pub graph_io: Vec<GraphIo>,
@@ -652,6 +675,15 @@ pub fn report(
         ..spec.clone()
     }
     .region_bytes()?;
+    let all_global = Geometry {
+        windows: Vec::new(),
+        ..g.clone()
+    };
+    let region_bytes_all_global = CacheSpec {
+        geometry: all_global.clone(),
+        ..spec.clone()
+    }
+    .region_bytes()?;
     let run = Run::full_context(g, prefill)?;
     let p = predict(&spec, &run)?;
     let reserve_rows = match spec.strategy {
@@ -691,6 +723,7 @@ pub fn report(
             .get()?,
         region_rows: self_bytes / g.row_bytes(),
         region_bytes,
+        region_bytes_all_global,
         cross_bytes,
         graph_io: io,
         graph_io_bytes: io_bytes,
@@ -706,13 +739,7 @@ pub fn report(
         max_window_offsets_per_buffer: p.max_window_offsets_per_buffer,
         sliding_layers: g.windows.iter().flatten().count(),
         past_bytes_per_decode_step: past_bytes_per_step(g, g.min_ar())?,
-        past_bytes_per_decode_step_all_global: past_bytes_per_step(
-            &Geometry {
-                windows: Vec::new(),
-                ..g.clone()
-            },
-            g.min_ar(),
-        )?,
+        past_bytes_per_decode_step_all_global: past_bytes_per_step(&all_global, g.min_ar())?,
     })
 }
 
@@ -922,6 +949,9 @@ mod tests {
             Geometry::new(3, 2, 4, 24, &[1], DataType::U8),
             Geometry::new(3, 2, 4, 40, &[1, 8], DataType::U16),
             Geometry::new(2, 1, 2, 30, &[3, 5], DataType::F32),
+            // Sliding layers: smaller buffers, their own rebases and naive copies.
+            Geometry::new(3, 2, 4, 40, &[1, 8], DataType::U16).with_windows(&[0, 2], 12),
+            Geometry::new(4, 1, 2, 32, &[1], DataType::U8).with_windows(&[1, 2, 3], 5),
         ];
         let strategies = [
             Strategy::SHIFT_2X,
@@ -944,6 +974,10 @@ mod tests {
                     let Ok(run) = Run::full_context(&g, prefill) else {
                         continue;
                     };
+                    if g.has_windows() && strategy == Strategy::SmartMask {
+                        assert!(spec.region_bytes().is_err());
+                        continue;
+                    }
                     for run in [
                         run,
                         Run {

@@ -145,7 +145,7 @@ impl<B: Backend> Session<B> {
     /// must come from the same compiled model (any strategy); on any error the session is unchanged.
     pub fn restore(&mut self, path: &Path) -> Result<(), PersistError> {
         let data = read_bounded(path, self.max_file_bytes())?;
-        let saved = decode(&data)?;
+        let saved = decode_windowed(&data, &self.cache().spec().geometry.windows)?;
         saved
             .snapshot
             .check_fits(self.cache())
@@ -256,7 +256,15 @@ fn encode(
     out
 }
 
+#[cfg(test)]
 fn decode(data: &[u8]) -> Result<SavedSession, PersistError> {
+    decode_windowed(data, &[])
+}
+
+/// Decodes a session file of a model whose layers have the attention windows `windows` (empty:
+/// all global): a sliding layer's buffers hold only their last `min(len, W - 1)` rows, as
+/// [`kv_manager::KvCache::export_rows`] saves them.
+fn decode_windowed(data: &[u8], windows: &[Option<usize>]) -> Result<SavedSession, PersistError> {
     let mut r = Reader { data, pos: 0 };
     let magic = r.take(8, "magic")?;
     if magic != MAGIC {
@@ -288,7 +296,7 @@ fn decode(data: &[u8]) -> Result<SavedSession, PersistError> {
     if stored != computed {
         return Err(PersistError::Checksum { stored, computed });
     }
-    let (snapshot, tokens, position_offset, logits) = read_payload(&mut r, version)?;
+    let (snapshot, tokens, position_offset, logits) = read_payload(&mut r, version, windows)?;
     if r.pos != data.len() {
         return Err(PersistError::Malformed(format!(
             "the payload has {} bytes after the last row",
@@ -306,7 +314,11 @@ fn decode(data: &[u8]) -> Result<SavedSession, PersistError> {
 
 type Payload = (KvSnapshot, Vec<u32>, usize, Vec<f32>);
 
-fn read_payload(r: &mut Reader<'_>, version: u32) -> Result<Payload, PersistError> {
+fn read_payload(
+    r: &mut Reader<'_>,
+    version: u32,
+    windows: &[Option<usize>],
+) -> Result<Payload, PersistError> {
     let shape = RowShape {
         layers: r.u32("layers")? as usize,
         kv_heads: r.u32("kv_heads")? as usize,
@@ -340,11 +352,22 @@ fn read_payload(r: &mut Reader<'_>, version: u32) -> Result<Payload, PersistErro
     let logits = (0..count)
         .map(|_| r.u32("logit").map(f32::from_bits))
         .collect::<Result<_, _>>()?;
-    let buffer_bytes = (len as u64).saturating_mul(shape.row_bytes() as u64);
-    r.check(buffer_bytes.saturating_mul(buffers as u64), "K/V rows")?;
-    let rows = (0..buffers)
-        .map(|_| {
-            r.take(buffer_bytes as usize, "K/V rows")
+    // Rows per buffer: len, or the last min(len, W - 1) of a sliding layer; their total is
+    // checked against the file before anything is read.
+    let held: Vec<usize> = (0..buffers)
+        .map(|b| {
+            let window = windows.get(b / (2 * shape.kv_heads)).copied().flatten();
+            window.map_or(len, |w| len.min(w.saturating_sub(1)))
+        })
+        .collect();
+    let total = held
+        .iter()
+        .fold(0u64, |sum, &h| sum.saturating_add(h as u64));
+    r.check(total.saturating_mul(shape.row_bytes() as u64), "K/V rows")?;
+    let rows = held
+        .iter()
+        .map(|&h| {
+            r.take(h * shape.row_bytes(), "K/V rows")
                 .map(<[u8]>::to_vec)
         })
         .collect::<Result<_, _>>()?;
@@ -577,6 +600,20 @@ mod tests {
             rows,
         };
         (snapshot, vec![1, 5, 9], vec![0.5, -1.0, f32::MIN_POSITIVE])
+    }
+
+    #[test]
+    fn a_sliding_layer_saves_only_its_last_window_rows() {
+        let (mut snapshot, tokens, logits) = sample();
+        // Window 3: the last 2 of the 3 tokens' rows (4 bytes each) per buffer.
+        snapshot.rows.iter_mut().for_each(|r| {
+            r.drain(..4);
+        });
+        let bytes = encode(7, &snapshot, &tokens, 0, &logits);
+        let saved = decode_windowed(&bytes, &[Some(3)]).unwrap();
+        assert_eq!(saved.snapshot, snapshot);
+        // Read as all-global rows, the file is too short.
+        assert!(decode(&bytes).is_err());
     }
 
     #[test]

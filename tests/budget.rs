@@ -246,6 +246,24 @@ fn gemma_slides_five_layers_in_six_and_the_budget_shows_the_saving() {
     assert_eq!(r.past_bytes_per_decode_step_all_global, 2 * 512 * 26 * 4095);
     // The AR-1 graph also takes attention_mask_w512 [1, 512].
     assert_eq!(r.graph_io[0].mask_bytes, 2 * (4096 + 512));
+    // The region: a sliding layer's buffers keep K = W - 1 + max(ar) = 511 + 128 rows plus the
+    // strategy's slack. 8 buffers are global (layers 5, 11, 17, 23), 44 slide; rows of 512 B.
+    let (rb, k, s, cap, max_ar) = (512, 511 + 128, 4096, 4095, 128);
+    // shift 2x: R = 2 x capacity for a global buffer, 2K for a sliding one.
+    assert_eq!(r.region_bytes, rb * (8 * 2 * cap + 44 * 2 * k));
+    assert_eq!(r.region_bytes_all_global, rb * 52 * 2 * cap);
+    // conveyor: buffer 0 (layer 0, sliding) starts at W - 1, a gap of S before each global
+    // buffer and K + max(ar) before each of the other 43 sliding ones, the capacity after the last.
+    let conveyor = report(&c, Update::Conveyor, 0).unwrap();
+    assert_eq!(
+        conveyor.region_bytes,
+        rb * (511 + 8 * s + 43 * (k + max_ar) + cap)
+    );
+    assert_eq!(conveyor.region_bytes_all_global, rb * (cap + 51 * s + cap));
+    // naive: a slot window of W_max or K rows per buffer, then max(ar) output rows per buffer.
+    let naive = report(&c, Update::Naive, 0).unwrap();
+    assert_eq!(naive.region_bytes, rb * (8 * cap + 44 * k + 52 * max_ar));
+    assert_eq!(naive.region_bytes_all_global, rb * 52 * (cap + max_ar));
     // A window longer than the graph's reach is the global layer: at S = 600 with AR-128 the
     // longest window served is 473.
     let mut short = c.clone();

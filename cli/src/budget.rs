@@ -390,6 +390,8 @@ fn print_config(out: &mut dyn Write, config: &Config, reports: &[BudgetReport]) 
         thousands(first.capacity_tokens)
     )?;
     if first.sliding_layers > 0 {
+        let less =
+            |part: usize, all: usize| 100.0 * all.saturating_sub(part) as f64 / all.max(1) as f64;
         let (w, g0) = (
             first.past_bytes_per_decode_step,
             first.past_bytes_per_decode_step_all_global,
@@ -397,14 +399,24 @@ fn print_config(out: &mut dyn Write, config: &Config, reports: &[BudgetReport]) 
         writeln!(
             out,
             "  sliding layers: {} of {} (windows {:?}): a decode step binds {} of past K/V instead of {} \
-             all-global ({:.1}% less); the region still holds every row",
+             all-global ({:.1}% less)",
             first.sliding_layers,
             g.layers,
             g.distinct_windows(),
             human_bytes(w),
             human_bytes(g0),
-            100.0 * (g0 - w) as f64 / g0.max(1) as f64
+            less(w, g0)
         )?;
+        for r in &rows {
+            writeln!(
+                out,
+                "    {}: region {} instead of {} all-global ({:.1}% less)",
+                r.update,
+                human_bytes(r.region_bytes),
+                human_bytes(r.region_bytes_all_global),
+                less(r.region_bytes, r.region_bytes_all_global)
+            )?;
+        }
     }
     for io in &first.graph_io {
         writeln!(

@@ -49,6 +49,12 @@ pub enum BeamError {
     #[error("no beam step is planned")]
     NothingPlanned,
     #[error(
+        "beams cannot share a cache with sliding-window layers (layer {layer}, window {window}): \
+         such a layer binds the last W - 1 cache rows, but a beam's own rows are interleaved with \
+         the other beams' rows, so its last W positions are not the cache's last rows"
+    )]
+    SlidingWindow { layer: usize, window: usize },
+    #[error(
         "the cache holds {found} tokens but the beams expect {expected}: it was changed outside \
          the beam tracker"
     )]
@@ -105,6 +111,11 @@ impl BeamKv {
     pub fn new(cache: &KvCache, count: usize) -> Result<BeamKv, BeamError> {
         if count == 0 || count > MAX_BEAMS {
             return Err(BeamError::BeamCount { count });
+        }
+        let g = &cache.spec().geometry;
+        if let Some(layer) = (0..g.layers).find(|&l| g.layer_window(l).is_some()) {
+            let window = g.layer_window(layer).unwrap_or(0);
+            return Err(BeamError::SlidingWindow { layer, window });
         }
         Ok(BeamKv {
             prompt: cache.len(),

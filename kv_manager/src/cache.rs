@@ -12,14 +12,10 @@ use quant::QuantSpec;
 /// Per-strategy state.
 #[derive(Debug, Clone)]
 enum State {
-    /// `shift`: R rows per buffer; every buffer of a layer shares one window end `v1` (row index
-    /// inside the buffer). Valid rows are `[v1 - len, v1)`.
-    Shift {
-        reserve: usize,
-        start: Vec<usize>,
-        v1: Vec<usize>,
-    },
-    /// `conveyor`: buffer b's window ends at row `b*S + W_max + len`; rows never move.
+    /// `shift`: R rows per buffer (the layout's); every buffer of a layer shares one window end
+    /// `v1` (row index inside the buffer). Held rows are `[v1 - (len - first_held), v1)`.
+    Shift { start: Vec<usize>, v1: Vec<usize> },
+    /// `conveyor`: buffer b's window ends at row `base[b] + len`; rows never move.
     Conveyor,
     /// `smart_mask` / `naive`: fixed slots. `stride` is the window length the data is laid out for;
     /// `fixed` layouts (per_head, K rows) serve every variant from one layout (stride = W_max),
@@ -59,6 +55,9 @@ pub struct KvCache {
     position_offset: usize,
     /// Per cross tensor (graph order): filled for the current request (see [`crate::static_kv`]).
     pub(crate) cross_filled: Vec<bool>,
+    /// Per layer: the first token whose rows the layer still holds (0 for a global layer; a
+    /// sliding layer keeps its last [`crate::Geometry::kept_rows`] tokens).
+    first_held: Vec<usize>,
 }
 
 impl KvCache {
@@ -71,27 +70,26 @@ impl KvCache {
         let variants = g.ar_variants.len();
         let (state, handles) = match spec.strategy {
             Strategy::Shift { stagger, .. } => {
-                let r = layout.buffer_stride_rows;
-                let w_max = g.max_window();
                 // Stagger: spread the layers' starting offsets over the slack that the largest step
                 // still fits in, so their rebases fall on different steps.
-                let slack = r - w_max - g.max_ar();
                 let start: Vec<usize> = (0..g.layers)
                     .map(|l| {
+                        let (r, anchor) = (layout.rows[l * 2 * g.kv_heads], shift_anchor(g, l));
+                        let slack = r - anchor - g.max_ar();
                         if stagger {
-                            w_max + l * slack / g.layers.max(1)
+                            anchor + l * slack / g.layers.max(1)
                         } else {
-                            w_max
+                            anchor
                         }
                     })
                     .collect();
+                let r_max = layout.rows.iter().copied().max().unwrap_or(0);
                 (
                     State::Shift {
-                        reserve: r,
                         v1: start.clone(),
                         start,
                     },
-                    HandleTracker::new(g.layers, r + 1, variants),
+                    HandleTracker::new(g.layers, r_max + 1, variants),
                 )
             }
             Strategy::Conveyor => (State::Conveyor, HandleTracker::new(1, g.context, variants)),
@@ -128,7 +126,9 @@ impl KvCache {
             region_bytes,
             ..Counters::default()
         };
+        let first_held = vec![0; g.layers];
         Ok(KvCache {
+            first_held,
             spec,
             layout,
             region,
@@ -271,7 +271,38 @@ impl KvCache {
         }
         self.len += accepted;
         self.counters.tokens_committed += accepted;
+        let g = &self.spec.geometry;
+        for (layer, first) in self.first_held.iter_mut().enumerate() {
+            if let Some(kept) = g.kept_rows(layer) {
+                *first = (*first).max(self.len.saturating_sub(kept));
+            }
+        }
         Ok(())
+    }
+
+    /// The first token whose rows `layer` still holds: 0 for a global layer, and for a sliding
+    /// layer the oldest of its last [`crate::Geometry::kept_rows`] tokens since the last reset,
+    /// import or eviction (a rollback does not bring older rows back).
+    pub fn first_held(&self, layer: usize) -> usize {
+        self.first_held.get(layer).copied().unwrap_or(0)
+    }
+
+    /// The tokens `layer`'s past tensors show at length `len`: all of them for a global layer,
+    /// the last `W - 1` for a sliding layer of window W.
+    pub fn window_tokens(&self, layer: usize, len: usize) -> std::ops::Range<usize> {
+        let g = &self.spec.geometry;
+        let shown = g.layer_window(layer).map_or(len, |w| len.min(w - 1));
+        len - shown..len
+    }
+
+    /// The sliding layer whose held rows do not cover its window at length `len`, if any.
+    fn window_gap(&self, len: usize) -> Option<(usize, usize)> {
+        (0..self.first_held.len())
+            .find(|&l| {
+                let shown = self.window_tokens(l, len);
+                !shown.is_empty() && shown.start < self.first_held[l]
+            })
+            .map(|l| (l, self.first_held[l]))
     }
 
     /// Truncates the cache to its first `len` tokens. Discards a pending plan.
@@ -282,27 +313,44 @@ impl KvCache {
                 len: self.len,
             });
         }
+        if let Some((layer, first_held)) = self.window_gap(len) {
+            let window = self.spec.geometry.layer_window(layer).unwrap_or(0);
+            return Err(KvError::RollbackPastWindow {
+                requested: len,
+                layer,
+                window,
+                first_held,
+                shortest: first_held + window - 1,
+            });
+        }
         self.pending = None;
         let dropped = self.len - len;
+        let old_len = self.len;
         match &mut self.state {
-            State::Shift { v1, .. } => v1.iter_mut().for_each(|v| *v -= dropped),
+            // A layer's window end moves back by the held tokens dropped (a sliding layer rolled
+            // back below its held rows, to 0 or with W = 1, keeps its end at its oldest held row).
+            State::Shift { v1, .. } => {
+                for (v, &first) in v1.iter_mut().zip(&self.first_held) {
+                    *v -= old_len - len.max(first);
+                }
+            }
             State::Conveyor => {}
             State::Slots { stride, .. } => {
                 if self.spec.strategy == Strategy::Naive && dropped > 0 && len > 0 {
-                    // Right-aligned rows: the kept ones move right by the dropped count.
+                    // Right-aligned rows: the held ones move right by the dropped count.
                     let stride = *stride;
-                    let old_len = self.len;
+                    let first = |s: usize| old_len.saturating_sub(s);
                     self.move_slot_tokens(
-                        len,
-                        |t| stride - old_len + t,
-                        |t| stride - len + t,
-                        stride,
+                        |s| first(s).min(len)..len,
+                        |s, t| (s + t - old_len, s),
+                        |s, t| (s + t - len, s),
                         stride,
                     );
                 }
             }
         }
         self.len = len;
+        self.first_held.iter_mut().for_each(|f| *f = (*f).min(len));
         Ok(())
     }
 
@@ -311,6 +359,7 @@ impl KvCache {
         self.pending = None;
         self.len = 0;
         self.position_offset = 0;
+        self.first_held.fill(0);
         if let State::Shift { start, v1, .. } = &mut self.state {
             v1.copy_from_slice(start);
         }
@@ -369,20 +418,22 @@ impl KvCache {
         self.region.as_mut_slice()
     }
 
-    /// Where token `token` (< len) of buffer `buffer` lives now, whatever the strategy and layout.
+    /// Where token `token` of buffer `buffer` lives now, whatever the strategy and layout. The
+    /// token must be held: `first_held(layer) <= token < len`.
     pub(crate) fn token_row(&self, buffer: usize, token: usize) -> RowRef {
         let g = &self.spec.geometry;
         let (rb, e) = (g.row_bytes(), g.dtype.size_bytes());
+        let base = self.layout.base.get(buffer).copied().unwrap_or(0);
         match &self.state {
-            State::Shift { reserve, v1, .. } => {
+            State::Shift { v1, .. } => {
                 let end = v1[buffer / (2 * g.kv_heads)];
                 RowRef {
-                    start: (buffer * reserve + end - self.len + token) * rb,
+                    start: (base + end + token - self.len) * rb,
                     step: e,
                 }
             }
             State::Conveyor => RowRef {
-                start: (buffer * g.context + g.max_window() + token) * rb,
+                start: (base + token) * rb,
                 step: e,
             },
             State::Slots { stride, .. } => {
@@ -396,18 +447,20 @@ impl KvCache {
                         )
                     }
                 };
+                let s = self.slot_stride(tensor, *stride);
                 let slot = if self.spec.strategy == Strategy::Naive {
-                    stride - self.len + token
+                    s + token - self.len
                 } else {
                     token
                 };
-                self.slot_row(tensor, head, slot, *stride)
+                self.slot_row(tensor, head, slot, s)
             }
         }
     }
 
     /// Empties the cache and makes it hold `len` tokens whose rows are then written at
     /// [`KvCache::token_row`] (the snapshot import; `len <= capacity` is checked by the caller).
+    /// A sliding layer then holds the last W - 1 of them ([`KvCache::window_tokens`]).
     pub(crate) fn reset_to_len(&mut self, len: usize) {
         self.reset();
         let w_max = self.spec.geometry.max_window();
@@ -416,6 +469,9 @@ impl KvCache {
             *stride = w_max;
         }
         self.len = len;
+        for layer in 0..self.first_held.len() {
+            self.first_held[layer] = self.window_tokens(layer, len).start;
+        }
     }
 
     pub(crate) fn add_copy(&mut self, bytes: usize) {
@@ -435,30 +491,33 @@ impl KvCache {
     /// Data movement a strategy needs before the AR-`ar` step.
     fn prepare(&mut self, ar: usize) {
         let g = &self.spec.geometry;
-        let (w, w_max, len, row_bytes) = (g.window(ar), g.max_window(), self.len, g.row_bytes());
+        let (w, len, row_bytes) = (g.window(ar), self.len, g.row_bytes());
         let kv_heads = g.kv_heads;
         match &mut self.state {
-            State::Shift { reserve, v1, .. } => {
-                let r = *reserve;
-                let mut moved = 0;
+            State::Shift { v1, .. } => {
+                let mut moved = Vec::new();
                 for (layer, end) in v1.iter_mut().enumerate() {
-                    if *end + ar <= r && *end >= w {
+                    let first = layer * kv_heads * 2;
+                    let r = self.layout.rows[first];
+                    if *end + ar <= r && *end >= g.past_rows(layer, ar) {
                         continue;
                     }
-                    // Rebase: move the valid rows [end - len, end) to [w_max - len, w_max).
+                    // Rebase: move the held rows (at most the kept ones) to end at the anchor.
+                    let anchor = shift_anchor(g, layer);
+                    let keep = len.min(anchor).min(*end);
                     let bytes = self.region.as_mut_slice();
-                    for b in layer * kv_heads * 2..(layer + 1) * kv_heads * 2 {
-                        let base = b * r;
-                        let src = (base + *end - len) * row_bytes;
-                        let dst = (base + w_max - len) * row_bytes;
-                        bytes.copy_within(src..src + len * row_bytes, dst);
+                    for b in first..first + kv_heads * 2 {
+                        let base = self.layout.base[b];
+                        let src = (base + *end - keep) * row_bytes;
+                        let dst = (base + anchor - keep) * row_bytes;
+                        bytes.copy_within(src..src + keep * row_bytes, dst);
                     }
-                    *end = w_max;
-                    moved += 1;
+                    *end = anchor;
+                    moved.push(keep);
                 }
-                for _ in 0..moved {
+                for keep in moved {
                     self.add_rebase();
-                    self.add_copy(2 * kv_heads * len * row_bytes);
+                    self.add_copy(2 * kv_heads * keep * row_bytes);
                 }
             }
             State::Conveyor => {}
@@ -482,22 +541,29 @@ impl KvCache {
             let naive = self.spec.strategy == Strategy::Naive;
             let slot = move |s: usize, t: usize| if naive { s - len + t } else { t };
             self.move_slot_tokens(
-                len,
-                |t| slot(old, t),
-                |t| slot(new_stride, t),
+                |_| 0..len,
+                |_, t| (slot(old, t), old),
+                |_, t| (slot(new_stride, t), new_stride),
                 old,
-                new_stride,
             );
         }
         self.add_rebase();
+    }
+
+    /// The window tensor `t`'s data is laid out for: the layout's slot window (W_max, or K for a
+    /// sliding layer) in fixed layouts, the variant's window `stride` in strided ones.
+    fn slot_stride(&self, t: usize, stride: usize) -> usize {
+        match self.state {
+            State::Slots { fixed: true, .. } => self.layout.rows[t],
+            _ => stride,
+        }
     }
 
     /// Where token slot `j` of head `h` of slot tensor `t` lives, for a layout of window `stride`.
     fn slot_row(&self, t: usize, h: usize, j: usize, stride: usize) -> RowRef {
         let g = &self.spec.geometry;
         let (d, e) = (g.head_dim, g.dtype.size_bytes());
-        let heads = self.plan.heads_per_tensor;
-        let base = t * heads * self.layout.buffer_stride_rows * d * e;
+        let base = self.layout.base[t] * d * e;
         if self.transposed(t) {
             RowRef {
                 start: base + (h * d * stride + j) * e,
@@ -516,7 +582,7 @@ impl KvCache {
         let g = &self.spec.geometry;
         let (d, e) = (g.head_dim, g.dtype.size_bytes());
         let heads = self.plan.heads_per_tensor;
-        let base = (g.buffers() * self.layout.buffer_stride_rows + t * heads * g.max_ar()) * d * e;
+        let base = (self.layout.out_base + t * heads * g.max_ar()) * d * e;
         if self.transposed(t) {
             RowRef {
                 start: base + (h * d * ar + i) * e,
@@ -542,6 +608,7 @@ impl KvCache {
         let heads = self.plan.heads_per_tensor;
         let mut copied = 0;
         for t in 0..self.plan.tensors.len() {
+            let stride = self.slot_stride(t, stride);
             for h in 0..heads {
                 if naive {
                     let first = self.slot_row(t, h, 0, stride);
@@ -575,27 +642,31 @@ impl KvCache {
         self.add_copy(copied);
     }
 
-    /// Moves tokens `0..count` of every slot tensor from slot `from(t)` in a layout of window
-    /// `from_stride` to slot `to(t)` in a layout of window `to_stride` (through a scratch copy, so
-    /// overlapping moves are safe).
+    /// Moves tokens `tokens(s)` of every slot tensor (s: the tensor's window for a layout of
+    /// window `stride`, [`KvCache::slot_stride`]) from (slot, window) `from(s, t)` to `to(s, t)`,
+    /// through a scratch copy, so overlapping moves are safe.
     fn move_slot_tokens(
         &mut self,
-        count: usize,
-        from: impl Fn(usize) -> usize,
-        to: impl Fn(usize) -> usize,
-        from_stride: usize,
-        to_stride: usize,
+        tokens: impl Fn(usize) -> std::ops::Range<usize>,
+        from: impl Fn(usize, usize) -> (usize, usize),
+        to: impl Fn(usize, usize) -> (usize, usize),
+        stride: usize,
     ) {
         let g = &self.spec.geometry;
         let (d, e, rb) = (g.head_dim, g.dtype.size_bytes(), g.row_bytes());
         let heads = self.plan.heads_per_tensor;
-        let mut scratch = vec![0u8; heads * count * rb];
+        let mut moved = 0;
         for t in 0..self.plan.tensors.len() {
+            let s = self.slot_stride(t, stride);
+            let range = tokens(s);
+            let count = range.len();
+            let mut scratch = vec![0u8; heads * count * rb];
             for h in 0..heads {
-                for tok in 0..count {
-                    let src = self.slot_row(t, h, from(tok), from_stride);
+                for (i, tok) in range.clone().enumerate() {
+                    let (slot, window) = from(s, tok);
+                    let src = self.slot_row(t, h, slot, window);
                     let bytes = self.region.as_slice();
-                    let out = &mut scratch[(h * count + tok) * rb..][..rb];
+                    let out = &mut scratch[(h * count + i) * rb..][..rb];
                     for c in 0..d {
                         let at = src.start + c * src.step;
                         out[c * e..(c + 1) * e].copy_from_slice(&bytes[at..at + e]);
@@ -603,9 +674,10 @@ impl KvCache {
                 }
             }
             for h in 0..heads {
-                for tok in 0..count {
-                    let dst = self.slot_row(t, h, to(tok), to_stride);
-                    let row = &scratch[(h * count + tok) * rb..][..rb];
+                for (i, tok) in range.clone().enumerate() {
+                    let (slot, window) = to(s, tok);
+                    let dst = self.slot_row(t, h, slot, window);
+                    let row = &scratch[(h * count + i) * rb..][..rb];
                     let bytes = self.region.as_mut_slice();
                     for c in 0..d {
                         let at = dst.start + c * dst.step;
@@ -613,28 +685,35 @@ impl KvCache {
                     }
                 }
             }
+            moved += heads * count * rb;
         }
-        self.add_copy(self.plan.tensors.len() * heads * count * rb);
+        self.add_copy(moved);
     }
 
     fn fill_offsets(&mut self, ar: usize, variant: usize) {
         let g = &self.spec.geometry;
-        let (w, w_max, rb, s) = (g.window(ar), g.max_window(), g.row_bytes(), g.context);
-        let kv_heads = g.kv_heads;
+        let (rb, kv_heads) = (g.row_bytes(), g.kv_heads);
         let plan = &mut self.plan;
         plan.past_offsets.clear();
         plan.new_offsets.clear();
         let mut new_keys = 0usize;
+        // Every past tensor ends where the step's new rows begin (left-padded strategies) and
+        // holds the layer's past rows: S - n, or W - 1 for a sliding layer (per_head rows and
+        // left-padded strategies only, see `CacheSpec::check_windows`).
+        let layer_of = |t: usize| match g.granularity {
+            Granularity::PerHead => t / (2 * kv_heads),
+            Granularity::PerLayer => t / 2,
+        };
+        let past_rows = |t: usize| g.past_rows(layer_of(t), ar);
         match &self.state {
-            State::Shift { reserve, v1, .. } => {
-                let r = *reserve;
+            State::Shift { v1, .. } => {
                 for (layer, &end) in v1.iter().enumerate() {
                     if self.handles.mark(layer, end, variant) {
                         new_keys += 2 * kv_heads * 2;
                     }
                     for b in layer * kv_heads * 2..(layer + 1) * kv_heads * 2 {
-                        let row = b * r + end;
-                        plan.past_offsets.push((row - w) * rb);
+                        let row = self.layout.base[b] + end;
+                        plan.past_offsets.push((row - past_rows(b)) * rb);
                         plan.new_offsets.push(row * rb);
                     }
                 }
@@ -644,8 +723,8 @@ impl KvCache {
                     new_keys += 2 * g.buffers();
                 }
                 for b in 0..g.buffers() {
-                    let row = b * s + w_max + self.len;
-                    plan.past_offsets.push((row - w) * rb);
+                    let row = self.layout.base[b] + self.len;
+                    plan.past_offsets.push((row - past_rows(b)) * rb);
                     plan.new_offsets.push(row * rb);
                 }
             }
@@ -655,27 +734,24 @@ impl KvCache {
                     new_keys += 2 * tensors;
                 }
                 let h = plan.heads_per_tensor;
-                let origin = if *fixed && plan.left_padded {
-                    w_max - w
-                } else {
-                    0
-                };
-                let out_base = g.buffers() * w_max * rb;
                 for t in 0..tensors {
-                    plan.past_offsets.push((t * h * w_max + origin) * rb);
-                    plan.new_offsets.push(out_base + t * h * g.max_ar() * rb);
+                    // Fixed left-padded layouts end every window at the end of its slots.
+                    let origin = if *fixed && plan.left_padded {
+                        self.layout.rows[t] - past_rows(t)
+                    } else {
+                        0
+                    };
+                    plan.past_offsets.push((self.layout.base[t] + origin) * rb);
+                    let out = self.layout.out_base + t * h * g.max_ar();
+                    plan.new_offsets.push(out * rb);
                 }
             }
         }
-        // A sliding layer's past tensors are the last W - 1 rows of its window (per_head rows
-        // and left-padded strategies only, see `CacheSpec::check_windows`).
-        for (offset, id) in plan.past_offsets.iter_mut().zip(&plan.tensors) {
-            if let Some(window) = g.layer_window(id.layer) {
-                *offset += (w - (window - 1)) * rb;
-            }
-        }
         let h = plan.heads_per_tensor;
-        let past_end = plan.past_offsets.iter().max().map_or(0, |o| o + h * w * rb);
+        let past_end = (0..plan.tensors.len())
+            .map(|t| plan.past_offsets[t] + h * past_rows(t) * rb)
+            .max()
+            .unwrap_or(0);
         let new_end = plan.new_offsets.iter().max().map_or(0, |o| o + h * ar * rb);
         self.counters.peak_bytes_in_use =
             self.counters.peak_bytes_in_use.max(past_end).max(new_end);
@@ -683,6 +759,12 @@ impl KvCache {
         self.counters.handles += new_keys;
         self.counters.max_window_offsets_per_buffer = self.handles.max_distinct();
     }
+}
+
+/// Where a `shift` layer's window ends after a rebase (and starts, unstaggered): W_max for a
+/// global layer, its kept rows K for a sliding layer.
+fn shift_anchor(g: &crate::Geometry, layer: usize) -> usize {
+    g.kept_rows(layer).unwrap_or(g.capacity())
 }
 
 pub(crate) fn copy_row(bytes: &mut [u8], src: RowRef, dst: RowRef, d: usize, e: usize) {
@@ -703,7 +785,11 @@ fn heads_per_tensor(kv_heads: usize, granularity: Granularity) -> usize {
     }
 }
 
-fn tensor_ids(layers: usize, kv_heads: usize, granularity: Granularity) -> Vec<TensorId> {
+pub(crate) fn tensor_ids(
+    layers: usize,
+    kv_heads: usize,
+    granularity: Granularity,
+) -> Vec<TensorId> {
     let mut ids = Vec::new();
     for layer in 0..layers {
         match granularity {

@@ -73,8 +73,32 @@ pub enum KvError {
     /// `rollback` to a length longer than what is cached.
     #[error("cannot roll back to {requested} tokens: only {len} are cached")]
     InvalidRollback { requested: usize, len: usize },
+    /// `rollback` to a length whose window needs rows a sliding layer no longer holds.
+    #[error(
+        "cannot roll back to {requested} tokens: layer {layer} (window {window}) holds only tokens \
+         {first_held} on, so the shortest length it can return to is {shortest}"
+    )]
+    RollbackPastWindow {
+        requested: usize,
+        layer: usize,
+        window: usize,
+        first_held: usize,
+        shortest: usize,
+    },
     /// A size, count or offset does not fit in `usize` (see [`crate::Size`]).
     /// An eviction outside the cached tokens.
+    #[error(
+        "cannot evict {drop} tokens after the first {keep}: layer {layer} (window {window}) would \
+         show token {needed}, but it holds only tokens {first_held} on"
+    )]
+    EvictionPastWindow {
+        keep: usize,
+        drop: usize,
+        layer: usize,
+        window: usize,
+        needed: usize,
+        first_held: usize,
+    },
     #[error("cannot evict {drop} tokens after the first {keep}: only {len} are cached")]
     InvalidEviction {
         keep: usize,

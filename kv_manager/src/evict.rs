@@ -91,6 +91,9 @@ impl KvCache {
         if drop == 0 {
             return Ok(Eviction::default());
         }
+        if self.spec().geometry.has_windows() {
+            return self.evict_windowed(keep, drop, positions);
+        }
         let g = &self.spec().geometry;
         let (d, e, buffers) = (g.head_dim, g.dtype.size_bytes(), g.buffers());
         // Rows move to their place at the new length (`token_row` depends on it for right-aligned
@@ -115,6 +118,67 @@ impl KvCache {
             dropped: drop,
             rows_moved: moves.len() * buffers,
             bytes_copied: moves.len() * buffers * d * e,
+        };
+        self.count_eviction(&eviction, positions);
+        Ok(eviction)
+    }
+
+    /// [`KvCache::evict`] with sliding-window layers: every buffer's rows that its layer shows at
+    /// the new length (all of them for a global layer, the last W - 1 for a sliding one) are
+    /// gathered and written back as after an import, so a sliding layer then holds only those (no
+    /// rollback below the new length). Refused, before anything moves, when a sliding layer's new
+    /// window would show a token whose rows it no longer holds.
+    fn evict_windowed(
+        &mut self,
+        keep: usize,
+        drop: usize,
+        positions: PositionMode,
+    ) -> Result<Eviction, KvError> {
+        let g = self.spec().geometry.clone();
+        let new_len = self.len() - drop;
+        let old = |t: usize| if t < keep { t } else { t + drop };
+        for layer in 0..g.layers {
+            let shown = self.window_tokens(layer, new_len);
+            if let Some(needed) = shown.clone().next().map(old)
+                && needed < self.first_held(layer)
+            {
+                return Err(KvError::EvictionPastWindow {
+                    keep,
+                    drop,
+                    layer,
+                    window: g.layer_window(layer).unwrap_or(0),
+                    needed,
+                    first_held: self.first_held(layer),
+                });
+            }
+        }
+        let (d, e, rb) = (g.head_dim, g.dtype.size_bytes(), g.row_bytes());
+        let rows: Vec<Vec<u8>> = (0..g.buffers())
+            .map(|b| {
+                let shown = self.window_tokens(g.buffer_coords(b).0, new_len);
+                let mut out = vec![0u8; shown.len() * rb];
+                for (t, row) in shown.zip(out.chunks_exact_mut(rb)) {
+                    gather(self.region().as_slice(), self.token_row(b, old(t)), row, e);
+                }
+                out
+            })
+            .collect();
+        let offset = self.position_offset();
+        self.reset_to_len(new_len);
+        self.set_position_offset(offset);
+        let mut moved = 0;
+        for (b, out) in rows.iter().enumerate() {
+            let first = new_len - out.len() / rb;
+            for (i, row) in out.chunks_exact(rb).enumerate() {
+                let at = self.token_row(b, first + i);
+                scatter(self.region_mut(), at, row, e);
+            }
+            moved += out.len() / rb;
+        }
+        let eviction = Eviction {
+            dropped: drop,
+            rows_moved: moved,
+            bytes_copied: moved * d * e,
         };
         self.count_eviction(&eviction, positions);
         Ok(eviction)
@@ -157,7 +221,8 @@ impl KvCache {
         for b in keys {
             let (layer, head, _) = g.buffer_coords(b);
             let spec = self.encoding(b).clone();
-            for t in tokens.clone() {
+            // A sliding layer's rows older than those it holds are gone: nothing to rewrite.
+            for t in tokens.start.max(self.first_held(layer))..tokens.end {
                 let at = self.token_row(b, t);
                 gather(self.region().as_slice(), at, &mut bytes, e);
                 decode(&bytes, &spec, &mut values, layer, head)?;

@@ -282,6 +282,14 @@ impl Geometry {
         self.layer_window(layer).map_or(self.window(ar), |w| w - 1)
     }
 
+    /// Tokens whose rows a sliding layer keeps: the last `K = min(W - 1 + max(ar), capacity)`
+    /// (its window's W - 1 rows plus one largest step, so that a rollback of up to max(ar) tokens
+    /// still finds the rows its window needs); `None` for a global layer, which keeps every token.
+    pub fn kept_rows(&self, layer: usize) -> Option<usize> {
+        self.layer_window(layer)
+            .map(|w| (w - 1 + self.max_ar()).min(self.capacity()))
+    }
+
     /// Checks every field against its range and the limits ([`crate::MAX_LAYERS`] and its neighbours, so that every size
     /// derived from a valid geometry is bounded); the error names the field.
     pub fn validate(&self) -> Result<(), KvError> {
@@ -487,6 +495,17 @@ impl Reserve {
         self.limit(extra.filter(|&e| e <= MAX_RESERVE_ROWS).map(|e| w_max + e))
     }
 
+    /// The slide room (rows after the kept ones) of a sliding layer's buffer keeping `kept` rows,
+    /// given the global R `global` (already checked): `f x` gives floor((f - 1) x kept), `+K` and a
+    /// row count give the global buffer's room, and every buffer gets at least max(ar).
+    pub fn slide_room(&self, global: usize, kept: usize, geometry: &Geometry) -> usize {
+        let room = match *self {
+            Reserve::Factor(f) => ((f - 1.0).max(0.0) * kept as f64).floor() as usize,
+            Reserve::Spare(_) | Reserve::Rows(_) => global - geometry.max_window(),
+        };
+        room.max(geometry.max_ar())
+    }
+
     fn limit(&self, rows: Option<usize>) -> Result<usize, KvError> {
         rows.filter(|&r| r <= MAX_RESERVE_ROWS)
             .ok_or_else(|| KvError::ReserveTooLarge {
@@ -567,8 +586,35 @@ pub struct CacheSpec {
 pub(crate) struct Layout {
     /// Rows in the region.
     pub region_rows: usize,
-    /// `shift`: rows per buffer (R). `conveyor`: stride S. Slot strategies: W_max.
-    pub buffer_stride_rows: usize,
+    /// `shift` and `conveyor`: per buffer, the row of its first row (`conveyor`: of its token 0).
+    /// Slot strategies: per slot tensor, the row where its heads' slot windows begin.
+    pub base: Vec<usize>,
+    /// `shift`: per buffer, its rows R. `conveyor`: per buffer, the gap to the next buffer (the
+    /// last: the capacity). Slot strategies: per slot tensor, each head's slot window (W_max, or the
+    /// kept rows K of a sliding layer).
+    pub rows: Vec<usize>,
+    /// Slot strategies: the first row of the new-row area (after every slot window).
+    pub out_base: usize,
+}
+
+impl Layout {
+    /// Units of `rows[i]` rows (times `heads` when it is non-zero) laid end to end, followed by
+    /// `extra` rows.
+    fn packed(rows: Vec<usize>, heads: usize, extra: usize) -> Result<Layout, KvError> {
+        let mut base = Vec::with_capacity(rows.len());
+        let mut at = Size::new("region rows", 0);
+        for &r in &rows {
+            base.push(at.get()?);
+            at = at.plus_size(Size::new("region rows", r).times(heads.max(1)));
+        }
+        let out_base = at.get()?;
+        Ok(Layout {
+            region_rows: at.plus(extra).get()?,
+            base,
+            rows,
+            out_base,
+        })
+    }
 }
 
 impl CacheSpec {
@@ -657,7 +703,6 @@ impl CacheSpec {
             }
             Ok(())
         };
-        let rows = |n: usize| Size::new("region rows", n);
         match self.strategy {
             Strategy::Shift { reserve, .. } => {
                 in_place("shift")?;
@@ -671,26 +716,54 @@ impl CacheSpec {
                         max_ar: g.max_ar(),
                     });
                 }
-                Ok(Layout {
-                    region_rows: rows(b).times(r).get()?,
-                    buffer_stride_rows: r,
-                })
+                // A sliding layer's buffers keep K rows and get the same slide room rule.
+                let per_buffer = (0..b).map(|buf| {
+                    let layer = g.buffer_coords(buf).0;
+                    g.kept_rows(layer)
+                        .map_or(r, |k| k + reserve.slide_room(r, k, g))
+                });
+                Layout::packed(per_buffer.collect(), 0, 0)
             }
             Strategy::Conveyor => {
                 in_place("conveyor")?;
-                // Buffer b's rows end at b*S + W_max + capacity at the latest.
+                // Token t of buffer b lives at row base[b] + t. The gap before buffer b is what b's
+                // past window and kept rows need above the previous buffer's last possible output.
+                let first = g.kept_rows(0).map_or(w_max, |_| g.past_rows(0, g.min_ar()));
+                let gaps = (1..b).map(|buf| {
+                    let layer = g.buffer_coords(buf).0;
+                    // A sliding layer keeping nearly every row takes the global gap, which
+                    // already keeps them all.
+                    g.kept_rows(layer)
+                        .map_or(g.context, |k| (k + g.max_ar()).min(g.context))
+                });
+                let mut base = Vec::with_capacity(b);
+                let mut at = Size::new("region rows", first);
+                base.push(first);
+                for gap in gaps {
+                    at = at.plus(gap);
+                    base.push(at.get()?);
+                }
+                let region_rows = at.plus(g.capacity()).get()?;
+                let rows = base.windows(2).map(|p| p[1] - p[0]).chain([g.capacity()]);
                 Ok(Layout {
-                    region_rows: rows(b - 1)
-                        .times(g.context)
-                        .plus(w_max + g.capacity())
-                        .get()?,
-                    buffer_stride_rows: g.context,
+                    region_rows,
+                    rows: rows.collect(),
+                    base,
+                    out_base: 0,
                 })
             }
-            Strategy::SmartMask | Strategy::Naive => Ok(Layout {
-                region_rows: rows(b).times(w_max + g.max_ar()).get()?,
-                buffer_stride_rows: w_max,
-            }),
+            Strategy::SmartMask | Strategy::Naive => {
+                // One slot window per tensor head (W_max rows; K rows for a sliding layer, whose
+                // tensors are per head), then the new-row area: max(ar) rows per tensor head.
+                let tensors = crate::cache::tensor_ids(g.layers, g.kv_heads, g.granularity);
+                let heads = b / tensors.len();
+                let per_tensor: Vec<usize> = tensors
+                    .iter()
+                    .map(|t| g.kept_rows(t.layer).unwrap_or(w_max))
+                    .collect();
+                let outputs = Size::new("region rows", b).times(g.max_ar()).get()?;
+                Layout::packed(per_tensor, heads, outputs)
+            }
         }
     }
 

@@ -24,7 +24,8 @@
 //!   its window as its past tensors in every AR variant and takes the mask
 //!   [`mask_name`]`(Some(W))`, `[n, W - 1 + n]`, under which new token i sees exactly the last W
 //!   positions ([`WindowMask`]). `shift`, `conveyor` and `naive` (per_head, K rows) serve them;
-//!   other combinations are refused with the reason. The region keeps every row of every layer.
+//!   other combinations are refused with the reason. See [Sliding-window buffers](#sliding-window-buffers)
+//!   for their sizes.
 //! - Past and new tensors of a buffer share one encoding ([`encodings_from_graphs`] refuses graphs
 //!   where they differ): updating is a byte copy or a pointer shift, never a requantization.
 //! - Bytes outside visible rows (padding) are unspecified but always hold data the cache once held or
@@ -41,6 +42,35 @@
 //! S - 1`). Hence no step overwrites a valid row or a row being read, with zero copies for any mix of AR
 //! variants, partial commits, rollbacks and resets; the property tests check exactly this. The region
 //! ends after the last buffer's last possible output: `(B - 1)*S + W_max + (S - 1)` rows.
+//!
+//! ## Sliding-window buffers
+//! A sliding layer of window W keeps only its last `K = min(W - 1 + max(ar), S - min(ar))` tokens
+//! ([`Geometry::kept_rows`]): the W - 1 its window shows plus one largest step, so that a rollback
+//! of up to max(ar) tokens (a speculative step's rejected tokens) still finds its rows. Its buffers
+//! are sized for that (per buffer, where a global layer's are as in the table):
+//! - `shift`: `R = K + room` rows, room = floor((f - 1) x K) for a reservation `f x`, the global
+//!   buffer's spare rows for `+N` and a row count, and at least max(ar) ([`Reserve::slide_room`]). The
+//!   window end starts (and rebases) at K instead of W_max; a rebase moves `min(len, K)` rows.
+//! - `conveyor`: token t of buffer b lives at `base[b] + t`; the gap before a sliding buffer is
+//!   `min(K + max(ar), S)` instead of S (the previous buffer's outputs land at least K rows behind
+//!   its newest token, so they only overwrite tokens it no longer keeps), and buffer 0 starts at
+//!   W - 1 when it slides. The region ends `capacity` rows after the last buffer's base.
+//! - `naive`: a slot window of K rows instead of W_max (the window slides left every commit, so it
+//!   holds exactly the last K tokens), plus max(ar) output rows.
+//!
+//! Invariants (checked by `tests/windows.rs` against a row-list reference, with the region size):
+//! - [`KvCache::first_held`]`(layer)` is the oldest token the layer still holds: it grows to
+//!   `len - K` on commits, drops to the new length on a rollback below it, is 0 after a reset and
+//!   `len - min(len, W - 1)` after an import or an eviction (they restore only the window). Every
+//!   held token's row is exact; older rows are unspecified (data the cache once held).
+//! - A rollback to a length whose window would show a token older than `first_held` is refused
+//!   ([`KvError::RollbackPastWindow`]): a rollback of up to max(ar) tokens below the longest length
+//!   since the last reset, import or eviction always works, and so does a rollback to 0.
+//! - Snapshots of a sliding layer hold its last `min(len, W - 1)` rows; an import needs, per buffer,
+//!   the rows the target layer shows (see [`snapshot`]). Relayouts need the same of the source
+//!   ([`KvError::RelayoutMismatch`]); an eviction whose new window would show a token no longer
+//!   held is refused ([`KvError::EvictionPastWindow`]), otherwise it rewrites the shown rows.
+//!   [`BeamKv`] refuses sliding layers (a beam's rows are not the cache's last rows).
 //!
 //! ## Static cross-attention K/V
 //! A [`CacheSpec`] may declare static buffers for an encoder-decoder's cross-attention

@@ -52,11 +52,25 @@ impl KvCache {
         let mut target = KvCache::new(spec, allocator)?;
         let len = self.len();
         target.reset_to_len(len);
+        // Each layer's window in the target must show only rows this cache still holds.
+        for layer in 0..shape.layers {
+            let needed = target.window_tokens(layer, len);
+            if !needed.is_empty() && needed.start < self.first_held(layer) {
+                return mismatch(
+                    "the rows of layer",
+                    format!("{layer}: tokens {}..{len} held", self.first_held(layer)),
+                    format!("{layer}: tokens {needed:?} shown"),
+                );
+            }
+        }
         target.set_position_offset(self.position_offset());
         let (e, rb) = (shape.dtype.size_bytes(), shape.row_bytes());
         let source = self.region().as_slice();
+        let mut rows = 0;
         for b in 0..shape.buffers() {
-            for t in 0..len {
+            let tokens = target.window_tokens(b / (2 * shape.kv_heads), len);
+            rows += tokens.len();
+            for t in tokens {
                 let (from, to) = (self.token_row(b, t), target.token_row(b, t));
                 let bytes = target.region_mut();
                 if from.step == e && to.step == e {
@@ -70,7 +84,7 @@ impl KvCache {
                 }
             }
         }
-        let (rows, moved) = (len * shape.buffers(), len * shape.buffers() * rb);
+        let moved = rows * rb;
         let old = self.counters();
         let region_bytes = target.counters().region_bytes;
         *target.counters_mut() = Counters {

@@ -8,6 +8,13 @@
 //! sees exactly those rows at positions 0..len, as if the cache had computed them itself. The rows are
 //! copied byte for byte; a snapshot whose buffers are encoded differently from the cache is refused
 //! (importing it would need a requantization, which the manager never does).
+//!
+//! Sliding-window layers: a buffer's row set may hold only the rows of the **last** tokens (a
+//! sliding layer of window W exports its last `min(len, W - 1)` rows, all its next step reads).
+//! An import needs, per buffer, the rows the target layer's window shows at that length (all of
+//! them for a global layer): a snapshot of a sliding layer restores into a cache with the same (or
+//! a shorter) window, whatever the strategy or context, and a full snapshot restores anywhere; a
+//! global layer cannot be restored from a sliding layer's rows (refused, naming the layer).
 
 use crate::{Geometry, KvCache, KvError};
 use quant::{DataType, QuantSpec};
@@ -62,13 +69,24 @@ pub struct KvSnapshot {
     pub encodings: Vec<QuantSpec>,
     /// Tokens held.
     pub len: usize,
-    /// Per buffer, `len` rows of [`RowShape::row_bytes`] bytes, token 0 first.
+    /// Per buffer, the rows of its last h tokens (`h <= len`: `len` for a global layer,
+    /// `min(len, W - 1)` as exported from a sliding layer), [`RowShape::row_bytes`] bytes each,
+    /// oldest first.
     pub rows: Vec<Vec<u8>>,
 }
 
 impl KvSnapshot {
+    /// Tokens whose rows buffer `buffer` holds (its last ones); `None` when its byte count is not a
+    /// whole number of rows up to `len`.
+    pub fn held(&self, buffer: usize) -> Option<usize> {
+        let (rb, bytes) = (self.shape.row_bytes(), self.rows.get(buffer)?.len());
+        let held = bytes.checked_div(rb)?;
+        (held * rb == bytes && held <= self.len).then_some(held)
+    }
+
     /// Checks that the snapshot is well formed and fits `cache`: same row shape and encodings, at most
-    /// the cache's capacity, one row set of the right size per buffer. Touches nothing.
+    /// the cache's capacity, per buffer whole rows covering what the cache's layer shows at that
+    /// length (every row for a global layer, the last W - 1 for a sliding one). Touches nothing.
     pub fn check_fits(&self, cache: &KvCache) -> Result<(), KvError> {
         let g = &cache.spec().geometry;
         let mismatch = |what: &'static str, cache: String, snapshot: String| {
@@ -112,21 +130,39 @@ impl KvSnapshot {
                 format!("{} tokens", self.len),
             );
         }
-        let bytes = self.len * shape.row_bytes();
-        if let Some(b) = self.rows.iter().position(|r| r.len() != bytes) {
-            return mismatch(
-                "row bytes",
-                format!("{bytes} for {} tokens", self.len),
-                format!("{} in buffer {b}", self.rows[b].len()),
-            );
+        for b in 0..shape.buffers() {
+            let layer = g.buffer_coords(b).0;
+            let needed = cache.window_tokens(layer, self.len).len();
+            match self.held(b) {
+                Some(held) if held >= needed => {}
+                Some(held) => {
+                    return mismatch(
+                        "rows held",
+                        format!("layer {layer} needing the last {needed} of {}", self.len),
+                        format!("{held} in buffer {b}"),
+                    );
+                }
+                None => {
+                    return mismatch(
+                        "row bytes",
+                        format!(
+                            "whole rows of {} bytes, at most {}",
+                            shape.row_bytes(),
+                            self.len
+                        ),
+                        format!("{} in buffer {b}", self.rows[b].len()),
+                    );
+                }
+            }
         }
         Ok(())
     }
 }
 
 impl KvCache {
-    /// The valid rows of every buffer in logical order, with the encodings (see [`KvSnapshot`]).
-    /// A pending plan is ignored: only committed tokens are exported.
+    /// The valid rows of every buffer in logical order, with the encodings (see [`KvSnapshot`]):
+    /// every token's for a global layer, the last `min(len, W - 1)` for a sliding layer of window
+    /// W ([`KvCache::window_tokens`]). A pending plan is ignored: only committed tokens are exported.
     pub fn export_rows(&self) -> KvSnapshot {
         let g = &self.spec().geometry;
         let shape = RowShape::of(g);
@@ -134,8 +170,9 @@ impl KvCache {
         let bytes = self.region().as_slice();
         let rows = (0..shape.buffers())
             .map(|b| {
-                let mut out = Vec::with_capacity(self.len() * shape.row_bytes());
-                for t in 0..self.len() {
+                let tokens = self.window_tokens(g.buffer_coords(b).0, self.len());
+                let mut out = Vec::with_capacity(tokens.len() * shape.row_bytes());
+                for t in tokens {
                     let at = self.token_row(b, t);
                     for c in 0..d {
                         let from = at.start + c * at.step;
@@ -159,10 +196,14 @@ impl KvCache {
     pub fn import_rows(&mut self, snapshot: &KvSnapshot) -> Result<(), KvError> {
         snapshot.check_fits(self)?;
         let g = &self.spec().geometry;
-        let (d, e, rb) = (g.head_dim, g.dtype.size_bytes(), g.row_bytes());
+        let (d, e, rb, kv_heads) = (g.head_dim, g.dtype.size_bytes(), g.row_bytes(), g.kv_heads);
         self.reset_to_len(snapshot.len);
         for (b, rows) in snapshot.rows.iter().enumerate() {
-            for (t, row) in rows.chunks_exact(rb).enumerate() {
+            // The snapshot's rows are its last `held` tokens; the cache takes what its layer shows.
+            let first = snapshot.len - rows.len() / rb;
+            let tokens = self.window_tokens(b / (2 * kv_heads), snapshot.len);
+            for t in tokens {
+                let row = &rows[(t - first) * rb..][..rb];
                 let at = self.token_row(b, t);
                 let bytes = self.region_mut();
                 for c in 0..d {

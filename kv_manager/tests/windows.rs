@@ -8,8 +8,8 @@ mod common;
 
 use common::{Op, Rows, op};
 use kv_manager::{
-    CacheSpec, Geometry, Granularity, HostAllocator, KLayout, KvCache, KvError, Plan, Reserve,
-    Strategy, mask_name, parse_mask_name,
+    CacheSpec, Geometry, Granularity, HostAllocator, KLayout, KvCache, KvError, KvSnapshot, Plan,
+    PositionMode, Reserve, Strategy, mask_name, parse_mask_name,
 };
 use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
@@ -97,15 +97,209 @@ fn check_windows(
     Ok(())
 }
 
-fn apply(cache: &mut KvCache, reference: &mut Rows, op: &Op) -> Result<(), String> {
-    common::apply_checked(cache, reference, op, &check_windows)
+/// What the windows test draws: the shared steps, rollbacks and resets, plus snapshots (export,
+/// restore into a cache of another strategy, and back) and evictions.
+#[derive(Debug, Clone)]
+enum WOp {
+    Shared(Op),
+    /// Export, import into a fresh cache of strategy `pick % 4` (and of a longer context when
+    /// `longer`), export that, import it back.
+    Snapshot {
+        pick: usize,
+        longer: bool,
+    },
+    Evict {
+        keep: usize,
+        drop: usize,
+    },
+}
+
+fn wop() -> impl proptest::strategy::Strategy<Value = WOp> {
+    prop_oneof![
+        14 => op().prop_map(WOp::Shared),
+        1 => (any::<usize>(), any::<bool>()).prop_map(|(pick, longer)| WOp::Snapshot { pick, longer }),
+        1 => (any::<usize>(), any::<usize>()).prop_map(|(keep, drop)| WOp::Evict { keep, drop }),
+    ]
+}
+
+/// The plain reference: every buffer's rows in order, and per layer the first token a sliding
+/// layer still holds, computed here from the documented rule (a sliding layer of window W keeps
+/// its last min(W - 1 + max(ar), S - min(ar)) tokens; an import or an eviction keeps the last
+/// W - 1; a rollback keeps what it kept, up to the new length; a reset keeps everything).
+struct Model {
+    rows: Rows,
+    first_held: Vec<usize>,
+}
+
+impl Model {
+    fn len(&self) -> usize {
+        self.rows[0].len()
+    }
+
+    /// Tokens layer `layer`'s past tensors show at length `len`.
+    fn shown(g: &Geometry, layer: usize, len: usize) -> std::ops::Range<usize> {
+        let w = g.windows.get(layer).copied().flatten();
+        len - w.map_or(len, |w| len.min(w - 1))..len
+    }
+
+    fn after_commit(&mut self, g: &Geometry) {
+        let len = self.len();
+        for (layer, first) in self.first_held.iter_mut().enumerate() {
+            if let Some(w) = g.windows.get(layer).copied().flatten() {
+                let kept = (w - 1 + g.max_ar()).min(g.context - g.min_ar());
+                *first = (*first).max(len.saturating_sub(kept));
+            }
+        }
+    }
+
+    fn after_import(&mut self, g: &Geometry) {
+        let len = self.len();
+        for (layer, first) in self.first_held.iter_mut().enumerate() {
+            *first = Self::shown(g, layer, len).start;
+        }
+    }
+
+    /// Whether every layer's window at `len` (its tokens mapped by `old`) is still held.
+    fn holds(&self, g: &Geometry, len: usize, old: impl Fn(usize) -> usize) -> bool {
+        (0..g.layers).all(|l| {
+            let shown = Self::shown(g, l, len);
+            shown.is_empty() || old(shown.start) >= self.first_held[l]
+        })
+    }
+}
+
+fn fresh(g: &Geometry, strategy: Strategy) -> KvCache {
+    KvCache::new(
+        CacheSpec::for_simulation(g.clone(), strategy),
+        &HostAllocator::default(),
+    )
+    .expect("accepted")
+}
+
+/// The export holds, per buffer, exactly the reference rows its layer shows.
+fn check_export(g: &Geometry, cache: &KvCache, model: &Model) -> Result<KvSnapshot, String> {
+    let snapshot = cache.export_rows();
+    let len = model.len();
+    if snapshot.len != len {
+        return Err(format!("snapshot of {} tokens, {len} cached", snapshot.len));
+    }
+    for (b, rows) in model.rows.iter().enumerate() {
+        let shown = Model::shown(g, g.buffer_coords(b).0, len);
+        if snapshot.rows[b] != rows[shown.clone()].concat() {
+            return Err(format!(
+                "snapshot buffer {b}: not the rows of tokens {shown:?}"
+            ));
+        }
+    }
+    Ok(snapshot)
+}
+
+fn apply(cache: &mut KvCache, model: &mut Model, op: &WOp) -> Result<(), String> {
+    let g = cache.spec().geometry.clone();
+    let len = model.len();
+    match op {
+        WOp::Shared(Op::Rollback(pick)) => {
+            let to = pick % (len + 1);
+            let result = cache.rollback(to);
+            if model.holds(&g, to, |t| t) {
+                result.map_err(|e| e.to_string())?;
+                model.rows.iter_mut().for_each(|r| r.truncate(to));
+                // Rows are held from at most the new length on (nothing older comes back).
+                model.first_held.iter_mut().for_each(|f| *f = (*f).min(to));
+            } else if !matches!(result, Err(KvError::RollbackPastWindow { .. })) {
+                return Err(format!(
+                    "rollback to {to} past the held rows gave {result:?}"
+                ));
+            }
+        }
+        WOp::Shared(op) => {
+            common::apply_checked(cache, &mut model.rows, op, &check_windows)?;
+            if matches!(op, Op::Reset) {
+                model.first_held.fill(0);
+            }
+            model.after_commit(&g);
+        }
+        WOp::Snapshot { pick, longer } => {
+            let snapshot = check_export(&g, cache, model)?;
+            let other_g = Geometry {
+                context: g.context + if *longer { 5 } else { 0 },
+                ..g.clone()
+            };
+            let mut other = fresh(&other_g, accepted(g.max_ar())[pick % 4]);
+            other.import_rows(&snapshot).map_err(|e| e.to_string())?;
+            let back = other.export_rows();
+            if back != snapshot {
+                return Err("the restored cache exports other rows".into());
+            }
+            cache.import_rows(&back).map_err(|e| e.to_string())?;
+            model.after_import(&g);
+        }
+        WOp::Evict { keep, drop } => {
+            let keep = keep % (len + 1);
+            let drop = drop % (len - keep + 1);
+            let old = |t: usize| if t < keep { t } else { t + drop };
+            let result = cache.evict(keep, drop, PositionMode::Renumber);
+            if drop > 0 && !model.holds(&g, len - drop, old) {
+                if !matches!(result, Err(KvError::EvictionPastWindow { .. })) {
+                    return Err(format!("eviction past the held rows gave {result:?}"));
+                }
+            } else {
+                result.map_err(|e| e.to_string())?;
+                for rows in &mut model.rows {
+                    rows.drain(keep..keep + drop);
+                }
+                if drop > 0 {
+                    model.after_import(&g);
+                }
+            }
+        }
+    }
+    if cache.len() != model.len() {
+        return Err(format!("len {} != {}", cache.len(), model.len()));
+    }
+    Ok(())
+}
+
+/// The region rows the test expects, from the documented per-strategy rules, computed here.
+fn expected_rows(g: &Geometry, strategy: &Strategy) -> usize {
+    let (s, cap, max_ar) = (g.context, g.context - g.min_ar(), g.max_ar());
+    let kept = |b: usize| {
+        let w = g.windows.get(b / (2 * g.kv_heads)).copied().flatten();
+        w.map(|w| (w - 1 + max_ar).min(cap))
+    };
+    let buffers = 0..g.buffers();
+    match strategy {
+        Strategy::Shift { reserve, .. } => buffers
+            .map(|b| match (kept(b), reserve) {
+                (None, Reserve::Factor(f)) => cap + ((f - 1.0) * cap as f64) as usize,
+                (Some(k), Reserve::Factor(f)) => k + (((f - 1.0) * k as f64) as usize).max(max_ar),
+                (k, Reserve::Spare(x)) => k.unwrap_or(cap) + (*x).max(max_ar),
+                (_, Reserve::Rows(_)) => unreachable!("not drawn"),
+            })
+            .sum(),
+        Strategy::Conveyor => {
+            let first = g.windows.first().copied().flatten().map_or(cap, |w| w - 1);
+            let gaps: usize = (1..g.buffers())
+                .map(|b| kept(b).map_or(s, |k| (k + max_ar).min(s)))
+                .sum();
+            first + gaps + cap
+        }
+        Strategy::SmartMask | Strategy::Naive => {
+            buffers.map(|b| kept(b).unwrap_or(cap) + max_ar).sum()
+        }
+    }
 }
 
 /// A geometry with a random window (or none) per layer.
 fn geometry() -> impl proptest::strategy::Strategy<Value = Geometry> {
     (
-        prop_oneof![Just(vec![1]), Just(vec![1, 4]), Just(vec![3])],
-        10usize..24,
+        prop_oneof![
+            Just(vec![1]),
+            Just(vec![1, 4]),
+            Just(vec![3]),
+            Just(vec![2, 5])
+        ],
+        10usize..40,
         proptest::collection::vec(proptest::option::of(0usize..100), 3),
     )
         .prop_map(|(ar, context, picks)| {
@@ -122,19 +316,31 @@ fn geometry() -> impl proptest::strategy::Strategy<Value = Geometry> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("WINDOWS_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(256),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn every_layer_sees_exactly_its_last_w_rows(
         g in geometry(),
-        ops in proptest::collection::vec(op(), 1..40),
+        ops in proptest::collection::vec(wop(), 1..60),
     ) {
+        let global = Geometry { windows: Vec::new(), ..g.clone() };
         for strategy in accepted(g.max_ar()) {
-            let spec = CacheSpec::for_simulation(g.clone(), strategy);
-            let mut cache = KvCache::new(spec, &HostAllocator::default()).unwrap();
-            let mut reference: Rows = vec![Vec::new(); g.buffers()];
+            let mut cache = fresh(&g, strategy);
+            // The region is the computed one, smaller than the all-global cache's by exactly
+            // what the sliding layers save.
+            let rb = g.row_bytes();
+            let all_global = fresh(&global, strategy).counters().region_bytes;
+            prop_assert_eq!(all_global, expected_rows(&global, &strategy) * rb);
+            prop_assert_eq!(cache.counters().region_bytes, expected_rows(&g, &strategy) * rb);
+            let mut model = Model {
+                rows: vec![Vec::new(); g.buffers()],
+                first_held: vec![0; g.layers],
+            };
             for (i, op) in ops.iter().enumerate() {
-                apply(&mut cache, &mut reference, op).map_err(|m| {
+                apply(&mut cache, &mut model, op).map_err(|m| {
                     TestCaseError::fail(format!("{} op {i} {op:?}: {m}", strategy.name()))
                 })?;
             }
