@@ -147,13 +147,36 @@ fn is_bundle(args: &CompileArgs) -> bool {
     args.convention == "aihub" || args.parts.is_some()
 }
 
-/// Refuses what can be refused before any work: a bundle without its tokenizer.json, a bad output
-/// path (checked again when written).
+/// Refuses what the executorch convention's names cannot express, with the reason
+/// `CompiledModel::with_naming` would give.
+fn check_executorch(args: &CompileArgs) -> anyhow::Result<()> {
+    if args.convention != "executorch" {
+        return Ok(());
+    }
+    let parts = args.parts.unwrap_or(1);
+    if let Some(reason) = Naming::ExecuTorch.refusal(parts, false, &args.ar) {
+        bail!("--convention executorch: {reason}");
+    }
+    if args.parts.is_some() {
+        bail!("--parts: the executorch convention writes one file, not a bundle");
+    }
+    if !args.contexts.is_empty() {
+        bail!(
+            "--contexts: the executorch convention's method names (kv_forward, prefill_forward) \
+             carry no context length, so one file holds one: use --context S"
+        );
+    }
+    Ok(())
+}
+
+/// Refuses what can be refused before any work: what the convention cannot express, a bundle
+/// without its tokenizer.json, a bad output path (checked again when written).
 fn check_early(
     args: &CompileArgs,
     inputs: &[&std::path::Path],
     brings_tokenizer: bool,
 ) -> anyhow::Result<()> {
+    check_executorch(args)?;
     if args.kv_zero_point.is_some() && args.kv_dtype != DataType::U8 {
         bail!(
             "--kv-zero-point 128 is for a u8 KV cache, not --kv-dtype {}",
@@ -204,12 +227,7 @@ fn check_contexts(args: &CompileArgs, config: &model::LlamaConfig) -> anyhow::Re
     if args.contexts.is_empty() {
         return Ok(());
     }
-    if args.convention == "executorch" {
-        bail!(
-            "--contexts: the executorch convention's method names (kv_forward, prefill_forward) \
-             carry no context length, so one file holds one: use --context S"
-        );
-    }
+
     if !is_bundle(args) {
         bail!("--contexts writes a bundle: add --parts N or --convention aihub");
     }
@@ -223,15 +241,6 @@ fn check_contexts(args: &CompileArgs, config: &model::LlamaConfig) -> anyhow::Re
 /// Refuses a bad `--parts` (or `--ar` the executorch names cannot tell apart) before compiling,
 /// with the reason `CompiledModel::split` / `with_naming` would give.
 fn check_parts(args: &CompileArgs, n_layers: usize) -> anyhow::Result<()> {
-    if args.convention == "executorch" {
-        let parts = args.parts.unwrap_or(1);
-        if let Some(reason) = Naming::ExecuTorch.refusal(parts, false, &args.ar) {
-            bail!("--convention executorch: {reason}");
-        }
-        if args.parts.is_some() {
-            bail!("--parts: the executorch convention writes one file, not a bundle");
-        }
-    }
     if let Some(n) = args.parts {
         ref_backend::Part::split(n_layers, n, args.convention == "aihub")
             .map_err(|reason| anyhow::anyhow!("--parts: {reason}"))?;
