@@ -498,3 +498,163 @@ fn u8_kv_with_zero_point_128_runs_and_mostly_agrees() {
     eprintln!("zero point 128: {agree} of 40 next-token choices agree along the calibrated text");
     assert!(agree >= 36, "{agree} of 40");
 }
+
+/// The sections of a reference-backend file: (tag, body), after the 28-byte header.
+fn sections(bytes: &[u8]) -> Vec<([u8; 4], &[u8])> {
+    let mut out = Vec::new();
+    let mut at = ref_backend::format::HEADER_LEN;
+    while at < bytes.len() {
+        let tag: [u8; 4] = bytes[at..at + 4].try_into().unwrap();
+        let len = u64::from_le_bytes(bytes[at + 4..at + 12].try_into().unwrap()) as usize;
+        out.push((tag, &bytes[at + 12..at + 12 + len]));
+        at += 12 + len;
+    }
+    out
+}
+
+/// A file of `version` with these sections, its checksum fixed.
+fn assemble(version: u32, sections: &[([u8; 4], &[u8])]) -> Vec<u8> {
+    let mut payload = Vec::new();
+    for (tag, body) in sections {
+        payload.extend_from_slice(tag);
+        payload.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        payload.extend_from_slice(body);
+    }
+    let mut out = ref_backend::format::MAGIC.to_vec();
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&ref_backend::crc32(&payload).to_le_bytes());
+    out.extend_from_slice(&payload);
+    out
+}
+
+fn section<'a>(all: &[([u8; 4], &'a [u8])], tag: &[u8; 4]) -> &'a [u8] {
+    all.iter().find(|(t, _)| t == tag).unwrap().1
+}
+
+/// Serialized bytes of one i8 weight matrix (kind, rows, cols, row scales, values) and of one
+/// f32 vector (count, values), as the file format describes them.
+fn i8_matrix_bytes(rows: usize, cols: usize) -> usize {
+    1 + 8 + 8 + 4 * rows + rows * cols
+}
+fn vector_bytes(len: usize) -> usize {
+    8 + 4 * len
+}
+
+/// The weight bytes of one layer, from the model's shapes.
+fn layer_bytes(c: &model::LlamaConfig) -> usize {
+    let (q, kv) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+    let biases = if c.qkv_bias { q + 2 * kv } else { 0 };
+    2 * vector_bytes(c.dim)
+        + 3 * vector_bytes(0)
+        + 4 * biases
+        + i8_matrix_bytes(q, c.dim)
+        + 2 * i8_matrix_bytes(kv, c.dim)
+        + i8_matrix_bytes(c.dim, q)
+        + 2 * i8_matrix_bytes(c.hidden_dim, c.dim)
+        + i8_matrix_bytes(c.dim, c.hidden_dim)
+}
+
+/// Each part file of a split holds only its own weights: the embedding in part 1 and (tied
+/// classifier) in the last, its layers, the final norm and LM head in the last; the other
+/// sections are the whole model's, byte for byte. A part reads alone, as the part it was.
+#[test]
+fn part_files_hold_only_their_own_weights() {
+    let model = compiled();
+    let c = model.config().clone();
+    assert!(
+        c.tied_output,
+        "stories260K ties its classifier to the embedding"
+    );
+    let whole = model.to_bytes();
+    let whole_s = sections(&whole);
+    let embedding = i8_matrix_bytes(c.vocab_size, c.dim);
+    let head = vector_bytes(c.dim) + 1;
+    assert_eq!(
+        section(&whole_s, b"WGTS").len(),
+        embedding + c.n_layers * layer_bytes(&c) + head,
+        "the whole model's weights, from its shapes"
+    );
+    let parts = model.split(2, true).unwrap();
+    let mut dropped = 0;
+    for part in &parts {
+        let p = part.part();
+        let bytes = part.to_bytes();
+        let s = sections(&bytes);
+        for tag in [b"OPTS", b"MSHA", b"CONF", b"CALB", b"ENCS"] {
+            assert_eq!(section(&s, tag), section(&whole_s, tag));
+        }
+        // Part 1 embeds; part 2 holds the tied LM head, which is the embedding.
+        let expected =
+            embedding + p.layers.len() * layer_bytes(&c) + if p.is_last() { head } else { 0 };
+        assert_eq!(section(&s, b"WGTS").len(), expected, "part {}", p.index + 1);
+        dropped += section(&whole_s, b"WGTS").len() - expected;
+        assert!(bytes.len() < whole.len());
+        let back = CompiledModel::from_bytes(&bytes, "part").expect("a part reads alone");
+        assert_eq!(&back, part);
+    }
+    assert_eq!(dropped, c.n_layers * layer_bytes(&c) + head);
+}
+
+/// A damaged or hostile part file gives a typed error: cut short, a naming code no build
+/// knows, a part index past the count, an ExecuTorch-named part (whose names carry no part).
+#[test]
+fn damaged_part_files_are_refused_with_typed_errors() {
+    use ref_backend::FormatError;
+    let model = compiled();
+    let part = &model.split(2, false).unwrap()[1];
+    let bytes = part.to_bytes();
+    for cut in [bytes.len() - 1, bytes.len() / 2, 40] {
+        let err = CompiledModel::from_bytes(&bytes[..cut], "cut").unwrap_err();
+        assert!(matches!(err, FormatError::Truncated { .. }), "{cut}: {err}");
+    }
+    let s = sections(&bytes);
+    let body = section(&s, b"PART");
+    let hostile = |edit: &dyn Fn(&mut Vec<u8>)| {
+        let mut b = body.to_vec();
+        edit(&mut b);
+        let with: Vec<([u8; 4], &[u8])> = s
+            .iter()
+            .map(|&(t, x)| (t, if &t == b"PART" { &b[..] } else { x }))
+            .collect();
+        CompiledModel::from_bytes(&assemble(ref_backend::FORMAT_VERSION, &with), "hostile")
+            .unwrap_err()
+    };
+    for (edit, says) in [
+        (
+            &(|b: &mut Vec<u8>| b[17] = 9) as &dyn Fn(&mut Vec<u8>),
+            "naming code 9",
+        ),
+        (&|b: &mut Vec<u8>| b[0] = 2, "part index 2 of 2"),
+        (&|b: &mut Vec<u8>| b[17] = 2, "no part number"),
+        (&|b: &mut Vec<u8>| b[8] = 200, "200 parts for 5 layers"),
+    ] {
+        let err = hostile(edit);
+        assert!(matches!(err, FormatError::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains(says), "{err}");
+    }
+}
+
+/// Version-3 files (the whole model's weights in every file; a part section after the weights,
+/// without a naming, meaning AI Hub's names) still read, as the model and parts they were.
+#[test]
+fn version_3_files_still_read() {
+    let model = compiled();
+    let whole = model.to_bytes();
+    let ws = sections(&whole);
+    let v3: Vec<_> = ws.iter().copied().filter(|(t, _)| t != b"PART").collect();
+    let back = CompiledModel::from_bytes(&assemble(3, &v3), "v3").expect("a v3 whole model");
+    assert_eq!(&back, &*model);
+    for part in model.split(2, true).unwrap() {
+        let b = part.to_bytes();
+        let ps = sections(&b);
+        let mut v3: Vec<_> = ws.iter().copied().take(5).collect();
+        v3.push((*b"WGTS", section(&ws, b"WGTS")));
+        // The version-3 part section: index, count, RoPE flag (no naming byte).
+        v3.push((*b"PART", &section(&ps, b"PART")[..17]));
+        v3.push((*b"GRPH", section(&ps, b"GRPH")));
+        let back = CompiledModel::from_bytes(&assemble(3, &v3), "v3 part").expect("a v3 part");
+        assert_eq!(back, part);
+    }
+}

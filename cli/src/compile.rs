@@ -13,7 +13,7 @@ use llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::DataType;
 use ref_backend::{
     CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS, Granularity, KLayout,
-    Progress, WeightType,
+    Naming, Progress, WeightType,
 };
 
 /// Arguments of `htpkv compile`.
@@ -66,10 +66,12 @@ pub struct CompileArgs {
     /// Length in tokens of each calibration sequence (prompt + greedy continuation).
     #[arg(long, default_value_t = DEFAULT_CALIBRATION_TOKENS)]
     calibration_tokens: usize,
-    /// IO convention of the output: `htpkv` (one file) or `aihub` (a Genie bundle of part
-    /// binaries taking RoPE cos/sin tables; implies `--granularity per_layer --k-layout
-    /// transposed`).
-    #[arg(long, default_value = "htpkv", value_parser = ["htpkv", "aihub"])]
+    /// IO convention of the output: `htpkv` (one file), `aihub` (a Genie bundle of part
+    /// binaries taking RoPE cos/sin tables) or `executorch` (one file with ExecuTorch's methods
+    /// `kv_forward` / `prefill_forward`: one context length, at most one AR-n variant beside
+    /// AR-1, no parts). `aihub` and `executorch` imply `--granularity per_layer --k-layout
+    /// transposed`.
+    #[arg(long, default_value = "htpkv", value_parser = ["htpkv", "aihub", "executorch"])]
     convention: String,
     /// Cut the model into N parts of consecutive layers and write a Genie bundle (`--out` is
     /// then a directory).
@@ -145,13 +147,36 @@ fn is_bundle(args: &CompileArgs) -> bool {
     args.convention == "aihub" || args.parts.is_some()
 }
 
-/// Refuses what can be refused before any work: a bundle without its tokenizer.json, a bad output
-/// path (checked again when written).
+/// Refuses what the executorch convention's names cannot express, with the reason
+/// `CompiledModel::with_naming` would give.
+fn check_executorch(args: &CompileArgs) -> anyhow::Result<()> {
+    if args.convention != "executorch" {
+        return Ok(());
+    }
+    let parts = args.parts.unwrap_or(1);
+    if let Some(reason) = Naming::ExecuTorch.refusal(parts, false, &args.ar) {
+        bail!("--convention executorch: {reason}");
+    }
+    if args.parts.is_some() {
+        bail!("--parts: the executorch convention writes one file, not a bundle");
+    }
+    if !args.contexts.is_empty() {
+        bail!(
+            "--contexts: the executorch convention's method names (kv_forward, prefill_forward) \
+             carry no context length, so one file holds one: use --context S"
+        );
+    }
+    Ok(())
+}
+
+/// Refuses what can be refused before any work: what the convention cannot express, a bundle
+/// without its tokenizer.json, a bad output path (checked again when written).
 fn check_early(
     args: &CompileArgs,
     inputs: &[&std::path::Path],
     brings_tokenizer: bool,
 ) -> anyhow::Result<()> {
+    check_executorch(args)?;
     if args.kv_zero_point.is_some() && args.kv_dtype != DataType::U8 {
         bail!(
             "--kv-zero-point 128 is for a u8 KV cache, not --kv-dtype {}",
@@ -202,6 +227,7 @@ fn check_contexts(args: &CompileArgs, config: &model::LlamaConfig) -> anyhow::Re
     if args.contexts.is_empty() {
         return Ok(());
     }
+
     if !is_bundle(args) {
         bail!("--contexts writes a bundle: add --parts N or --convention aihub");
     }
@@ -212,7 +238,8 @@ fn check_contexts(args: &CompileArgs, config: &model::LlamaConfig) -> anyhow::Re
     Ok(())
 }
 
-/// Refuses a bad `--parts` before compiling, with the reason `CompiledModel::split` would give.
+/// Refuses a bad `--parts` (or `--ar` the executorch names cannot tell apart) before compiling,
+/// with the reason `CompiledModel::split` / `with_naming` would give.
 fn check_parts(args: &CompileArgs, n_layers: usize) -> anyhow::Result<()> {
     if let Some(n) = args.parts {
         ref_backend::Part::split(n_layers, n, args.convention == "aihub")
@@ -234,6 +261,13 @@ fn write_output(
     let model = if args.kv_zero_point.is_some() {
         symmetric = model.with_kv_zero_point_128()?;
         &symmetric
+    } else {
+        model
+    };
+    let renamed;
+    let model = if args.convention == "executorch" {
+        renamed = model.with_naming(Naming::ExecuTorch)?;
+        &renamed
     } else {
         model
     };
@@ -298,8 +332,8 @@ fn compile_options(args: &CompileArgs, context: usize) -> CompileOptions {
     let mut opts = CompileOptions::new(context, args.ar.clone());
     opts.kv_dtype = args.kv_dtype;
     opts.weights = args.weights;
-    // AI Hub's convention: per-layer K/V tensors with K transposed.
-    (opts.k_layout, opts.granularity) = if args.convention == "aihub" {
+    // AI Hub's and ExecuTorch's conventions: per-layer K/V tensors with K transposed.
+    (opts.k_layout, opts.granularity) = if args.convention != "htpkv" {
         (KLayout::Transposed, Granularity::PerLayer)
     } else {
         (args.k_layout, args.granularity)

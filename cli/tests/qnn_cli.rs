@@ -608,6 +608,98 @@ fn executorch_layout_is_detected_by_index_and_gives_the_same_tokens() {
     assert_eq!(et["stop"], own["stop"]);
 }
 
+/// `htpkv compile --convention executorch` records ExecuTorch's naming in the file: the reference
+/// library presents it (no environment override) with methods `kv_forward` / `prefill_forward`,
+/// IO in ExecuTorch's index order and K `[1, kv_heads, head_dim, S-n]`, and it generates, as
+/// `--convention executorch`, the greedy tokens of the same model under htpkv's names. What the
+/// names cannot express is refused with the reason.
+#[test]
+fn compile_executorch_writes_a_file_the_library_presents_as_executorch() {
+    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = lib.to_str().unwrap();
+    let out = scratch().join("s64-et.htpkv");
+    let mut args = vec![
+        "compile",
+        "--context",
+        "64",
+        "--ar",
+        "1,8",
+        "--kv-dtype",
+        "u8",
+    ];
+    args.extend(["--convention", "executorch", "--out", out.to_str().unwrap()]);
+    let o = htpkv(&args, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let inspect = ok_json(&htpkv(
+        &[
+            "inspect",
+            out.to_str().unwrap(),
+            "--qnn-system",
+            lib,
+            "--json",
+        ],
+        &[],
+    ));
+    let names: Vec<&str> = inspect["graphs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["kv_forward", "prefill_forward"]);
+    let kv = &inspect["graphs"][0];
+    assert_eq!(kv["inputs"][1]["role"], "attention mask");
+    assert_eq!(kv["inputs"][3]["role"], "past K layer 0");
+    assert_eq!(kv["inputs"][3]["dims"], serde_json::json!([1, 4, 8, 63]));
+    assert_eq!(kv["inputs"][8]["role"], "past V layer 0");
+    assert_eq!(kv["inputs"][8]["dims"], serde_json::json!([1, 4, 63, 8]));
+
+    let tok = bundle("et-compiled-tok", "2").join("tokenizer.json");
+    let run = |file: &Path, extra: &[&str]| {
+        let mut args = vec!["generate", "--compiled", file.to_str().unwrap()];
+        args.extend([
+            "--steps",
+            "40",
+            "--json",
+            "--backend",
+            "qnn",
+            "--qnn-backend",
+            lib,
+        ]);
+        args.extend(extra);
+        ok_json(&htpkv(&args, &[]))
+    };
+    let own = run(compiled_per_layer(), &[]);
+    let et = run(
+        &out,
+        &[
+            "--convention",
+            "executorch",
+            "--tokenizer",
+            tok.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(et["convention"], "executorch");
+    assert!(own["tokens"].as_array().unwrap().len() > 10, "{own}");
+    assert_eq!(et["tokens"], own["tokens"]);
+    assert_eq!(et["stop"], own["stop"]);
+
+    for (extra, says) in [
+        (&["--parts", "2"][..], "no part number"),
+        (&["--contexts", "32,64"][..], "carry no context length"),
+        (&["--ar", "1,8,16"][..], "cannot be told apart"),
+    ] {
+        let mut args = vec!["compile", "--convention", "executorch", "--out", "x.htpkv"];
+        args.extend(extra);
+        let o = htpkv(&args, &[]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(says),
+            "{extra:?}: {err}"
+        );
+    }
+}
+
 /// Compiles stories260K into a two-part AI Hub bundle `scratch()/name` (AR-1 and AR-8, u8 K/V,
 /// a test tokenizer.json) with the `extra` compile options; returns the bundle's folder.
 fn compile_aihub_bundle(name: &str, extra: &[&str]) -> PathBuf {

@@ -655,7 +655,7 @@ struct ExecKernels<'a> {
 
 impl Kernels for ExecKernels<'_> {
     fn embed(&mut self, token: u32, out: &mut [f32]) {
-        self.graph.model.embedding.row_into(token as usize, out);
+        self.graph.model.embedding().row_into(token as usize, out);
     }
 
     /// All rows at once: each weight row (the classifier's too) is read once per step.

@@ -8,7 +8,7 @@
 //! offset 12  flags        u32      0 (reserved)
 //! offset 16  payload_len  u64
 //! offset 24  crc32        u32      CRC-32 (IEEE) of the payload
-//! offset 28  payload      payload_len bytes: seven sections (eight in a part file), in this order
+//! offset 28  payload      payload_len bytes: eight sections, in this order
 //! ```
 //!
 //! Each section is a 4-byte tag, a u64 body length and the body: `OPTS` (compile options),
@@ -16,13 +16,14 @@
 //! [`model::LlamaConfig`]: sizes as u64, epsilon and RoPE theta as f32, Llama 3 scaling as a
 //! flag + 3 f32 + u64, pairing / tied output / Q/K/V biases as u8, special ids as flag + u32),
 //! `CALB` (the calibration token sequences), `ENCS` (i16 activation encodings, KV encodings),
-//! `WGTS` (the embedding, then per layer the f32 vectors attention norm, FFN norm, Q/K/V biases
+//! `PART` (part index u64 and count u64 of the parts [`crate::Part::split_named`] makes — 0 and 1
+//! for the whole model —, RoPE-table flag u8, naming u8: 0 htpkv, 1 aihub, 2 executorch, which
+//! must fit the options, [`crate::Naming::refusal`]), `WGTS` (the weights the part's graphs use:
+//! the embedding when [`crate::Part::holds_embedding`], then per layer of the part the f32 vectors attention norm, FFN norm, Q/K/V biases
 //! (empty without biases) as u64 count + f32 values and the matrices Q, K, V, O, gate, up,
-//! down, then the final norm and the classifier flag (+ matrix when untied); a matrix is kind
-//! u8 (0 i8, 1 f16, 2 f32), rows u64, cols u64, then i8: f32 row scales + i8 values, f16: u16
-//! bits, f32: f32 values), in a part file `PART` (part index u64 and count u64 of the parts
-//! [`crate::Part::split`] makes, RoPE-table flag u8; the file holds the whole model's weights,
-//! its graphs run the part's layers) and `GRPH` (graph names and tensor descriptions). Counts are u64;
+//! down, then in the last part the final norm and the classifier flag (+ matrix when untied); a
+//! matrix is kind u8 (0 i8, 1 f16, 2 f32), rows u64, cols u64, then i8: f32 row scales + i8
+//! values, f16: u16 bits, f32: f32 values) and `GRPH` (graph names and tensor descriptions). Counts are u64;
 //! strings are a u64 length and UTF-8 bytes.
 //!
 //! Reading checks the magic, the version, the payload length, the checksum, every count
@@ -34,8 +35,10 @@
 //!
 //! Version history: 1 had no `CKPT` section; 2 adds it (llama2.c checkpoints only); 3 holds
 //! any Llama-family model (`MSHA`, the full description in `CONF`, `CALB`, per-layer weights
-//! with biases). Older files are refused with [`FormatError::UnsupportedVersion`], which says
-//! to recompile.
+//! with biases); 4 always has `PART`, before `WGTS`, with the naming byte, and a part file holds
+//! only its own weights. Version 3 (whole-model weights in every file; `PART`, without the naming
+//! byte and meaning AI Hub's names, after `WGTS` in part files only) is still read; older files
+//! are refused with [`FormatError::UnsupportedVersion`], which says to recompile.
 
 use std::path::Path;
 
@@ -48,13 +51,15 @@ use crate::compile::{CompiledModel, validate_options};
 use crate::error::FormatError;
 use crate::model::{LayerData, Matrix, ModelData};
 use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS, kv_code, kv_from_code};
-use crate::parts::Part;
+use crate::parts::{Naming, Part, check_naming};
 use crate::types::{Granularity, KLayout, TensorDesc, TensorRole, WeightType};
 
 /// Magic bytes at the start of every file.
 pub const MAGIC: [u8; 8] = *b"HTPKVREF";
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
+/// The oldest format version this build still reads.
+pub const OLDEST_FORMAT_VERSION: u32 = 3;
 /// Size of the fixed header before the payload.
 pub const HEADER_LEN: usize = 28;
 
@@ -89,8 +94,11 @@ impl CompiledModel {
                 write_encoding(w, &spec.encoding);
             }
         });
+        section(&mut payload, b"PART", |w| write_part(w, &self.part));
         section(&mut payload, b"WGTS", |w| {
-            write_matrix(w, &d.embedding);
+            if let Some(m) = &d.embedding {
+                write_matrix(w, m);
+            }
             for layer in &d.layers {
                 for v in &layer.vectors {
                     w.f32s(v);
@@ -99,18 +107,17 @@ impl CompiledModel {
                     write_matrix(w, m);
                 }
             }
-            w.f32s(&d.output_norm);
-            match &d.classifier {
-                None => w.u8(0),
-                Some(m) => {
-                    w.u8(1);
-                    write_matrix(w, m);
+            if self.part.is_last() {
+                w.f32s(&d.output_norm);
+                match &d.classifier {
+                    None => w.u8(0),
+                    Some(m) => {
+                        w.u8(1);
+                        write_matrix(w, m);
+                    }
                 }
             }
         });
-        if self.part != Part::whole(d.config.n_layers) {
-            section(&mut payload, b"PART", |w| write_part(w, &self.part));
-        }
         section(&mut payload, b"GRPH", |w| {
             w.len(self.graphs.len());
             for g in &self.graphs {
@@ -182,7 +189,7 @@ impl CompiledModel {
             });
         }
         let version = r.u32("format version")?;
-        if version != FORMAT_VERSION {
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(FormatError::UnsupportedVersion {
                 origin: origin.into(),
                 found: version,
@@ -253,67 +260,39 @@ impl CompiledModel {
         let (act, kv) = read_encodings(&mut s, &config, &options)?;
         close_section(&s)?;
 
-        let mut s = open_section(&mut p, b"WGTS")?;
-        let c = &config;
-        let wt = options.weights;
-        let embedding = read_tensor_matrix(&mut s, c, Tensor::TokenEmbedding, wt)?;
-        let mut layers = Vec::with_capacity(c.n_layers);
-        for l in 0..c.n_layers {
-            let mut vectors = Vec::with_capacity(LayerData::VECTORS.len());
-            for t in LayerData::VECTORS {
-                let t = Tensor::Layer(l, t);
-                let present = Tensor::required(c).contains(&t);
-                let len = if present { t.len(c) } else { 0 };
-                vectors.push(read_norm(&mut s, &t.to_string(), len)?);
-            }
-            let mut matrices = Vec::with_capacity(LayerData::MATRICES.len());
-            for t in LayerData::MATRICES {
-                matrices.push(read_tensor_matrix(&mut s, c, Tensor::Layer(l, t), wt)?);
-            }
-            layers.push(LayerData { matrices, vectors });
-        }
-        let output_norm = read_norm(&mut s, "output norm", c.dim)?;
-        let at = s.offset();
-        let classifier = match s.u8("classifier flag")? {
-            0 if c.tied_output => None,
-            1 if !c.tied_output => Some(read_tensor_matrix(&mut s, c, Tensor::Output, wt)?),
-            f => {
-                return Err(s.corrupt_at(
-                    at,
-                    format!(
-                        "classifier flag {f} does not fit a model whose classifier is {}",
-                        if c.tied_output {
-                            "tied (flag 0)"
-                        } else {
-                            "separate (flag 1)"
-                        }
-                    ),
-                ));
-            }
+        // Version 4 names the part before the weights, which are the part's own; version 3 held
+        // the whole model's weights, then (in a part file) the part.
+        let v4_part = if version >= 4 {
+            Some(read_part_section(&mut p, &config, &options, true)?)
+        } else {
+            None
         };
+        let held = v4_part
+            .clone()
+            .unwrap_or_else(|| Part::whole(config.n_layers));
+        let mut s = open_section(&mut p, b"WGTS")?;
+        let (embedding, layers, output_norm, classifier) =
+            read_weights(&mut s, &config, options.weights, &held)?;
         close_section(&s)?;
-
+        let part = match v4_part {
+            Some(part) => part,
+            None if p.starts_with(b"PART") => read_part_section(&mut p, &config, &options, false)?,
+            None => Part::whole(config.n_layers),
+        };
         let data = ModelData {
             config,
             options,
             model_sha256,
             calibration,
             embedding,
+            first_layer: held.layers.start,
             layers,
             output_norm,
             classifier,
             act,
             kv,
-        };
-
-        let part = if p.starts_with(b"PART") {
-            let mut s = open_section(&mut p, b"PART")?;
-            let part = read_part(&mut s, data.config.n_layers)?;
-            close_section(&s)?;
-            part
-        } else {
-            Part::whole(data.config.n_layers)
-        };
+        }
+        .for_part(&part);
         let mut s = open_section(&mut p, b"GRPH")?;
         let at = s.offset();
         let count = s.len("graph count", MAX_COUNT)?;
@@ -385,20 +364,116 @@ fn write_part(w: &mut Writer, p: &Part) {
     w.len(p.index);
     w.len(p.count);
     w.u8(u8::from(p.rope_tables));
+    w.u8(p.naming.code());
 }
 
-/// A part section: index and count (one of the parts [`Part::split`] makes of the model) and
-/// the RoPE-table flag.
-fn read_part(s: &mut Reader<'_>, n_layers: usize) -> Result<Part, FormatError> {
+/// A part section: index and count (one of the parts [`Part::split_named`] makes of the
+/// model), the RoPE-table flag and (`named`, version 4) the naming code, which must fit the
+/// options ([`check_naming`]); a version-3 part has AI Hub's names.
+fn read_part_section(
+    p: &mut Reader<'_>,
+    config: &LlamaConfig,
+    options: &CompileOptions,
+    named: bool,
+) -> Result<Part, FormatError> {
+    let mut s = open_section(p, b"PART")?;
     let at = s.offset();
     let index = s.len("part index", MAX_COUNT)?;
     let count = s.len("part count", MAX_COUNT)?;
-    let tables = read_flag(s, "RoPE-table flag")?;
-    let parts = Part::split(n_layers, count, tables).map_err(|r| s.corrupt_at(at, r))?;
-    parts
+    let tables = read_flag(&mut s, "RoPE-table flag")?;
+    let naming = if named {
+        let code_at = s.offset();
+        let code = s.u8("naming")?;
+        Naming::from_code(code)
+            .ok_or_else(|| s.corrupt_at(code_at, format!("unknown naming code {code}")))?
+    } else {
+        Naming::AiHub
+    };
+    close_section(&s)?;
+    let parts = Part::split_named(config.n_layers, count, tables, naming)
+        .map_err(|r| s.corrupt_at(at, r))?;
+    let part = parts
         .into_iter()
         .nth(index)
-        .ok_or_else(|| s.corrupt_at(at, format!("part index {index} of {count} parts")))
+        .ok_or_else(|| s.corrupt_at(at, format!("part index {index} of {count} parts")))?;
+    check_naming(&part, options).map_err(|r| s.corrupt_at(at, r))?;
+    Ok(part)
+}
+
+/// The weights `held` runs ([`ModelData::for_part`]): the embedding where
+/// [`Part::holds_embedding`], its layers, the final norm and classifier in the last part.
+fn read_weights(
+    s: &mut Reader<'_>,
+    c: &LlamaConfig,
+    wt: WeightType,
+    held: &Part,
+) -> Result<PartWeights, FormatError> {
+    let embedding = if held.holds_embedding(c.tied_output) {
+        Some(read_tensor_matrix(s, c, Tensor::TokenEmbedding, wt)?)
+    } else {
+        None
+    };
+    let mut layers = Vec::with_capacity(held.layers.len());
+    for l in held.layers.clone() {
+        layers.push(read_layer(s, c, l, wt)?);
+    }
+    let (output_norm, classifier) = if held.is_last() {
+        read_head(s, c, wt)?
+    } else {
+        (Vec::new(), None)
+    };
+    Ok((embedding, layers, output_norm, classifier))
+}
+
+/// A part's weights as [`ModelData`] holds them: embedding, layers, final norm, classifier.
+type PartWeights = (Option<Matrix>, Vec<LayerData>, Vec<f32>, Option<Matrix>);
+
+fn read_layer(
+    s: &mut Reader<'_>,
+    c: &LlamaConfig,
+    l: usize,
+    wt: WeightType,
+) -> Result<LayerData, FormatError> {
+    let mut vectors = Vec::with_capacity(LayerData::VECTORS.len());
+    for t in LayerData::VECTORS {
+        let t = Tensor::Layer(l, t);
+        let present = Tensor::required(c).contains(&t);
+        let len = if present { t.len(c) } else { 0 };
+        vectors.push(read_norm(s, &t.to_string(), len)?);
+    }
+    let mut matrices = Vec::with_capacity(LayerData::MATRICES.len());
+    for t in LayerData::MATRICES {
+        matrices.push(read_tensor_matrix(s, c, Tensor::Layer(l, t), wt)?);
+    }
+    Ok(LayerData { matrices, vectors })
+}
+
+/// The final norm and the classifier (`None` when tied to the embedding).
+fn read_head(
+    s: &mut Reader<'_>,
+    c: &LlamaConfig,
+    wt: WeightType,
+) -> Result<(Vec<f32>, Option<Matrix>), FormatError> {
+    let output_norm = read_norm(s, "output norm", c.dim)?;
+    let at = s.offset();
+    let classifier = match s.u8("classifier flag")? {
+        0 if c.tied_output => None,
+        1 if !c.tied_output => Some(read_tensor_matrix(s, c, Tensor::Output, wt)?),
+        f => {
+            return Err(s.corrupt_at(
+                at,
+                format!(
+                    "classifier flag {f} does not fit a model whose classifier is {}",
+                    if c.tied_output {
+                        "tied (flag 0)"
+                    } else {
+                        "separate (flag 1)"
+                    }
+                ),
+            ));
+        }
+    };
+    Ok((output_norm, classifier))
 }
 
 fn section(w: &mut Writer, tag: &[u8; 4], body: impl FnOnce(&mut Writer)) {

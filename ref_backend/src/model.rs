@@ -6,7 +6,7 @@ use quant::{DataType, Encoding, QuantError, QuantSpec, ScaleOffset, Symmetry};
 
 use crate::kernels;
 use crate::options::CompileOptions;
-use crate::parts::{Part, ai_hub_kv_name};
+use crate::parts::{Naming, Part, ai_hub_kv_name};
 use crate::types::{Granularity, KLayout, TensorDesc, TensorRole};
 
 /// Scale of the u16 attention-mask encoding: `100 / 65535`.
@@ -409,9 +409,13 @@ pub(crate) struct ModelData {
     pub(crate) model_sha256: [u8; 32],
     /// The token sequences calibration started from.
     pub(crate) calibration: Vec<Vec<u32>>,
-    /// `(vocab, dim)`; also the classifier when `classifier` is `None` (tied).
-    pub(crate) embedding: Matrix,
+    /// `(vocab, dim)`; also the classifier when `classifier` is `None` (tied). Held by the
+    /// whole model and by the parts [`Part::holds_embedding`] names.
+    pub(crate) embedding: Option<Matrix>,
+    /// The layer `layers[0]` is (0 for the whole model; a part holds only its own layers).
+    pub(crate) first_layer: usize,
     pub(crate) layers: Vec<LayerData>,
+    /// Empty unless the last part (or the whole model): the final norm and the LM head.
     pub(crate) output_norm: Vec<f32>,
     pub(crate) classifier: Option<Matrix>,
     /// i16 activation encodings (`n_layers * 4 + 1`, see [`act_index`]); empty for float
@@ -422,8 +426,68 @@ pub(crate) struct ModelData {
 }
 
 impl ModelData {
+    /// The weights `part` runs: its layers, the embedding where [`Part::holds_embedding`], the
+    /// final norm and the LM head in the last part (everything else dropped). `self` holds at
+    /// least those (the whole model, or this part already).
+    pub(crate) fn for_part(&self, part: &Part) -> ModelData {
+        let layers = part
+            .layers
+            .clone()
+            .filter_map(|l| self.layer(l).cloned())
+            .collect();
+        let last = part.is_last();
+        ModelData {
+            embedding: self
+                .embedding
+                .clone()
+                .filter(|_| part.holds_embedding(self.config.tied_output)),
+            first_layer: part.layers.start,
+            layers,
+            output_norm: if last {
+                self.output_norm.clone()
+            } else {
+                Vec::new()
+            },
+            classifier: self.classifier.clone().filter(|_| last),
+            ..self.clone_without_weights()
+        }
+    }
+
+    /// Everything but the weights (which are left empty).
+    fn clone_without_weights(&self) -> ModelData {
+        ModelData {
+            config: self.config.clone(),
+            options: self.options.clone(),
+            model_sha256: self.model_sha256,
+            calibration: self.calibration.clone(),
+            embedding: None,
+            first_layer: 0,
+            layers: Vec::new(),
+            output_norm: Vec::new(),
+            classifier: None,
+            act: self.act.clone(),
+            kv: self.kv.clone(),
+        }
+    }
+
+    /// Layer `l`'s weights, if this model (part) holds them.
+    fn layer(&self, l: usize) -> Option<&LayerData> {
+        self.layers.get(l.checked_sub(self.first_layer)?)
+    }
+
+    /// The embedding matrix (the token lookup of the first part).
+    ///
+    /// # Panics
+    /// In a part that does not hold it (a programming error: only the first part embeds, and
+    /// [`ModelData`] is validated when built or read).
+    pub(crate) fn embedding(&self) -> &Matrix {
+        self.embedding
+            .as_ref()
+            .unwrap_or_else(|| panic!("this part holds no embedding"))
+    }
+
     pub(crate) fn classifier(&self) -> &Matrix {
-        self.classifier.as_ref().unwrap_or(&self.embedding)
+        self.classifier.as_ref().unwrap_or_else(|| self.embedding())
     }
 
     pub(crate) fn act(&self, layer: usize, site: ActSite) -> Option<ScaleOffset> {
@@ -442,7 +506,7 @@ impl ModelData {
     pub(crate) fn linear(&self, t: Tensor) -> (&Matrix, Option<ScaleOffset>) {
         match t {
             Tensor::Layer(l, lt) => {
-                let m = self.layers.get(l).and_then(|d| d.matrix(lt));
+                let m = self.layer(l).and_then(|d| d.matrix(lt));
                 let site = act_site(lt);
                 let m = m
                     .filter(|_| site.is_some())
@@ -461,7 +525,7 @@ impl ModelData {
     pub(crate) fn vector(&self, t: Tensor) -> &[f32] {
         let v = match t {
             Tensor::OutputNorm => Some(self.output_norm.as_slice()),
-            Tensor::Layer(l, lt) => self.layers.get(l).and_then(|d| d.vector(lt)),
+            Tensor::Layer(l, lt) => self.layer(l).and_then(|d| d.vector(lt)),
             _ => None,
         };
         v.unwrap_or_else(|| panic!("{t} is not a vector"))
@@ -534,10 +598,9 @@ impl ModelData {
                             head,
                         };
                         let desc = TensorDesc {
-                            name: if part.ai_hub_names {
-                                ai_hub_kv_name(&t)
-                            } else {
-                                t.name()
+                            name: match part.naming {
+                                Naming::AiHub => ai_hub_kv_name(&t),
+                                Naming::Htpkv | Naming::ExecuTorch => t.name(),
                             },
                             shape: match kind {
                                 TensorKind::Key => kshape(rows, lead),

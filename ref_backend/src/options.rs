@@ -212,7 +212,7 @@ mod tests {
     #[test]
     fn fingerprint_is_pinned() {
         let o = CompileOptions::new(512, vec![1, 32]);
-        // Changed deliberately with CALIBRATION_VERSION 2 (sequences in lockstep).
-        assert_eq!(o.fingerprint_hex(), "957744ef855b27d1");
+        // Changed deliberately with FORMAT_VERSION 4 (per-part weights, the naming recorded).
+        assert_eq!(o.fingerprint_hex(), "c8b82246718d5da2");
     }
 }

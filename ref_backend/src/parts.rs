@@ -17,6 +17,8 @@ use quant::{DataType, Encoding, ScaleOffset, Symmetry};
 
 use crate::compile::CompiledModel;
 use crate::error::CompileError;
+use crate::options::CompileOptions;
+use crate::types::{Granularity, KLayout};
 
 /// One part of a split model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,10 +31,83 @@ pub struct Part {
     pub layers: Range<usize>,
     /// Positions as cos/sin tables (`position_ids_cos`/`_sin`) instead of position ids.
     pub rope_tables: bool,
-    /// AI Hub's names: graphs `{phase}_ar{n}_cl{c}_{i}_of_{N}`, K/V `past_key_{l}_in`,
-    /// `past_key_{l}_out`, … (`…_{l}_h{h}_…` per head). Every part made by [`Part::split`]
-    /// has them; [`Part::whole`] keeps htpkv's (`ar{n}_cl{c}`, `past_key_{l}[_{h}]`, `new_key_…`).
-    pub ai_hub_names: bool,
+    /// The names (and, through the QNN library, the presentation) of the graphs and tensors,
+    /// recorded in the file.
+    pub naming: Naming,
+}
+
+/// How a compiled file names its graphs and tensors: the IO convention it is made for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Naming {
+    /// htpkv's own: graphs `ar{n}_cl{c}`, K/V `past_key_{l}[_{h}]`, `new_key_…`.
+    Htpkv,
+    /// Qualcomm AI Hub's: graphs `{prompt|token}_ar{n}_cl{c}_{i}_of_{N}`, K/V
+    /// `past_key_{l}_in`, `past_key_{l}_out`, … (`…_{l}_h{h}_…` per head).
+    AiHub,
+    /// ExecuTorch's Qualcomm llama: methods `kv_forward` (AR-1) and `prefill_forward` (the one
+    /// AR-n variant), htpkv's tensor names inside the file; the QNN library presents the IO in
+    /// ExecuTorch's index order and layout. The names carry neither a part nor a context length,
+    /// so such a file is one whole model with one context length and at most one AR-n variant.
+    ExecuTorch,
+}
+
+impl Naming {
+    /// Every naming, in code order.
+    pub const ALL: [Naming; 3] = [Naming::Htpkv, Naming::AiHub, Naming::ExecuTorch];
+
+    /// The convention name (`htpkv`, `aihub`, `executorch`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Naming::Htpkv => "htpkv",
+            Naming::AiHub => "aihub",
+            Naming::ExecuTorch => "executorch",
+        }
+    }
+
+    /// The naming of a convention name.
+    pub fn from_name(name: &str) -> Option<Naming> {
+        Naming::ALL.into_iter().find(|n| n.name() == name)
+    }
+
+    /// The byte the file records it as.
+    pub(crate) const fn code(self) -> u8 {
+        match self {
+            Naming::Htpkv => 0,
+            Naming::AiHub => 1,
+            Naming::ExecuTorch => 2,
+        }
+    }
+
+    pub(crate) fn from_code(code: u8) -> Option<Naming> {
+        Naming::ALL.into_iter().find(|n| n.code() == code)
+    }
+
+    /// Why this naming cannot name `count` parts with these AR variants (`None`: it can). The
+    /// ExecuTorch method names tell neither parts nor several AR-n variants apart.
+    pub fn refusal(self, count: usize, rope_tables: bool, ar: &[usize]) -> Option<String> {
+        if self != Naming::ExecuTorch {
+            return None;
+        }
+        if count > 1 {
+            return Some(format!(
+                "the executorch convention cannot be cut into {count} parts: its method names \
+                 (kv_forward, prefill_forward) carry no part number to order them by"
+            ));
+        }
+        if rope_tables {
+            return Some(
+                "the executorch convention takes positions (input_pos), not RoPE tables".into(),
+            );
+        }
+        let prefill = ar.iter().filter(|&&n| n > 1).count();
+        if prefill > 1 {
+            return Some(format!(
+                "the executorch convention has one AR-n method (prefill_forward) besides kv_forward \
+                 (AR-1); {prefill} AR variants above 1 cannot be told apart"
+            ));
+        }
+        None
+    }
 }
 
 impl Part {
@@ -43,13 +118,32 @@ impl Part {
             count: 1,
             layers: 0..n_layers,
             rope_tables: false,
-            ai_hub_names: false,
+            naming: Naming::Htpkv,
         }
     }
 
-    /// `count` parts of consecutive layers of an `n_layers` model; sizes differ by at most one,
-    /// earlier parts the larger. Every part needs at least one layer.
+    /// `count` parts of consecutive layers of an `n_layers` model under AI Hub's names; sizes
+    /// differ by at most one, earlier parts the larger. Every part needs at least one layer.
     pub fn split(n_layers: usize, count: usize, rope_tables: bool) -> Result<Vec<Part>, String> {
+        Part::split_named(n_layers, count, rope_tables, Naming::AiHub)
+    }
+
+    /// [`Part::split`] under `naming` (see [`Naming::refusal`]; htpkv's names carry no part
+    /// number either, so they name only the whole model).
+    pub fn split_named(
+        n_layers: usize,
+        count: usize,
+        rope_tables: bool,
+        naming: Naming,
+    ) -> Result<Vec<Part>, String> {
+        if naming == Naming::Htpkv && count > 1 {
+            return Err(format!(
+                "htpkv's graph names carry no part number: {count} parts need the aihub convention"
+            ));
+        }
+        if let Some(reason) = naming.refusal(count, rope_tables, &[]) {
+            return Err(reason);
+        }
         if count == 0 || count > n_layers {
             return Err(format!(
                 "{count} parts for {n_layers} layers: expected 1 to {n_layers}"
@@ -66,7 +160,7 @@ impl Part {
                     count,
                     layers: start - len..start,
                     rope_tables,
-                    ai_hub_names: true,
+                    naming,
                 }
             })
             .collect())
@@ -82,16 +176,46 @@ impl Part {
         self.index + 1 == self.count
     }
 
-    /// The name of the AR-`n` graph: with AI Hub's names `prompt_ar{n}_cl{c}_{i}_of_{N}` for
-    /// `n > 1`, else `token_…`; otherwise htpkv's `ar{n}_cl{c}`.
-    pub fn graph_name(&self, n: usize, context: usize) -> String {
-        if !self.ai_hub_names {
-            return crate::model::graph_name(n, context);
-        }
-        let phase = if n > 1 { "prompt" } else { "token" };
-        let (i, count) = (self.index + 1, self.count);
-        format!("{phase}_ar{n}_cl{context}_{i}_of_{count}")
+    /// True for a part that holds the embedding matrix: the first (token lookup) and, with a
+    /// tied classifier, the last (the LM head is the embedding).
+    pub fn holds_embedding(&self, tied_output: bool) -> bool {
+        self.is_first() || (self.is_last() && tied_output)
     }
+
+    /// The name of the AR-`n` graph: with AI Hub's names `prompt_ar{n}_cl{c}_{i}_of_{N}` for
+    /// `n > 1`, else `token_…`; ExecuTorch's `prefill_forward` / `kv_forward`; otherwise
+    /// htpkv's `ar{n}_cl{c}`.
+    pub fn graph_name(&self, n: usize, context: usize) -> String {
+        match self.naming {
+            Naming::Htpkv => crate::model::graph_name(n, context),
+            Naming::ExecuTorch if n > 1 => "prefill_forward".into(),
+            Naming::ExecuTorch => "kv_forward".into(),
+            Naming::AiHub => {
+                let phase = if n > 1 { "prompt" } else { "token" };
+                let (i, count) = (self.index + 1, self.count);
+                format!("{phase}_ar{n}_cl{context}_{i}_of_{count}")
+            }
+        }
+    }
+}
+
+/// Refuses a part whose naming cannot express the model compiled with `o` ([`Naming::refusal`];
+/// ExecuTorch's K/V are one tensor per layer with K transposed).
+pub(crate) fn check_naming(part: &Part, o: &CompileOptions) -> Result<(), String> {
+    if let Some(reason) = part.naming.refusal(part.count, part.rope_tables, &o.ar) {
+        return Err(reason);
+    }
+    if part.naming == Naming::ExecuTorch
+        && (o.k_layout != KLayout::Transposed || o.granularity != Granularity::PerLayer)
+    {
+        return Err(
+            "the executorch convention's K/V are one tensor per layer with K transposed \
+             ([1, kv_heads, head_dim, c - n]): compile with --k-layout transposed \
+             --granularity per_layer"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// AI Hub's name of a K/V tensor: `past_{key|value}_{l}[_h{h}]_{in|out}`.
@@ -113,19 +237,48 @@ pub(crate) fn ai_hub_kv_name(t: &KvTensor) -> String {
 
 impl CompiledModel {
     /// The model cut into `count` parts ([`Part::split`]), one [`CompiledModel`] (one file,
-    /// one QNN context) each, sharing this model's weights and encodings; every part has a
-    /// graph per AR variant.
+    /// one QNN context) each, with this model's encodings and only the weights its graphs use
+    /// ([`Part::holds_embedding`], its layers, the final norm and LM head in the last); every
+    /// part has a graph per AR variant. `self` must be the whole model.
     pub fn split(
         &self,
         count: usize,
         rope_tables: bool,
     ) -> Result<Vec<CompiledModel>, CompileError> {
+        self.require_whole("cut into parts")?;
         let parts = Part::split(self.data.config.n_layers, count, rope_tables)
             .map_err(|reason| CompileError::InvalidOptions { reason })?;
         Ok(parts
             .into_iter()
-            .map(|p| CompiledModel::with_part(Arc::clone(&self.data), p))
+            .map(|p| CompiledModel::with_part(Arc::new(self.data.for_part(&p)), p))
             .collect())
+    }
+
+    /// The whole model under `naming` (its graph names, and the presentation the QNN library
+    /// gives it); refused where the naming cannot express the model ([`Naming::refusal`];
+    /// ExecuTorch's K/V are per layer with K transposed).
+    pub fn with_naming(&self, naming: Naming) -> Result<CompiledModel, CompileError> {
+        self.require_whole("renamed")?;
+        let part = Part {
+            naming,
+            ..self.part.clone()
+        };
+        check_naming(&part, &self.data.options)
+            .map_err(|reason| CompileError::InvalidOptions { reason })?;
+        Ok(CompiledModel::with_part(Arc::clone(&self.data), part))
+    }
+
+    fn require_whole(&self, what: &str) -> Result<(), CompileError> {
+        if self.part == Part::whole(self.data.config.n_layers) {
+            return Ok(());
+        }
+        Err(CompileError::InvalidOptions {
+            reason: format!(
+                "part {} of {} cannot be {what}: only the whole model (htpkv names) can",
+                self.part.index + 1,
+                self.part.count
+            ),
+        })
     }
 
     /// The same model and part — weights, activation and K/V encodings — with its graphs built for

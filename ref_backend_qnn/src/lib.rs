@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use qnn_ffi::bindings as b;
 use qnn_ffi::{OwnedRawTensor, Quantization, TensorInfo, TensorType, dtype_to_qnn, qnn_dtype_size};
-use ref_backend::{CompiledModel, TensorDesc, TensorRole};
+use ref_backend::{CompiledModel, Naming, TensorDesc, TensorRole};
 
 /// Backend id reported by the provider and in binary info ("HTKV").
 pub const BACKEND_ID: u32 = 0x4854_4B56;
@@ -527,6 +527,7 @@ unsafe fn resolve(
     context: usize,
     t: *const b::Qnn_Tensor_t,
     desc: &TensorDesc,
+    naming: Naming,
 ) -> Result<Bound, (Rc, String)> {
     let bad = |msg: String| Err((code(b::QNN_GRAPH_ERROR_INVALID_TENSOR), msg));
     // SAFETY: caller's contract.
@@ -542,10 +543,10 @@ unsafe fn resolve(
     if !v1.name.is_null() {
         // SAFETY: caller's contract.
         let name = unsafe { CStr::from_ptr(v1.name) };
-        if name.to_bytes() != reported_tensor_name(desc).as_bytes() {
+        if name.to_bytes() != reported_tensor_name(desc, naming).as_bytes() {
             return bad(format!(
                 "expected tensor `{}` at this position, got `{}`",
-                reported_tensor_name(desc),
+                reported_tensor_name(desc, naming),
                 name.to_string_lossy()
             ));
         }
@@ -560,7 +561,7 @@ unsafe fn resolve(
     if !v1.dimensions.is_null() {
         // SAFETY: caller's contract.
         let dims = unsafe { std::slice::from_raw_parts(v1.dimensions, v1.rank as usize) };
-        let shape = reported_shape(desc);
+        let shape = reported_shape(desc, naming);
         if dims.len() != shape.len() || dims.iter().zip(&shape).any(|(&a, &b)| a as usize != b) {
             return bad(format!(
                 "tensor `{}`: shape {dims:?}, expected {shape:?}",
@@ -678,14 +679,15 @@ unsafe extern "C" fn graph_execute(
             }
             at
         };
+        let naming = presented(exec);
         let (in_at, out_at) = (
-            position(reported_order(exec.inputs())),
-            position(reported_order(exec.outputs())),
+            position(reported_order(exec.inputs(), naming)),
+            position(reported_order(exec.outputs(), naming)),
         );
         let mut ins = Vec::with_capacity(exec.inputs().len());
         for (i, desc) in exec.inputs().iter().enumerate() {
             // SAFETY: `inputs` holds `n_inputs` tensors (checked non-NULL, count matches).
-            match unsafe { resolve(&s, g.context, inputs.add(in_at[i]), desc) } {
+            match unsafe { resolve(&s, g.context, inputs.add(in_at[i]), desc, naming) } {
                 Ok(bound) => ins.push(bound),
                 Err((rc, msg)) => return fail(rc, msg),
             }
@@ -693,14 +695,14 @@ unsafe extern "C" fn graph_execute(
         let mut outs = Vec::with_capacity(exec.outputs().len());
         for (i, desc) in exec.outputs().iter().enumerate() {
             // SAFETY: `outputs` holds `n_outputs` tensors.
-            match unsafe { resolve(&s, g.context, outputs.add(out_at[i]), desc) } {
+            match unsafe { resolve(&s, g.context, outputs.add(out_at[i]), desc, naming) } {
                 Ok(bound) => outs.push(bound),
                 Err((rc, msg)) => return fail(rc, msg),
             }
         }
         // ExecuTorch's mask, converted; it must outlive the execution below.
         let mut converted: Vec<u8>;
-        if naming() == Naming::ExecuTorch {
+        if naming == Naming::ExecuTorch {
             let mask = exec
                 .inputs()
                 .iter()
@@ -1000,9 +1002,14 @@ unsafe extern "C" fn error_get_message(handle: u64, out: *mut *const c_char) -> 
 // System context
 // ------------------------------------------------------------------------------------------
 
-/// The QNN description of a compiled tensor (what the system provider reports).
-pub fn tensor_info(desc: &TensorDesc, id: u32, tensor_type: TensorType) -> TensorInfo {
-    let executorch_mask = naming() == Naming::ExecuTorch
+/// The QNN description of a compiled tensor (what the system provider reports) under `naming`.
+pub fn tensor_info(
+    desc: &TensorDesc,
+    id: u32,
+    tensor_type: TensorType,
+    naming: Naming,
+) -> TensorInfo {
+    let executorch_mask = naming == Naming::ExecuTorch
         && desc.role == TensorRole::Mask
         && desc.dtype == quant::DataType::U16;
     let quant = match &desc.encoding {
@@ -1023,10 +1030,13 @@ pub fn tensor_info(desc: &TensorDesc, id: u32, tensor_type: TensorType) -> Tenso
     };
     TensorInfo {
         id,
-        name: reported_tensor_name(desc),
+        name: reported_tensor_name(desc, naming),
         tensor_type,
         dtype: dtype_to_qnn(desc.dtype),
-        shape: reported_shape(desc).iter().map(|&d| d as u32).collect(),
+        shape: reported_shape(desc, naming)
+            .iter()
+            .map(|&d| d as u32)
+            .collect(),
         quant,
     }
 }
@@ -1041,9 +1051,12 @@ pub const LAYOUT_ENV: &str = "HTPKV_REF_QNN_LAYOUT";
 /// (fd + offset) and client buffers.
 pub const STRICT_ENV: &str = "HTPKV_REF_QNN_STRICT";
 
-/// Environment variable choosing how the library presents graphs and tensors, so that the
-/// runtime's IO conventions are exercised on real context binaries:
-/// - unset or `htpkv`: htpkv's own names and order;
+/// Environment variable overriding how the library presents graphs and tensors. Unset, each model
+/// is presented by the naming its file records ([`ref_backend::Naming`]: `htpkv compile
+/// --convention htpkv|aihub|executorch`); set, every model is presented one way, so that the
+/// runtime's conventions are exercised on binaries compiled otherwise (a test device, not a
+/// setting for users):
+/// - `htpkv`: htpkv's own names and order;
 /// - `aihub`: the names of Qualcomm AI Hub's LLM exports — graphs `{token|prompt}_ar{n}_cl{S}_{i}_of_{N}` (`1_of_1` for a whole model),
 ///   `position_ids`, `past_key_{layer}_in` / `_out`, `past_value_{layer}_in` / `_out` (per head:
 ///   `past_key_{layer}_h{head}_in`, …);
@@ -1054,34 +1067,23 @@ pub const STRICT_ENV: &str = "HTPKV_REF_QNN_STRICT";
 ///   attend, 0 masked) and converted to the executor's additive encoding.
 pub const NAMES_ENV: &str = "HTPKV_REF_QNN_NAMES";
 
-/// How graphs and tensors are presented (see [`NAMES_ENV`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Naming {
-    Htpkv,
-    AiHub,
-    ExecuTorch,
+/// How graph `g` is presented: the naming its file records, unless [`NAMES_ENV`] overrides it.
+pub fn presented(g: &ref_backend::Graph) -> Naming {
+    std::env::var(NAMES_ENV)
+        .ok()
+        .and_then(|v| Naming::from_name(&v))
+        .unwrap_or(g.part().naming)
 }
 
-fn naming() -> Naming {
-    match std::env::var(NAMES_ENV).as_deref() {
-        Ok("aihub") => Naming::AiHub,
-        Ok("executorch") => Naming::ExecuTorch,
-        _ => Naming::Htpkv,
-    }
-}
-
-/// The name graph `g` is reported and retrieved under (see [`NAMES_ENV`]).
+/// The name graph `g` is reported and retrieved under (see [`presented`]).
 pub fn reported_graph_name(g: &ref_backend::Graph) -> String {
-    match naming() {
-        Naming::Htpkv => g.name().to_string(),
-        Naming::AiHub => {
-            let mut part = g.part().clone();
-            part.ai_hub_names = true;
-            part.graph_name(g.ar(), g.context())
-        }
-        Naming::ExecuTorch if g.ar() == 1 => "kv_forward".into(),
-        Naming::ExecuTorch => "prefill_forward".into(),
+    let naming = presented(g);
+    if naming == g.part().naming {
+        return g.name().to_string();
     }
+    let mut part = g.part().clone();
+    part.naming = naming;
+    part.graph_name(g.ar(), g.context())
 }
 
 fn is_kv(role: TensorRole) -> bool {
@@ -1091,9 +1093,9 @@ fn is_kv(role: TensorRole) -> bool {
     )
 }
 
-/// The name tensor `desc` is reported under (see [`NAMES_ENV`]).
-pub fn reported_tensor_name(desc: &TensorDesc) -> String {
-    match naming() {
+/// The name tensor `desc` is reported under `naming`.
+pub fn reported_tensor_name(desc: &TensorDesc, naming: Naming) -> String {
+    match naming {
         Naming::Htpkv => return desc.name.clone(),
         Naming::ExecuTorch => return format!("et_{}", desc.name),
         Naming::AiHub => {}
@@ -1122,9 +1124,9 @@ pub fn reported_tensor_name(desc: &TensorDesc) -> String {
 }
 
 /// The dims tensor `desc` is reported with: ExecuTorch's K/V put the heads second.
-pub fn reported_shape(desc: &TensorDesc) -> Vec<usize> {
+pub fn reported_shape(desc: &TensorDesc, naming: Naming) -> Vec<usize> {
     let mut shape = desc.shape.clone();
-    if naming() == Naming::ExecuTorch && is_kv(desc.role) && shape.len() == 4 {
+    if naming == Naming::ExecuTorch && is_kv(desc.role) && shape.len() == 4 {
         shape.swap(0, 1);
     }
     shape
@@ -1132,9 +1134,9 @@ pub fn reported_shape(desc: &TensorDesc) -> Vec<usize> {
 
 /// The graph's tensor indices in the order they are reported (ExecuTorch's index order; else as
 /// the model lists them).
-pub fn reported_order(descs: &[TensorDesc]) -> Vec<usize> {
+pub fn reported_order(descs: &[TensorDesc], naming: Naming) -> Vec<usize> {
     let mut order: Vec<usize> = (0..descs.len()).collect();
-    if naming() == Naming::ExecuTorch {
+    if naming == Naming::ExecuTorch {
         let rank = |r: TensorRole| match r {
             TensorRole::InputIds | TensorRole::Logits | TensorRole::HiddenIn => 0,
             TensorRole::HiddenOut => 0,
@@ -1201,11 +1203,12 @@ fn raw_tensors(
     id: &mut u32,
     tensor_type: TensorType,
     layout: Layout,
+    naming: Naming,
 ) -> Option<Vec<OwnedRawTensor>> {
-    reported_order(descs)
+    reported_order(descs, naming)
         .into_iter()
         .map(|i| {
-            let t = OwnedRawTensor::new(&tensor_info(&descs[i], *id, tensor_type)).ok()?;
+            let t = OwnedRawTensor::new(&tensor_info(&descs[i], *id, tensor_type, naming)).ok()?;
             *id += 1;
             Some(if layout.tensor == 2 { t.version_2() } else { t })
         })
@@ -1334,8 +1337,9 @@ fn build_sys_info(model: &CompiledModel, binary_bytes: u64, layout: Layout) -> O
     let mut blobs = Vec::new();
     let mut id = 1u32;
     for g in model.graphs() {
-        let ins = raw_tensors(g.inputs(), &mut id, TensorType::AppWrite, layout)?;
-        let outs = raw_tensors(g.outputs(), &mut id, TensorType::AppRead, layout)?;
+        let naming = presented(g);
+        let ins = raw_tensors(g.inputs(), &mut id, TensorType::AppWrite, layout, naming)?;
+        let outs = raw_tensors(g.outputs(), &mut id, TensorType::AppRead, layout, naming)?;
         tensors.push(ins.iter().map(OwnedRawTensor::raw).collect::<Vec<_>>());
         tensors.push(outs.iter().map(OwnedRawTensor::raw).collect::<Vec<_>>());
         names.push(CString::new(reported_graph_name(g)).ok()?);
