@@ -170,9 +170,10 @@ fn bad_qnn_paths_give_typed_errors() {
     }
 }
 
-/// A model with sliding-window layers (window 16 on layers 0, 2, 4): the QNN library presents the
-/// `attention_mask_w16` input and the `W - 1`-row past tensors, the session binds them by name, and
-/// the story is the in-process one, token for token.
+/// A model with sliding-window layers (window 16 on layers 0, 2, 4, window 8 on layer 1): the QNN
+/// library presents the `attention_mask_w8` and `attention_mask_w16` inputs and the `W - 1`-row past
+/// tensors, the convention takes both as masks, the session binds them by name, and the story is the
+/// in-process one, token for token.
 #[test]
 fn windowed_generation_through_the_qnn_library_is_bit_identical() {
     let cache = std::env::temp_dir().join(format!("htpkv-qnn-windows-{}", std::process::id()));
@@ -187,7 +188,7 @@ fn windowed_generation_through_the_qnn_library_is_bit_identical() {
         };
         let local = EngineOptions {
             ar: vec![1, 4],
-            layer_windows: vec!["0,2,4:16".parse().unwrap()],
+            layer_windows: vec!["0,2,4:16".parse().unwrap(), "1:8".parse().unwrap()],
             ..local
         };
         let qnn = EngineOptions {
@@ -202,7 +203,7 @@ fn windowed_generation_through_the_qnn_library_is_bit_identical() {
         let mut a = Engine::open(&local, &mut |_| {}).unwrap();
         let mut b = Engine::open(&qnn, &mut |_| {}).unwrap();
         let windows = &b.session().cache().spec().geometry.windows;
-        assert_eq!(windows[..], [Some(16), None, Some(16), None, Some(16)]);
+        assert_eq!(windows[..], [Some(16), Some(8), Some(16), None, Some(16)]);
         let ga = a
             .generate("Once upon a time", &generate, &mut |_| true)
             .unwrap();
