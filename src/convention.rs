@@ -347,6 +347,16 @@ impl Convention {
         let mut out = Vec::with_capacity(names.len());
         let mut unclaimed = Vec::new();
         for (i, name) in names.iter().enumerate() {
+            // A sliding window's mask (`attention_mask_w{W}`, kv_manager's one naming rule) is a
+            // mask in every convention; the session binds it by name.
+            if input && kv_manager::parse_mask_name(name).is_some_and(|w| w.is_some()) {
+                out.push(Assigned {
+                    role: IoRole::Mask,
+                    layer: None,
+                    head: None,
+                });
+                continue;
+            }
             match self.name_role(table, name, input)? {
                 Some(a) => out.push(a),
                 None => {

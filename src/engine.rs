@@ -14,6 +14,9 @@ use ref_backend::{CompileOptions, CompiledModel, WeightType};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod layer_windows;
+pub use layer_windows::{LayerWindows, apply_layer_windows};
+
 /// Which backend runs the graphs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendChoice {
@@ -54,6 +57,9 @@ pub struct EngineOptions {
     /// Where compiled models are cached; `None` uses `$HTPKV_CACHE_DIR`, `$XDG_CACHE_HOME/htpkv`,
     /// `$HOME/.cache/htpkv`, then `./.htpkv-cache`.
     pub cache_dir: Option<PathBuf>,
+    /// Per-layer attention windows to set on a model that has none (`--layer-window`; see
+    /// [`apply_layer_windows`]); only when compiling (a compiled file has its own).
+    pub layer_windows: Vec<LayerWindows>,
 }
 
 impl Default for EngineOptions {
@@ -70,6 +76,7 @@ impl Default for EngineOptions {
             context: None,
             ar: vec![1, 32],
             cache_dir: None,
+            layer_windows: Vec::new(),
         }
     }
 }
@@ -443,8 +450,9 @@ pub fn compiled_model(
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
     let digest = model.fingerprint_hex();
+    let windows = windows_key(&model.config);
     let path = cache_dir.join(format!(
-        "{stem}-{}-{}.htpkv",
+        "{stem}-{}-{}{windows}.htpkv",
         &digest[..16],
         opts.fingerprint_hex()
     ));
@@ -452,6 +460,10 @@ pub fn compiled_model(
         match CompiledModel::read(&path) {
             Ok(m) if m.model_sha256_hex() != digest => status(&format!(
                 "{} was compiled from another checkpoint; recompiling",
+                path.display()
+            )),
+            Ok(m) if windows_key(m.config()) != windows => status(&format!(
+                "{} was compiled with other per-layer windows; recompiling",
                 path.display()
             )),
             Ok(m) if m.options() == opts && m.calibration() == calibration => {
@@ -480,6 +492,20 @@ pub fn compiled_model(
     compiled.write(&path, &[&model.path])?;
     status(&format!("compiled model cached at {}", path.display()));
     Ok((compiled, path))
+}
+
+/// The part of a cached file's name that keys its per-layer windows: empty without windows, else
+/// `-w` and 16 hex digits of the SHA-256 of the windows (`--layer-window` changes the compiled
+/// model, not the model's files).
+fn windows_key(config: &LlamaConfig) -> String {
+    if !config.layer_windows.iter().any(Option::is_some) {
+        return String::new();
+    }
+    let text: Vec<String> = (config.layer_windows.iter())
+        .map(|w| w.map_or("-".into(), |w| w.to_string()))
+        .collect();
+    let digest = llama2c::hex(&llama2c::sha256(text.join(",").as_bytes()));
+    format!("-w{}", &digest[..16])
 }
 
 /// Status lines for a compile: one per stage and quarter of it (for logs and the JNI layer; the
@@ -573,7 +599,13 @@ impl Model {
         status: &mut dyn FnMut(&str),
         progress: &mut dyn FnMut(ref_backend::Progress),
     ) -> Result<Model, EngineError> {
-        let opened = OpenedModel::open(options.model_dir.as_deref())?;
+        let mut opened = OpenedModel::open(options.model_dir.as_deref())?;
+        if options.compiled.is_some() && !options.layer_windows.is_empty() {
+            return Err(EngineError::BadOption(
+                "--layer-window applies when compiling; a compiled file has its own windows".into(),
+            ));
+        }
+        apply_layer_windows(&mut opened.config, &options.layer_windows)?;
         // A given compiled file is only parsed by the reference backend; the QNN backend hands it to the
         // QNN library as it is (on a device: a context binary made by Qualcomm's tools).
         let (model, compiled_path) = match &options.compiled {

@@ -65,7 +65,9 @@ pub enum SessionError {
 enum Feed {
     InputIds,
     Positions,
-    Mask(QuantSpec, MaskEncoding),
+    /// The mask of the layers of attention window `Option<usize>` (`None`: the global one), bound
+    /// by its name ([`kv_manager::mask_name`]).
+    Mask(QuantSpec, MaskEncoding, Option<usize>),
     /// The RoPE cos (`sin: false`) or sin table of the step's positions, `rope` of the table's width.
     Rope {
         spec: QuantSpec,
@@ -247,17 +249,23 @@ pub fn cache_spec_for_context(
                 .ok_or_else(|| bad(format!("graph `{}` has no input_ids", g.name)))?,
         );
     }
-    let window = context.saturating_sub(ar_variants[0]);
+    let windows = windows_from_graphs(graphs, &groups, &ar_variants, context, layers)?;
     let k_layout = match past.iter().find(|t| t.role == IoRole::PastKey) {
-        Some(k)
+        Some(k) => {
+            let layer = k.layer.unwrap_or(0);
+            let window = windows.get(layer).copied().flatten();
+            let rows = window.map_or(context.saturating_sub(ar_variants[0]), |w| w - 1);
             if k.shape.len() == 4
                 && k.shape[2] == head_dim
-                && k.shape[3] == window
-                && window != head_dim =>
-        {
-            KLayout::Transposed
+                && k.shape[3] == rows
+                && rows != head_dim
+            {
+                KLayout::Transposed
+            } else {
+                KLayout::Rows
+            }
         }
-        _ => KLayout::Rows,
+        None => KLayout::Rows,
     };
     let geometry = Geometry {
         layers,
@@ -272,7 +280,7 @@ pub fn cache_spec_for_context(
         } else {
             Granularity::PerLayer
         },
-        windows: Vec::new(),
+        windows,
     };
     geometry.validate()?;
     let mut variants = Vec::new();
@@ -359,6 +367,70 @@ pub fn cache_spec_for_context(
     })
 }
 
+/// The per-layer attention windows of the graph groups (one per AR variant `ar`, of context
+/// `context`): empty when the graphs take no window mask. A graph that takes
+/// `attention_mask_w{W}` ([`kv_manager::parse_mask_name`]) has sliding layers of window W, each
+/// recognised by its past tensors holding `W - 1` rows in every AR variant (a global layer's hold
+/// `S - n`; `kv_manager::Geometry::past_rows`).
+fn windows_from_graphs(
+    graphs: &[GraphDesc],
+    groups: &[Vec<usize>],
+    ar: &[usize],
+    context: usize,
+    layers: usize,
+) -> Result<Vec<Option<usize>>, SessionError> {
+    let bad = |m: String| SessionError::Graphs(m);
+    let inputs = |group: &Vec<usize>| -> Vec<&IoTensor> {
+        group.iter().flat_map(|&i| &graphs[i].inputs).collect()
+    };
+    let mut masks: Vec<usize> = inputs(&groups[0])
+        .iter()
+        .filter_map(|t| kv_manager::parse_mask_name(&t.name).flatten())
+        .collect();
+    masks.sort_unstable();
+    masks.dedup();
+    if masks.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Rows of `layer`'s past values in each variant (shape `[.., rows, D]`).
+    let rows = |layer: usize| -> Vec<Option<usize>> {
+        groups
+            .iter()
+            .map(|g| {
+                inputs(g)
+                    .into_iter()
+                    .find(|t| t.role == IoRole::PastValue && t.layer == Some(layer))
+                    .and_then(|t| t.shape.len().checked_sub(2).map(|i| t.shape[i]))
+            })
+            .collect()
+    };
+    let fits = |rows: &[Option<usize>], want: &dyn Fn(usize) -> usize| {
+        rows.iter().zip(ar).all(|(r, &n)| *r == Some(want(n)))
+    };
+    (0..layers)
+        .map(|layer| {
+            let rows = rows(layer);
+            let global = fits(&rows, &|n| context.saturating_sub(n));
+            let sliding: Vec<usize> = (masks.iter().copied())
+                .filter(|&w| fits(&rows, &|_| w - 1))
+                .collect();
+            match (global, sliding.as_slice()) {
+                (false, [w]) => Ok(Some(*w)),
+                (true, []) => Ok(None),
+                (true, [w, ..]) => Err(bad(format!(
+                    "layer {layer}'s past tensors hold S - n = {w} - 1 rows in every AR variant: \
+                     it could be global or slide with window {w} (add an AR variant to tell)"
+                ))),
+                _ => Err(bad(format!(
+                    "layer {layer}'s past tensors hold {rows:?} rows in the AR variants {ar:?}: \
+                     neither S - n (a global layer, context {context}) nor W - 1 for a window mask \
+                     of the graphs ({masks:?})"
+                ))),
+            }
+        })
+        .collect()
+}
+
 /// A model loaded on a backend with its KV cache: the step engine under `generate`.
 #[derive(Debug)]
 pub struct Session<B: Backend> {
@@ -424,10 +496,14 @@ fn feed_of(
             .clone()
             .ok_or_else(|| bad(format!("`{}` has no encoding", t.name)))
     };
+    // A sliding window's mask is bound by its name, whatever role a convention gave it.
+    if let Some(window @ Some(_)) = kv_manager::parse_mask_name(&t.name) {
+        return Ok(Feed::Mask(spec()?, g.mask, window));
+    }
     Ok(match t.role {
         IoRole::InputIds => Feed::InputIds,
         IoRole::Positions => Feed::Positions,
-        IoRole::Mask => Feed::Mask(spec()?, g.mask),
+        IoRole::Mask => Feed::Mask(spec()?, g.mask, None),
         IoRole::RopeCos | IoRole::RopeSin => {
             let cfg = rope.ok_or_else(|| {
                 bad(format!(
@@ -764,14 +840,22 @@ impl<B: Backend> Session<B> {
             self.made.resize_with(part.feeds.len(), Vec::new);
             for (feed, buf) in part.feeds.iter().zip(&mut self.made) {
                 match feed {
-                    Feed::Mask(spec, MaskEncoding::Additive) => {
-                        buf.resize(plan.mask.len() * spec.dtype.size_bytes(), 0);
-                        plan.mask_quantized(spec, buf)?;
-                    }
-                    Feed::Mask(spec, MaskEncoding::AttendMax) => {
-                        buf.resize(plan.mask.len() * spec.dtype.size_bytes(), 0);
-                        convention::attend_max_mask(&plan.mask, spec.dtype, buf)
-                            .map_err(SessionError::Encode)?;
+                    Feed::Mask(spec, encoding, window) => {
+                        let mask = plan.mask_for(*window).ok_or_else(|| {
+                            SessionError::Graphs(format!(
+                                "the plan has no mask for window {window:?}"
+                            ))
+                        })?;
+                        buf.resize(mask.len() * spec.dtype.size_bytes(), 0);
+                        match encoding {
+                            MaskEncoding::Additive => {
+                                plan.mask_quantized_for(*window, spec, buf)?;
+                            }
+                            MaskEncoding::AttendMax => {
+                                convention::attend_max_mask(mask, spec.dtype, buf)
+                                    .map_err(SessionError::Encode)?;
+                            }
+                        }
                     }
                     Feed::Rope { spec, rope, sin } => {
                         convention::rope_table(rope, &plan.positions, *sin, spec, buf)

@@ -169,3 +169,48 @@ fn bad_qnn_paths_give_typed_errors() {
         assert!(err.to_string().contains(needle), "{err}");
     }
 }
+
+/// A model with sliding-window layers (window 16 on layers 0, 2, 4, window 8 on layer 1): the QNN
+/// library presents the `attention_mask_w8` and `attention_mask_w16` inputs and the `W - 1`-row past
+/// tensors, the convention takes both as masks, the session binds them by name, and the story is the
+/// in-process one, token for token.
+#[test]
+fn windowed_generation_through_the_qnn_library_is_bit_identical() {
+    let cache = std::env::temp_dir().join(format!("htpkv-qnn-windows-{}", std::process::id()));
+    let lib = reference_qnn_library();
+    let generate = GenerateOptions {
+        max_tokens: 100,
+        sampler: Default::default(),
+    };
+    for update in [Strategy::SHIFT_2X, Strategy::Naive] {
+        let Some(local) = options(update, BackendChoice::Reference, &cache) else {
+            return;
+        };
+        let local = EngineOptions {
+            ar: vec![1, 4],
+            layer_windows: vec!["0,2,4:16".parse().unwrap(), "1:8".parse().unwrap()],
+            ..local
+        };
+        let qnn = EngineOptions {
+            backend: BackendChoice::Qnn {
+                backend_lib: lib.clone(),
+                system_lib: None,
+                memory: QnnMemory::Auto,
+                max_handles: DEFAULT_MAX_HANDLES,
+            },
+            ..local.clone()
+        };
+        let mut a = Engine::open(&local, &mut |_| {}).unwrap();
+        let mut b = Engine::open(&qnn, &mut |_| {}).unwrap();
+        let windows = &b.session().cache().spec().geometry.windows;
+        assert_eq!(windows[..], [Some(16), Some(8), Some(16), None, Some(16)]);
+        let ga = a
+            .generate("Once upon a time", &generate, &mut |_| true)
+            .unwrap();
+        let gb = b
+            .generate("Once upon a time", &generate, &mut |_| true)
+            .unwrap();
+        assert_eq!(ga.tokens, gb.tokens, "{update:?}");
+        assert!(ga.text.len() > 100);
+    }
+}

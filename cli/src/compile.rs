@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use htpkv::engine::{DEFAULT_MAX_CONTEXT, OpenedModel};
+use htpkv::engine::{DEFAULT_MAX_CONTEXT, LayerWindows, OpenedModel, apply_layer_windows};
 use llama2c::fsio::{FileKind, check_output, read_capped};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::DataType;
@@ -83,6 +83,11 @@ pub struct CompileArgs {
     /// Output file (a directory for a bundle).
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
+    /// Sliding attention window W on the listed layers (e.g. `0,2,4:16`; repeat for other
+    /// windows), for a model without its own (a Hugging Face model's config.json windows are
+    /// used as they are). A window of the context or more is a global layer.
+    #[arg(long, value_name = "LAYERS:W", value_parser = parse_from_str::<LayerWindows>)]
+    layer_window: Vec<LayerWindows>,
 }
 
 fn parse_kv_dtype(s: &str) -> Result<DataType, String> {
@@ -118,7 +123,8 @@ fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<
     let mut inputs = vec![path];
     inputs.extend(args.calibration_prompts.as_deref());
     check_early(args, &inputs, true)?;
-    let opened = OpenedModel::open(Some(path))?;
+    let mut opened = OpenedModel::open(Some(path))?;
+    apply_layer_windows(&mut opened.config, &args.layer_window)?;
     let context = args
         .context
         .or(args.contexts.iter().max().copied())
@@ -371,7 +377,8 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         .or(args.contexts.iter().max().copied())
         .unwrap_or(ckpt.config.seq_len);
     check_parts(&args, ckpt.config.n_layers)?;
-    let config = llama2c::llama_config(&ckpt.config);
+    let mut config = llama2c::llama_config(&ckpt.config);
+    apply_layer_windows(&mut config, &args.layer_window)?;
     check_contexts(&args, &config)?;
     htpkv::engine::check_geometry(&config, context, &args.ar, args.kv_dtype)?;
     let tok =
@@ -427,6 +434,12 @@ fn report(
             model.options().granularity.name(),
             model.options().weights.name()
         )?;
+        if c.layer_windows.iter().any(Option::is_some) {
+            let w: Vec<String> = (c.layer_windows.iter())
+                .map(|w| w.map_or("global".into(), |w| w.to_string()))
+                .collect();
+            writeln!(out, "per-layer windows: {}", w.join(" "))?;
+        }
         for g in model.graphs() {
             writeln!(
                 out,

@@ -1,7 +1,7 @@
 //! `htpkv generate`: stream a story from the model, compiled on first use.
 
 use anyhow::Context;
-use htpkv::engine::{BackendChoice, Engine, EngineOptions};
+use htpkv::engine::{BackendChoice, Engine, EngineOptions, LayerWindows};
 use htpkv::sampler::{Sampler, SamplerOptions};
 use htpkv::session::{GenerateOptions, StopReason};
 use model::Message;
@@ -132,6 +132,12 @@ pub struct GenerateArgs {
     /// Length penalty alpha of --beams: a beam scores sum(logprob) / len^alpha.
     #[arg(long, value_name = "ALPHA", default_value_t = 1.0, requires = "beams")]
     length_penalty: f32,
+    /// Sliding attention window W on the listed layers (e.g. `0,2,4:16`; repeat for other
+    /// windows) of a model without its own, applied when the model is compiled (not with
+    /// --compiled: the file has its own).
+    #[arg(long, value_name = "LAYERS:W", conflicts_with = "compiled",
+          value_parser = |s: &str| s.parse::<LayerWindows>())]
+    layer_window: Vec<LayerWindows>,
     /// N independent samples sharing one prompt prefill (sample i uses seed --seed + i).
     #[arg(long, value_name = "N", conflicts_with_all = ["chat", "save", "resume"])]
     n: Option<usize>,
@@ -223,6 +229,7 @@ fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
             .clone()
             .unwrap_or_else(|| beams::default_ar(args, defaults.ar)),
         cache_dir: None,
+        layer_windows: args.layer_window.clone(),
     };
     let generate = GenerateOptions {
         max_tokens: args.steps,

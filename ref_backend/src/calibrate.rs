@@ -236,7 +236,8 @@ const LOCKSTEP_ROWS: usize = 16;
 /// The float forward over several independent sequences in lockstep: pass `t` runs position
 /// `t` of every sequence that has one, one row each, with per-sequence f32 KV caches and the
 /// arithmetic of [`model::FloatModel`] (f32 matmuls, causal attention over the sequence's own
-/// positions `0..=t`), so every row's values equal that model's for its sequence alone.
+/// positions `0..=t`, or the last W of them in a sliding-window layer), so every row's values
+/// equal that model's for its sequence alone.
 struct Lockstep<'a> {
     c: &'a LlamaConfig,
     w: &'a dyn WeightSource,
@@ -367,14 +368,19 @@ impl Kernels for Lockstep<'_> {
             let at = base + t * kvd;
             self.keys[s][at..at + kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
             self.values[s][at..at + kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
-            let (keys, values) = (&self.keys[s][base..], &self.values[s][base..]);
+            // A sliding-window layer sees positions `t + 1 - W ..= t` only.
+            let first = c
+                .layer_window(layer)
+                .map_or(0, |w| (t + 1).saturating_sub(w));
+            let from = base + first * kvd;
+            let (keys, values) = (&self.keys[s][from..], &self.values[s][from..]);
             for h in 0..c.n_heads {
                 let off = (h / kv_mul) * hd;
                 let row = |p: usize| p * kvd + off..p * kvd + off + hd;
                 let o = i * qd + h * hd;
                 attend(
                     &q[o..o + hd],
-                    t + 1,
+                    t + 1 - first,
                     |p| &keys[row(p)],
                     |p| &values[row(p)],
                     |_| 0.0,

@@ -9,7 +9,7 @@ use quant::{DataType, QuantSpec, ScaleOffset};
 use crate::calibrate::calibrate;
 use crate::error::CompileError;
 use crate::exec::Graph;
-use crate::model::{ActSite, LayerData, Matrix, ModelData};
+use crate::model::{ActSite, LayerData, Matrix, ModelData, graph_window};
 use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS};
 use crate::parts::Part;
 use crate::types::WeightType;
@@ -196,20 +196,6 @@ pub(crate) fn validate_options(config: &LlamaConfig, opts: &CompileOptions) -> R
     if opts.ar.is_empty() {
         return Err("at least one AR variant is needed".into());
     }
-    // The float forward honours per-layer windows; the executor's graphs do not take them yet, so a
-    // window that would bite within the context is refused rather than silently ignored.
-    let windows = config.layer_windows.iter().enumerate();
-    if let Some((layer, w)) = windows
-        .filter_map(|(l, w)| Some((l, (*w)?)))
-        .find(|&(_, w)| w < opts.context)
-    {
-        return Err(format!(
-            "layer {layer} has a sliding attention window of {w} tokens, shorter than the context {}: \
-             the reference executor does not compile per-layer windows yet (compile with a context of \
-             at most {w})",
-            opts.context
-        ));
-    }
     let mut seen = HashSet::new();
     for &n in &opts.ar {
         if n == 0 || n >= opts.context {
@@ -231,6 +217,7 @@ pub(crate) fn validate_options(config: &LlamaConfig, opts: &CompileOptions) -> R
             opts.kv_dtype
         ));
     }
+    validate_windows(config, opts)?;
     if opts.needs_calibration() && opts.calibration_tokens == 0 {
         return Err("calibration_tokens must be at least 1".into());
     }
@@ -241,6 +228,34 @@ pub(crate) fn validate_options(config: &LlamaConfig, opts: &CompileOptions) -> R
         ));
     }
     Ok(())
+}
+
+/// Checks the sliding windows that bite within the context against kv_manager's rule (the
+/// geometry a session builds from the graphs): `max(ar) <= W <= S - max(ar) + 1`. A window
+/// between that and the context would change the float model's answer yet has no graph a cache
+/// can serve, so it is refused rather than served as a global layer.
+fn validate_windows(config: &LlamaConfig, opts: &CompileOptions) -> Result<(), String> {
+    let windows: Vec<Option<usize>> = (0..config.n_layers)
+        .map(|l| graph_window(config, opts.context, l))
+        .collect();
+    if windows.iter().all(Option::is_none) {
+        return Ok(());
+    }
+    let mut geometry = kv_manager::Geometry::new(
+        config.n_layers,
+        config.n_kv_heads,
+        config.head_dim,
+        opts.context,
+        &opts.ar,
+        opts.kv_dtype,
+    );
+    geometry.windows = windows;
+    geometry.validate().map_err(|e| {
+        format!(
+            "{e}: the graphs of context {} cannot take this sliding window",
+            opts.context
+        )
+    })
 }
 
 /// Checks the calibration sequences: present when something is quantized, none empty.
@@ -294,8 +309,13 @@ pub fn compile(
         .map_err(|reason| CompileError::InvalidOptions { reason })?;
     let cal = calibrate(c, weights, calibration, opts, progress)?;
     let (embedding, layers, classifier) = convert_weights(c, weights, opts.weights, progress)?;
+    let mut config = c.clone();
+    if !config.layer_windows.iter().any(Option::is_some) {
+        // All global: the same model as one without windows (and its file).
+        config.layer_windows.clear();
+    }
     let data = ModelData {
-        config: c.clone(),
+        config,
         options: opts.clone(),
         model_sha256: fingerprint,
         calibration: calibration.to_vec(),

@@ -32,7 +32,7 @@ pub enum FormatError {
     /// The file has a format version this build cannot read (older files: compile the model
     /// again).
     #[error(
-        "{origin}: unsupported format version {found} (this build reads version {supported}); recompile the model with this build"
+        "{origin}: unsupported format version {found} (this build reads versions 3 to {supported}); recompile the model with this build"
     )]
     UnsupportedVersion {
         origin: String,

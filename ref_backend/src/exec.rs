@@ -135,6 +135,10 @@ struct KvSlot {
     past_off: usize,
     /// Byte offset of this head inside the new tensors.
     new_off: usize,
+    /// Rows of the past tensors: `S - n`, or `W - 1` on a sliding layer of window W.
+    rows: usize,
+    /// The layer's mask: index into [`AttnScratch::masks`] (0: the global one).
+    mask: usize,
     k: Codec,
     v: Codec,
 }
@@ -153,12 +157,31 @@ struct Scratch {
     attn: AttnScratch,
 }
 
-/// Scratch of the executor's attention: the decoded mask and KV rows of one KV head.
+/// One mask input, decoded: `[n, cols]` additive values over `cols - n` past rows and the n new
+/// ones.
 #[derive(Debug)]
-struct AttnScratch {
-    mask: Vec<f32>,
+struct MaskScratch {
+    values: Vec<f32>,
+    cols: usize,
     /// Per past row: visible to some query of the step (only those are decoded).
     visible_any: Vec<bool>,
+}
+
+impl MaskScratch {
+    fn new(n: usize, rows: usize) -> MaskScratch {
+        MaskScratch {
+            values: vec![0.0; n * (rows + n)],
+            cols: rows + n,
+            visible_any: vec![false; rows],
+        }
+    }
+}
+
+/// Scratch of the executor's attention: the decoded masks and KV rows of one KV head.
+#[derive(Debug)]
+struct AttnScratch {
+    /// The global mask, then one per sliding window of the graph's layers (input order).
+    masks: Vec<MaskScratch>,
     knew: Vec<f32>,
     vnew: Vec<f32>,
     kpast: Vec<f32>,
@@ -175,7 +198,6 @@ struct AttnScratch {
 impl AttnScratch {
     fn bytes(&self) -> usize {
         let f32s = [
-            &self.mask,
             &self.knew,
             &self.vnew,
             &self.kpast,
@@ -183,11 +205,14 @@ impl AttnScratch {
             &self.scores,
         ];
         let floats: usize = f32s.iter().map(|v| v.len() * 4).sum();
+        let masks: usize = (self.masks.iter())
+            .map(|m| m.values.len() * 4 + m.visible_any.len())
+            .sum();
         floats
+            + masks
             + self.idx.len() * std::mem::size_of::<usize>()
             + self.qbuf.len() * 2
             + self.tbuf.len() * 4
-            + self.visible_any.len()
     }
 }
 
@@ -273,15 +298,22 @@ impl Io for RawIo<'_> {
 impl Graph {
     pub(crate) fn new(name: String, ar: usize, model: Arc<ModelData>, part: Part) -> Graph {
         let (inputs, outputs) = model.describe(ar, &part);
-        let leading = leading_inputs(&part);
+        let windows = model.part_windows(&part);
+        let leading = leading_inputs(&part) + windows.len();
         let c = &model.config;
         let o = &model.options;
         let d = c.head_dim;
         let hk = c.n_kv_heads;
-        let w = o.context - ar;
         let esize = o.kv_dtype.size_bytes();
         let mut slots = Vec::with_capacity(c.n_layers * hk);
         for l in part.layers.clone() {
+            let w = model.past_rows(l, ar);
+            let window = model.graph_window(l);
+            // Mask 0 is the global one, mask 1 + i the one of `windows[i]`.
+            let mask = window.map_or(0, |x| {
+                1 + (windows.iter().position(|&y| y == x))
+                    .expect("part_windows lists every window of the part's layers")
+            });
             for h in 0..hk {
                 let kspec = model.kv_spec(l, h, false);
                 let vspec = model.kv_spec(l, h, true);
@@ -306,6 +338,8 @@ impl Graph {
                     new_v: new_k + 1,
                     past_off,
                     new_off,
+                    rows: w,
+                    mask,
                     k: Codec::new(kspec.dtype, &kspec.encoding),
                     v: Codec::new(vspec.dtype, &vspec.encoding),
                 });
@@ -321,6 +355,11 @@ impl Graph {
             widest
         };
         let table = if part.rope_tables { n * d / 2 } else { 0 };
+        let w = s - n;
+        let masks = std::iter::once(w)
+            .chain(windows.iter().map(|&x| x - 1))
+            .map(|rows| MaskScratch::new(n, rows))
+            .collect();
         let scratch = Scratch {
             ids: vec![0; n],
             pos: vec![0; n],
@@ -329,8 +368,7 @@ impl Graph {
             sin: vec![0.0; table],
             acts: Activations::new(c, n),
             attn: AttnScratch {
-                mask: vec![0.0; n * s],
-                visible_any: vec![false; w],
+                masks,
                 knew: vec![0.0; n * d],
                 vnew: vec![0.0; n * d],
                 kpast: vec![0.0; w * d],
@@ -390,9 +428,21 @@ impl Graph {
         self.context
     }
 
-    /// Rows of each past window, `S - n`.
+    /// Rows of each global layer's past window, `S - n` (a sliding layer of window W has
+    /// `W - 1`: [`past_rows`](Self::past_rows)).
     pub fn window(&self) -> usize {
         self.context - self.ar
+    }
+
+    /// Rows of `layer`'s past tensors: `S - n`, or `W - 1` on a sliding layer of window W.
+    pub fn past_rows(&self, layer: usize) -> usize {
+        self.model.past_rows(layer, self.ar)
+    }
+
+    /// The attention window of `layer` in this graph (`None`: global), which selects its mask
+    /// input ([`kv_manager::mask_name`]).
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        self.model.graph_window(layer)
     }
 
     /// Input descriptions, in buffer order.
@@ -542,7 +592,10 @@ impl Graph {
             self.decode_positions(io.input(1), pos)?;
             Positions::Ids(pos)
         };
-        self.decode_mask(io.input(leading_inputs(&self.part) - 1), attn);
+        let first_mask = leading_inputs(&self.part) - 1;
+        for (m, mask) in attn.masks.iter_mut().enumerate() {
+            self.decode_mask(io.input(first_mask + m), mask);
+        }
         let last = self.part.is_last();
         let pass = Pass {
             layers: self.part.layers.clone(),
@@ -601,26 +654,24 @@ impl Graph {
         Ok(())
     }
 
-    /// The mask, dequantized to additive f32 values, and which past rows any query sees.
-    fn decode_mask(&self, bytes: &[u8], a: &mut AttnScratch) {
+    /// A mask, dequantized to additive f32 values, and which past rows any query sees.
+    fn decode_mask(&self, bytes: &[u8], m: &mut MaskScratch) {
         if self.mask_u16 {
             let so = mask_encoding();
-            for (dst, ch) in a.mask.iter_mut().zip(bytes.chunks_exact(2)) {
+            for (dst, ch) in m.values.iter_mut().zip(bytes.chunks_exact(2)) {
                 *dst = quant::dequantize(u16::from_le_bytes([ch[0], ch[1]]), so);
             }
         } else {
-            for (dst, ch) in a.mask.iter_mut().zip(bytes.chunks_exact(4)) {
-                *dst = f32::from_le_bytes([ch[0], ch[1], ch[2], ch[3]]);
-            }
+            decode_f32(bytes, &mut m.values);
         }
-        let s = self.context;
-        for (j, any) in a.visible_any.iter_mut().enumerate() {
-            *any = a.mask.chunks_exact(s).any(|row| visible(row[j]));
+        for (j, any) in m.visible_any.iter_mut().enumerate() {
+            *any = m.values.chunks_exact(m.cols).any(|row| visible(row[j]));
         }
     }
 }
 
-/// Inputs before the K/V tensors: ids or hidden state, positions or two RoPE tables, the mask.
+/// Inputs up to the global mask: ids or hidden state, positions or two RoPE tables, the mask
+/// (the sliding windows' masks follow it).
 fn leading_inputs(part: &Part) -> usize {
     if part.rope_tables { 4 } else { 3 }
 }
@@ -694,7 +745,7 @@ impl Kernels for ExecKernels<'_> {
             let slot = self.graph.slots[local * self.graph.model.config.n_kv_heads + h];
             self.store_new(slot, h, k, v);
             self.load_past(slot);
-            self.attend_head(h, q, out);
+            self.attend_head(h, slot, q, out);
         }
     }
 
@@ -744,7 +795,8 @@ impl ExecKernels<'_> {
 
     /// Decodes the past rows some query can see, once for all queries of the step.
     fn load_past(&mut self, slot: KvSlot) {
-        let (w, d) = (self.graph.window(), self.graph.model.config.head_dim);
+        let (w, d) = (slot.rows, self.graph.model.config.head_dim);
+        let visible_any = &self.s.masks[slot.mask].visible_any;
         let transposed = self.graph.model.options.k_layout == KLayout::Transposed;
         for (value, codec, buf) in [(false, slot.k, slot.past_k), (true, slot.v, slot.past_v)] {
             let src = self.io.input(buf);
@@ -754,7 +806,7 @@ impl ExecKernels<'_> {
                 &mut self.s.kpast
             };
             let es = codec.size();
-            for j in (0..w).filter(|&j| self.s.visible_any[j]) {
+            for j in (0..w).filter(|&j| visible_any[j]) {
                 let row = &mut dst[j * d..(j + 1) * d];
                 if transposed && !value {
                     for (e, x) in row.iter_mut().enumerate() {
@@ -769,18 +821,13 @@ impl ExecKernels<'_> {
         }
     }
 
-    /// Attention of the query heads reading KV head `h`, every row, over the visible keys
-    /// (mask column `j < w`: past row `j`; `w + i`: new row `i`).
-    fn attend_head(&mut self, h: usize, q: &[f32], out: &mut [f32]) {
+    /// Attention of the query heads reading KV head `h`, every row, over the keys visible in
+    /// the layer's mask (column `j < w`: past row `j`; `w + i`: new row `i`).
+    fn attend_head(&mut self, h: usize, slot: KvSlot, q: &[f32], out: &mut [f32]) {
         let c = &self.graph.model.config;
-        let (d, qd, s, w) = (
-            c.head_dim,
-            c.q_dim(),
-            self.graph.context,
-            self.graph.window(),
-        );
+        let (d, qd, w) = (c.head_dim, c.q_dim(), slot.rows);
         let AttnScratch {
-            mask,
+            masks,
             knew,
             vnew,
             kpast,
@@ -789,8 +836,9 @@ impl ExecKernels<'_> {
             idx,
             ..
         } = &mut *self.s;
+        let MaskScratch { values, cols, .. } = &masks[slot.mask];
         for i in 0..self.graph.ar {
-            let mrow = &mask[i * s..(i + 1) * s];
+            let mrow = &values[i * cols..(i + 1) * cols];
             let mut cnt = 0;
             for (j, &mv) in mrow.iter().enumerate() {
                 if visible(mv) {

@@ -4,11 +4,11 @@
 //!
 //! ```text
 //! offset 0   magic        8 bytes  "HTPKVREF"
-//! offset 8   version      u32      FORMAT_VERSION
+//! offset 8   version      u32      FORMAT_VERSION (WINDOWS_FORMAT_VERSION with windows)
 //! offset 12  flags        u32      0 (reserved)
 //! offset 16  payload_len  u64
 //! offset 24  crc32        u32      CRC-32 (IEEE) of the payload
-//! offset 28  payload      payload_len bytes: eight sections, in this order
+//! offset 28  payload      payload_len bytes: eight sections (nine with windows), in this order
 //! ```
 //!
 //! Each section is a 4-byte tag, a u64 body length and the body: `OPTS` (compile options),
@@ -36,9 +36,14 @@
 //! Version history: 1 had no `CKPT` section; 2 adds it (llama2.c checkpoints only); 3 holds
 //! any Llama-family model (`MSHA`, the full description in `CONF`, `CALB`, per-layer weights
 //! with biases); 4 always has `PART`, before `WGTS`, with the naming byte, and a part file holds
-//! only its own weights. Version 3 (whole-model weights in every file; `PART`, without the naming
-//! byte and meaning AI Hub's names, after `WGTS` in part files only) is still read; older files
-//! are refused with [`FormatError::UnsupportedVersion`], which says to recompile.
+//! only its own weights; 5 ([`WINDOWS_FORMAT_VERSION`]) is 4 plus a `WNDS` section right after
+//! `CONF` for a model with per-layer attention windows (window count u64, which must equal the
+//! layer count, then one u64 per layer: 0 for a global layer, else its window W; at least one
+//! non-zero, each within the description's limits and the options' window rule). A model
+//! without windows is still written as version 4, so builds without windows read it. Version 3
+//! (whole-model weights in every file; `PART`, without the naming byte and meaning AI Hub's
+//! names, after `WGTS` in part files only) is still read; older files are refused with
+//! [`FormatError::UnsupportedVersion`], which says to recompile.
 
 use std::path::Path;
 
@@ -56,10 +61,14 @@ use crate::types::{Granularity, KLayout, TensorDesc, TensorRole, WeightType};
 
 /// Magic bytes at the start of every file.
 pub const MAGIC: [u8; 8] = *b"HTPKVREF";
-/// The format version this build writes and reads.
+/// The format version this build writes for a model without per-layer windows.
 pub const FORMAT_VERSION: u32 = 4;
 /// The oldest format version this build still reads.
 pub const OLDEST_FORMAT_VERSION: u32 = 3;
+/// The format version of a model with per-layer attention windows: version 4 with a `WNDS`
+/// section after `CONF`. This build reads both; a build that does not know windows refuses it
+/// by its version rather than mis-reading it.
+pub const WINDOWS_FORMAT_VERSION: u32 = 5;
 /// Size of the fixed header before the payload.
 pub const HEADER_LEN: usize = 28;
 
@@ -73,6 +82,9 @@ impl CompiledModel {
         section(&mut payload, b"OPTS", |w| d.options.encode(w));
         section(&mut payload, b"MSHA", |w| w.bytes(&d.model_sha256));
         section(&mut payload, b"CONF", |w| write_config(w, &d.config));
+        if file_version(&d.config) == WINDOWS_FORMAT_VERSION {
+            section(&mut payload, b"WNDS", |w| write_windows(w, &d.config));
+        }
         section(&mut payload, b"CALB", |w| {
             w.len(d.calibration.len());
             for seq in &d.calibration {
@@ -135,7 +147,7 @@ impl CompiledModel {
         let payload = payload.buf;
         let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
         out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&file_version(&d.config).to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
         out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
         out.extend_from_slice(&crc32(&payload).to_le_bytes());
@@ -189,11 +201,11 @@ impl CompiledModel {
             });
         }
         let version = r.u32("format version")?;
-        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
+        if !(OLDEST_FORMAT_VERSION..=WINDOWS_FORMAT_VERSION).contains(&version) {
             return Err(FormatError::UnsupportedVersion {
                 origin: origin.into(),
                 found: version,
-                supported: FORMAT_VERSION,
+                supported: WINDOWS_FORMAT_VERSION,
             });
         }
         let flags_at = r.offset();
@@ -243,8 +255,13 @@ impl CompiledModel {
         close_section(&s)?;
 
         let mut s = open_section(&mut p, b"CONF")?;
-        let config = read_config(&mut s)?;
+        let mut config = read_config(&mut s)?;
         close_section(&s)?;
+        if version == WINDOWS_FORMAT_VERSION {
+            let mut s = open_section(&mut p, b"WNDS")?;
+            config.layer_windows = read_windows(&mut s, &config)?;
+            close_section(&s)?;
+        }
         if let Err(reason) = validate_options(&config, &options) {
             return Err(s.corrupt_at(
                 HEADER_LEN as u64,
@@ -358,6 +375,53 @@ impl CompiledModel {
         }
         Ok(model)
     }
+}
+
+/// The version a model's file carries: [`WINDOWS_FORMAT_VERSION`] when a layer has a window.
+fn file_version(c: &LlamaConfig) -> u32 {
+    if c.layer_windows.iter().any(Option::is_some) {
+        WINDOWS_FORMAT_VERSION
+    } else {
+        FORMAT_VERSION
+    }
+}
+
+/// The `WNDS` section: the window count (one per layer) and each layer's window as u64, 0 for a
+/// global layer.
+fn write_windows(w: &mut Writer, c: &LlamaConfig) {
+    w.len(c.layer_windows.len());
+    for window in &c.layer_windows {
+        w.len(window.unwrap_or(0));
+    }
+}
+
+/// The `WNDS` section of a model described by `c`: exactly one window per layer, each within the
+/// description's limits (the options are checked against them by the caller).
+fn read_windows(s: &mut Reader<'_>, c: &LlamaConfig) -> Result<Vec<Option<usize>>, FormatError> {
+    let at = s.offset();
+    let count = s.count("window count", 8)?;
+    if count != c.n_layers {
+        return Err(s.corrupt_at(
+            at,
+            format!("{count} window(s) for a model of {} layers", c.n_layers),
+        ));
+    }
+    let mut windows = Vec::with_capacity(count);
+    for _ in 0..count {
+        let w = s.len("layer window", limits::MAX_CONTEXT)?;
+        windows.push((w != 0).then_some(w));
+    }
+    if windows.iter().all(Option::is_none) {
+        return Err(s.corrupt_at(at, "a windows section whose layers are all global".into()));
+    }
+    let windowed = LlamaConfig {
+        layer_windows: windows.clone(),
+        ..c.clone()
+    };
+    windowed
+        .validate()
+        .map_err(|e| s.corrupt_at(at, e.to_string()))?;
+    Ok(windows)
 }
 
 fn write_part(w: &mut Writer, p: &Part) {

@@ -26,6 +26,16 @@
 //! [`Granularity::PerLayer`] the KV tensors are `past_key_{l} [H, 1, S-n, D]` etc. with a
 //! per-axis encoding (axis 0). Past and new tensors of one (layer, head) share one encoding.
 //!
+//! **Per-layer attention windows** ([`model::LlamaConfig::layer_windows`]): a layer whose window
+//! W is shorter than S slides. Its past tensors hold `W - 1` rows in every AR variant
+//! (`past_key_{l}_{h} [1, 1, W-1, D]`, kv_manager's `Geometry::past_rows`) and it reads its own
+//! mask `attention_mask_w{W} [1, 1, n, W-1+n]` (same encoding as `attention_mask`; column
+//! `j < W-1`: past row j, `W-1+i`: new token i), one per distinct window, after
+//! `attention_mask` in ascending W. A window must satisfy kv_manager's rule
+//! `max(ar) <= W <= S - max(ar) + 1`; one between that and S is refused by [`compile`] (it would
+//! change the float model's answer, yet no cache serves it), one of S or more is a global layer.
+//! The file records the windows (format version 4, see [`mod@format`]).
+//!
 //! **Semantics.** Mask column `j < S-n` addresses row `j` of every past window; column
 //! `S-n+i` addresses new token `i` of this step. The mask is additive; a (dequantized) value
 //! at or below [`MASKED_AT_OR_BELOW`] (`-50`) skips the key entirely, so masked rows (e.g. the
@@ -80,7 +90,7 @@ pub use calibrate::U8_KV_PERCENTILE;
 pub use compile::{CompiledModel, Progress, Stage, compile};
 pub use error::{CompileError, ExecError, FormatError};
 pub use exec::{Graph, mask_value_bytes};
-pub use format::FORMAT_VERSION;
+pub use format::{FORMAT_VERSION, WINDOWS_FORMAT_VERSION};
 pub use model::{ActSite, MASK_OFFSET, MASK_SCALE, MASKED_AT_OR_BELOW, graph_name, mask_encoding};
 pub use options::{
     CALIBRATION_VERSION, CompileOptions, DEFAULT_CALIBRATION_CHATS, DEFAULT_CALIBRATION_PROMPTS,

@@ -569,11 +569,37 @@ impl ModelData {
         }
     }
 
+    /// The attention window of `layer` in the graphs: `Some(W)` for a sliding layer whose window
+    /// is shorter than the context, `None` for a global layer (a window the context never
+    /// reaches attends exactly as a global layer).
+    pub(crate) fn graph_window(&self, layer: usize) -> Option<usize> {
+        graph_window(&self.config, self.options.context, layer)
+    }
+
+    /// Rows of `layer`'s past tensors in the AR-`n` graph: `S - n`, or `W - 1` for a sliding
+    /// layer of window W (kv_manager's `Geometry::past_rows`).
+    pub(crate) fn past_rows(&self, layer: usize, n: usize) -> usize {
+        self.graph_window(layer)
+            .map_or(self.options.context - n, |w| w - 1)
+    }
+
+    /// The distinct sliding windows of `part`'s layers, ascending: one mask input each, after the
+    /// global `attention_mask`.
+    pub(crate) fn part_windows(&self, part: &Part) -> Vec<usize> {
+        let mut w: Vec<usize> = part
+            .layers
+            .clone()
+            .filter_map(|l| self.graph_window(l))
+            .collect();
+        w.sort_unstable();
+        w.dedup();
+        w
+    }
+
     /// The input and output descriptions of the AR-`n` graph of `part`.
     pub(crate) fn describe(&self, n: usize, part: &Part) -> (Vec<TensorDesc>, Vec<TensorDesc>) {
         let c = &self.config;
         let o = &self.options;
-        let w = o.context - n;
         let d = c.head_dim;
         let hk = c.n_kv_heads;
         let (mut inputs, mut outputs) = self.describe_leading(n, part);
@@ -583,6 +609,7 @@ impl ModelData {
             KLayout::Transposed => vec![lead, 1, d, rows],
         };
         for l in part.layers.clone() {
+            let w = self.past_rows(l, n);
             let heads: Vec<Option<usize>> = match o.granularity {
                 Granularity::PerHead => (0..hk).map(Some).collect(),
                 Granularity::PerLayer => vec![None],
@@ -655,24 +682,25 @@ impl ModelData {
                 TensorRole::Positions,
             ));
         }
-        inputs.push(if self.options.kv_dtype.is_fixed_point() {
-            TensorDesc {
-                name: "attention_mask".into(),
-                shape: vec![1, 1, n, s],
-                dtype: DataType::U16,
-                encoding: Encoding::PerTensor(mask_encoding()),
-                role: TensorRole::Mask,
-                layer: None,
-                head: None,
-            }
-        } else {
-            plain(
-                "attention_mask",
-                vec![1, 1, n, s],
-                DataType::F32,
-                TensorRole::Mask,
-            )
-        });
+        // The global mask, then one per distinct sliding window W: `[n, W - 1 + n]`.
+        let windows = self.part_windows(part).into_iter().map(Some);
+        for window in std::iter::once(None).chain(windows) {
+            let cols = window.map_or(s, |w| w - 1 + n);
+            let (dtype, encoding) = if self.options.kv_dtype.is_fixed_point() {
+                (DataType::U16, Encoding::PerTensor(mask_encoding()))
+            } else {
+                (DataType::F32, Encoding::Float)
+            };
+            inputs.push(TensorDesc {
+                encoding,
+                ..plain(
+                    &kv_manager::mask_name(window),
+                    vec![1, 1, n, cols],
+                    dtype,
+                    TensorRole::Mask,
+                )
+            });
+        }
         let output = if part.is_last() {
             plain(
                 "logits",
@@ -707,6 +735,13 @@ fn plain(name: &str, shape: Vec<usize>, dtype: DataType, role: TensorRole) -> Te
         layer: None,
         head: None,
     }
+}
+
+/// The attention window of `layer` in graphs of context `context`: the model's window when it is
+/// shorter than the context (a longer one never bites: a graph attends to at most `context`
+/// positions).
+pub(crate) fn graph_window(config: &LlamaConfig, context: usize, layer: usize) -> Option<usize> {
+    config.layer_window(layer).filter(|&w| w < context)
 }
 
 /// The name of the AR-`n` graph for context `s`: `ar{n}_cl{s}`.

@@ -48,10 +48,17 @@ fn encoding(o: &MinMaxObserver, dtype: DataType) -> ScaleOffset {
     o.encoding(dtype, Symmetry::Asymmetric).expect("observed")
 }
 
+/// Also with a sliding window on layer 0 (calibration attends over its last 4 positions, as the
+/// float model does).
 #[test]
 fn lockstep_calibration_equals_one_sequence_at_a_time() {
     let ckpt = common::synthetic(true);
-    let c = llama2c::llama_config(&ckpt.config);
+    let plain = llama2c::llama_config(&ckpt.config);
+    lockstep_equals_one_at_a_time(&ckpt, plain.clone());
+    lockstep_equals_one_at_a_time(&ckpt, plain.with_layer_windows(&[0], 4));
+}
+
+fn lockstep_equals_one_at_a_time(ckpt: &llama2c::Checkpoint, c: LlamaConfig) {
     // Different lengths: some are continued greedily, one is cut at the limit.
     let prompts: Vec<Vec<u32>> = vec![
         vec![1, 5, 9],
@@ -63,7 +70,8 @@ fn lockstep_calibration_equals_one_sequence_at_a_time() {
     o.kv_dtype = DataType::U16;
     o.weights = WeightType::I8;
     o.calibration_tokens = 10;
-    let q = common::compile_ckpt(&ckpt, &prompts, &o).expect("compile");
+    let q =
+        ref_backend::compile(&c, ckpt, &prompts, &o, ckpt.sha256(), &mut |_| {}).expect("compile");
 
     let mut want = Expected {
         c: c.clone(),

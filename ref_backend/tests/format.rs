@@ -3,7 +3,7 @@
 mod common;
 
 use quant::DataType;
-use ref_backend::format::{FORMAT_VERSION, HEADER_LEN, MAGIC};
+use ref_backend::format::{HEADER_LEN, MAGIC, WINDOWS_FORMAT_VERSION};
 use ref_backend::{
     CompileOptions, CompiledModel, FormatError, Granularity, KLayout, WeightType, compile,
 };
@@ -159,11 +159,14 @@ fn damaged_files_are_typed_errors() {
     ));
     // Wrong version.
     let mut b = bytes.clone();
-    b[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    b[8..12].copy_from_slice(&(WINDOWS_FORMAT_VERSION + 1).to_le_bytes());
     match CompiledModel::from_bytes(&b, "x") {
         Err(FormatError::UnsupportedVersion {
             found, supported, ..
-        }) => assert_eq!((found, supported), (FORMAT_VERSION + 1, FORMAT_VERSION)),
+        }) => assert_eq!(
+            (found, supported),
+            (WINDOWS_FORMAT_VERSION + 1, WINDOWS_FORMAT_VERSION)
+        ),
         other => panic!("{other:?}"),
     }
     // Trailing bytes.
@@ -285,26 +288,6 @@ fn options_the_file_cannot_hold_are_refused_before_compiling() {
         "invalid compile options: calibration_tokens 1048577 exceeds the maximum 1048576 (the file format's limit)"
     );
     assert_eq!(calls, 0, "nothing was computed");
-}
-
-/// The float forward honours per-layer windows and the executor's graphs do not take them yet: a
-/// window shorter than the context is refused, a window the context never reaches is harmless.
-#[test]
-fn windows_that_would_bite_are_refused_before_compiling() {
-    let ckpt = common::synthetic(true);
-    let o = CompileOptions::new(32, vec![1, 4]);
-    let prompts = common::synthetic_prompts(64);
-    let base = llama2c::llama_config(&ckpt.config);
-    let c = base.clone().with_layer_windows(&[1], 16);
-    let e = compile(&c, &ckpt, &prompts, &o, ckpt.sha256(), &mut |_| {}).unwrap_err();
-    assert!(
-        e.to_string().contains(
-            "layer 1 has a sliding attention window of 16 tokens, shorter than the context 32"
-        ),
-        "{e}"
-    );
-    let c = base.with_layer_windows(&[1], 32);
-    assert!(compile(&c, &ckpt, &prompts, &o, ckpt.sha256(), &mut |_| {}).is_ok());
 }
 
 /// Issue 14 row 14: messages carry their own context once and the cause once, as the source.

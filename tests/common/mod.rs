@@ -1,4 +1,5 @@
-//! What the root crate's stories260K tests share.
+//! What the root crate's stories260K tests share (each test binary uses part of it).
+#![allow(dead_code)]
 
 use htpkv::text::ChatFormat;
 use llama2c::{Checkpoint, Tokenizer};
@@ -17,11 +18,21 @@ pub fn compile_u8(
     let mut opts = CompileOptions::new(context, ar.to_vec());
     opts.kv_dtype = DataType::U8;
     opts.weights = WeightType::I8;
+    compile(ckpt, tok, &llama2c::llama_config(&ckpt.config), &opts)
+}
+
+/// stories260K described by `config` (its own, or with windows set) compiled with `opts`,
+/// calibrated as the engine calibrates it.
+pub fn compile(
+    ckpt: &Checkpoint,
+    tok: &Tokenizer,
+    config: &model::LlamaConfig,
+    opts: &CompileOptions,
+) -> Arc<CompiledModel> {
     let prompts = htpkv::engine::calibration_sequences(tok, &ChatFormat::new(None))
         .expect("a model without a chat template needs no rendering");
-    let config = llama2c::llama_config(&ckpt.config);
     Arc::new(
-        ref_backend::compile(&config, ckpt, &prompts, &opts, ckpt.sha256(), &mut |_| {})
+        ref_backend::compile(config, ckpt, &prompts, opts, ckpt.sha256(), &mut |_| {})
             .expect("compiles"),
     )
 }

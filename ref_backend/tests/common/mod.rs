@@ -112,13 +112,14 @@ impl Harness {
     /// Runs one step of `graph` over `tokens` (at most n; the rest of the step is filled
     /// with copies of the last token and not committed) at positions `len..`, commits the
     /// real tokens' K/V and returns the logits of the real tokens (`tokens.len() * V`).
+    ///
+    /// Every past tensor holds the last rows of its layer's history, as many as its shape has
+    /// (`S - n`, or `W - 1` on a sliding layer), left-padded; a mask named
+    /// `attention_mask_w{W}` shows new token i the positions `len + i + 1 - W ..`.
     pub fn step(&mut self, graph: &Graph, tokens: &[u32]) -> Vec<f32> {
         let n = graph.ar();
-        let s = graph.context();
-        let w = s - n;
         let k = tokens.len();
         assert!(k >= 1 && k <= n, "step of {k} tokens on AR-{n}");
-        let valid = self.len.min(w);
         let (d, es) = (self.d, self.es);
         let mut inputs: Vec<Vec<u8>> = Vec::new();
         for desc in graph.inputs() {
@@ -138,11 +139,22 @@ impl Harness {
                 }
                 TensorRole::Mask => {
                     let es = desc.dtype.size_bytes();
+                    let cols = desc.shape[3];
+                    let w = cols - n;
+                    let window = kv_manager::parse_mask_name(&desc.name)
+                        .expect("a mask name")
+                        .unwrap_or(usize::MAX);
                     for i in 0..n {
-                        for j in 0..s {
-                            let vis = if j < w { j >= w - valid } else { j - w <= i };
+                        for j in 0..cols {
+                            // Past column j holds position len - w + j.
+                            let seen = |p: usize| p.saturating_add(window) > self.len + i;
+                            let vis = if j < w {
+                                j + self.len >= w && seen(self.len + j - w)
+                            } else {
+                                j - w <= i
+                            };
                             let b = ref_backend::mask_value_bytes(desc.dtype, vis);
-                            let at = (i * s + j) * es;
+                            let at = (i * cols + j) * es;
                             buf[at..at + es].copy_from_slice(&b);
                         }
                     }
@@ -151,6 +163,8 @@ impl Harness {
                     buf.fill(PAD);
                     let value = desc.role == TensorRole::PastValue;
                     let transposed = !value && self.transposed;
+                    let w = desc.shape[if transposed { 3 } else { 2 }];
+                    let valid = self.len.min(w);
                     let l = desc.layer.expect("KV tensor has a layer") as usize;
                     let heads: Vec<usize> = match desc.head {
                         Some(h) => vec![h as usize],
