@@ -49,6 +49,24 @@ fn ok_json(o: &Output) -> Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
+/// `htpkv inspect FILE --qnn-system LIB --json` with `env`, parsed.
+fn inspect_json(file: &str, lib: &str, env: &[(&str, &str)]) -> Value {
+    ok_json(&htpkv(
+        &["inspect", file, "--qnn-system", lib, "--json"],
+        env,
+    ))
+}
+
+/// The graph names an `inspect --json` document lists, in order.
+fn graph_names(doc: &Value) -> Vec<&str> {
+    doc["graphs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["name"].as_str().unwrap())
+        .collect()
+}
+
 /// A small compiled stories260K (context 64, AR-1 and AR-8: two graphs in one binary).
 fn compiled() -> &'static Path {
     static FILE: OnceLock<PathBuf> = OnceLock::new();
@@ -520,16 +538,11 @@ fn compiled_per_layer() -> &'static Path {
 fn ai_hub_names_are_detected_and_give_the_same_tokens() {
     let lib = library("libhtpkv_ref_qnn.so");
     let file = compiled_per_layer().to_str().unwrap();
-    let inspect = ok_json(&htpkv(
-        &[
-            "inspect",
-            file,
-            "--qnn-system",
-            lib.to_str().unwrap(),
-            "--json",
-        ],
+    let inspect = inspect_json(
+        file,
+        lib.to_str().unwrap(),
         &[("HTPKV_REF_QNN_NAMES", "aihub")],
-    ));
+    );
     let token = &inspect["graphs"][0];
     assert_eq!(token["name"], "token_ar1_cl64_1_of_1");
     let k = token["inputs"]
@@ -566,16 +579,7 @@ fn executorch_layout_is_detected_by_index_and_gives_the_same_tokens() {
     let lib = library("libhtpkv_ref_qnn.so");
     let file = compiled_per_layer().to_str().unwrap();
     let env = [("HTPKV_REF_QNN_NAMES", "executorch")];
-    let inspect = ok_json(&htpkv(
-        &[
-            "inspect",
-            file,
-            "--qnn-system",
-            lib.to_str().unwrap(),
-            "--json",
-        ],
-        &env,
-    ));
+    let inspect = inspect_json(file, lib.to_str().unwrap(), &env);
     let kv = &inspect["graphs"][0];
     assert_eq!(kv["name"], "kv_forward");
     let roles: Vec<&str> = kv["inputs"]
@@ -630,22 +634,8 @@ fn compile_executorch_writes_a_file_the_library_presents_as_executorch() {
     args.extend(["--convention", "executorch", "--out", out.to_str().unwrap()]);
     let o = htpkv(&args, &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let inspect = ok_json(&htpkv(
-        &[
-            "inspect",
-            out.to_str().unwrap(),
-            "--qnn-system",
-            lib,
-            "--json",
-        ],
-        &[],
-    ));
-    let names: Vec<&str> = inspect["graphs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| g["name"].as_str().unwrap())
-        .collect();
+    let inspect = inspect_json(out.to_str().unwrap(), lib, &[]);
+    let names = graph_names(&inspect);
     assert_eq!(names, ["kv_forward", "prefill_forward"]);
     let kv = &inspect["graphs"][0];
     assert_eq!(kv["inputs"][1]["role"], "attention mask");
@@ -739,34 +729,15 @@ fn compiled_aihub_parts_bundle_gives_the_tokens_of_one_binary() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--parts: 6 parts for 5 layers"), "{err}");
     let part2 = dir.join("stories260K_part_2_of_2.bin");
-    let inspect = ok_json(&htpkv(
-        &[
-            "inspect",
-            part2.to_str().unwrap(),
-            "--qnn-system",
-            lib,
-            "--json",
-        ],
-        &[],
-    ));
-    let names: Vec<&str> = inspect["graphs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| g["name"].as_str().unwrap())
-        .collect();
+    let inspect = inspect_json(part2.to_str().unwrap(), lib, &[]);
+    let names = graph_names(&inspect);
     assert_eq!(names, ["token_ar1_cl64_2_of_2", "prompt_ar8_cl64_2_of_2"]);
     // Presented under AI Hub's names, a part keeps its part number.
-    let presented = ok_json(&htpkv(
-        &[
-            "inspect",
-            part2.to_str().unwrap(),
-            "--qnn-system",
-            lib,
-            "--json",
-        ],
+    let presented = inspect_json(
+        part2.to_str().unwrap(),
+        lib,
         &[("HTPKV_REF_QNN_NAMES", "aihub")],
-    ));
+    );
     assert_eq!(presented["graphs"][0]["name"], "token_ar1_cl64_2_of_2");
     let inputs: Vec<&str> = inspect["graphs"][0]["inputs"]
         .as_array()
@@ -858,16 +829,7 @@ fn a_bundle_with_kv_zero_point_128_runs() {
     let zp = ["--context", "64", "--kv-zero-point", "128"];
     let dir = compile_aihub_bundle("zp-bundle", &zp);
     let part1 = dir.join("stories260K_part_1_of_2.bin");
-    let inspect = ok_json(&htpkv(
-        &[
-            "inspect",
-            part1.to_str().unwrap(),
-            "--qnn-system",
-            lib,
-            "--json",
-        ],
-        &[],
-    ));
+    let inspect = inspect_json(part1.to_str().unwrap(), lib, &[]);
     let mut kv = 0;
     for t in inspect["graphs"][0]["inputs"].as_array().unwrap() {
         if t["name"].as_str().unwrap().starts_with("past_") {

@@ -290,11 +290,7 @@ impl Matrix {
             .map(|((m, out), finish)| {
                 let (cols, w) = m.i8_weights();
                 assert_eq!(cols, x.len(), "matvec_i8_many: column counts differ");
-                kernels::Product {
-                    w,
-                    out,
-                    finish,
-                }
+                kernels::Product { w, out, finish }
             })
             .collect();
         kernels::matmul_i8_i16_many(qa, x.len(), products);
