@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use kv_manager::{KvIo, KvTensor, TensorKind};
 use model::forward::{self, Activations, Input, Kernels, Output, Pass, Positions};
-use model::ops::{Rope, attend};
+use model::ops::Rope;
 use model::{NoTap, Tensor};
 use quant::{DataType, Encoding, ScaleOffset};
 
@@ -16,6 +16,10 @@ use crate::kernels;
 use crate::model::{MASKED_AT_OR_BELOW, Matrix, ModelData, mask_encoding};
 use crate::parts::Part;
 use crate::types::{Granularity, KLayout, TensorDesc};
+
+mod attention;
+
+use attention::{AttnScratch, MaskScratch};
 
 /// Element codec of one KV head's tensors.
 #[derive(Debug, Clone, Copy)]
@@ -155,65 +159,11 @@ struct Scratch {
     sin: Vec<f32>,
     acts: Activations,
     attn: AttnScratch,
-}
-
-/// One mask input, decoded: `[n, cols]` additive values over `cols - n` past rows and the n new
-/// ones.
-#[derive(Debug)]
-struct MaskScratch {
-    values: Vec<f32>,
-    cols: usize,
-    /// Per past row: visible to some query of the step (only those are decoded).
-    visible_any: Vec<bool>,
-}
-
-impl MaskScratch {
-    fn new(n: usize, rows: usize) -> MaskScratch {
-        MaskScratch {
-            values: vec![0.0; n * (rows + n)],
-            cols: rows + n,
-            visible_any: vec![false; rows],
-        }
-    }
-}
-
-/// Scratch of the executor's attention: the decoded masks and KV rows of one KV head.
-#[derive(Debug)]
-struct AttnScratch {
-    /// The global mask, then one per sliding window of the graph's layers (input order).
-    masks: Vec<MaskScratch>,
-    knew: Vec<f32>,
-    vnew: Vec<f32>,
-    kpast: Vec<f32>,
-    vpast: Vec<f32>,
-    scores: Vec<f32>,
-    idx: Vec<usize>,
     /// i16 activations of the step's rows (`n x` the widest matrix input).
     qbuf: Vec<i16>,
     /// Transpose scratch of the batched matmul (`n x` the widest matrix output; empty for
     /// AR-1).
     tbuf: Vec<f32>,
-}
-
-impl AttnScratch {
-    fn bytes(&self) -> usize {
-        let f32s = [
-            &self.knew,
-            &self.vnew,
-            &self.kpast,
-            &self.vpast,
-            &self.scores,
-        ];
-        let floats: usize = f32s.iter().map(|v| v.len() * 4).sum();
-        let masks: usize = (self.masks.iter())
-            .map(|m| m.values.len() * 4 + m.visible_any.len())
-            .sum();
-        floats
-            + masks
-            + self.idx.len() * std::mem::size_of::<usize>()
-            + self.qbuf.len() * 2
-            + self.tbuf.len() * 4
-    }
 }
 
 /// One static AR-n graph of a compiled model (QNN: one graph of a context binary).
@@ -250,7 +200,8 @@ impl std::fmt::Debug for Graph {
 
 /// Access to the buffers of one execution (slices or raw pointers).
 /// `Send`: a step runs on a pool thread ([`kernels::on_busy_pool`]) while the caller waits.
-trait Io: Send {
+/// `Sync`: the attention reads inputs from several pool threads at once.
+trait Io: Send + Sync {
     fn input(&self, i: usize) -> &[u8];
     fn output(&mut self, i: usize) -> &mut [u8];
 }
@@ -278,6 +229,11 @@ struct RawIo<'a> {
 // returns; the executor hands its `RawIo` to one pool thread while the calling thread waits for
 // the step, so one thread at a time reads and writes through the pointers, within the call.
 unsafe impl Send for RawIo<'_> {}
+
+// SAFETY: through `&RawIo` only `input` is reachable, which hands out shared slices of input
+// buffers; the call never writes them (outputs overlap no input, and are written only through
+// `&mut RawIo`), so concurrent reads from several threads see no data race.
+unsafe impl Sync for RawIo<'_> {}
 
 impl Io for RawIo<'_> {
     fn input(&self, i: usize) -> &[u8] {
@@ -367,17 +323,9 @@ impl Graph {
             cos: vec![0.0; table],
             sin: vec![0.0; table],
             acts: Activations::new(c, n),
-            attn: AttnScratch {
-                masks,
-                knew: vec![0.0; n * d],
-                vnew: vec![0.0; n * d],
-                kpast: vec![0.0; w * d],
-                vpast: vec![0.0; w * d],
-                scores: vec![0.0; s],
-                idx: vec![0; s],
-                qbuf: vec![0; n * widest],
-                tbuf: vec![0.0; if n > 1 { n * widest_out } else { 0 }],
-            },
+            attn: AttnScratch::new(c, n, w, masks),
+            qbuf: vec![0; n * widest],
+            tbuf: vec![0.0; if n > 1 { n * widest_out } else { 0 }],
         };
         Graph {
             name,
@@ -405,7 +353,7 @@ impl Graph {
         let words = s.ids.len() * 4
             + s.pos.len() * std::mem::size_of::<usize>()
             + (s.hidden.len() + s.cos.len() + s.sin.len()) * 4;
-        s.acts.bytes() + s.attn.bytes() + words
+        s.acts.bytes() + s.attn.bytes() + s.qbuf.len() * 2 + s.tbuf.len() * 4 + words
     }
 
     /// Graph name, e.g. `ar32_cl512`.
@@ -576,6 +524,8 @@ impl Graph {
             sin,
             acts,
             attn,
+            qbuf,
+            tbuf,
         } = &mut *guard;
         let input = if self.part.is_first() {
             self.decode_ids(io.input(0), ids)?;
@@ -608,6 +558,8 @@ impl Graph {
             graph: self,
             io,
             s: attn,
+            qbuf,
+            tbuf,
         };
         // Ids and positions were checked above, the pass fits the graph by construction.
         kernels::on_busy_pool(|| forward::run(c, &self.rope, &mut k, acts, &pass, &mut NoTap))
@@ -664,9 +616,7 @@ impl Graph {
         } else {
             decode_f32(bytes, &mut m.values);
         }
-        for (j, any) in m.visible_any.iter_mut().enumerate() {
-            *any = m.values.chunks_exact(m.cols).any(|row| visible(row[j]));
-        }
+        m.index();
     }
 }
 
@@ -702,6 +652,8 @@ struct ExecKernels<'a> {
     graph: &'a Graph,
     io: &'a mut dyn Io,
     s: &'a mut AttnScratch,
+    qbuf: &'a mut [i16],
+    tbuf: &'a mut [f32],
 }
 
 impl Kernels for ExecKernels<'_> {
@@ -713,8 +665,7 @@ impl Kernels for ExecKernels<'_> {
     fn linear(&mut self, w: Tensor, x: &[f32], out: &mut [f32]) {
         let (matrix, act) = self.graph.model.linear(w);
         let n = x.len() / matrix.cols();
-        let s = &mut *self.s;
-        matrix.matmul(0, n, out, x, act, &mut s.qbuf, &mut s.tbuf);
+        matrix.matmul(0, n, out, x, act, self.qbuf, self.tbuf);
     }
 
     fn linear_many(&mut self, ws: &[Tensor], x: &[f32], outs: &mut [&mut [f32]]) {
@@ -727,7 +678,7 @@ impl Kernels for ExecKernels<'_> {
             && parts.iter().all(|m| m.is_i8())
             && ws.iter().all(|&w| model.linear(w).1 == act);
         if fused {
-            Matrix::matvec_i8_many(&parts, outs, x, act, &mut self.s.qbuf);
+            Matrix::matvec_i8_many(&parts, outs, x, act, self.qbuf);
         } else {
             for (&w, out) in ws.iter().zip(outs) {
                 self.linear(w, x, out);
@@ -740,13 +691,16 @@ impl Kernels for ExecKernels<'_> {
     }
 
     fn attention(&mut self, layer: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
-        for h in 0..self.graph.model.config.n_kv_heads {
-            let local = layer - self.graph.part.layers.start;
-            let slot = self.graph.slots[local * self.graph.model.config.n_kv_heads + h];
+        let c = &self.graph.model.config;
+        let heads = c.n_kv_heads;
+        let local = layer - self.graph.part.layers.start;
+        let slots = &self.graph.slots[local * heads..(local + 1) * heads];
+        for (h, slot) in slots.iter().enumerate() {
             self.store_new(slot, h, k, v);
-            self.load_past(slot);
-            self.attend_head(h, slot, q, out);
         }
+        let layout = self.graph.model.options.k_layout;
+        self.s.load_past(&*self.io, slots, c, layout);
+        self.s.attend(&slots[0], c, q, out);
     }
 
     fn logits(&mut self, row: usize, logits: &[f32]) {
@@ -764,7 +718,7 @@ impl Kernels for ExecKernels<'_> {
 impl ExecKernels<'_> {
     /// Writes KV head `h` of the step's keys/values (`[n, kv_dim]`) in the KV encoding; the
     /// step sees the values read back (`knew`/`vnew`).
-    fn store_new(&mut self, slot: KvSlot, h: usize, k: &[f32], v: &[f32]) {
+    fn store_new(&mut self, slot: &KvSlot, h: usize, k: &[f32], v: &[f32]) {
         let (n, d) = (self.graph.ar, self.graph.model.config.head_dim);
         let kv_dim = k.len() / n;
         let transposed = self.graph.model.options.k_layout == KLayout::Transposed;
@@ -773,11 +727,12 @@ impl ExecKernels<'_> {
             (true, v, slot.v, slot.new_v),
         ] {
             let out = self.io.output(buf);
-            let dst = if value {
+            let all = if value {
                 &mut self.s.vnew
             } else {
                 &mut self.s.knew
             };
+            let dst = &mut all[h * n * d..(h + 1) * n * d];
             let es = codec.size();
             for i in 0..n {
                 for e in 0..d {
@@ -791,84 +746,6 @@ impl ExecKernels<'_> {
                 }
             }
         }
-    }
-
-    /// Decodes the past rows some query can see, once for all queries of the step.
-    fn load_past(&mut self, slot: KvSlot) {
-        let (w, d) = (slot.rows, self.graph.model.config.head_dim);
-        let visible_any = &self.s.masks[slot.mask].visible_any;
-        let transposed = self.graph.model.options.k_layout == KLayout::Transposed;
-        for (value, codec, buf) in [(false, slot.k, slot.past_k), (true, slot.v, slot.past_v)] {
-            let src = self.io.input(buf);
-            let dst = if value {
-                &mut self.s.vpast
-            } else {
-                &mut self.s.kpast
-            };
-            let es = codec.size();
-            for j in (0..w).filter(|&j| visible_any[j]) {
-                let row = &mut dst[j * d..(j + 1) * d];
-                if transposed && !value {
-                    for (e, x) in row.iter_mut().enumerate() {
-                        let b = slot.past_off + (e * w + j) * es;
-                        *x = codec.decode(&src[b..b + es]);
-                    }
-                } else {
-                    let b = slot.past_off + j * d * es;
-                    codec.decode_run(&src[b..b + d * es], row);
-                }
-            }
-        }
-    }
-
-    /// Attention of the query heads reading KV head `h`, every row, over the keys visible in
-    /// the layer's mask (column `j < w`: past row `j`; `w + i`: new row `i`).
-    fn attend_head(&mut self, h: usize, slot: KvSlot, q: &[f32], out: &mut [f32]) {
-        let c = &self.graph.model.config;
-        let (d, qd, w) = (c.head_dim, c.q_dim(), slot.rows);
-        let AttnScratch {
-            masks,
-            knew,
-            vnew,
-            kpast,
-            vpast,
-            scores,
-            idx,
-            ..
-        } = &mut *self.s;
-        let MaskScratch { values, cols, .. } = &masks[slot.mask];
-        for i in 0..self.graph.ar {
-            let mrow = &values[i * cols..(i + 1) * cols];
-            let mut cnt = 0;
-            for (j, &mv) in mrow.iter().enumerate() {
-                if visible(mv) {
-                    idx[cnt] = j;
-                    cnt += 1;
-                }
-            }
-            let vis = &idx[..cnt];
-            for qh in h * c.kv_mul()..(h + 1) * c.kv_mul() {
-                let at = i * qd + qh * d;
-                attend(
-                    &q[at..at + d],
-                    cnt,
-                    |t| kv_row(kpast, knew, vis[t], w, d),
-                    |t| kv_row(vpast, vnew, vis[t], w, d),
-                    |t| mrow[vis[t]],
-                    scores,
-                    &mut out[at..at + d],
-                );
-            }
-        }
-    }
-}
-
-/// Row `j` of the keys or values a query sees: past row `j` for `j < w`, else new row `j - w`.
-fn kv_row<'a>(past: &'a [f32], new: &'a [f32], j: usize, w: usize, d: usize) -> &'a [f32] {
-    if j < w {
-        &past[j * d..(j + 1) * d]
-    } else {
-        &new[(j - w) * d..(j - w + 1) * d]
     }
 }
 
