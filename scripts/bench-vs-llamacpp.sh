@@ -22,7 +22,12 @@ cargo build --release --example decode_bench >&2
 ours=$(RAYON_NUM_THREADS=$threads cargo run -q --release --example decode_bench -- \
     --model "$model" --json --kv-dtype "$kv" --weights "$weights" \
     --context "$context" --prompt "$prompt" --tokens "$tokens")
-peer=$("$peer_bin" -m "$peer_model" -t "$threads" -p "$prompt" -n "$tokens" -o json)
+# The same work as decode_bench: prefill of the prompt from an empty context, then decode with
+# the prompt already in the cache (llama-bench's --n-depth; without it llama.cpp would decode
+# from an empty context, which is faster).
+peer_pp=$("$peer_bin" -m "$peer_model" -t "$threads" -p "$prompt" -n 0 -o json)
+peer_tg=$("$peer_bin" -m "$peer_model" -t "$threads" -p 0 -n "$tokens" -d "$prompt" -o json)
+peer=$(PP=$peer_pp TG=$peer_tg python3 -c 'import json, os; print(json.dumps(json.loads(os.environ["PP"]) + json.loads(os.environ["TG"])))')
 
 OURS=$ours PEER=$peer PEER_MODEL=$peer_model python3 - <<'PY'
 import json, os
@@ -39,6 +44,7 @@ print(json.dumps({
     "htpkv": ours,
     "llama_cpp": {"model": os.environ["PEER_MODEL"], "threads": peer[0]["n_threads"],
                   "prefill_tokens_per_second": pp, "decode_tokens_per_second": tg,
+                  "decode_depth": next(t.get("n_depth", 0) for t in peer if t["n_prompt"] == 0),
                   "build": peer[0].get("build_commit")},
     "decode_ratio": ours["decode_tokens_per_second"] / tg,
     "prefill_ratio": ours["prefill_tokens_per_second"] / pp,

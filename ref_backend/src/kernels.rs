@@ -68,13 +68,14 @@ fn dot1(w: &[i8], a: &[i16]) -> i64 {
 /// Exact dot products of [`ROW_TILE`] weight rows with one activation row, by the fastest
 /// micro-kernel the running CPU has.
 #[inline(always)]
-fn dot_tile(rows: [&[i8]; ROW_TILE], a: &[i16]) -> [i64; ROW_TILE] {
+fn dot_tile(rows: [&[i8]; ROW_TILE], a: &[i16], prefetch: bool) -> [i64; ROW_TILE] {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("sse4.1") {
         // SAFETY: `x86::dot_tile` enables SSE4.1 only, and the running CPU has it (checked
         // just above; std caches the CPUID result).
-        return unsafe { x86::dot_tile(rows, a) };
+        return unsafe { x86::dot_tile(rows, a, prefetch) };
     }
+    let _ = prefetch; // the plain loop leaves prefetching to the hardware
     rows.map(|row| dot1(row, a))
 }
 
@@ -87,7 +88,8 @@ fn dots_block(w: &[i8], a: &[i16], cols: usize, out: &mut [i64]) {
     for (wt, ot) in (&mut tiles).zip(&mut outs) {
         let rows: [&[i8]; ROW_TILE] = std::array::from_fn(|k| &wt[k * cols..(k + 1) * cols]);
         for (t, at) in a.chunks_exact(cols).enumerate() {
-            for (k, v) in dot_tile(rows, at).into_iter().enumerate() {
+            // The next tile is prefetched while the first token reads this one.
+            for (k, v) in dot_tile(rows, at, t == 0).into_iter().enumerate() {
                 ot[k * n + t] = v;
             }
         }
@@ -383,9 +385,11 @@ mod tests {
             let w = weights(i as u64 + 11, ROW_TILE * cols);
             let a = acts(i as u64 + 50, cols);
             let rows: [&[i8]; ROW_TILE] = std::array::from_fn(|r| &w[r * cols..(r + 1) * cols]);
-            // SAFETY: SSE4.1 was checked above.
-            let simd = unsafe { x86::dot_tile(rows, &a) };
-            assert_eq!(simd, rows.map(|row| dot1(row, &a)), "cols {cols}");
+            for prefetch in [false, true] {
+                // SAFETY: SSE4.1 was checked above.
+                let simd = unsafe { x86::dot_tile(rows, &a, prefetch) };
+                assert_eq!(simd, rows.map(|row| dot1(row, &a)), "cols {cols}");
+            }
         }
     }
 
