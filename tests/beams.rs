@@ -5,10 +5,10 @@
 
 mod common;
 
-use htpkv::reference::ReferenceBackend;
+use common::{STRATEGIES, session};
 use htpkv::sampler::{Sampler, SamplerOptions, length_penalized, top_logprobs};
-use htpkv::session::{BOS, Beam, BeamOptions, EOS, Session, StopReason};
-use kv_manager::{HostAllocator, Strategy};
+use htpkv::session::{BOS, Beam, BeamOptions, EOS, StopReason};
+use kv_manager::Strategy;
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use ref_backend::CompiledModel;
 use std::sync::Arc;
@@ -36,22 +36,6 @@ fn model() -> Option<(Arc<Checkpoint>, Tokenizer)> {
 fn compile(ckpt: &Checkpoint, tok: &Tokenizer, ar: &[usize]) -> Arc<CompiledModel> {
     common::compile_u8(ckpt, tok, ckpt.config.seq_len, ar)
 }
-
-fn session(model: &Arc<CompiledModel>, strategy: Strategy) -> Session<ReferenceBackend> {
-    Session::new(
-        ReferenceBackend::new(model.clone()),
-        strategy,
-        &HostAllocator::default(),
-    )
-    .expect("session")
-}
-
-const STRATEGIES: [Strategy; 4] = [
-    Strategy::SHIFT_2X,
-    Strategy::Conveyor,
-    Strategy::SmartMask,
-    Strategy::Naive,
-];
 
 fn is_stop(t: u32) -> bool {
     t == EOS || t == BOS

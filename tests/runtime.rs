@@ -1,10 +1,13 @@
 //! The runtime against its oracles: the float reference model (llama2c), the four KV strategies
 //! against each other, prefill against token-by-token decode.
 
+mod common;
+
+use common::{STRATEGIES, session};
 use htpkv::backend::Backend;
 use htpkv::reference::ReferenceBackend;
 use htpkv::session::Session;
-use kv_manager::{HostAllocator, Strategy};
+use kv_manager::Strategy;
 use llama2c::{Checkpoint, FloatModel, ModelFiles, Tokenizer};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType};
@@ -47,22 +50,6 @@ fn compile_ckpt(ckpt: &Checkpoint, prompts: &[Vec<u32>], opts: &CompileOptions) 
     let c = llama2c::llama_config(&ckpt.config);
     ref_backend::compile(&c, ckpt, prompts, opts, ckpt.sha256(), &mut |_| {}).expect("compiles")
 }
-
-fn session(model: &Arc<CompiledModel>, strategy: Strategy) -> Session<ReferenceBackend> {
-    Session::new(
-        ReferenceBackend::new(model.clone()),
-        strategy,
-        &HostAllocator::default(),
-    )
-    .expect("session")
-}
-
-const STRATEGIES: [Strategy; 4] = [
-    Strategy::SHIFT_2X,
-    Strategy::Conveyor,
-    Strategy::SmartMask,
-    Strategy::Naive,
-];
 
 /// Greedy from BOS: the f32 path equals the float reference token for token for 256 tokens.
 #[test]

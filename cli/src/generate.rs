@@ -127,7 +127,8 @@ pub struct GenerateArgs {
     slide_chunk: Option<usize>,
     /// Beam search with B beams sharing the prompt's KV rows: prints the best beam (--json: every
     /// beam with its score). Without --ar, an AR-B variant is compiled so the beams step together.
-    #[arg(long, value_name = "B", conflicts_with_all = ["chat", "save", "resume", "n"])]
+    #[arg(long, value_name = "B", conflicts_with_all = ["chat", "save", "resume", "n"],
+          value_parser = beam_count)]
     beams: Option<usize>,
     /// Length penalty alpha of --beams: a beam scores sum(logprob) / len^alpha.
     #[arg(long, value_name = "ALPHA", default_value_t = 1.0, requires = "beams")]
@@ -139,8 +140,20 @@ pub struct GenerateArgs {
           value_parser = |s: &str| s.parse::<LayerWindows>())]
     layer_window: Vec<LayerWindows>,
     /// N independent samples sharing one prompt prefill (sample i uses seed --seed + i).
-    #[arg(long, value_name = "N", conflicts_with_all = ["chat", "save", "resume"])]
+    #[arg(long, value_name = "N", conflicts_with_all = ["chat", "save", "resume"],
+          value_parser = beam_count)]
     n: Option<usize>,
+}
+
+/// A count of beams or samples on one cache (`--beams`, `--n`): 1 to
+/// [`kv_manager::beam::MAX_BEAMS`], refused by clap with the option's name otherwise.
+fn beam_count(s: &str) -> Result<usize, String> {
+    let max = kv_manager::beam::MAX_BEAMS;
+    match s.parse::<usize>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        Ok(_) => Err(format!("must be between 1 and {max}")),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// What a run actually uses, read back from the loaded model.

@@ -323,7 +323,15 @@ fn every_option_is_checked_before_compiling() {
     let dir = model_dir();
     let work = scratch("options");
     let cache = work.join("cache");
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["--n", "0"],
+            "error: invalid value '0' for '--n <N>': must be between 1 and 256",
+        ),
+        (
+            &["--beams", "257"],
+            "error: invalid value '257' for '--beams <B>': must be between 1 and 256",
+        ),
         (
             &["--ar", "511"],
             "error: invalid geometry: `ar` AR-511 never fits: with AR-511 as the smallest variant the cache holds context - 511 = 1 tokens, so context must be at least 1022",

@@ -1,7 +1,10 @@
 //! What the root crate's stories260K tests share (each test binary uses part of it).
 #![allow(dead_code)]
 
+use htpkv::reference::ReferenceBackend;
+use htpkv::session::Session;
 use htpkv::text::ChatFormat;
+use kv_manager::{HostAllocator, Strategy};
 use llama2c::{Checkpoint, Tokenizer};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType};
@@ -35,4 +38,22 @@ pub fn compile(
         ref_backend::compile(config, ckpt, &prompts, opts, ckpt.sha256(), &mut |_| {})
             .expect("compiles"),
     )
+}
+
+/// The four strategies with their default settings.
+pub const STRATEGIES: [Strategy; 4] = [
+    Strategy::SHIFT_2X,
+    Strategy::Conveyor,
+    Strategy::SmartMask,
+    Strategy::Naive,
+];
+
+/// A session on the reference executor in host memory.
+pub fn session(model: &Arc<CompiledModel>, strategy: Strategy) -> Session<ReferenceBackend> {
+    Session::new(
+        ReferenceBackend::new(model.clone()),
+        strategy,
+        &HostAllocator::default(),
+    )
+    .expect("session")
 }
