@@ -65,10 +65,14 @@ fn dot1(w: &[i8], a: &[i16]) -> i64 {
     acc
 }
 
-/// Exact dot products of [`ROW_TILE`] weight rows with one activation row, by the fastest
-/// micro-kernel the running CPU has.
+/// Exact dot products of [`ROW_TILE`] weight rows with `T` activation rows
+/// (`out[t][r] = rows[r] · a[t]`), by the fastest micro-kernel the running CPU has.
 #[inline(always)]
-fn dot_tile(rows: [&[i8]; ROW_TILE], a: &[i16], prefetch: bool) -> [i64; ROW_TILE] {
+fn dot_tile<const T: usize>(
+    rows: [&[i8]; ROW_TILE],
+    a: [&[i16]; T],
+    prefetch: bool,
+) -> [[i64; ROW_TILE]; T] {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("sse4.1") {
         // SAFETY: `x86::dot_tile` enables SSE4.1 only, and the running CPU has it (checked
@@ -76,8 +80,12 @@ fn dot_tile(rows: [&[i8]; ROW_TILE], a: &[i16], prefetch: bool) -> [i64; ROW_TIL
         return unsafe { x86::dot_tile(rows, a, prefetch) };
     }
     let _ = prefetch; // the plain loop leaves prefetching to the hardware
-    rows.map(|row| dot1(row, a))
+    a.map(|at| rows.map(|row| dot1(row, at)))
 }
+
+/// Tokens multiplied together by the micro-kernel (prefill): each weight vector loaded from L1
+/// feeds this many activation rows.
+const TOKEN_TILE: usize = 2;
 
 /// `out[r * n + t] = Σ_c w[r * cols + c] · a[t * cols + c]` for every row `r` of `w` and token
 /// `t` of `a` (`n = a.len() / cols`), exactly, on the calling thread.
@@ -87,11 +95,24 @@ fn dots_block(w: &[i8], a: &[i16], cols: usize, out: &mut [i64]) {
     let mut outs = out.chunks_exact_mut(ROW_TILE * n);
     for (wt, ot) in (&mut tiles).zip(&mut outs) {
         let rows: [&[i8]; ROW_TILE] = std::array::from_fn(|k| &wt[k * cols..(k + 1) * cols]);
-        for (t, at) in a.chunks_exact(cols).enumerate() {
-            // The next tile is prefetched while the first token reads this one.
-            for (k, v) in dot_tile(rows, at, t == 0).into_iter().enumerate() {
+        let mut put = |t: usize, v: [i64; ROW_TILE]| {
+            for (k, v) in v.into_iter().enumerate() {
                 ot[k * n + t] = v;
             }
+        };
+        // The next tile is prefetched while the first tokens read this one.
+        let mut pairs = a.chunks_exact(TOKEN_TILE * cols);
+        for (p, at) in (&mut pairs).enumerate() {
+            let acts = std::array::from_fn(|k| &at[k * cols..(k + 1) * cols]);
+            let sums = dot_tile::<TOKEN_TILE>(rows, acts, p == 0);
+            for (k, v) in sums.into_iter().enumerate() {
+                put(p * TOKEN_TILE + k, v);
+            }
+        }
+        let done = n - n % TOKEN_TILE;
+        for (t, at) in pairs.remainder().chunks_exact(cols).enumerate() {
+            let [v] = dot_tile::<1>(rows, [at], done == 0);
+            put(done + t, v);
         }
     }
     for (row, or) in tiles
@@ -385,10 +406,15 @@ mod tests {
             let w = weights(i as u64 + 11, ROW_TILE * cols);
             let a = acts(i as u64 + 50, cols);
             let rows: [&[i8]; ROW_TILE] = std::array::from_fn(|r| &w[r * cols..(r + 1) * cols]);
+            let b = acts(i as u64 + 90, cols);
+            let want = |a: &[i16]| rows.map(|row| dot1(row, a));
             for prefetch in [false, true] {
                 // SAFETY: SSE4.1 was checked above.
-                let simd = unsafe { x86::dot_tile(rows, &a, prefetch) };
-                assert_eq!(simd, rows.map(|row| dot1(row, &a)), "cols {cols}");
+                let one = unsafe { x86::dot_tile(rows, [&a[..]], prefetch) };
+                assert_eq!(one, [want(&a)], "cols {cols}");
+                // SAFETY: as above.
+                let two = unsafe { x86::dot_tile(rows, [&a[..], &b[..]], prefetch) };
+                assert_eq!(two, [want(&a), want(&b)], "cols {cols}");
             }
         }
     }

@@ -34,25 +34,32 @@ const _: () = assert!(LINE.is_multiple_of(LANES));
 const LANES: usize = 8;
 const _: () = assert!(KERNEL_CHUNK.is_multiple_of(LANES));
 
-/// Exact dot products of [`ROW_TILE`] weight rows with one activation row: one activation
-/// load feeds every row.
+/// Exact dot products of [`ROW_TILE`] weight rows with `T` activation rows of equal length
+/// (`out[t][r] = w[r] · act[t]`): each activation load feeds every row, and each weight load
+/// every activation row.
 ///
 /// With `prefetch`, the rows are taken as one tile of a row-major matrix (`w[r]` starts
-/// `r * act.len()` bytes after `w[0]`) and the next tile's bytes are prefetched into L1 as this
+/// `r * len` bytes after `w[0]`) and the next tile's bytes are prefetched into L1 as this
 /// tile's are read: one `prefetcht0` per 64-byte line, one tile ahead.
 ///
 /// # Panics
-/// If a weight row is shorter than `act`.
+/// If `T == 0`, the activation rows differ in length, or a weight row is shorter than them.
 #[target_feature(enable = "sse4.1")]
-pub(super) fn dot_tile(w: [&[i8]; ROW_TILE], act: &[i16], prefetch: bool) -> [i64; ROW_TILE] {
-    let body = act.len() / LANES * LANES;
+pub(super) fn dot_tile<const T: usize>(
+    w: [&[i8]; ROW_TILE],
+    act: [&[i16]; T],
+    prefetch: bool,
+) -> [[i64; ROW_TILE]; T] {
+    let len = act[0].len();
+    assert!(act.iter().all(|a| a.len() == len), "activation rows differ");
+    let body = len / LANES * LANES;
     // Row r of the next tile starts ROW_TILE rows after row r of this one.
-    let ahead = ROW_TILE * act.len();
-    let mut acc = [0i64; ROW_TILE];
+    let ahead = ROW_TILE * len;
+    let mut acc = [[0i64; ROW_TILE]; T];
     let mut start = 0;
     while start < body {
         let end = (start + KERNEL_CHUNK).min(body);
-        let mut sums = [_mm_setzero_si128(); ROW_TILE];
+        let mut sums = [[_mm_setzero_si128(); ROW_TILE]; T];
         let mut i = start;
         while i < end {
             if prefetch && i % LINE == 0 {
@@ -61,23 +68,29 @@ pub(super) fn dot_tile(w: [&[i8]; ROW_TILE], act: &[i16], prefetch: bool) -> [i6
                     _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(i + ahead));
                 }
             }
-            let av = load_acts(&act[i..i + LANES]);
+            let av = act.map(|a| load_acts(&a[i..i + LANES]));
             for r in 0..ROW_TILE {
                 let wv = _mm_cvtepi8_epi16(load_weights(&w[r][i..i + LANES]));
-                sums[r] = _mm_add_epi32(sums[r], _mm_madd_epi16(wv, av));
+                for t in 0..T {
+                    sums[t][r] = _mm_add_epi32(sums[t][r], _mm_madd_epi16(wv, av[t]));
+                }
             }
             i += LANES;
         }
-        for r in 0..ROW_TILE {
-            let lanes: [i32; 4] = bytemuck::cast(sums[r]);
-            for lane in lanes {
-                acc[r] += i64::from(lane);
+        for t in 0..T {
+            for r in 0..ROW_TILE {
+                let lanes: [i32; 4] = bytemuck::cast(sums[t][r]);
+                for lane in lanes {
+                    acc[t][r] += i64::from(lane);
+                }
             }
         }
         start = end;
     }
-    for r in 0..ROW_TILE {
-        acc[r] += super::dot1(&w[r][body..act.len()], &act[body..]);
+    for t in 0..T {
+        for r in 0..ROW_TILE {
+            acc[t][r] += super::dot1(&w[r][body..len], &act[t][body..]);
+        }
     }
     acc
 }
