@@ -234,3 +234,142 @@ fn kv_row<'a>(past: &'a [f32], new: &'a [f32], j: usize, w: usize, d: usize) -> 
         &new[(j - w) * d..(j - w + 1) * d]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::{Codec, SliceIo};
+    use quant::ScaleOffset;
+
+    /// A little-endian pseudo-random stream (xorshift), for test data only.
+    fn stream(seed: u64) -> impl FnMut() -> u64 {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
+    /// Both phases split over a 3-thread pool give, bit for bit, `ops::attend` over rows gathered
+    /// and decoded element by element, for every (query row, query head) of a GQA layer.
+    #[test]
+    fn parallel_attention_equals_attend_over_the_visible_rows() {
+        let c = llama2c::llama_config(&llama2c::Config {
+            dim: 256,
+            hidden_dim: 64,
+            n_layers: 1,
+            n_heads: 8,
+            n_kv_heads: 2,
+            vocab_size: 16,
+            seq_len: 512,
+            shared_classifier: true,
+        });
+        let (n, w, d, heads) = (3, 300, c.head_dim, c.n_kv_heads);
+        let mut next = stream(5);
+        let mut float = || (next() % 2001) as f32 / 1000.0 - 1.0;
+        let so = |scale, offset| ScaleOffset { scale, offset };
+        let codecs = [Codec::U16(so(3.1e-5, -32000)), Codec::U8(so(0.01, -128))];
+        let mut bytes = stream(9);
+        let past: Vec<Vec<u8>> = (0..2 * heads)
+            .map(|i| {
+                let size = w * d * codecs[i % 2].size();
+                (0..size).map(|_| bytes() as u8).collect()
+            })
+            .collect();
+        let slots: Vec<KvSlot> = (0..heads)
+            .map(|h| KvSlot {
+                past_k: 2 * h,
+                past_v: 2 * h + 1,
+                new_k: 0,
+                new_v: 0,
+                past_off: 0,
+                new_off: 0,
+                rows: w,
+                mask: 0,
+                k: codecs[0],
+                v: codecs[1],
+            })
+            .collect();
+        let mut mask = MaskScratch::new(n, w);
+        for i in 0..n {
+            for j in 0..w + n {
+                let shown = if j < w {
+                    (j + i) % 3 != 0 && j > 20
+                } else {
+                    j - w <= i
+                };
+                mask.values[i * (w + n) + j] = if shown {
+                    -0.25 * (j % 4) as f32
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+        }
+        mask.index();
+        let mut s = AttnScratch::new(&c, n, w, vec![mask]);
+        s.knew.iter_mut().for_each(|x| *x = float());
+        s.vnew.iter_mut().for_each(|x| *x = float());
+        let q: Vec<f32> = (0..n * c.q_dim()).map(|_| float()).collect();
+        let inputs: Vec<&[u8]> = past.iter().map(Vec::as_slice).collect();
+        let io = SliceIo {
+            inputs: &inputs,
+            outputs: &mut [],
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let mut out = vec![f32::NAN; q.len()];
+        pool.install(|| {
+            s.load_past(&io, &slots, &c, KLayout::Rows);
+            s.attend(&slots[0], &c, &q, &mut out);
+        });
+
+        let m = &s.masks[0];
+        let decode = |buf: &[u8], codec: Codec, j: usize| -> Vec<f32> {
+            let es = codec.size();
+            (0..d)
+                .map(|e| codec.decode(&buf[(j * d + e) * es..]))
+                .collect()
+        };
+        let mut scores = vec![0.0; w + n];
+        for i in 0..n {
+            let row = &m.values[i * (w + n)..(i + 1) * (w + n)];
+            let shown: Vec<usize> = (0..w + n).filter(|&j| visible(row[j])).collect();
+            for qh in 0..c.n_heads {
+                let h = qh / c.kv_mul();
+                let rows = |new: &[f32], buf: &[u8], codec| -> Vec<Vec<f32>> {
+                    let new = &new[h * n * d..(h + 1) * n * d];
+                    (shown.iter())
+                        .map(|&j| match j < w {
+                            true => decode(buf, codec, j),
+                            false => new[(j - w) * d..(j - w + 1) * d].to_vec(),
+                        })
+                        .collect()
+                };
+                let keys = rows(&s.knew, &past[2 * h], codecs[0]);
+                let values = rows(&s.vnew, &past[2 * h + 1], codecs[1]);
+                let at = (i * c.n_heads + qh) * d;
+                let mut want = vec![0.0; d];
+                model::ops::attend(
+                    &q[at..at + d],
+                    shown.len(),
+                    |t| &keys[t],
+                    |t| &values[t],
+                    |t| row[shown[t]],
+                    &mut scores,
+                    &mut want,
+                );
+                let got = &out[at..at + d];
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "row {i} head {qh}: {got:?} != {want:?}"
+                );
+            }
+        }
+    }
+}
