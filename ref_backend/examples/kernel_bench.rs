@@ -86,7 +86,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 scalar(black_box(&w), at, &mut sums[..rows]);
             }
         }));
-        let kernel = |sums: &mut [i64]| matmul_i8_i16(black_box(&w), &a, cols, sums, |_, v| v);
+        let kernel = |sums: &mut [i64]| {
+            matmul_i8_i16(black_box(&w), &a, cols, sums, |_, s, o| {
+                o.copy_from_slice(s)
+            })
+        };
         let t_1t = per_token(one.install(|| time(macs, || kernel(&mut sums))));
         let t_mt = per_token(time(macs, || kernel(&mut sums)));
         let t_f32 = per_token(time(macs, || {

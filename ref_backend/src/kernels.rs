@@ -168,8 +168,9 @@ fn spin_for_work(done: &AtomicBool) {
 }
 
 /// Exact integer products of a row-major i8 matrix `w` (`rows x cols`, `rows = w.len() / cols`)
-/// with `n` i16 activation rows `a` (`n x cols`), then `finish(row, token, sum)` turns each sum
-/// into the value written to `out[row * n + token]` (row-major by weight row).
+/// with `n` i16 activation rows `a` (`n x cols`), then `finish(row, sums, out)` turns a run of
+/// one row's sums (consecutive tokens) into the values written to `out[row * n + token]`
+/// (row-major by weight row): one call per row and block of tokens, not per product.
 ///
 /// Large matrices are split by rows over rayon's pool; the result does not depend on the split.
 ///
@@ -180,7 +181,7 @@ pub fn matmul_i8_i16<T: Send>(
     a: &[i16],
     cols: usize,
     out: &mut [T],
-    finish: impl Fn(usize, i64) -> T + Sync,
+    finish: impl Fn(usize, &[i64], &mut [T]) + Sync,
 ) {
     matmul_i8_i16_many(
         a,
@@ -201,15 +202,18 @@ pub struct Product<'a, T> {
     pub w: &'a [i8],
     /// The results, `out[row * n + token]`.
     pub out: &'a mut [T],
-    /// `finish(row, sum)`: the result of `row`'s exact sum.
-    pub finish: &'a (dyn Fn(usize, i64) -> T + Sync),
+    /// `finish(row, sums, out)`: the results of `row`'s exact sums (a run of its tokens).
+    pub finish: &'a Finish<'a, T>,
 }
+
+/// How a row's exact sums for a run of tokens become its results: `(row, sums, out)`.
+pub type Finish<'a, T> = dyn Fn(usize, &[i64], &mut [T]) + Sync + 'a;
 
 /// A run of rows of one [`Product`]: the unit of work handed to a thread.
 struct Task<'a, T> {
     w: &'a [i8],
     out: &'a mut [T],
-    finish: &'a (dyn Fn(usize, i64) -> T + Sync),
+    finish: &'a Finish<'a, T>,
     row0: usize,
 }
 
@@ -282,9 +286,9 @@ fn run_task<T>(t: Task<'_, T>, a: &[i16], cols: usize) {
             let nt = ab.len() / cols;
             let s = &mut sums[..wb.len() / cols * nt];
             dots_block(wb, ab, cols, s);
-            for (i, &v) in s.iter().enumerate() {
-                let (r, tok) = (r0 + i / nt, tb * tokens + i % nt);
-                t.out[r * n + tok] = (t.finish)(t.row0 + r, v);
+            for (i, sums) in s.chunks_exact(nt).enumerate() {
+                let at = (r0 + i) * n + tb * tokens;
+                (t.finish)(t.row0 + r0 + i, sums, &mut t.out[at..at + nt]);
             }
         }
     }
@@ -351,7 +355,7 @@ mod tests {
     /// The kernel with the identity `finish`: the exact sums.
     fn run(w: &[i8], a: &[i16], cols: usize) -> Vec<i64> {
         let mut out = vec![0i64; w.len() / cols * (a.len() / cols)];
-        matmul_i8_i16(w, a, cols, &mut out, |_, v| v);
+        matmul_i8_i16(w, a, cols, &mut out, |_, s, o| o.copy_from_slice(s));
         out
     }
 
@@ -427,7 +431,12 @@ mod tests {
             .map(|&r| weights(r as u64, r * cols))
             .collect();
         let a = acts(3, n * cols);
-        let finish = |r: usize, v: i64| v * 3 + r as i64;
+        let each = |r: usize, v: i64| v * 3 + r as i64;
+        let finish = |r: usize, s: &[i64], o: &mut [i64]| {
+            for (o, &v) in o.iter_mut().zip(s) {
+                *o = each(r, v);
+            }
+        };
         let mut outs: Vec<Vec<i64>> = ws.iter().map(|w| vec![0; w.len() / cols * n]).collect();
         let products = ws
             .iter()
@@ -447,7 +456,7 @@ mod tests {
             let want: Vec<i64> = reference(w, &a, cols)
                 .into_iter()
                 .enumerate()
-                .map(|(r, v)| finish(r, v))
+                .map(|(r, v)| each(r, v))
                 .collect();
             assert_eq!(got, &want);
         }

@@ -303,7 +303,11 @@ impl Matrix {
 
     /// How row `row0 + r`'s exact integer sum becomes its output: the activation offset is
     /// applied as `offset * Σ q_w` in i64, then one rescale (see [`Matrix::matvec`]).
-    fn i8_finish(&self, row0: usize, so: ScaleOffset) -> impl Fn(usize, i64) -> f32 + Sync + '_ {
+    fn i8_finish(
+        &self,
+        row0: usize,
+        so: ScaleOffset,
+    ) -> impl Fn(usize, &[i64], &mut [f32]) + Sync + '_ {
         let Matrix::I8 {
             scales, row_sums, ..
         } = self
@@ -311,9 +315,12 @@ impl Matrix {
             unreachable!("an i8 path on a float matrix")
         };
         let off = i64::from(so.offset);
-        move |r, acc| {
+        move |r, sums, out| {
             let row = row0 + r;
-            (acc + off * row_sums[row]) as f32 * so.scale * scales[row]
+            let (shift, scale) = (off * row_sums[row], scales[row]);
+            for (o, &acc) in out.iter_mut().zip(sums) {
+                *o = (acc + shift) as f32 * so.scale * scale;
+            }
         }
     }
 
