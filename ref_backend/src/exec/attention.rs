@@ -159,9 +159,9 @@ impl AttnScratch {
         let (stride, tasks) = (self.rows * d, n * heads);
         let per = tasks.div_ceil(GROUPS.min(tasks));
         let work: usize = mask.count.iter().sum::<usize>() * heads * d * 2;
-        let group = |(g, (out, scores)): (usize, (&mut [f32], &mut [f32]))| {
-            for (t, o) in out.chunks_exact_mut(d).enumerate() {
-                let task = g * per + t;
+        let group = |(g, (outs, scores)): (usize, (&mut [f32], &mut [f32]))| {
+            for (k, o) in outs.chunks_exact_mut(d).enumerate() {
+                let task = g * per + k;
                 let (i, h) = (task / heads, task % heads / c.kv_mul());
                 let (mrow, vis) = mask.row(i);
                 let (kp, vp) = (&kpast[h * stride..], &vpast[h * stride..]);
