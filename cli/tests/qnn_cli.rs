@@ -67,32 +67,34 @@ fn graph_names(doc: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// Compiles stories260K for context 64, AR-1 and AR-8 (two graphs in one binary), u8 KV, with
+/// the `extra` options, into `scratch()/name`.
+fn compile_s64(name: &str, extra: &[&str]) -> PathBuf {
+    let out = scratch().join(name);
+    let mut args = vec![
+        "compile",
+        "--context",
+        "64",
+        "--ar",
+        "1,8",
+        "--kv-dtype",
+        "u8",
+    ];
+    args.extend_from_slice(extra);
+    args.extend(["--out", out.to_str().unwrap()]);
+    let o = htpkv(&args, &[]);
+    assert!(
+        o.status.success(),
+        "compile: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
 /// A small compiled stories260K (context 64, AR-1 and AR-8: two graphs in one binary).
 fn compiled() -> &'static Path {
     static FILE: OnceLock<PathBuf> = OnceLock::new();
-    FILE.get_or_init(|| {
-        let out = scratch().join("s64.htpkv");
-        let o = Command::new(env!("CARGO_BIN_EXE_htpkv"))
-            .args([
-                "compile",
-                "--context",
-                "64",
-                "--ar",
-                "1,8",
-                "--kv-dtype",
-                "u8",
-                "--out",
-            ])
-            .arg(&out)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "compile: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        out
-    })
+    FILE.get_or_init(|| compile_s64("s64.htpkv", &[]))
 }
 
 fn inspect_foreign(mode: &str) -> Value {
@@ -506,31 +508,8 @@ fn foreign_binaries_need_a_qnn_backend_and_a_fitting_convention() {
 fn compiled_per_layer() -> &'static Path {
     static FILE: OnceLock<PathBuf> = OnceLock::new();
     FILE.get_or_init(|| {
-        let out = scratch().join("s64-per-layer.htpkv");
-        let o = htpkv(
-            &[
-                "compile",
-                "--context",
-                "64",
-                "--ar",
-                "1,8",
-                "--kv-dtype",
-                "u8",
-                "--k-layout",
-                "transposed",
-                "--granularity",
-                "per_layer",
-                "--out",
-                out.to_str().unwrap(),
-            ],
-            &[],
-        );
-        assert!(
-            o.status.success(),
-            "compile: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        out
+        let extra = ["--k-layout", "transposed", "--granularity", "per_layer"];
+        compile_s64("s64-per-layer.htpkv", &extra)
     })
 }
 
@@ -621,19 +600,7 @@ fn executorch_layout_is_detected_by_index_and_gives_the_same_tokens() {
 fn compile_executorch_writes_a_file_the_library_presents_as_executorch() {
     let lib = library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
-    let out = scratch().join("s64-et.htpkv");
-    let mut args = vec![
-        "compile",
-        "--context",
-        "64",
-        "--ar",
-        "1,8",
-        "--kv-dtype",
-        "u8",
-    ];
-    args.extend(["--convention", "executorch", "--out", out.to_str().unwrap()]);
-    let o = htpkv(&args, &[]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = compile_s64("s64-et.htpkv", &["--convention", "executorch"]);
     let inspect = inspect_json(out.to_str().unwrap(), lib, &[]);
     let names = graph_names(&inspect);
     assert_eq!(names, ["kv_forward", "prefill_forward"]);
