@@ -44,6 +44,13 @@ const _: () = assert!(KERNEL_CHUNK > 0 && KERNEL_CHUNK <= I32_CHUNK);
 /// threads would cost more than it saves).
 pub const PARALLEL_MIN_MACS: usize = 1 << 15;
 
+/// `with_min_len` for a parallel iterator over `work` units: 1 (split freely) from `threshold`
+/// on, else every item in one task, so a small job runs on the calling thread through the same
+/// code path.
+pub(crate) fn min_len_for(work: usize, threshold: usize) -> usize {
+    if work >= threshold { 1 } else { usize::MAX }
+}
+
 /// Rows computed together by the micro-kernel.
 const ROW_TILE: usize = 4;
 
@@ -195,7 +202,7 @@ pub fn matmul_i8_i16<T: Send>(
 }
 
 /// One matrix of [`matmul_i8_i16_many`]: its i8 weights (`rows x cols`, row-major), its
-/// results (`rows * n`, row-major by weight row) and how a row's exact sum becomes a result.
+/// results (`rows * n`, row-major by weight row) and how a row's exact sums become results.
 #[allow(missing_debug_implementations)]
 pub struct Product<'a, T> {
     /// The weights, `rows x cols`.

@@ -761,14 +761,9 @@ fn transpose(t: &[f32], n: usize, out: &mut [f32]) {
     if m == 0 {
         return;
     }
-    let tasks = if t.len() >= kernels::PARALLEL_MIN_MACS {
-        1
-    } else {
-        usize::MAX
-    };
     out.par_chunks_mut(TRANSPOSE_TOKENS * m)
         .enumerate()
-        .with_min_len(tasks)
+        .with_min_len(kernels::min_len_for(t.len(), kernels::PARALLEL_MIN_MACS))
         .for_each(|(g, block)| {
             let i0 = g * TRANSPOSE_TOKENS;
             for (r, src) in t.chunks_exact(n).enumerate() {

@@ -11,6 +11,7 @@ use model::ops::attend;
 use rayon::prelude::*;
 
 use super::{Io, KvSlot, visible};
+use crate::kernels::min_len_for;
 use crate::types::KLayout;
 
 /// Decoded elements or multiply-adds below which a phase runs on the calling thread: handing
@@ -142,7 +143,7 @@ impl AttnScratch {
         let keys = (self.kpast.par_chunks_mut(stride).zip(slots)).map(|(dst, s)| (dst, s, false));
         let values = (self.vpast.par_chunks_mut(stride).zip(slots)).map(|(dst, s)| (dst, s, true));
         keys.chain(values)
-            .with_min_len(min_len(work))
+            .with_min_len(min_len_for(work, PARALLEL_MIN_WORK))
             .for_each(|(dst, slot, value)| {
                 let transposed = !value && k == KLayout::Transposed;
                 decode_rows(io, slot, value, transposed, past, d, dst);
@@ -180,17 +181,8 @@ impl AttnScratch {
         (out.par_chunks_mut(per * d))
             .zip(self.scores.par_chunks_mut(mask.cols))
             .enumerate()
-            .with_min_len(min_len(work))
+            .with_min_len(min_len_for(work, PARALLEL_MIN_WORK))
             .for_each(group);
-    }
-}
-
-/// Items per pool task: one (split freely) when the phase is worth parallelizing, else all.
-fn min_len(work: usize) -> usize {
-    if work >= PARALLEL_MIN_WORK {
-        1
-    } else {
-        usize::MAX
     }
 }
 
