@@ -82,6 +82,9 @@ impl ModelFiles {
 
     /// Checks one directory; the error string says what is missing.
     fn in_dir(dir: &Path) -> Result<ModelFiles, String> {
+        if !dir.exists() {
+            return Err("does not exist".to_owned());
+        }
         if !dir.is_dir() {
             return Err("not a directory".to_owned());
         }
@@ -224,7 +227,10 @@ mod tests {
         let dir = PathBuf::from("/nonexistent/htpkv-llama2c-test-dir");
         let err = ModelFiles::discover(Some(&dir)).unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains("/nonexistent/htpkv-llama2c-test-dir"), "{msg}");
+        assert!(
+            msg.contains("/nonexistent/htpkv-llama2c-test-dir: does not exist"),
+            "{msg}"
+        );
         assert!(msg.contains("karpathy/tinyllamas"), "{msg}");
         assert!(
             msg.contains(STORIES260K_SHA256) && msg.contains(TOK512_SHA256),
