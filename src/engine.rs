@@ -369,29 +369,35 @@ impl OpenedModel {
         llama2c::hex(&self.fingerprint)
     }
 
-    /// Compiles the model (loading a GGUF or Hugging Face model's weights first).
+    /// Runs `f` on the model's weights (loading a GGUF or Hugging Face model's weights first).
+    pub fn with_weights<T>(
+        &self,
+        f: impl FnOnce(&dyn WeightSource) -> T,
+    ) -> Result<T, EngineError> {
+        Ok(match &self.weights {
+            WeightsFrom::Checkpoint(c) => f(&**c),
+            WeightsFrom::File => f(&*model::load(&self.path)?.weights),
+        })
+    }
+
+    /// Compiles the model for the reference executor.
     pub fn compile(
         &self,
         opts: &CompileOptions,
         calibration: &[Vec<u32>],
         progress: &mut dyn FnMut(ref_backend::Progress),
     ) -> Result<CompiledModel, EngineError> {
-        let loaded;
-        let weights: &dyn WeightSource = match &self.weights {
-            WeightsFrom::Checkpoint(c) => &**c,
-            WeightsFrom::File => {
-                loaded = model::load(&self.path)?;
-                &*loaded.weights
-            }
-        };
-        Ok(ref_backend::compile(
-            &self.config,
-            weights,
-            calibration,
-            opts,
-            self.fingerprint,
-            progress,
-        )?)
+        let compiled = self.with_weights(|weights| {
+            ref_backend::compile(
+                &self.config,
+                weights,
+                calibration,
+                opts,
+                self.fingerprint,
+                progress,
+            )
+        })?;
+        Ok(compiled?)
     }
 }
 

@@ -2,6 +2,7 @@
 //! reference-backend context binary (or a Genie bundle of part binaries, [`bundle`]).
 
 mod bundle;
+mod htp;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -44,15 +45,17 @@ pub struct CompileArgs {
     )]
     ar: Vec<usize>,
     /// KV cache dtype: u8, u16, f16 or f32.
-    #[arg(long, default_value = "u8", value_parser = parse_kv_dtype)]
-    kv_dtype: DataType,
+    /// [default: u8; f32 with --target htp, whose lowering is float for now]
+    #[arg(long, value_parser = parse_kv_dtype)]
+    kv_dtype: Option<DataType>,
     /// `128`: u8 K/V encodings symmetric around 0 with zero point 128 (offset -128), as AI Hub
     /// ships its KV cache, instead of the calibrated asymmetric ones (u8 KV only).
     #[arg(long, value_name = "128", value_parser = parse_kv_zero_point)]
     kv_zero_point: Option<u32>,
     /// Weight type: i8 (W8A16), f16 or f32.
-    #[arg(long, default_value = "i8", value_parser = parse_from_str::<WeightType>)]
-    weights: WeightType,
+    /// [default: i8; with --target htp the weights are f32, run in fp16]
+    #[arg(long, value_parser = parse_from_str::<WeightType>)]
+    weights: Option<WeightType>,
     /// Key layout: rows or transposed.
     #[arg(long, default_value = "rows", value_parser = parse_from_str::<KLayout>)]
     k_layout: KLayout,
@@ -80,6 +83,20 @@ pub struct CompileArgs {
     /// The HF tokenizer.json copied into a bundle (a llama2.c tokenizer is not one).
     #[arg(long, value_name = "FILE")]
     tokenizer_json: Option<PathBuf>,
+    /// What to compile for: `reference` (htpkv's executor and its QNN library) or `htp` (a genuine
+    /// QNN context binary made by Qualcomm's HTP backend library, see --qnn-backend).
+    #[arg(long, default_value = "reference", value_parser = ["reference", "htp"])]
+    target: String,
+    /// With --target htp: the QNN HTP backend library that composes and prepares the graphs
+    /// [default: $HTPKV_QNN_BACKEND, else libQnnHtp.so in the fetched QNN libraries].
+    #[arg(long, value_name = "PATH")]
+    qnn_backend: Option<PathBuf>,
+    /// With --target htp: the SoC model number the graphs are prepared for.
+    #[arg(long, default_value_t = 60, value_name = "N")]
+    soc_model: u32,
+    /// With --target htp: the HTP architecture (68, 69, 73, 75, 79, ...).
+    #[arg(long, default_value_t = 75, value_name = "N")]
+    htp_arch: u32,
     /// Output file (a directory for a bundle).
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
@@ -88,6 +105,13 @@ pub struct CompileArgs {
     /// used as they are). A window of the context or more is a global layer.
     #[arg(long, value_name = "LAYERS:W", value_parser = parse_from_str::<LayerWindows>)]
     layer_window: Vec<LayerWindows>,
+}
+
+impl CompileArgs {
+    /// The KV dtype asked for, u8 when none was.
+    fn kv_dtype(&self) -> DataType {
+        self.kv_dtype.unwrap_or(DataType::U8)
+    }
 }
 
 fn parse_kv_dtype(s: &str) -> Result<DataType, String> {
@@ -131,7 +155,7 @@ fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<
         .unwrap_or(opened.config.context_length.min(DEFAULT_MAX_CONTEXT));
     check_parts(args, opened.config.n_layers)?;
     check_contexts(args, &opened.config)?;
-    htpkv::engine::check_geometry(&opened.config, context, &args.ar, args.kv_dtype)?;
+    htpkv::engine::check_geometry(&opened.config, context, &args.ar, args.kv_dtype())?;
     let calibration: Vec<Vec<u32>> = match &args.calibration_prompts {
         Some(_) => calibration_texts(args)?
             .iter()
@@ -183,10 +207,10 @@ fn check_early(
     brings_tokenizer: bool,
 ) -> anyhow::Result<()> {
     check_executorch(args)?;
-    if args.kv_zero_point.is_some() && args.kv_dtype != DataType::U8 {
+    if args.kv_zero_point.is_some() && args.kv_dtype() != DataType::U8 {
         bail!(
             "--kv-zero-point 128 is for a u8 KV cache, not --kv-dtype {}",
-            args.kv_dtype
+            args.kv_dtype()
         );
     }
     if !is_bundle(args) {
@@ -238,7 +262,7 @@ fn check_contexts(args: &CompileArgs, config: &model::LlamaConfig) -> anyhow::Re
         bail!("--contexts writes a bundle: add --parts N or --convention aihub");
     }
     for &c in &args.contexts {
-        htpkv::engine::check_geometry(config, c, &args.ar, args.kv_dtype)
+        htpkv::engine::check_geometry(config, c, &args.ar, args.kv_dtype())
             .with_context(|| format!("--contexts: context {c}"))?;
     }
     Ok(())
@@ -336,8 +360,8 @@ fn calibration_texts(args: &CompileArgs) -> anyhow::Result<Vec<String>> {
 
 fn compile_options(args: &CompileArgs, context: usize) -> CompileOptions {
     let mut opts = CompileOptions::new(context, args.ar.clone());
-    opts.kv_dtype = args.kv_dtype;
-    opts.weights = args.weights;
+    opts.kv_dtype = args.kv_dtype();
+    opts.weights = args.weights.unwrap_or(WeightType::I8);
     // AI Hub's and ExecuTorch's conventions: per-layer K/V tensors with K transposed.
     (opts.k_layout, opts.granularity) = if args.convention != "htpkv" {
         (KLayout::Transposed, Granularity::PerLayer)
@@ -349,6 +373,9 @@ fn compile_options(args: &CompileArgs, context: usize) -> CompileOptions {
 }
 
 pub fn run(args: CompileArgs) -> anyhow::Result<()> {
+    if args.target == "htp" {
+        return htp::run(&args);
+    }
     if let Some(path) = args
         .model
         .as_deref()
@@ -380,7 +407,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     let mut config = llama2c::llama_config(&ckpt.config);
     apply_layer_windows(&mut config, &args.layer_window)?;
     check_contexts(&args, &config)?;
-    htpkv::engine::check_geometry(&config, context, &args.ar, args.kv_dtype)?;
+    htpkv::engine::check_geometry(&config, context, &args.ar, args.kv_dtype())?;
     let tok =
         Tokenizer::load(&tok_path, ckpt.config.vocab_size).context("loading the tokenizer")?;
 

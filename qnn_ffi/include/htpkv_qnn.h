@@ -432,10 +432,157 @@ typedef enum {
 typedef void (*QnnLog_Callback_t)(const char *fmt, QnnLog_Level_t level, uint64_t timestamp,
                                   void *va_list_args);
 
-/* Configuration arrays are NULL-terminated arrays of pointers; htpkv always passes NULL. */
+/* Configuration arrays are NULL-terminated arrays of pointers. htpkv passes NULL for the backend
+ * and the context; a device and a graph may carry backend-specific ("custom") entries, which is how
+ * an HTP build is told its target (SoC model, architecture) and its float precision. */
 typedef struct QnnBackend_Config_t QnnBackend_Config_t;
-typedef struct QnnDevice_Config_t QnnDevice_Config_t;
 typedef struct QnnContext_Config_t QnnContext_Config_t;
+
+typedef enum {
+    QNN_DEVICE_CONFIG_OPTION_CUSTOM = 0,
+    QNN_DEVICE_CONFIG_OPTION_PLATFORM_INFO = 1,
+    QNN_DEVICE_CONFIG_OPTION_UNDEFINED = 0x7FFFFFFF
+} QnnDevice_ConfigOption_t;
+
+typedef struct {
+    QnnDevice_ConfigOption_t option;
+    union {
+        void *customConfig; /* CUSTOM: the backend's own struct, e.g. QnnHtpDevice_CustomConfig_t */
+        void *hardwareInfo; /* PLATFORM_INFO: unused by htpkv */
+    };
+} QnnDevice_Config_t;
+
+typedef enum {
+    QNN_GRAPH_CONFIG_OPTION_CUSTOM = 0,
+    QNN_GRAPH_CONFIG_OPTION_PRIORITY = 3,
+    QNN_GRAPH_CONFIG_OPTION_UNDEFINED = 0x7FFFFFFF
+} QnnGraph_ConfigOption_t;
+
+typedef struct {
+    QnnGraph_ConfigOption_t option;
+    union {
+        void *customConfig; /* CUSTOM: e.g. QnnHtpGraph_CustomConfig_t */
+        uint32_t priority;
+        void *reserved;     /* keeps the union pointer-sized */
+    };
+} QnnGraph_Config_t;
+
+/* HTP device entries: which SoC the graphs are prepared for, and the minimum HTP architecture. */
+typedef enum {
+    QNN_HTP_DEVICE_CONFIG_OPTION_SOC = 0,
+    QNN_HTP_DEVICE_CONFIG_OPTION_ARCH = 1,
+    QNN_HTP_DEVICE_CONFIG_OPTION_UNKNOWN = 0x7FFFFFFF
+} QnnHtpDevice_ConfigOption_t;
+
+typedef struct {
+    uint32_t deviceId;
+    uint32_t arch; /* 68, 69, 73, 75, 79, ... */
+} QnnHtpDevice_MinimumArch_t;
+
+typedef struct {
+    QnnHtpDevice_ConfigOption_t option;
+    union {
+        uint32_t socModel;
+        QnnHtpDevice_MinimumArch_t arch;
+        void *reserved; /* keeps the union's size and alignment */
+    };
+} QnnHtpDevice_CustomConfig_t;
+
+/* HTP graph entries. */
+typedef enum {
+    QNN_HTP_GRAPH_CONFIG_OPTION_OPTIMIZATION = 1,
+    QNN_HTP_GRAPH_CONFIG_OPTION_PRECISION = 2,
+    QNN_HTP_GRAPH_CONFIG_OPTION_VTCM_SIZE_IN_MB = 3,
+    QNN_HTP_GRAPH_CONFIG_OPTION_UNKNOWN = 0x7FFFFFFF
+} QnnHtpGraph_ConfigOption_t;
+
+typedef enum {
+    QNN_PRECISION_FLOAT32 = 0,
+    QNN_PRECISION_FLOAT16 = 1,
+    QNN_PRECISION_UNDEFINED = 0x7FFFFFFF
+} Qnn_Precision_t;
+
+/* OPTIMIZATION: type 3 is the finalize optimization level (1 fast prepare .. 3 most optimal). */
+#define QNN_HTP_GRAPH_OPTIMIZATION_TYPE_FINALIZE_OPTIMIZATION_FLAG 3
+
+typedef struct {
+    uint32_t type;
+    float floatValue;
+} QnnHtpGraph_OptimizationOption_t;
+
+typedef struct {
+    QnnHtpGraph_ConfigOption_t option;
+    union {
+        QnnHtpGraph_OptimizationOption_t optimizationOption;
+        Qnn_Precision_t precision;
+        uint32_t vtcmSizeInMB;
+        uint64_t numHvxThreads; /* the union's widest scalar member */
+        void *reserved;
+    };
+} QnnHtpGraph_CustomConfig_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Graph composition: operations with scalar and tensor parameters.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    Qnn_DataType_t dataType;
+    union {
+        float floatValue;
+        double doubleValue;
+        uint64_t uint64Value;
+        int64_t int64Value;
+        uint32_t uint32Value;
+        int32_t int32Value;
+        uint16_t uint16Value;
+        int16_t int16Value;
+        uint8_t uint8Value;
+        int8_t int8Value;
+        uint8_t bool8Value;
+        const char *stringValue;
+    };
+} Qnn_Scalar_t;
+
+typedef enum {
+    QNN_PARAMTYPE_SCALAR = 0,
+    QNN_PARAMTYPE_TENSOR = 1,
+    QNN_PARAMTYPE_UNDEFINED = 0xFFFFFFFF
+} Qnn_ParamType_t;
+
+typedef struct {
+    Qnn_ParamType_t paramType;
+    const char *name;
+    union {
+        Qnn_Scalar_t scalarParam;
+        Qnn_Tensor_t tensorParam; /* a STATIC tensor holding the parameter's values */
+    };
+} Qnn_Param_t;
+
+/* One operation: its name in the graph, its op package ("qti.aisw" for the built-in ops), its type
+ * ("FullyConnected", "ElementWiseAdd", ...), then its parameters, inputs and outputs. Tensors are
+ * referred to by the id tensorCreateGraphTensor gave them (name and shape repeated). */
+typedef struct {
+    const char *name;
+    const char *packageName;
+    const char *typeName;
+    uint32_t numOfParams;
+    Qnn_Param_t *params;
+    uint32_t numOfInputs;
+    Qnn_Tensor_t *inputTensors;
+    uint32_t numOfOutputs;
+    Qnn_Tensor_t *outputTensors;
+} Qnn_OpConfigV1_t;
+
+typedef enum {
+    QNN_OPCONFIG_VERSION_1 = 1,
+    QNN_OPCONFIG_VERSION_UNDEFINED = 0x7FFFFFFF
+} Qnn_OpConfigVersion_t;
+
+typedef struct {
+    Qnn_OpConfigVersion_t version;
+    union {
+        Qnn_OpConfigV1_t v1;
+    };
+} Qnn_OpConfig_t;
 
 /* ---------------------------------------------------------------------------------------------
  * Memory registration.
@@ -523,6 +670,24 @@ typedef Qnn_ErrorHandle_t (*QnnContext_CreateFromBinaryFn_t)(
     Qnn_BackendHandle_t backend, Qnn_DeviceHandle_t device, const QnnContext_Config_t **config,
     const void *binaryBuffer, Qnn_ContextBinarySize_t binaryBufferSize,
     Qnn_ContextHandle_t *context, Qnn_ProfileHandle_t profile);
+typedef Qnn_ErrorHandle_t (*QnnContext_CreateFn_t)(Qnn_BackendHandle_t backend,
+                                                   Qnn_DeviceHandle_t device,
+                                                   const QnnContext_Config_t **config,
+                                                   Qnn_ContextHandle_t *context);
+typedef Qnn_ErrorHandle_t (*QnnContext_GetBinarySizeFn_t)(Qnn_ContextHandle_t context,
+                                                          Qnn_ContextBinarySize_t *size);
+typedef Qnn_ErrorHandle_t (*QnnContext_GetBinaryFn_t)(Qnn_ContextHandle_t context, void *buffer,
+                                                      Qnn_ContextBinarySize_t bufferSize,
+                                                      Qnn_ContextBinarySize_t *written);
+typedef Qnn_ErrorHandle_t (*QnnGraph_CreateFn_t)(Qnn_ContextHandle_t context, const char *graphName,
+                                                 const QnnGraph_Config_t **config,
+                                                 Qnn_GraphHandle_t *graph);
+typedef Qnn_ErrorHandle_t (*QnnGraph_AddNodeFn_t)(Qnn_GraphHandle_t graph, Qnn_OpConfig_t opConfig);
+typedef Qnn_ErrorHandle_t (*QnnGraph_FinalizeFn_t)(Qnn_GraphHandle_t graph,
+                                                   Qnn_ProfileHandle_t profile,
+                                                   Qnn_SignalHandle_t signal);
+typedef Qnn_ErrorHandle_t (*QnnTensor_CreateGraphTensorFn_t)(Qnn_GraphHandle_t graph,
+                                                             Qnn_Tensor_t *tensor);
 typedef Qnn_ErrorHandle_t (*QnnContext_FreeFn_t)(Qnn_ContextHandle_t context,
                                                  Qnn_ProfileHandle_t profile);
 
@@ -568,22 +733,22 @@ typedef struct {
     HtpkvQnn_UnusedFn_t backendGetSupportedOperations;
     HtpkvQnn_UnusedFn_t backendValidateOpConfig;
     QnnBackend_FreeFn_t backendFree;
-    HtpkvQnn_UnusedFn_t contextCreate; /* 72: context group */
+    QnnContext_CreateFn_t contextCreate; /* 72: context group */
     HtpkvQnn_UnusedFn_t contextSetConfig;
-    HtpkvQnn_UnusedFn_t contextGetBinarySize;
-    HtpkvQnn_UnusedFn_t contextGetBinary;
+    QnnContext_GetBinarySizeFn_t contextGetBinarySize;
+    QnnContext_GetBinaryFn_t contextGetBinary;
     QnnContext_CreateFromBinaryFn_t contextCreateFromBinary;
     QnnContext_FreeFn_t contextFree;
-    HtpkvQnn_UnusedFn_t graphCreate; /* 120: graph group */
+    QnnGraph_CreateFn_t graphCreate; /* 120: graph group */
     HtpkvQnn_UnusedFn_t graphCreateSubgraph;
     HtpkvQnn_UnusedFn_t graphSetConfig;
-    HtpkvQnn_UnusedFn_t graphAddNode;
-    HtpkvQnn_UnusedFn_t graphFinalize;
+    QnnGraph_AddNodeFn_t graphAddNode;
+    QnnGraph_FinalizeFn_t graphFinalize;
     QnnGraph_RetrieveFn_t graphRetrieve;
     QnnGraph_ExecuteFn_t graphExecute;
     HtpkvQnn_UnusedFn_t graphExecuteAsync;
     HtpkvQnn_UnusedFn_t tensorCreateContextTensor; /* 184: tensor group */
-    HtpkvQnn_UnusedFn_t tensorCreateGraphTensor;
+    QnnTensor_CreateGraphTensorFn_t tensorCreateGraphTensor;
     QnnLog_CreateFn_t logCreate; /* 200: log group */
     QnnLog_SetLogLevelFn_t logSetLogLevel;
     QnnLog_FreeFn_t logFree;

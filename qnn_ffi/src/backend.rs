@@ -247,13 +247,23 @@ unsafe impl Sync for Device {}
 impl Device {
     /// Creates the default device of `backend`, `Ok(None)` when the backend has none.
     pub fn new(backend: &Arc<Backend>) -> Result<Option<Arc<Device>>, QnnError> {
+        Device::create_with(backend, std::ptr::null_mut())
+    }
+
+    /// Creates a device with `configs`: NULL, or a NULL-terminated array whose entries stay
+    /// alive during the call.
+    pub(crate) fn create_with(
+        backend: &Arc<Backend>,
+        configs: *mut *const b::QnnDevice_Config_t,
+    ) -> Result<Option<Arc<Device>>, QnnError> {
         let lib = &backend.lib;
         let Some(create) = lib.table().deviceCreate else {
             return Ok(None);
         };
         let mut handle: b::Qnn_DeviceHandle_t = std::ptr::null_mut();
-        // SAFETY: NULL logger and config are allowed; `handle` is valid for a write.
-        let rc = unsafe { create(std::ptr::null_mut(), std::ptr::null_mut(), &mut handle) };
+        // SAFETY: a NULL logger is allowed; `configs` is NULL or a live NULL-terminated array
+        // (the caller's contract); `handle` is valid for a write.
+        let rc = unsafe { create(std::ptr::null_mut(), configs, &mut handle) };
         if rc & u64::from(b::HTPKV_QNN_ERROR_CODE_MASK)
             == u64::from(b::QNN_COMMON_ERROR_NOT_SUPPORTED)
         {
@@ -322,11 +332,20 @@ impl Context {
             )
         };
         lib.check("contextCreateFromBinary", rc)?;
-        Ok(Arc::new(Context {
+        Ok(Context::wrap(backend, device, handle))
+    }
+
+    /// Takes ownership of a context handle the backend created.
+    pub(crate) fn wrap(
+        backend: &Arc<Backend>,
+        device: Option<&Arc<Device>>,
+        handle: b::Qnn_ContextHandle_t,
+    ) -> Arc<Context> {
+        Arc::new(Context {
             backend: backend.clone(),
             _device: device.cloned(),
             handle,
-        }))
+        })
     }
 
     /// The backend.

@@ -30,6 +30,7 @@ pub const QNN_MIN_ERROR_SYSTEM: u32 = 30000;
 pub const QNN_MIN_ERROR_INTERFACE: u32 = 60000;
 pub const QNN_TENSOR_DATA_FORMAT_DENSE: u32 = 0;
 pub const QNN_TENSOR_DATA_FORMAT_FLAT_BUFFER: u32 = 0;
+pub const QNN_HTP_GRAPH_OPTIMIZATION_TYPE_FINALIZE_OPTIMIZATION_FLAG: u32 = 3;
 pub const QNN_MEM_INVALID_FD: i32 = -1;
 pub const HTPKV_REF_MEM_HOST_MAGIC: u32 = 1263947848;
 pub const QNN_SYSTEM_CONTEXT_HTP_GRAPH_INFO_BLOB_VERSION_V1: u32 = 1;
@@ -852,13 +853,587 @@ pub struct QnnBackend_Config_t {
 }
 #[repr(C)]
 #[derive(Debug)]
-pub struct QnnDevice_Config_t {
-    _unused: [u8; 0],
-}
-#[repr(C)]
-#[derive(Debug)]
 pub struct QnnContext_Config_t {
     _unused: [u8; 0],
+}
+pub const QNN_DEVICE_CONFIG_OPTION_CUSTOM: QnnDevice_ConfigOption_t = 0;
+pub const QNN_DEVICE_CONFIG_OPTION_PLATFORM_INFO: QnnDevice_ConfigOption_t = 1;
+pub const QNN_DEVICE_CONFIG_OPTION_UNDEFINED: QnnDevice_ConfigOption_t = 2147483647;
+pub type QnnDevice_ConfigOption_t = ::core::ffi::c_uint;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct QnnDevice_Config_t {
+    pub option: QnnDevice_ConfigOption_t,
+    pub __bindgen_anon_1: QnnDevice_Config_t__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union QnnDevice_Config_t__bindgen_ty_1 {
+    pub customConfig: *mut ::core::ffi::c_void,
+    pub hardwareInfo: *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnDevice_Config_t__bindgen_ty_1",
+    ][::std::mem::size_of::<QnnDevice_Config_t__bindgen_ty_1>() - 8usize];
+    [
+        "Alignment of QnnDevice_Config_t__bindgen_ty_1",
+    ][::std::mem::align_of::<QnnDevice_Config_t__bindgen_ty_1>() - 8usize];
+    [
+        "Offset of field: QnnDevice_Config_t__bindgen_ty_1::customConfig",
+    ][::std::mem::offset_of!(QnnDevice_Config_t__bindgen_ty_1, customConfig) - 0usize];
+    [
+        "Offset of field: QnnDevice_Config_t__bindgen_ty_1::hardwareInfo",
+    ][::std::mem::offset_of!(QnnDevice_Config_t__bindgen_ty_1, hardwareInfo) - 0usize];
+};
+impl Default for QnnDevice_Config_t__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnDevice_Config_t",
+    ][::std::mem::size_of::<QnnDevice_Config_t>() - 16usize];
+    [
+        "Alignment of QnnDevice_Config_t",
+    ][::std::mem::align_of::<QnnDevice_Config_t>() - 8usize];
+    [
+        "Offset of field: QnnDevice_Config_t::option",
+    ][::std::mem::offset_of!(QnnDevice_Config_t, option) - 0usize];
+};
+impl Default for QnnDevice_Config_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub const QNN_GRAPH_CONFIG_OPTION_CUSTOM: QnnGraph_ConfigOption_t = 0;
+pub const QNN_GRAPH_CONFIG_OPTION_PRIORITY: QnnGraph_ConfigOption_t = 3;
+pub const QNN_GRAPH_CONFIG_OPTION_UNDEFINED: QnnGraph_ConfigOption_t = 2147483647;
+pub type QnnGraph_ConfigOption_t = ::core::ffi::c_uint;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct QnnGraph_Config_t {
+    pub option: QnnGraph_ConfigOption_t,
+    pub __bindgen_anon_1: QnnGraph_Config_t__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union QnnGraph_Config_t__bindgen_ty_1 {
+    pub customConfig: *mut ::core::ffi::c_void,
+    pub priority: u32,
+    pub reserved: *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnGraph_Config_t__bindgen_ty_1",
+    ][::std::mem::size_of::<QnnGraph_Config_t__bindgen_ty_1>() - 8usize];
+    [
+        "Alignment of QnnGraph_Config_t__bindgen_ty_1",
+    ][::std::mem::align_of::<QnnGraph_Config_t__bindgen_ty_1>() - 8usize];
+    [
+        "Offset of field: QnnGraph_Config_t__bindgen_ty_1::customConfig",
+    ][::std::mem::offset_of!(QnnGraph_Config_t__bindgen_ty_1, customConfig) - 0usize];
+    [
+        "Offset of field: QnnGraph_Config_t__bindgen_ty_1::priority",
+    ][::std::mem::offset_of!(QnnGraph_Config_t__bindgen_ty_1, priority) - 0usize];
+    [
+        "Offset of field: QnnGraph_Config_t__bindgen_ty_1::reserved",
+    ][::std::mem::offset_of!(QnnGraph_Config_t__bindgen_ty_1, reserved) - 0usize];
+};
+impl Default for QnnGraph_Config_t__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of QnnGraph_Config_t"][::std::mem::size_of::<QnnGraph_Config_t>() - 16usize];
+    [
+        "Alignment of QnnGraph_Config_t",
+    ][::std::mem::align_of::<QnnGraph_Config_t>() - 8usize];
+    [
+        "Offset of field: QnnGraph_Config_t::option",
+    ][::std::mem::offset_of!(QnnGraph_Config_t, option) - 0usize];
+};
+impl Default for QnnGraph_Config_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub const QNN_HTP_DEVICE_CONFIG_OPTION_SOC: QnnHtpDevice_ConfigOption_t = 0;
+pub const QNN_HTP_DEVICE_CONFIG_OPTION_ARCH: QnnHtpDevice_ConfigOption_t = 1;
+pub const QNN_HTP_DEVICE_CONFIG_OPTION_UNKNOWN: QnnHtpDevice_ConfigOption_t = 2147483647;
+pub type QnnHtpDevice_ConfigOption_t = ::core::ffi::c_uint;
+#[repr(C)]
+#[derive(Default, Copy, Clone)]
+pub struct QnnHtpDevice_MinimumArch_t {
+    pub deviceId: u32,
+    pub arch: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnHtpDevice_MinimumArch_t",
+    ][::std::mem::size_of::<QnnHtpDevice_MinimumArch_t>() - 8usize];
+    [
+        "Alignment of QnnHtpDevice_MinimumArch_t",
+    ][::std::mem::align_of::<QnnHtpDevice_MinimumArch_t>() - 4usize];
+    [
+        "Offset of field: QnnHtpDevice_MinimumArch_t::deviceId",
+    ][::std::mem::offset_of!(QnnHtpDevice_MinimumArch_t, deviceId) - 0usize];
+    [
+        "Offset of field: QnnHtpDevice_MinimumArch_t::arch",
+    ][::std::mem::offset_of!(QnnHtpDevice_MinimumArch_t, arch) - 4usize];
+};
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct QnnHtpDevice_CustomConfig_t {
+    pub option: QnnHtpDevice_ConfigOption_t,
+    pub __bindgen_anon_1: QnnHtpDevice_CustomConfig_t__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union QnnHtpDevice_CustomConfig_t__bindgen_ty_1 {
+    pub socModel: u32,
+    pub arch: QnnHtpDevice_MinimumArch_t,
+    pub reserved: *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnHtpDevice_CustomConfig_t__bindgen_ty_1",
+    ][::std::mem::size_of::<QnnHtpDevice_CustomConfig_t__bindgen_ty_1>() - 8usize];
+    [
+        "Alignment of QnnHtpDevice_CustomConfig_t__bindgen_ty_1",
+    ][::std::mem::align_of::<QnnHtpDevice_CustomConfig_t__bindgen_ty_1>() - 8usize];
+    [
+        "Offset of field: QnnHtpDevice_CustomConfig_t__bindgen_ty_1::socModel",
+    ][::std::mem::offset_of!(QnnHtpDevice_CustomConfig_t__bindgen_ty_1, socModel)
+        - 0usize];
+    [
+        "Offset of field: QnnHtpDevice_CustomConfig_t__bindgen_ty_1::arch",
+    ][::std::mem::offset_of!(QnnHtpDevice_CustomConfig_t__bindgen_ty_1, arch) - 0usize];
+    [
+        "Offset of field: QnnHtpDevice_CustomConfig_t__bindgen_ty_1::reserved",
+    ][::std::mem::offset_of!(QnnHtpDevice_CustomConfig_t__bindgen_ty_1, reserved)
+        - 0usize];
+};
+impl Default for QnnHtpDevice_CustomConfig_t__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnHtpDevice_CustomConfig_t",
+    ][::std::mem::size_of::<QnnHtpDevice_CustomConfig_t>() - 16usize];
+    [
+        "Alignment of QnnHtpDevice_CustomConfig_t",
+    ][::std::mem::align_of::<QnnHtpDevice_CustomConfig_t>() - 8usize];
+    [
+        "Offset of field: QnnHtpDevice_CustomConfig_t::option",
+    ][::std::mem::offset_of!(QnnHtpDevice_CustomConfig_t, option) - 0usize];
+};
+impl Default for QnnHtpDevice_CustomConfig_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub const QNN_HTP_GRAPH_CONFIG_OPTION_OPTIMIZATION: QnnHtpGraph_ConfigOption_t = 1;
+pub const QNN_HTP_GRAPH_CONFIG_OPTION_PRECISION: QnnHtpGraph_ConfigOption_t = 2;
+pub const QNN_HTP_GRAPH_CONFIG_OPTION_VTCM_SIZE_IN_MB: QnnHtpGraph_ConfigOption_t = 3;
+pub const QNN_HTP_GRAPH_CONFIG_OPTION_UNKNOWN: QnnHtpGraph_ConfigOption_t = 2147483647;
+pub type QnnHtpGraph_ConfigOption_t = ::core::ffi::c_uint;
+pub const QNN_PRECISION_FLOAT32: Qnn_Precision_t = 0;
+pub const QNN_PRECISION_FLOAT16: Qnn_Precision_t = 1;
+pub const QNN_PRECISION_UNDEFINED: Qnn_Precision_t = 2147483647;
+pub type Qnn_Precision_t = ::core::ffi::c_uint;
+#[repr(C)]
+#[derive(Default, Copy, Clone)]
+pub struct QnnHtpGraph_OptimizationOption_t {
+    pub type_: u32,
+    pub floatValue: f32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnHtpGraph_OptimizationOption_t",
+    ][::std::mem::size_of::<QnnHtpGraph_OptimizationOption_t>() - 8usize];
+    [
+        "Alignment of QnnHtpGraph_OptimizationOption_t",
+    ][::std::mem::align_of::<QnnHtpGraph_OptimizationOption_t>() - 4usize];
+    [
+        "Offset of field: QnnHtpGraph_OptimizationOption_t::type_",
+    ][::std::mem::offset_of!(QnnHtpGraph_OptimizationOption_t, type_) - 0usize];
+    [
+        "Offset of field: QnnHtpGraph_OptimizationOption_t::floatValue",
+    ][::std::mem::offset_of!(QnnHtpGraph_OptimizationOption_t, floatValue) - 4usize];
+};
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct QnnHtpGraph_CustomConfig_t {
+    pub option: QnnHtpGraph_ConfigOption_t,
+    pub __bindgen_anon_1: QnnHtpGraph_CustomConfig_t__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union QnnHtpGraph_CustomConfig_t__bindgen_ty_1 {
+    pub optimizationOption: QnnHtpGraph_OptimizationOption_t,
+    pub precision: Qnn_Precision_t,
+    pub vtcmSizeInMB: u32,
+    pub numHvxThreads: u64,
+    pub reserved: *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnHtpGraph_CustomConfig_t__bindgen_ty_1",
+    ][::std::mem::size_of::<QnnHtpGraph_CustomConfig_t__bindgen_ty_1>() - 8usize];
+    [
+        "Alignment of QnnHtpGraph_CustomConfig_t__bindgen_ty_1",
+    ][::std::mem::align_of::<QnnHtpGraph_CustomConfig_t__bindgen_ty_1>() - 8usize];
+    [
+        "Offset of field: QnnHtpGraph_CustomConfig_t__bindgen_ty_1::optimizationOption",
+    ][::std::mem::offset_of!(
+        QnnHtpGraph_CustomConfig_t__bindgen_ty_1, optimizationOption
+    ) - 0usize];
+    [
+        "Offset of field: QnnHtpGraph_CustomConfig_t__bindgen_ty_1::precision",
+    ][::std::mem::offset_of!(QnnHtpGraph_CustomConfig_t__bindgen_ty_1, precision)
+        - 0usize];
+    [
+        "Offset of field: QnnHtpGraph_CustomConfig_t__bindgen_ty_1::vtcmSizeInMB",
+    ][::std::mem::offset_of!(QnnHtpGraph_CustomConfig_t__bindgen_ty_1, vtcmSizeInMB)
+        - 0usize];
+    [
+        "Offset of field: QnnHtpGraph_CustomConfig_t__bindgen_ty_1::numHvxThreads",
+    ][::std::mem::offset_of!(QnnHtpGraph_CustomConfig_t__bindgen_ty_1, numHvxThreads)
+        - 0usize];
+    [
+        "Offset of field: QnnHtpGraph_CustomConfig_t__bindgen_ty_1::reserved",
+    ][::std::mem::offset_of!(QnnHtpGraph_CustomConfig_t__bindgen_ty_1, reserved)
+        - 0usize];
+};
+impl Default for QnnHtpGraph_CustomConfig_t__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of QnnHtpGraph_CustomConfig_t",
+    ][::std::mem::size_of::<QnnHtpGraph_CustomConfig_t>() - 16usize];
+    [
+        "Alignment of QnnHtpGraph_CustomConfig_t",
+    ][::std::mem::align_of::<QnnHtpGraph_CustomConfig_t>() - 8usize];
+    [
+        "Offset of field: QnnHtpGraph_CustomConfig_t::option",
+    ][::std::mem::offset_of!(QnnHtpGraph_CustomConfig_t, option) - 0usize];
+};
+impl Default for QnnHtpGraph_CustomConfig_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct Qnn_Scalar_t {
+    pub dataType: Qnn_DataType_t,
+    pub __bindgen_anon_1: Qnn_Scalar_t__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union Qnn_Scalar_t__bindgen_ty_1 {
+    pub floatValue: f32,
+    pub doubleValue: f64,
+    pub uint64Value: u64,
+    pub int64Value: i64,
+    pub uint32Value: u32,
+    pub int32Value: i32,
+    pub uint16Value: u16,
+    pub int16Value: i16,
+    pub uint8Value: u8,
+    pub int8Value: i8,
+    pub bool8Value: u8,
+    pub stringValue: *const ::core::ffi::c_char,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of Qnn_Scalar_t__bindgen_ty_1",
+    ][::std::mem::size_of::<Qnn_Scalar_t__bindgen_ty_1>() - 8usize];
+    [
+        "Alignment of Qnn_Scalar_t__bindgen_ty_1",
+    ][::std::mem::align_of::<Qnn_Scalar_t__bindgen_ty_1>() - 8usize];
+    [
+        "Offset of field: Qnn_Scalar_t__bindgen_ty_1::floatValue",
+    ][::std::mem::offset_of!(Qnn_Scalar_t__bindgen_ty_1, floatValue) - 0usize];
+    [
+        "Offset of field: Qnn_Scalar_t__bindgen_ty_1::doubleValue",
+    ][::std::mem::offset_of!(Qnn_Scalar_t__bindgen_ty_1, doubleValue) - 0usize];
+    [
+        "Offset of field: Qnn_Scalar_t__bindgen_ty_1::uint64Value",
+    ][::std::mem::offset_of!(Qnn_Scalar_t__bindgen_ty_1, uint64Value) - 0usize];
+    [
+        "Offset of field: Qnn_Scalar_t__bindgen_ty_1::int64Value",
+    ][::std::mem::offset_of!(Qnn_Scalar_t__bindgen_ty_1, int64Value) - 0usize];
+    [
+        "Offset of field: Qnn_Scalar_t__bindgen_ty_1::uint32Value",
+    ][::std::mem::offset_of!(Qnn_Scalar_t__bindgen_ty_1, uint32Value) - 0usize];
+    [
+        "Offset of field: Qnn_Scalar_t__bindgen_ty_1::int32Value",
+    ][::std::mem::offset_of!(Qnn_Scalar_t__bindgen_ty_1, int32Value) - 0usize];
+    [
+        "Offset of field: Qnn_Scalar_t__bindgen_ty_1::uint16Value",
+    ][::std::mem::offset_of!(Qnn_Scalar_t__bindgen_ty_1, uint16Value) - 0usize];
+    [
+        "Offset of field: Qnn_Scalar_t__bindgen_ty_1::int16Value",
+    ][::std::mem::offset_of!(Qnn_Scalar_t__bindgen_ty_1, int16Value) - 0usize];
+    [
+        "Offset of field: Qnn_Scalar_t__bindgen_ty_1::uint8Value",
+    ][::std::mem::offset_of!(Qnn_Scalar_t__bindgen_ty_1, uint8Value) - 0usize];
+    [
+        "Offset of field: Qnn_Scalar_t__bindgen_ty_1::int8Value",
+    ][::std::mem::offset_of!(Qnn_Scalar_t__bindgen_ty_1, int8Value) - 0usize];
+    [
+        "Offset of field: Qnn_Scalar_t__bindgen_ty_1::bool8Value",
+    ][::std::mem::offset_of!(Qnn_Scalar_t__bindgen_ty_1, bool8Value) - 0usize];
+    [
+        "Offset of field: Qnn_Scalar_t__bindgen_ty_1::stringValue",
+    ][::std::mem::offset_of!(Qnn_Scalar_t__bindgen_ty_1, stringValue) - 0usize];
+};
+impl Default for Qnn_Scalar_t__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Qnn_Scalar_t"][::std::mem::size_of::<Qnn_Scalar_t>() - 16usize];
+    ["Alignment of Qnn_Scalar_t"][::std::mem::align_of::<Qnn_Scalar_t>() - 8usize];
+    [
+        "Offset of field: Qnn_Scalar_t::dataType",
+    ][::std::mem::offset_of!(Qnn_Scalar_t, dataType) - 0usize];
+};
+impl Default for Qnn_Scalar_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub const QNN_PARAMTYPE_SCALAR: Qnn_ParamType_t = 0;
+pub const QNN_PARAMTYPE_TENSOR: Qnn_ParamType_t = 1;
+pub const QNN_PARAMTYPE_UNDEFINED: Qnn_ParamType_t = 4294967295;
+pub type Qnn_ParamType_t = ::core::ffi::c_uint;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct Qnn_Param_t {
+    pub paramType: Qnn_ParamType_t,
+    pub name: *const ::core::ffi::c_char,
+    pub __bindgen_anon_1: Qnn_Param_t__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union Qnn_Param_t__bindgen_ty_1 {
+    pub scalarParam: Qnn_Scalar_t,
+    pub tensorParam: Qnn_Tensor_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of Qnn_Param_t__bindgen_ty_1",
+    ][::std::mem::size_of::<Qnn_Param_t__bindgen_ty_1>() - 144usize];
+    [
+        "Alignment of Qnn_Param_t__bindgen_ty_1",
+    ][::std::mem::align_of::<Qnn_Param_t__bindgen_ty_1>() - 8usize];
+    [
+        "Offset of field: Qnn_Param_t__bindgen_ty_1::scalarParam",
+    ][::std::mem::offset_of!(Qnn_Param_t__bindgen_ty_1, scalarParam) - 0usize];
+    [
+        "Offset of field: Qnn_Param_t__bindgen_ty_1::tensorParam",
+    ][::std::mem::offset_of!(Qnn_Param_t__bindgen_ty_1, tensorParam) - 0usize];
+};
+impl Default for Qnn_Param_t__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Qnn_Param_t"][::std::mem::size_of::<Qnn_Param_t>() - 160usize];
+    ["Alignment of Qnn_Param_t"][::std::mem::align_of::<Qnn_Param_t>() - 8usize];
+    [
+        "Offset of field: Qnn_Param_t::paramType",
+    ][::std::mem::offset_of!(Qnn_Param_t, paramType) - 0usize];
+    [
+        "Offset of field: Qnn_Param_t::name",
+    ][::std::mem::offset_of!(Qnn_Param_t, name) - 8usize];
+};
+impl Default for Qnn_Param_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct Qnn_OpConfigV1_t {
+    pub name: *const ::core::ffi::c_char,
+    pub packageName: *const ::core::ffi::c_char,
+    pub typeName: *const ::core::ffi::c_char,
+    pub numOfParams: u32,
+    pub params: *mut Qnn_Param_t,
+    pub numOfInputs: u32,
+    pub inputTensors: *mut Qnn_Tensor_t,
+    pub numOfOutputs: u32,
+    pub outputTensors: *mut Qnn_Tensor_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Qnn_OpConfigV1_t"][::std::mem::size_of::<Qnn_OpConfigV1_t>() - 72usize];
+    [
+        "Alignment of Qnn_OpConfigV1_t",
+    ][::std::mem::align_of::<Qnn_OpConfigV1_t>() - 8usize];
+    [
+        "Offset of field: Qnn_OpConfigV1_t::name",
+    ][::std::mem::offset_of!(Qnn_OpConfigV1_t, name) - 0usize];
+    [
+        "Offset of field: Qnn_OpConfigV1_t::packageName",
+    ][::std::mem::offset_of!(Qnn_OpConfigV1_t, packageName) - 8usize];
+    [
+        "Offset of field: Qnn_OpConfigV1_t::typeName",
+    ][::std::mem::offset_of!(Qnn_OpConfigV1_t, typeName) - 16usize];
+    [
+        "Offset of field: Qnn_OpConfigV1_t::numOfParams",
+    ][::std::mem::offset_of!(Qnn_OpConfigV1_t, numOfParams) - 24usize];
+    [
+        "Offset of field: Qnn_OpConfigV1_t::params",
+    ][::std::mem::offset_of!(Qnn_OpConfigV1_t, params) - 32usize];
+    [
+        "Offset of field: Qnn_OpConfigV1_t::numOfInputs",
+    ][::std::mem::offset_of!(Qnn_OpConfigV1_t, numOfInputs) - 40usize];
+    [
+        "Offset of field: Qnn_OpConfigV1_t::inputTensors",
+    ][::std::mem::offset_of!(Qnn_OpConfigV1_t, inputTensors) - 48usize];
+    [
+        "Offset of field: Qnn_OpConfigV1_t::numOfOutputs",
+    ][::std::mem::offset_of!(Qnn_OpConfigV1_t, numOfOutputs) - 56usize];
+    [
+        "Offset of field: Qnn_OpConfigV1_t::outputTensors",
+    ][::std::mem::offset_of!(Qnn_OpConfigV1_t, outputTensors) - 64usize];
+};
+impl Default for Qnn_OpConfigV1_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub const QNN_OPCONFIG_VERSION_1: Qnn_OpConfigVersion_t = 1;
+pub const QNN_OPCONFIG_VERSION_UNDEFINED: Qnn_OpConfigVersion_t = 2147483647;
+pub type Qnn_OpConfigVersion_t = ::core::ffi::c_uint;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct Qnn_OpConfig_t {
+    pub version: Qnn_OpConfigVersion_t,
+    pub __bindgen_anon_1: Qnn_OpConfig_t__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union Qnn_OpConfig_t__bindgen_ty_1 {
+    pub v1: Qnn_OpConfigV1_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of Qnn_OpConfig_t__bindgen_ty_1",
+    ][::std::mem::size_of::<Qnn_OpConfig_t__bindgen_ty_1>() - 72usize];
+    [
+        "Alignment of Qnn_OpConfig_t__bindgen_ty_1",
+    ][::std::mem::align_of::<Qnn_OpConfig_t__bindgen_ty_1>() - 8usize];
+    [
+        "Offset of field: Qnn_OpConfig_t__bindgen_ty_1::v1",
+    ][::std::mem::offset_of!(Qnn_OpConfig_t__bindgen_ty_1, v1) - 0usize];
+};
+impl Default for Qnn_OpConfig_t__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Qnn_OpConfig_t"][::std::mem::size_of::<Qnn_OpConfig_t>() - 80usize];
+    ["Alignment of Qnn_OpConfig_t"][::std::mem::align_of::<Qnn_OpConfig_t>() - 8usize];
+    [
+        "Offset of field: Qnn_OpConfig_t::version",
+    ][::std::mem::offset_of!(Qnn_OpConfig_t, version) - 0usize];
+};
+impl Default for Qnn_OpConfig_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
 }
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -1134,6 +1709,55 @@ pub type QnnContext_CreateFromBinaryFn_t = ::std::option::Option<
         profile: Qnn_ProfileHandle_t,
     ) -> Qnn_ErrorHandle_t,
 >;
+pub type QnnContext_CreateFn_t = ::std::option::Option<
+    unsafe extern "C" fn(
+        backend: Qnn_BackendHandle_t,
+        device: Qnn_DeviceHandle_t,
+        config: *mut *const QnnContext_Config_t,
+        context: *mut Qnn_ContextHandle_t,
+    ) -> Qnn_ErrorHandle_t,
+>;
+pub type QnnContext_GetBinarySizeFn_t = ::std::option::Option<
+    unsafe extern "C" fn(
+        context: Qnn_ContextHandle_t,
+        size: *mut Qnn_ContextBinarySize_t,
+    ) -> Qnn_ErrorHandle_t,
+>;
+pub type QnnContext_GetBinaryFn_t = ::std::option::Option<
+    unsafe extern "C" fn(
+        context: Qnn_ContextHandle_t,
+        buffer: *mut ::core::ffi::c_void,
+        bufferSize: Qnn_ContextBinarySize_t,
+        written: *mut Qnn_ContextBinarySize_t,
+    ) -> Qnn_ErrorHandle_t,
+>;
+pub type QnnGraph_CreateFn_t = ::std::option::Option<
+    unsafe extern "C" fn(
+        context: Qnn_ContextHandle_t,
+        graphName: *const ::core::ffi::c_char,
+        config: *mut *const QnnGraph_Config_t,
+        graph: *mut Qnn_GraphHandle_t,
+    ) -> Qnn_ErrorHandle_t,
+>;
+pub type QnnGraph_AddNodeFn_t = ::std::option::Option<
+    unsafe extern "C" fn(
+        graph: Qnn_GraphHandle_t,
+        opConfig: Qnn_OpConfig_t,
+    ) -> Qnn_ErrorHandle_t,
+>;
+pub type QnnGraph_FinalizeFn_t = ::std::option::Option<
+    unsafe extern "C" fn(
+        graph: Qnn_GraphHandle_t,
+        profile: Qnn_ProfileHandle_t,
+        signal: Qnn_SignalHandle_t,
+    ) -> Qnn_ErrorHandle_t,
+>;
+pub type QnnTensor_CreateGraphTensorFn_t = ::std::option::Option<
+    unsafe extern "C" fn(
+        graph: Qnn_GraphHandle_t,
+        tensor: *mut Qnn_Tensor_t,
+    ) -> Qnn_ErrorHandle_t,
+>;
 pub type QnnContext_FreeFn_t = ::std::option::Option<
     unsafe extern "C" fn(
         context: Qnn_ContextHandle_t,
@@ -1216,22 +1840,22 @@ pub struct HtpkvQnnInterface_t {
     pub backendGetSupportedOperations: HtpkvQnn_UnusedFn_t,
     pub backendValidateOpConfig: HtpkvQnn_UnusedFn_t,
     pub backendFree: QnnBackend_FreeFn_t,
-    pub contextCreate: HtpkvQnn_UnusedFn_t,
+    pub contextCreate: QnnContext_CreateFn_t,
     pub contextSetConfig: HtpkvQnn_UnusedFn_t,
-    pub contextGetBinarySize: HtpkvQnn_UnusedFn_t,
-    pub contextGetBinary: HtpkvQnn_UnusedFn_t,
+    pub contextGetBinarySize: QnnContext_GetBinarySizeFn_t,
+    pub contextGetBinary: QnnContext_GetBinaryFn_t,
     pub contextCreateFromBinary: QnnContext_CreateFromBinaryFn_t,
     pub contextFree: QnnContext_FreeFn_t,
-    pub graphCreate: HtpkvQnn_UnusedFn_t,
+    pub graphCreate: QnnGraph_CreateFn_t,
     pub graphCreateSubgraph: HtpkvQnn_UnusedFn_t,
     pub graphSetConfig: HtpkvQnn_UnusedFn_t,
-    pub graphAddNode: HtpkvQnn_UnusedFn_t,
-    pub graphFinalize: HtpkvQnn_UnusedFn_t,
+    pub graphAddNode: QnnGraph_AddNodeFn_t,
+    pub graphFinalize: QnnGraph_FinalizeFn_t,
     pub graphRetrieve: QnnGraph_RetrieveFn_t,
     pub graphExecute: QnnGraph_ExecuteFn_t,
     pub graphExecuteAsync: HtpkvQnn_UnusedFn_t,
     pub tensorCreateContextTensor: HtpkvQnn_UnusedFn_t,
-    pub tensorCreateGraphTensor: HtpkvQnn_UnusedFn_t,
+    pub tensorCreateGraphTensor: QnnTensor_CreateGraphTensorFn_t,
     pub logCreate: QnnLog_CreateFn_t,
     pub logSetLogLevel: QnnLog_SetLogLevelFn_t,
     pub logFree: QnnLog_FreeFn_t,

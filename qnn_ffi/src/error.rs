@@ -76,6 +76,19 @@ pub enum QnnError {
         /// A description of the code (the backend's own message when it provides one).
         message: String,
     },
+    /// `graphAddNode` refused an operation.
+    #[error("graph `{graph}`: node `{node}` ({op})")]
+    Node {
+        /// The graph being composed.
+        graph: String,
+        /// The node's name.
+        node: String,
+        /// Its op type.
+        op: String,
+        /// The backend's error.
+        #[source]
+        source: Box<QnnError>,
+    },
     /// The provider's function table has NULL where htpkv needs a function.
     #[error("the QNN provider of {} does not implement {function}", path.display())]
     FunctionMissing {

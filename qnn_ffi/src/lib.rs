@@ -53,6 +53,7 @@ pub mod bindings {
 }
 
 mod backend;
+mod compose;
 mod error;
 mod loader;
 mod rpcmem;
@@ -63,6 +64,10 @@ pub use backend::{
     Backend, ClientBuffer, Context, DEFAULT_MAX_HANDLES, Device, Graph, Log, LogLevel,
     MemDescriptor, MemHandle, MemHandleCache, MemSource, TensorData, log_message_count,
     take_log_messages,
+};
+pub use compose::{
+    GraphBuilder, GraphOptions, HtpTarget, NewTensor, OP_PACKAGE, Param, Precision, Scalar,
+    TensorKind,
 };
 pub use error::{DECLARED_ERROR_CODES, ProviderVersion, QnnError, error_code_info, qnn_error};
 pub use loader::{

@@ -416,6 +416,16 @@ impl OwnedRawTensor {
         })
     }
 
+    /// Records the id a backend gave the tensor (`tensorCreateGraphTensor`).
+    pub(crate) fn set_id(&mut self, id: u32) {
+        self.id = id;
+    }
+
+    /// The dimensions.
+    pub fn dims(&self) -> &[u32] {
+        &self.dims
+    }
+
     /// The same tensor as a `Qnn_TensorV2_t` (no dynamic dimensions, dense, produced).
     pub fn version_2(mut self) -> OwnedRawTensor {
         self.version = b::QNN_TENSOR_VERSION_2;

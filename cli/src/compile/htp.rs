@@ -1,0 +1,112 @@
+//! `htpkv compile --target htp`: the model lowered into QNN graphs by Qualcomm's HTP backend
+//! library and written as a genuine context binary (`qnn_compile`), verified before it replaces
+//! `--out` by listing its graphs through the QNN system library beside the backend.
+
+use super::CompileArgs;
+use anyhow::{Context, bail};
+use htpkv::engine::{DEFAULT_MAX_CONTEXT, OpenedModel};
+use llama2c::fsio::{check_output, write_atomic_verified};
+use qnn_compile::{HtpOptions, HtpTarget, graph_name};
+use qnn_ffi::{QnnLibrary, QnnSystemLibrary, SystemContext};
+use quant::DataType;
+use ref_backend::WeightType;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Options of the reference target that the HTP lowering does not take (yet), refused by name.
+fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
+    let mut bad = Vec::new();
+    if args.kv_dtype.is_some_and(|d| d != DataType::F32) {
+        bad.push("--kv-dtype (the HTP lowering's K/V are f32)");
+    }
+    if args.weights.is_some_and(|w| w != WeightType::F32) {
+        bad.push("--weights (the HTP lowering's weights are f32, run in fp16)");
+    }
+    if args.parts.is_some() || args.convention != "htpkv" || !args.contexts.is_empty() {
+        bad.push("--parts/--convention/--contexts (one htpkv-convention binary)");
+    }
+    if args.kv_zero_point.is_some() || !args.layer_window.is_empty() {
+        bad.push("--kv-zero-point/--layer-window");
+    }
+    if args.calibration_prompts.is_some() || args.tokenizer_json.is_some() {
+        bad.push("--calibration-prompts/--tokenizer-json (a float graph needs no calibration)");
+    }
+    if bad.is_empty() {
+        return Ok(());
+    }
+    bail!("--target htp does not take {}", bad.join(", "))
+}
+
+/// The backend library: `--qnn-backend`, `$HTPKV_QNN_BACKEND`, or the fetched one.
+fn backend_path(args: &CompileArgs) -> anyhow::Result<PathBuf> {
+    args.qnn_backend
+        .clone()
+        .or_else(|| std::env::var_os("HTPKV_QNN_BACKEND").map(PathBuf::from))
+        .or_else(|| htpkv::qnn_libs::fetched("libQnnHtp.so"))
+        .context(
+            "--target htp needs Qualcomm's libQnnHtp.so: run scripts/fetch-qnn.sh, or pass \
+             --qnn-backend PATH (or set $HTPKV_QNN_BACKEND)",
+        )
+}
+
+/// Checks that `file` is a context binary the system library beside `backend` lists with every
+/// graph of `names`.
+fn verify(backend: &Path, file: &Path, names: &[String]) -> Result<(), String> {
+    let system = backend.with_file_name("libQnnSystem.so");
+    let lib = QnnSystemLibrary::load(&system).map_err(|e| e.to_string())?;
+    let bytes = std::fs::read(file).map_err(|e| e.to_string())?;
+    let info = SystemContext::new(&lib)
+        .and_then(|mut s| s.binary_info(&bytes))
+        .map_err(|e| format!("{}: {e}", system.display()))?;
+    for n in names {
+        info.graph(n)
+            .map_err(|_| format!("{} does not list graph `{n}`", system.display()))?;
+    }
+    Ok(())
+}
+
+/// `htpkv compile --target htp`.
+pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
+    refuse_reference_only(args)?;
+    let opened = OpenedModel::open(args.model.as_deref())?;
+    let mut inputs = vec![opened.path.as_path()];
+    inputs.extend(args.tokenizer.as_deref());
+    check_output(&args.out, &inputs)?;
+    let context = args
+        .context
+        .unwrap_or(opened.config.context_length.min(DEFAULT_MAX_CONTEXT));
+    let backend = backend_path(args)?;
+    let lib = QnnLibrary::load(&backend)?;
+    let opts = HtpOptions {
+        context,
+        ar: args.ar.clone(),
+        target: HtpTarget {
+            soc_model: args.soc_model,
+            arch: args.htp_arch,
+        },
+    };
+    let started = Instant::now();
+    let binary = opened.with_weights(|w| {
+        qnn_compile::compile(&lib, &opened.config, w, &opts, &mut |g, done, total| {
+            eprintln!(
+                "prepared graph {g} ({done}/{total}) in {:.1?}",
+                started.elapsed()
+            )
+        })
+    })??;
+    let names: Vec<String> = args.ar.iter().map(|&n| graph_name(n, context)).collect();
+    write_atomic_verified(&args.out, &binary, &inputs, &mut |tmp| {
+        verify(&backend, tmp, &names).map_err(Into::into)
+    })?;
+    crate::output::to_stdout(|out| {
+        writeln!(
+            out,
+            "wrote {} ({} bytes) in {:.2?}: a QNN context binary from {} with graphs {}",
+            args.out.display(),
+            binary.len(),
+            started.elapsed(),
+            backend.display(),
+            names.join(", ")
+        )
+    })
+}

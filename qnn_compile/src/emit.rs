@@ -1,0 +1,252 @@
+//! A thin, shape-tracking layer over [`qnn_ffi::GraphBuilder`]: every value is a named float
+//! tensor with a known shape, and each method adds one QNN operation (`qti.aisw` op definitions)
+//! and returns its output.
+
+use qnn_ffi::bindings as b;
+use qnn_ffi::{GraphBuilder, NewTensor, Param, QnnError, Quantization, Scalar, TensorKind};
+
+/// A value of the graph: a tensor name and its shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Val {
+    /// Tensor name.
+    pub name: String,
+    /// Dimensions.
+    pub shape: Vec<u32>,
+}
+
+/// Emits operations into one graph, naming intermediate tensors `{prefix}_{counter}`.
+#[derive(Debug)]
+pub struct Emitter {
+    g: GraphBuilder,
+    next: usize,
+}
+
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+impl Emitter {
+    /// Emits into `g`.
+    pub fn new(g: GraphBuilder) -> Emitter {
+        Emitter { g, next: 0 }
+    }
+
+    /// The graph, to finalize.
+    pub fn into_graph(self) -> GraphBuilder {
+        self.g
+    }
+
+    fn fresh(&mut self, what: &str) -> String {
+        self.next += 1;
+        format!("{what}_{}", self.next)
+    }
+
+    fn create(
+        &mut self,
+        name: String,
+        kind: TensorKind,
+        dtype: u32,
+        shape: &[u32],
+        data: Option<&[u8]>,
+    ) -> Result<Val, QnnError> {
+        self.g.tensor(NewTensor {
+            name: name.clone(),
+            kind,
+            dtype,
+            shape: shape.to_vec(),
+            quant: Quantization::None,
+            data,
+        })?;
+        Ok(Val {
+            name,
+            shape: shape.to_vec(),
+        })
+    }
+
+    /// A graph input.
+    pub fn input(&mut self, name: &str, dtype: u32, shape: &[u32]) -> Result<Val, QnnError> {
+        self.create(name.into(), TensorKind::Input, dtype, shape, None)
+    }
+
+    /// A static f32 tensor.
+    pub fn constant(&mut self, what: &str, shape: &[u32], v: &[f32]) -> Result<Val, QnnError> {
+        let name = self.fresh(what);
+        self.create(
+            name,
+            TensorKind::Static,
+            b::QNN_DATATYPE_FLOAT_32,
+            shape,
+            Some(f32_bytes(v)),
+        )
+    }
+
+    /// A static u32 parameter tensor.
+    fn u32_param(&mut self, shape: &[u32], v: &[u32]) -> Result<String, QnnError> {
+        let name = self.fresh("param");
+        let bytes: &[u8] = bytemuck::cast_slice(v);
+        self.create(
+            name.clone(),
+            TensorKind::Static,
+            b::QNN_DATATYPE_UINT_32,
+            shape,
+            Some(bytes),
+        )?;
+        Ok(name)
+    }
+
+    /// A static i32 parameter tensor.
+    fn i32_param(&mut self, shape: &[u32], v: &[i32]) -> Result<String, QnnError> {
+        let name = self.fresh("param");
+        let bytes: &[u8] = bytemuck::cast_slice(v);
+        self.create(
+            name.clone(),
+            TensorKind::Static,
+            b::QNN_DATATYPE_INT_32,
+            shape,
+            Some(bytes),
+        )?;
+        Ok(name)
+    }
+
+    /// Adds `op` with `inputs` and one f32 output of `shape`, named `out` (a graph output) or
+    /// fresh (a native tensor).
+    fn op(
+        &mut self,
+        op: &str,
+        params: &[Param<'_>],
+        inputs: &[&Val],
+        shape: &[u32],
+        out: Option<&str>,
+    ) -> Result<Val, QnnError> {
+        let (name, kind) = match out {
+            Some(n) => (n.to_string(), TensorKind::Output),
+            None => (self.fresh(op), TensorKind::Native),
+        };
+        let v = self.create(name, kind, b::QNN_DATATYPE_FLOAT_32, shape, None)?;
+        let node = format!("{}_op", v.name);
+        let ins: Vec<&str> = inputs.iter().map(|v| v.name.as_str()).collect();
+        self.g.node(&node, op, params, &ins, &[&v.name])?;
+        Ok(v)
+    }
+
+    /// Numpy-style broadcast shape of two operands (dimensions aligned from the right).
+    fn broadcast(a: &[u32], b: &[u32]) -> Vec<u32> {
+        let (long, short) = if a.len() >= b.len() { (a, b) } else { (b, a) };
+        let pad = long.len() - short.len();
+        let dim = |i: usize| if i < pad { 1 } else { short[i - pad] };
+        long.iter()
+            .enumerate()
+            .map(|(i, &x)| x.max(dim(i)))
+            .collect()
+    }
+
+    /// `a + b` (broadcasting).
+    pub fn add(&mut self, a: &Val, b: &Val) -> Result<Val, QnnError> {
+        let s = Self::broadcast(&a.shape, &b.shape);
+        self.op("ElementWiseAdd", &[], &[a, b], &s, None)
+    }
+
+    /// `a - b` (broadcasting).
+    pub fn sub(&mut self, a: &Val, b: &Val) -> Result<Val, QnnError> {
+        let s = Self::broadcast(&a.shape, &b.shape);
+        self.op("ElementWiseSubtract", &[], &[a, b], &s, None)
+    }
+
+    /// `a * b` (broadcasting).
+    pub fn mul(&mut self, a: &Val, b: &Val) -> Result<Val, QnnError> {
+        let s = Self::broadcast(&a.shape, &b.shape);
+        self.op("ElementWiseMultiply", &[], &[a, b], &s, None)
+    }
+
+    /// `a / b` (broadcasting).
+    pub fn div(&mut self, a: &Val, b: &Val) -> Result<Val, QnnError> {
+        let s = Self::broadcast(&a.shape, &b.shape);
+        self.op("ElementWiseDivide", &[], &[a, b], &s, None)
+    }
+
+    /// Element-wise square root.
+    pub fn sqrt(&mut self, a: &Val) -> Result<Val, QnnError> {
+        self.op("ElementWiseSquareRoot", &[], &[a], &a.shape.clone(), None)
+    }
+
+    /// Logistic sigmoid.
+    pub fn sigmoid(&mut self, a: &Val) -> Result<Val, QnnError> {
+        self.op("Sigmoid", &[], &[a], &a.shape.clone(), None)
+    }
+
+    /// Mean over the last axis, kept as size 1.
+    pub fn mean_last(&mut self, a: &Val) -> Result<Val, QnnError> {
+        let last = a.shape.len() as u32 - 1;
+        let axes = self.u32_param(&[1], &[last])?;
+        let mut s = a.shape.clone();
+        s[last as usize] = 1;
+        let params = [
+            Param::Tensor("axes", axes),
+            Param::Scalar("keep_dims", Scalar::Bool(true)),
+        ];
+        self.op("ReduceMean", &params, &[a], &s, None)
+    }
+
+    /// Softmax over the last axis.
+    pub fn softmax(&mut self, a: &Val) -> Result<Val, QnnError> {
+        let axis = a.shape.len() as u32 - 1;
+        let params = [Param::Scalar("axis", Scalar::U32(axis))];
+        self.op("Softmax", &params, &[a], &a.shape.clone(), None)
+    }
+
+    /// `x W^T` for `x [n, in]` and a weight `w [out, in]` (FullyConnected), no bias.
+    pub fn fully_connected(&mut self, x: &Val, w: &Val) -> Result<Val, QnnError> {
+        let s = [x.shape[0], w.shape[0]];
+        self.op("FullyConnected", &[], &[x, w], &s, None)
+    }
+
+    /// `a b` (or `a b^T`) for 2-D operands.
+    pub fn matmul(&mut self, a: &Val, b: &Val, transpose_b: bool) -> Result<Val, QnnError> {
+        let cols = if transpose_b { b.shape[0] } else { b.shape[1] };
+        let s = [a.shape[0], cols];
+        let params = [
+            Param::Scalar("transpose_in0", Scalar::Bool(false)),
+            Param::Scalar("transpose_in1", Scalar::Bool(transpose_b)),
+        ];
+        self.op("MatMul", &params, &[a, b], &s, None)
+    }
+
+    /// The same data with another shape; `out` makes it a graph output.
+    pub fn reshape(&mut self, a: &Val, shape: &[u32], out: Option<&str>) -> Result<Val, QnnError> {
+        self.op("Reshape", &[], &[a], shape, out)
+    }
+
+    /// Rows of `table [rows, width]` at the indices `ids [1, n]` (i32), as `[1, n, width]`.
+    pub fn gather_rows(&mut self, table: &Val, ids: &Val) -> Result<Val, QnnError> {
+        let s = [1, ids.shape[1], table.shape[1]];
+        let params = [Param::Scalar("axis", Scalar::I32(0))];
+        self.op("Gather", &params, &[table, ids], &s, None)
+    }
+
+    /// `a[..., begin..end, ...]` along `axis`.
+    pub fn slice(&mut self, a: &Val, axis: usize, begin: u32, end: u32) -> Result<Val, QnnError> {
+        let mut ranges = Vec::with_capacity(a.shape.len() * 3);
+        for (i, &d) in a.shape.iter().enumerate() {
+            let (lo, hi) = if i == axis { (begin, end) } else { (0, d) };
+            ranges.extend([lo as i32, hi as i32, 1]);
+        }
+        let r = self.i32_param(&[a.shape.len() as u32, 3], &ranges)?;
+        let mut s = a.shape.clone();
+        s[axis] = end - begin;
+        self.op(
+            "StridedSlice",
+            &[Param::Tensor("ranges", r)],
+            &[a],
+            &s,
+            None,
+        )
+    }
+
+    /// Concatenation along `axis`.
+    pub fn concat(&mut self, parts: &[&Val], axis: usize) -> Result<Val, QnnError> {
+        let mut s = parts[0].shape.clone();
+        s[axis] = parts.iter().map(|p| p.shape[axis]).sum();
+        let params = [Param::Scalar("axis", Scalar::U32(axis as u32))];
+        self.op("Concat", &params, parts, &s, None)
+    }
+}

@@ -1,0 +1,256 @@
+//! One static AR-n step of a Llama-family decoder as QNN operations, in htpkv's own IO convention
+//! (the reference executor's graphs, `ref_backend`'s crate docs):
+//!
+//! inputs `input_ids [1, n]` i32, `positions [1, n]` i32, `attention_mask [1, 1, n, S]` (additive,
+//! column `j < S-n` = past row `j`, `S-n+i` = new token `i`), per layer `l` and KV head `h`
+//! `past_key_{l}_{h}` and `past_value_{l}_{h}` `[1, 1, S-n, D]`; outputs `logits [1, n, V]` and
+//! `new_key_{l}_{h}`, `new_value_{l}_{h}` `[1, 1, n, D]` (keys after RoPE).
+//!
+//! The block structure is the one forward's (`model::forward`): RMSNorm, Q/K/V projections (+
+//! biases), RoPE by the description's pairing with angles from `model::Rope::cos_sin` (a static
+//! `[S, D/2]` table gathered by position), scaled dot-product attention of query head `h` over KV
+//! head `h / kv_mul` with the additive mask, the output projection and residual, the SwiGLU FFN
+//! and residual, the final RMSNorm and the classifier (the embedding when tied).
+
+use crate::emit::{Emitter, Val};
+use model::ops::Rope;
+use model::{LayerTensor as L, LlamaConfig, RopePairing, Tensor, WeightSource};
+use qnn_ffi::QnnError;
+use qnn_ffi::bindings as b;
+
+/// What the emitter needs of one AR variant.
+#[derive(Debug, Clone, Copy)]
+pub struct Step {
+    /// Tokens per step.
+    pub n: usize,
+    /// Context length (columns of the mask).
+    pub context: usize,
+}
+
+struct Lowering<'a> {
+    c: &'a LlamaConfig,
+    w: &'a dyn WeightSource,
+    e: Emitter,
+    n: u32,
+    past: u32,
+}
+
+fn u(v: usize) -> u32 {
+    v as u32
+}
+
+impl Lowering<'_> {
+    fn weight(&mut self, t: Tensor) -> Result<Val, QnnError> {
+        let data = self.w.tensor(t).ok_or_else(|| QnnError::InvalidTensor {
+            tensor: t.to_string(),
+            reason: "missing from the weights".into(),
+        })?;
+        // Vectors (norm weights, biases) as one row [1, len], to broadcast over rows.
+        let mut shape: Vec<u32> = t.shape(self.c).into_iter().map(u).collect();
+        if shape.len() == 1 {
+            shape.insert(0, 1);
+        }
+        self.e.constant("w", &shape, data)
+    }
+
+    fn scalar(&mut self, v: f32) -> Result<Val, QnnError> {
+        self.e.constant("c", &[1], &[v])
+    }
+
+    /// `w * x / sqrt(mean(x^2) + eps)` per row of `x [n, dim]`.
+    fn rmsnorm(&mut self, x: &Val, weight: Tensor) -> Result<Val, QnnError> {
+        let sq = self.e.mul(x, x)?;
+        let ms = self.e.mean_last(&sq)?;
+        let eps = self.scalar(self.c.rms_eps)?;
+        let ms = self.e.add(&ms, &eps)?;
+        let rms = self.e.sqrt(&ms)?;
+        let xn = self.e.div(x, &rms)?;
+        let w = self.weight(weight)?;
+        self.e.mul(&xn, &w)
+    }
+
+    fn linear(&mut self, x: &Val, w: Tensor, bias: Option<Tensor>) -> Result<Val, QnnError> {
+        let wv = self.weight(w)?;
+        let y = self.e.fully_connected(x, &wv)?;
+        match bias {
+            Some(bt) if self.c.qkv_bias => {
+                let bv = self.weight(bt)?;
+                self.e.add(&y, &bv)
+            }
+            _ => Ok(y),
+        }
+    }
+
+    /// RoPE of `x [n, heads*D]` with the step's `cos`/`sin` (shaped for the pairing).
+    fn rope(&mut self, x: &Val, heads: usize, cs: &(Val, Val)) -> Result<Val, QnnError> {
+        let (n, d, half) = (self.n, u(self.c.head_dim), u(self.c.head_dim / 2));
+        let h = u(heads);
+        // Adjacent pairs (2k, 2k+1): [n, H, half, 2], split on the last axis. Half-split
+        // pairs (k, k+half): [n, H, 2, half], split on axis 2.
+        let (shape, axis) = match self.c.rope.pairing {
+            RopePairing::Adjacent => ([n, h, half, 2], 3),
+            RopePairing::HalfSplit => ([n, h, 2, half], 2),
+        };
+        let x4 = self.e.reshape(x, &shape, None)?;
+        let a = self.e.slice(&x4, axis, 0, 1)?;
+        let bb = self.e.slice(&x4, axis, 1, 2)?;
+        let (cos, sin) = cs;
+        let (ac, bs) = (self.e.mul(&a, cos)?, self.e.mul(&bb, sin)?);
+        let ra = self.e.sub(&ac, &bs)?;
+        let (as_, bc) = (self.e.mul(&a, sin)?, self.e.mul(&bb, cos)?);
+        let rb = self.e.add(&as_, &bc)?;
+        let r = self.e.concat(&[&ra, &rb], axis)?;
+        self.e.reshape(&r, &[n, h * d], None)
+    }
+
+    /// Columns `[h*D, (h+1)*D)` of `x [n, heads*D]`.
+    fn head(&mut self, x: &Val, h: usize) -> Result<Val, QnnError> {
+        let d = u(self.c.head_dim);
+        self.e.slice(x, 1, u(h) * d, u(h + 1) * d)
+    }
+
+    /// Past rows of a K/V input `[1, 1, S-n, D]` followed by the step's new rows `[n, D]`.
+    fn window(&mut self, name: &str, new: &Val) -> Result<Val, QnnError> {
+        let d = u(self.c.head_dim);
+        let past = self
+            .e
+            .input(name, b::QNN_DATATYPE_FLOAT_32, &[1, 1, self.past, d])?;
+        let past = self.e.reshape(&past, &[self.past, d], None)?;
+        self.e.concat(&[&past, new], 0)
+    }
+
+    fn attention(
+        &mut self,
+        l: usize,
+        x: &Val,
+        mask: &Val,
+        cs: &(Val, Val),
+    ) -> Result<Val, QnnError> {
+        let c = self.c;
+        let xn = self.rmsnorm(x, Tensor::Layer(l, L::AttnNorm))?;
+        let q = self.linear(
+            &xn,
+            Tensor::Layer(l, L::Q),
+            Some(Tensor::Layer(l, L::QBias)),
+        )?;
+        let k = self.linear(
+            &xn,
+            Tensor::Layer(l, L::K),
+            Some(Tensor::Layer(l, L::KBias)),
+        )?;
+        let v = self.linear(
+            &xn,
+            Tensor::Layer(l, L::V),
+            Some(Tensor::Layer(l, L::VBias)),
+        )?;
+        let q = self.rope(&q, c.n_heads, cs)?;
+        let k = self.rope(&k, c.n_kv_heads, cs)?;
+        let scale = self.scalar(1.0 / (c.head_dim as f32).sqrt())?;
+        let q = self.e.mul(&q, &scale)?;
+        let (n, d) = (self.n, u(c.head_dim));
+        let kv_mul = c.n_heads / c.n_kv_heads;
+        let mut outs = Vec::with_capacity(c.n_heads);
+        for h in 0..c.n_kv_heads {
+            let (kh, vh) = (self.head(&k, h)?, self.head(&v, h)?);
+            self.e
+                .reshape(&kh, &[1, 1, n, d], Some(&format!("new_key_{l}_{h}")))?;
+            self.e
+                .reshape(&vh, &[1, 1, n, d], Some(&format!("new_value_{l}_{h}")))?;
+            let keys = self.window(&format!("past_key_{l}_{h}"), &kh)?;
+            let values = self.window(&format!("past_value_{l}_{h}"), &vh)?;
+            for qh in h * kv_mul..(h + 1) * kv_mul {
+                let qv = self.head(&q, qh)?;
+                let scores = self.e.matmul(&qv, &keys, true)?;
+                let scores = self.e.add(&scores, mask)?;
+                let p = self.e.softmax(&scores)?;
+                outs.push(self.e.matmul(&p, &values, false)?);
+            }
+        }
+        let att = self.e.concat(&outs.iter().collect::<Vec<_>>(), 1)?;
+        let o = self.linear(&att, Tensor::Layer(l, L::O), None)?;
+        self.e.add(x, &o)
+    }
+
+    fn ffn(&mut self, l: usize, x: &Val) -> Result<Val, QnnError> {
+        let xn = self.rmsnorm(x, Tensor::Layer(l, L::FfnNorm))?;
+        let g = self.linear(&xn, Tensor::Layer(l, L::Gate), None)?;
+        let up = self.linear(&xn, Tensor::Layer(l, L::Up), None)?;
+        let sg = self.e.sigmoid(&g)?;
+        let silu = self.e.mul(&g, &sg)?;
+        let hb = self.e.mul(&silu, &up)?;
+        let down = self.linear(&hb, Tensor::Layer(l, L::Down), None)?;
+        self.e.add(x, &down)
+    }
+
+    /// The step's cos/sin rows, shaped to broadcast over heads for the pairing.
+    fn rope_tables(&mut self, positions: &Val, context: usize) -> Result<(Val, Val), QnnError> {
+        let c = self.c;
+        let half = c.head_dim / 2;
+        let rope = Rope::new(c.head_dim, &c.rope);
+        let (mut cos, mut sin) = (vec![0.0; context * half], vec![0.0; context * half]);
+        for (p, (cr, sr)) in cos
+            .chunks_exact_mut(half)
+            .zip(sin.chunks_exact_mut(half))
+            .enumerate()
+        {
+            rope.cos_sin(p, cr, sr);
+        }
+        let shape = match c.rope.pairing {
+            RopePairing::Adjacent => [self.n, 1, u(half), 1],
+            RopePairing::HalfSplit => [self.n, 1, 1, u(half)],
+        };
+        let mut rows = |t: &[f32]| -> Result<Val, QnnError> {
+            let table = self.e.constant("rope", &[u(context), u(half)], t)?;
+            let g = self.e.gather_rows(&table, positions)?;
+            self.e.reshape(&g, &shape, None)
+        };
+        Ok((rows(&cos)?, rows(&sin)?))
+    }
+
+    fn emit(&mut self, step: Step) -> Result<(), QnnError> {
+        let c = self.c;
+        let (n, s) = (self.n, u(step.context));
+        let ids = self.e.input("input_ids", b::QNN_DATATYPE_INT_32, &[1, n])?;
+        let positions = self.e.input("positions", b::QNN_DATATYPE_INT_32, &[1, n])?;
+        let mask = self
+            .e
+            .input("attention_mask", b::QNN_DATATYPE_FLOAT_32, &[1, 1, n, s])?;
+        let mask = self.e.reshape(&mask, &[n, s], None)?;
+        let cs = self.rope_tables(&positions, step.context)?;
+        let emb = self.weight(Tensor::TokenEmbedding)?;
+        let x = self.e.gather_rows(&emb, &ids)?;
+        let mut x = self.e.reshape(&x, &[n, u(c.dim)], None)?;
+        for l in 0..c.n_layers {
+            x = self.attention(l, &x, &mask, &cs)?;
+            x = self.ffn(l, &x)?;
+        }
+        let xn = self.rmsnorm(&x, Tensor::OutputNorm)?;
+        let cls = if c.tied_output {
+            Tensor::TokenEmbedding
+        } else {
+            Tensor::Output
+        };
+        let logits = self.linear(&xn, cls, None)?;
+        self.e
+            .reshape(&logits, &[1, n, u(c.vocab_size)], Some("logits"))?;
+        Ok(())
+    }
+}
+
+/// Emits the AR-`step.n` graph of model `c` with weights `w` into `e` (see the module docs).
+pub fn emit_step(
+    c: &LlamaConfig,
+    w: &dyn WeightSource,
+    e: Emitter,
+    step: Step,
+) -> Result<Emitter, QnnError> {
+    let mut lw = Lowering {
+        c,
+        w,
+        e,
+        n: u(step.n),
+        past: u(step.context - step.n),
+    };
+    lw.emit(step)?;
+    Ok(lw.e)
+}
