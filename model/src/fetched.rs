@@ -33,3 +33,45 @@ pub fn smollm2_gguf(test: &str) -> Option<PathBuf> {
     eprintln!("SKIPPED {test}: {msg}");
     None
 }
+
+/// How to get Qualcomm's QNN libraries, for messages.
+pub const FETCH_QNN: &str =
+    "run scripts/fetch-qnn.sh to fetch Qualcomm's QNN 2.51 libraries (PyPI onnxruntime-qnn 2.7.0)";
+
+/// Where `scripts/fetch-qnn.sh` puts the QNN libraries: `$HTPKV_QNN_DIR`, else
+/// `$XDG_CACHE_HOME/htpkv/qnn-2.51` (or `~/.cache/htpkv/qnn-2.51`); the libraries sit in its
+/// `onnxruntime_qnn/` folder, their libc++ in `onnxruntime_qnn.libs/` beside it, as the wheel ships
+/// them. `None` when no home is known.
+pub fn qnn_dir() -> Option<PathBuf> {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    var("HTPKV_QNN_DIR").or_else(|| {
+        var("XDG_CACHE_HOME")
+            .or_else(|| var("HOME").map(|h| h.join(".cache")))
+            .map(|c| c.join("htpkv").join("qnn-2.51"))
+    })
+}
+
+/// The fetched QNN library `name` (e.g. `libQnnHtp.so`), when it is there.
+pub fn qnn_library(name: &str) -> Option<PathBuf> {
+    let p = qnn_dir()?.join("onnxruntime_qnn").join(name);
+    p.is_file().then_some(p)
+}
+
+/// [`qnn_library`] for the test named `test`, with [`smollm2_gguf`]'s rule: missing fails under
+/// `CI`, else the test is skipped with a message.
+///
+/// # Panics
+/// When the library is missing and `CI` is set.
+pub fn qnn_library_for_test(test: &str, name: &str) -> Option<PathBuf> {
+    if let Some(p) = qnn_library(name) {
+        return Some(p);
+    }
+    let msg = format!("{name} is missing: {FETCH_QNN}");
+    assert!(std::env::var_os("CI").is_none(), "{test}: {msg}");
+    eprintln!("SKIPPED {test}: {msg}");
+    None
+}

@@ -52,10 +52,36 @@ pub(crate) fn loader_reason(e: &libloading::Error) -> String {
 
 /// Opens a library. A bare file name (no `/`) is searched on the dynamic loader's path, as
 /// `dlopen` does, never in the current directory; the error says so when such a file is there.
+/// Runs `f` with file descriptor 1 pointing at standard error, then flushes C's stdio buffers and
+/// restores it. Qualcomm's `libQnnHtp.so` prints a line to C's stdout from its initializers (seen
+/// with QNN 2.51 on x86: `# LIBNATIVE: No alternate configuration ...`); C stdio holds it until the
+/// process exits, when it would land after htpkv's own output (`generate --json` would no longer be
+/// one JSON document). Loading happens before htpkv writes anything, so moving fd 1 for the
+/// duration races with nothing of htpkv's.
+fn with_stdout_on_stderr<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: dup/dup2/close/fflush on the process's own standard descriptors; every descriptor
+    // passed is either a standard one or the one dup just returned; fflush(NULL) flushes all C
+    // streams.
+    let saved = unsafe { libc::dup(1) };
+    if saved < 0 {
+        return f();
+    }
+    // SAFETY: as above.
+    unsafe { libc::dup2(2, 1) };
+    let out = f();
+    // SAFETY: as above; fd 1 gets back what it was and the copy is closed.
+    unsafe {
+        libc::fflush(std::ptr::null_mut());
+        libc::dup2(saved, 1);
+        libc::close(saved);
+    }
+    out
+}
+
 fn open(path: &Path) -> Result<libloading::Library, QnnError> {
     // SAFETY: loading a library runs its initializers; QNN backends (and htpkv's reference
     // backend) are ordinary shared libraries whose initializers have no preconditions.
-    unsafe { libloading::Library::new(path) }.map_err(|e| {
+    with_stdout_on_stderr(|| unsafe { libloading::Library::new(path) }).map_err(|e| {
         // dlerror() starts with the path, which the error names already.
         let mut reason = loader_reason(&e);
         if let Some(rest) = reason.strip_prefix(&format!("{}: ", path.display())) {
