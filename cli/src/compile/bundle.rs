@@ -88,6 +88,13 @@ fn write_checked(path: &Path, bytes: &[u8], inputs: &[&Path]) -> anyhow::Result<
 /// the tokens that end generation (EOS, end of turn, and BOS, which ends a llama2.c story),
 /// tokenizer path, the binaries, and the RoPE settings (`rope-dim` is half the head dim: the
 /// width of the cos/sin tables).
+///
+/// It also passes Genie 1.21's own schema (`GenieDialogConfig_createFromJson`; the test
+/// `genie_accepts_the_bundle_config` in cli/tests/genie_cli.rs checks it with the real
+/// `libGenie.so`): `engine.n-threads` and, under `QnnHtp`, `spill-fill-bufsize`, `use-mmap`,
+/// `mmap-budget`, `poll` and `cpu-mask` are required there. Values are AI Hub's (its
+/// `create_genie_config`), with `kv-dim` the head dim. The sampler is greedy: Genie then gives
+/// the tokens `htpkv generate` gives by default (temperature 0).
 fn genie_config(c: &LlamaConfig, context: usize, bins: &[String]) -> Value {
     let s = &c.special;
     let eos: Vec<u32> = [s.eos, s.eot, s.bos].into_iter().flatten().collect();
@@ -111,10 +118,21 @@ fn genie_config(c: &LlamaConfig, context: usize, bins: &[String]) -> Value {
             "bos-token": s.bos.map_or(-1, i64::from),
             "eos-token": eos,
         },
+        "sampler": {"version": 1, "seed": 42, "temp": 0.8, "top-k": 40, "top-p": 0.95, "greedy": true},
         "tokenizer": {"version": 1, "path": "tokenizer.json"},
         "engine": {
             "version": 1,
-            "backend": {"version": 1, "type": "QnnHtp", "QnnHtp": {"version": 1}},
+            "n-threads": 3,
+            "backend": {"version": 1, "type": "QnnHtp", "QnnHtp": {
+                "version": 1,
+                "spill-fill-bufsize": 0,
+                "use-mmap": false,
+                "mmap-budget": 0,
+                "poll": true,
+                "cpu-mask": "0xe0",
+                "kv-dim": c.head_dim,
+                "allow-async-init": false,
+            }},
             "model": {
                 "version": 1,
                 "type": "binary",
