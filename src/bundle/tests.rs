@@ -153,7 +153,7 @@ fn htpkv_bundles_read_the_same_before_and_after_the_genie_schema_fields() {
             "positional-encoding": {"type": "rope", "rope-dim": 4, "rope-theta": 10000.0}}}}}"#;
     let new = r#"{"dialog": {"version": 1, "type": "basic",
         "context": {"version": 1, "size": 64, "n-vocab": 512, "bos-token": 1, "eos-token": [2, 1]},
-        "sampler": {"version": 1, "seed": 42, "temp": 0.8, "top-k": 40, "top-p": 0.95, "greedy": true},
+        "sampler": {"version": 1, "seed": 42, "temp": 0.8, "top-k": 1, "top-p": 0.95},
         "tokenizer": {"version": 1, "path": "tokenizer.json"},
         "engine": {"version": 1, "n-threads": 3,
           "backend": {"version": 1, "type": "QnnHtp", "QnnHtp": {"version": 1,

@@ -7,9 +7,13 @@
 //!   the schema's message to standard error).
 //! - `genie-run dialog CONFIG.json (--prompt TEXT | --tokens 1,2,3)`: creates a dialog (relative
 //!   paths in the configuration are resolved from the configuration's folder, as a bundle expects)
-//!   and runs one query; prints the text or token ids, and the time of each callback.
+//!   and runs one query; prints the text or token ids, and the time of each callback. When Genie
+//!   refuses the configuration or the binaries, the document names the call and its status
+//!   (exit status 4; Genie's own messages are on standard error).
 //!
 //! `--genie PATH` (else `$HTPKV_GENIE`, else the `libGenie.so` of `scripts/fetch-qnn.sh`).
+//! `--out FILE` writes the JSON document there instead of stdout: the QNN libraries print to
+//! stdout themselves (through C's buffered stdio, flushed at exit, after the document).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -28,6 +32,9 @@ struct Cli {
     /// libGenie.so (else $HTPKV_GENIE, else the one scripts/fetch-qnn.sh fetched).
     #[arg(long, global = true)]
     genie: Option<PathBuf>,
+    /// Write the JSON document to FILE instead of stdout (which Genie and QNN also write to).
+    #[arg(long, global = true)]
+    out: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -84,13 +91,24 @@ fn version(genie: &Genie) -> Value {
         .map_or(Value::Null, |(a, b, c)| json!(format!("{a}.{b}.{c}")))
 }
 
-fn print(doc: &Value) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(doc)?);
-    Ok(())
+fn print(out: Option<&Path>, doc: &Value) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(doc)? + "\n";
+    match out {
+        Some(path) => {
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+        }
+        None => {
+            print!("{text}");
+            Ok(())
+        }
+    }
 }
 
 fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
     let path = genie_path(cli.genie)?;
+    // Absolute before `dialog` enters the configuration's folder.
+    let out = cli.out.map(std::path::absolute).transpose()?;
+    let out = out.as_deref();
     let genie = Genie::load(&path)?;
     match cli.command {
         Command::CheckConfig { config } => {
@@ -101,14 +119,17 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 Err(GenieError::Status { status, .. }) => status,
                 Err(e) => return Err(e.into()),
             };
-            print(&json!({
-                "config": config.display().to_string(),
-                "genie": path.display().to_string(),
-                "genie_api": version(&genie),
-                "valid": !status.is_error(),
-                "status": status.0,
-                "status_name": status.name(),
-            }))?;
+            print(
+                out,
+                &json!({
+                    "config": config.display().to_string(),
+                    "genie": path.display().to_string(),
+                    "genie_api": version(&genie),
+                    "valid": !status.is_error(),
+                    "status": status.0,
+                    "status_name": status.name(),
+                }),
+            )?;
             Ok(if status.is_error() {
                 std::process::ExitCode::from(3)
             } else {
@@ -122,6 +143,7 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             max_tokens,
         } => dialog(
             &genie,
+            out,
             &path,
             &config,
             prompt.as_deref(),
@@ -133,6 +155,7 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
 
 fn dialog(
     genie: &Genie,
+    out: Option<&Path>,
     genie_path: &Path,
     config: &Path,
     prompt: Option<&str>,
@@ -153,9 +176,33 @@ fn dialog(
         .unwrap_or(Path::new("."));
     std::env::set_current_dir(dir).with_context(|| format!("entering {}", dir.display()))?;
 
-    let cfg = genie.dialog_config(&doc.to_string())?;
+    // A refusal by Genie is a result (a document with the failing call and status, exit status
+    // 4), not an error of genie-run.
+    let refused = |call: &str, status: Status| -> anyhow::Result<std::process::ExitCode> {
+        print(
+            out,
+            &json!({
+                "config": config.display().to_string(),
+                "genie": genie_path.display().to_string(),
+                "genie_api": version(genie),
+                "refused_by": call,
+                "status": status.0,
+                "status_name": status.name(),
+            }),
+        )?;
+        Ok(std::process::ExitCode::from(4))
+    };
+    let cfg = match genie.dialog_config(&doc.to_string()) {
+        Ok(c) => c,
+        Err(GenieError::Status { call, status }) => return refused(call, status),
+        Err(e) => return Err(e.into()),
+    };
     let t0 = Instant::now();
-    let mut d = cfg.create_dialog()?;
+    let mut d = match cfg.create_dialog() {
+        Ok(d) => d,
+        Err(GenieError::Status { call, status }) => return refused(call, status),
+        Err(e) => return Err(e.into()),
+    };
     let create_s = t0.elapsed().as_secs_f64();
 
     let mut out_text = String::new();
@@ -163,41 +210,50 @@ fn dialog(
     let mut times: Vec<f64> = Vec::new();
     let mut codes: Vec<String> = Vec::new();
     let t1 = Instant::now();
-    let status = match (prompt, tokens) {
-        (Some(p), None) => d.query(p, &mut |piece: &str, code: SentenceCode| {
-            times.push(t1.elapsed().as_secs_f64());
-            codes.push(format!("{code:?}"));
-            out_text.push_str(piece);
-        })?,
-        (None, Some(ids)) => d
-            .token_query(ids, &mut |ids: &[u32], code: SentenceCode| {
+    let result = match (prompt, tokens) {
+        (Some(p), None) => d
+            .query(p, &mut |piece: &str, code: SentenceCode| {
                 times.push(t1.elapsed().as_secs_f64());
                 codes.push(format!("{code:?}"));
-                out_tokens.extend_from_slice(ids);
-            })?
-            .context("this libGenie.so has no GenieDialog_tokenQuery")?,
+                out_text.push_str(piece);
+            })
+            .map(Some),
+        (None, Some(ids)) => d.token_query(ids, &mut |ids: &[u32], code: SentenceCode| {
+            times.push(t1.elapsed().as_secs_f64());
+            codes.push(format!("{code:?}"));
+            out_tokens.extend_from_slice(ids);
+        }),
         _ => bail!("give exactly one of --prompt and --tokens"),
+    };
+    let status = match result {
+        Ok(Some(status)) => status,
+        Ok(None) => bail!("this libGenie.so has no GenieDialog_tokenQuery"),
+        Err(GenieError::Status { call, status }) => return refused(call, status),
+        Err(e) => return Err(e.into()),
     };
     let query_s = t1.elapsed().as_secs_f64();
     // The first callback comes after the prompt is processed; the later ones a step apart.
     let step_ms: Vec<f64> = times.windows(2).map(|w| (w[1] - w[0]) * 1e3).collect();
     let mean_step_ms =
         (!step_ms.is_empty()).then(|| step_ms.iter().sum::<f64>() / step_ms.len() as f64);
-    print(&json!({
-        "config": config.display().to_string(),
-        "genie": genie_path.display().to_string(),
-        "genie_api": version(genie),
-        "status": status.0,
-        "status_name": status.name(),
-        "create_s": create_s,
-        "query_s": query_s,
-        "first_callback_s": times.first(),
-        "callbacks": times.len(),
-        "step_ms": step_ms,
-        "mean_step_ms": mean_step_ms,
-        "sentence_codes": codes,
-        "text": prompt.map(|_| out_text),
-        "tokens": tokens.map(|_| out_tokens),
-    }))?;
+    print(
+        out,
+        &json!({
+            "config": config.display().to_string(),
+            "genie": genie_path.display().to_string(),
+            "genie_api": version(genie),
+            "status": status.0,
+            "status_name": status.name(),
+            "create_s": create_s,
+            "query_s": query_s,
+            "first_callback_s": times.first(),
+            "callbacks": times.len(),
+            "step_ms": step_ms,
+            "mean_step_ms": mean_step_ms,
+            "sentence_codes": codes,
+            "text": prompt.map(|_| out_text),
+            "tokens": tokens.map(|_| out_tokens),
+        }),
+    )?;
     Ok(std::process::ExitCode::SUCCESS)
 }
