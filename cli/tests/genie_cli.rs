@@ -167,3 +167,45 @@ fn genie_refuses_reference_format_binaries_at_dialog_create() {
         "{err}"
     );
 }
+
+/// The first 40 greedy tokens of stories260K in f32 from BOS ("Once upon a time, there was a
+/// little girl named Lily. She loved to play outside in the park. One day, she saw a big, r").
+const STORIES_F32_GREEDY_40: [u32; 40] = [
+    403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267,
+    337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370,
+    432, 352,
+];
+
+/// Opt-in (`HTPKV_GENIE_BUNDLE=DIR`): Genie runs a bundle of a genuine stories260K HTP context
+/// binary (AI Hub's IO names, AR-1, context 64, float; made outside the repository with
+/// onnxruntime's QNN execution provider, see the README's "Real QNN") and gives the f32 model's
+/// 40 greedy tokens. Becomes a CI test when `htpkv compile --target htp` writes such bundles.
+#[test]
+fn genie_generates_the_f32_greedy_tokens_from_a_real_htp_bundle() {
+    let Some(bundle) = std::env::var_os("HTPKV_GENIE_BUNDLE").map(PathBuf::from) else {
+        eprintln!("SKIPPED: set HTPKV_GENIE_BUNDLE to a Genie bundle of stories260K");
+        return;
+    };
+    let Some(libs) = QnnLibs::fetched_for_test("genie_generates_from_a_real_htp_bundle") else {
+        return;
+    };
+    let dir = common::scratch("genie_cli", "real");
+    let config = bundle.join("genie_config.json");
+    let args = [
+        "dialog",
+        config.to_str().unwrap(),
+        "--tokens",
+        "1",
+        "--max-tokens",
+        "40",
+    ];
+    let (o, doc) = genie_run(&libs, &dir, &args);
+    assert!(
+        o.status.success(),
+        "{doc} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let tokens: Vec<u32> = serde_json::from_value(doc["tokens"].clone()).unwrap();
+    assert_eq!(tokens, STORIES_F32_GREEDY_40, "{doc}");
+    assert_eq!(doc["step_ms"].as_array().unwrap().len(), 39, "{doc}");
+}

@@ -213,13 +213,17 @@ fn dialog(
     let result = match (prompt, tokens) {
         (Some(p), None) => d
             .query(p, &mut |piece: &str, code: SentenceCode| {
-                times.push(t1.elapsed().as_secs_f64());
+                if !piece.is_empty() {
+                    times.push(t1.elapsed().as_secs_f64());
+                }
                 codes.push(format!("{code:?}"));
                 out_text.push_str(piece);
             })
             .map(Some),
         (None, Some(ids)) => d.token_query(ids, &mut |ids: &[u32], code: SentenceCode| {
-            times.push(t1.elapsed().as_secs_f64());
+            if !ids.is_empty() {
+                times.push(t1.elapsed().as_secs_f64());
+            }
             codes.push(format!("{code:?}"));
             out_tokens.extend_from_slice(ids);
         }),
@@ -232,7 +236,8 @@ fn dialog(
         Err(e) => return Err(e.into()),
     };
     let query_s = t1.elapsed().as_secs_f64();
-    // The first callback comes after the prompt is processed; the later ones a step apart.
+    // Times of the callbacks that carried output (Genie ends with an empty `End` one): the
+    // first comes after the prompt is processed, the later ones a decode step apart.
     let step_ms: Vec<f64> = times.windows(2).map(|w| (w[1] - w[0]) * 1e3).collect();
     let mean_step_ms =
         (!step_ms.is_empty()).then(|| step_ms.iter().sum::<f64>() / step_ms.len() as f64);
@@ -247,7 +252,8 @@ fn dialog(
             "create_s": create_s,
             "query_s": query_s,
             "first_callback_s": times.first(),
-            "callbacks": times.len(),
+            "callbacks": codes.len(),
+        "outputs": times.len(),
             "step_ms": step_ms,
             "mean_step_ms": mean_step_ms,
             "sentence_codes": codes,
