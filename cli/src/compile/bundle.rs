@@ -14,6 +14,8 @@ use serde_json::{Value, json};
 pub struct BundleSpec<'a> {
     /// Number of parts.
     pub parts: usize,
+    /// How the parts are cut.
+    pub split: ref_backend::Split,
     /// Positions as RoPE cos/sin tables (the `aihub` convention).
     pub rope_tables: bool,
     /// The HF `tokenizer.json` written into the bundle.
@@ -51,10 +53,10 @@ pub fn write_bundle(
         } else {
             String::new()
         };
-        for part in tier
-            .as_ref()
-            .unwrap_or(model)
-            .split(spec.parts, spec.rope_tables)?
+        for part in
+            tier.as_ref()
+                .unwrap_or(model)
+                .split_as(spec.parts, spec.rope_tables, spec.split)?
         {
             let p = part.part();
             let path = dir.join(format!(
