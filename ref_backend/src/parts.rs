@@ -229,14 +229,16 @@ impl Part {
         }
         if count < 2 || count > n_layers + 1 {
             return Err(format!(
-                "AI Hub's split of {n_layers} layers takes 2 to {} parts (the embedding, then                  layers), not {count}",
+                "AI Hub's split of {n_layers} layers takes 2 to {} parts (the embedding, then \
+                 layers), not {count}",
                 n_layers + 1
             ));
         }
         let per = n_layers.div_ceil(count - 1);
         if n_layers.div_ceil(per) != count - 1 {
             return Err(format!(
-                "AI Hub's split of {n_layers} layers into {count} parts: {per} layers per part                  fill only {} parts after the embedding",
+                "AI Hub's split of {n_layers} layers into {count} parts: {per} layers per part \
+                 fill only {} parts after the embedding",
                 n_layers.div_ceil(per)
             ));
         }
