@@ -13,9 +13,9 @@
 use anyhow::{Context, bail};
 use htpkv::engine::{EngineOptions, OpenedModel};
 use htpkv::qnn::QnnBackend;
+use htpkv::qnn_libs::QnnLibs;
 use htpkv::qnn_memory::QnnMemory;
 use htpkv::session::Session;
-use model::fetched::qnn_library;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -30,7 +30,9 @@ struct Args {
 
 fn parse() -> anyhow::Result<Args> {
     let (mut compiled, mut tokens, mut update, mut json) = (None, 256, "smart_mask".into(), false);
-    let (mut backend, mut system) = (qnn_library("libQnnHtp.so"), qnn_library("libQnnSystem.so"));
+    let libs = QnnLibs::fetched();
+    let mut backend = libs.as_ref().map(QnnLibs::backend);
+    let mut system = libs.as_ref().map(QnnLibs::system);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().with_context(|| format!("{a} needs a value"));

@@ -18,6 +18,7 @@ pub mod convention;
 pub mod engine;
 pub mod persist;
 pub mod qnn;
+pub mod qnn_libs;
 pub mod qnn_memory;
 pub mod reference;
 pub mod sampler;

@@ -179,8 +179,9 @@ pub fn graph_desc(
         },
         mask: convention.mask,
     };
+    // A part without a mask (AI Hub's part 1, the embedding alone) gives no context length.
     let check = |what: &str, named: Option<usize>, found: Option<usize>| match named {
-        Some(n) if found != Some(n) => Err(EngineError::Qnn(format!(
+        Some(n) if found.is_some_and(|f| f != n) => Err(EngineError::Qnn(format!(
             "graph `{}`: the name says {what} {n} but its tensors give {found:?}",
             g.name
         ))),

@@ -80,6 +80,12 @@ pub struct CompileArgs {
     /// then a directory).
     #[arg(long, value_name = "N")]
     parts: Option<usize>,
+    /// How `--parts` cuts the model: `balanced` (htpkv's: part 1 embeds and runs the first layers,
+    /// sizes differ by at most one) or `aihub` (AI Hub's exports: part 1 only the embedding, then
+    /// ceil(layers / (N - 1)) layers per part, the hidden state named after AI Hub's ONNX tensors;
+    /// needs `--convention aihub`).
+    #[arg(long, default_value = "balanced", value_parser = ["balanced", "aihub"])]
+    split: String,
     /// The HF tokenizer.json copied into a bundle (a llama2.c tokenizer is not one).
     #[arg(long, value_name = "FILE")]
     tokenizer_json: Option<PathBuf>,
@@ -310,8 +316,13 @@ fn write_output(
     let stem = model_path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned());
+    let split = ref_backend::Split::from_name(&args.split).unwrap_or_default();
+    if split == ref_backend::Split::AiHub && args.convention != "aihub" {
+        bail!("--split aihub names the hidden state as AI Hub does: it needs --convention aihub");
+    }
     let spec = bundle::BundleSpec {
         parts: args.parts.unwrap_or(1),
+        split,
         rope_tables: args.convention == "aihub",
         tokenizer: &tokenizer,
         stem: stem.as_deref().unwrap_or("model"),

@@ -88,10 +88,11 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "reference")]
     backend: String,
     /// QNN backend library (e.g. libQnnHtp.so, or the reference backend's libhtpkv_ref_qnn.so);
-    /// else $HTPKV_QNN_BACKEND.
+    /// else $HTPKV_QNN_BACKEND, else the libQnnHtp.so of scripts/fetch-qnn.sh when fetched.
     #[arg(long)]
     qnn_backend: Option<PathBuf>,
-    /// QNN system library; else $HTPKV_QNN_SYSTEM, else the backend library.
+    /// QNN system library; else $HTPKV_QNN_SYSTEM, else the fetched libQnnSystem.so when the backend
+    /// is the fetched libQnnHtp.so, else the backend library.
     #[arg(long)]
     qnn_system: Option<PathBuf>,
     /// How K/V memory reaches the QNN library: auto, shared-buffer, client, host.
@@ -195,14 +196,29 @@ fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
                     .filter(|v| !v.is_empty())
                     .map(PathBuf::from)
             };
+            let fetched = htpkv::qnn_libs::QnnLibs::fetched();
             let backend_lib = args
                 .qnn_backend
                 .clone()
                 .or_else(|| env("HTPKV_QNN_BACKEND"))
-                .context("--backend qnn needs --qnn-backend PATH or $HTPKV_QNN_BACKEND")?;
+                .or_else(|| fetched.as_ref().map(|l| l.backend()))
+                .with_context(|| {
+                    format!(
+                        "--backend qnn needs --qnn-backend PATH or $HTPKV_QNN_BACKEND (or {})",
+                        htpkv::qnn_libs::FETCH_QNN
+                    )
+                })?;
+            let system_lib = args
+                .qnn_system
+                .clone()
+                .or_else(|| env("HTPKV_QNN_SYSTEM"))
+                .or_else(|| {
+                    let libs = fetched.as_ref()?;
+                    libs.is_backend(&backend_lib).then(|| libs.system())
+                });
             BackendChoice::Qnn {
                 backend_lib,
-                system_lib: args.qnn_system.clone().or_else(|| env("HTPKV_QNN_SYSTEM")),
+                system_lib,
                 memory: args
                     .qnn_memory
                     .parse()

@@ -12,8 +12,9 @@ use serde_json::{Value, json};
 pub struct InspectArgs {
     /// The context binary (from `htpkv compile`, Qualcomm's tools, AI Hub, ExecuTorch, ...).
     file: PathBuf,
-    /// QNN system library (else $HTPKV_QNN_SYSTEM): `libQnnSystem.so`, or the reference
-    /// backend's libhtpkv_ref_qnn.so for htpkv's own binaries.
+    /// QNN system library (else $HTPKV_QNN_SYSTEM, else the libQnnSystem.so of
+    /// scripts/fetch-qnn.sh when fetched): `libQnnSystem.so`, or the reference backend's
+    /// libhtpkv_ref_qnn.so for htpkv's own binaries.
     #[arg(long)]
     qnn_system: Option<PathBuf>,
     /// Print one JSON document instead of the table.
@@ -22,7 +23,13 @@ pub struct InspectArgs {
 }
 
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
-    let system = qnn_ffi::QnnSystemLibrary::load_from(args.qnn_system.as_deref())?;
+    let fetched = || htpkv::qnn_libs::QnnLibs::fetched().map(|l| l.system());
+    let explicit = match args.qnn_system {
+        Some(path) => Some(path),
+        None if std::env::var_os(qnn_ffi::ENV_SYSTEM).is_some_and(|v| !v.is_empty()) => None,
+        None => fetched(),
+    };
+    let system = qnn_ffi::QnnSystemLibrary::load_from(explicit.as_deref())?;
     let binary = llama2c::fsio::read_capped(&args.file, llama2c::fsio::FileKind::COMPILED)?;
     let mut ctx = qnn_ffi::SystemContext::new(&system)?;
     let info = ctx.binary_info(&binary)?;

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{htpkv, scratch};
-use model::fetched::qnn_library_for_test;
+use htpkv::qnn_libs::QnnLibs;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -15,9 +15,8 @@ use std::sync::OnceLock;
 const STEPS: &str = "24";
 
 fn libs(test: &str) -> Option<(PathBuf, PathBuf)> {
-    let htp = qnn_library_for_test(test, "libQnnHtp.so")?;
-    let system = qnn_library_for_test(test, "libQnnSystem.so")?;
-    Some((htp, system))
+    let libs = QnnLibs::fetched_for_test(test)?;
+    Some((libs.backend(), libs.system()))
 }
 
 fn ok(out: std::process::Output) -> String {

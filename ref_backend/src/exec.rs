@@ -534,7 +534,11 @@ impl Graph {
             decode_f32(io.input(0), hidden);
             Input::Hidden(hidden)
         };
-        let positions = if self.part.rope_tables {
+        let positions = if self.part.embeds_only() {
+            // The token lookup only (AI Hub's part 1): no positions, mask or K/V.
+            pos.fill(0);
+            Positions::Ids(pos)
+        } else if self.part.rope_tables {
             decode_f32(io.input(1), cos);
             decode_f32(io.input(2), sin);
             Positions::Table { cos, sin }
@@ -543,8 +547,10 @@ impl Graph {
             Positions::Ids(pos)
         };
         let first_mask = leading_inputs(&self.part) - 1;
-        for (m, mask) in attn.masks.iter_mut().enumerate() {
-            self.decode_mask(io.input(first_mask + m), mask);
+        if !self.part.embeds_only() {
+            for (m, mask) in attn.masks.iter_mut().enumerate() {
+                self.decode_mask(io.input(first_mask + m), mask);
+            }
         }
         let last = self.part.is_last();
         let pass = Pass {

@@ -18,7 +18,8 @@
 //! `CALB` (the calibration token sequences), `ENCS` (i16 activation encodings, KV encodings),
 //! `PART` (part index u64 and count u64 of the parts [`crate::Part::split_named`] makes — 0 and 1
 //! for the whole model —, RoPE-table flag u8, naming u8: 0 htpkv, 1 aihub, 2 executorch, which
-//! must fit the options, [`crate::Naming::refusal`]), `WGTS` (the weights the part's graphs use:
+//! must fit the options, [`crate::Naming::refusal`]; then, only for AI Hub's split
+//! ([`crate::Split::AiHub`]: part 1 the embedding alone), a split byte 1), `WGTS` (the weights the part's graphs use:
 //! the embedding when [`crate::Part::holds_embedding`], then per layer of the part the f32 vectors attention norm, FFN norm, Q/K/V biases
 //! (empty without biases) as u64 count + f32 values and the matrices Q, K, V, O, gate, up,
 //! down, then in the last part the final norm and the classifier flag (+ matrix when untied); a
@@ -56,7 +57,7 @@ use crate::compile::{CompiledModel, validate_options};
 use crate::error::FormatError;
 use crate::model::{LayerData, Matrix, ModelData};
 use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS, kv_code, kv_from_code};
-use crate::parts::{Naming, Part, check_naming};
+use crate::parts::{Naming, Part, Split, check_naming};
 use crate::types::{Granularity, KLayout, TensorDesc, TensorRole, WeightType};
 
 /// Magic bytes at the start of every file.
@@ -429,6 +430,10 @@ fn write_part(w: &mut Writer, p: &Part) {
     w.len(p.count);
     w.u8(u8::from(p.rope_tables));
     w.u8(p.naming.code());
+    // AI Hub's split adds a byte (1); htpkv's own writes none, so its files read as before.
+    if p.split == Split::AiHub {
+        w.u8(1);
+    }
 }
 
 /// A part section: index and count (one of the parts [`Part::split_named`] makes of the
@@ -453,8 +458,18 @@ fn read_part_section(
     } else {
         Naming::AiHub
     };
+    // An optional split byte: 1 for AI Hub's split (absent: htpkv's own).
+    let split = if named && s.remaining() > 0 {
+        let split_at = s.offset();
+        match s.u8("split")? {
+            1 => Split::AiHub,
+            code => return Err(s.corrupt_at(split_at, format!("unknown split code {code}"))),
+        }
+    } else {
+        Split::Balanced
+    };
     close_section(&s)?;
-    let parts = Part::split_named(config.n_layers, count, tables, naming)
+    let parts = Part::split_as(config.n_layers, count, tables, naming, split)
         .map_err(|r| s.corrupt_at(at, r))?;
     let part = parts
         .into_iter()

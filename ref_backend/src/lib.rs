@@ -96,5 +96,5 @@ pub use options::{
     CALIBRATION_VERSION, CompileOptions, DEFAULT_CALIBRATION_CHATS, DEFAULT_CALIBRATION_PROMPTS,
     DEFAULT_CALIBRATION_TOKENS, MAX_CALIBRATION_TOKENS,
 };
-pub use parts::{Naming, Part};
+pub use parts::{Naming, Part, Split};
 pub use types::{Granularity, KLayout, TensorDesc, TensorRole, WeightType};

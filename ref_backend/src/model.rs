@@ -658,8 +658,15 @@ impl ModelData {
         let mut inputs = vec![if part.is_first() {
             plain("input_ids", vec![1, n], DataType::I32, TensorRole::InputIds)
         } else {
-            hidden("hidden_in", TensorRole::HiddenIn)
+            hidden(&part.hidden_in_name(), TensorRole::HiddenIn)
         }];
+        if part.embeds_only() {
+            // AI Hub's part 1: the token lookup only.
+            return (
+                inputs,
+                vec![hidden(&part.hidden_out_name(), TensorRole::HiddenOut)],
+            );
+        }
         if part.rope_tables {
             let table = vec![1, 1, n, c.head_dim / 2];
             inputs.push(plain(
@@ -709,7 +716,7 @@ impl ModelData {
                 TensorRole::Logits,
             )
         } else {
-            hidden("hidden_out", TensorRole::HiddenOut)
+            hidden(&part.hidden_out_name(), TensorRole::HiddenOut)
         };
         (inputs, vec![output])
     }

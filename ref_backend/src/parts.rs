@@ -8,6 +8,15 @@
 //! layer). With RoPE tables the positions come as `position_ids_cos` and `position_ids_sin`
 //! `[1, 1, n, head_dim / 2]` f32 (the cosine and sine of each row's angle per rotated pair)
 //! instead of `positions`.
+//!
+//! Two ways to cut ([`Split`]): htpkv's own ([`Split::Balanced`]: consecutive layers, sizes
+//! differing by at most one, part 1 embeds and runs the first layers) and AI Hub's
+//! ([`Split::AiHub`], as `qai_hub_models/models/_shared/llm/split_onnx_utils` cuts its exports):
+//! part 1 holds only the embedding (`input_ids` to the hidden state; no positions, mask or K/V),
+//! the layers follow `ceil(n_layers / (N - 1))` per part (the last part the rest, the final norm
+//! and the LM head), and the hidden state between parts is named after the ONNX tensor at the
+//! cut: `_model_model_embed_tokens_Gather_output_0` after the embedding,
+//! `_model_model_layers_{k}_Add_1_output_0` after layer k (its second residual add).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -34,6 +43,37 @@ pub struct Part {
     /// The names (and, through the QNN library, the presentation) of the graphs and tensors,
     /// recorded in the file.
     pub naming: Naming,
+    /// How the model was cut (recorded in the file).
+    pub split: Split,
+}
+
+/// How a model is cut into parts (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Split {
+    /// htpkv's own: consecutive layers, sizes differing by at most one, earlier parts larger;
+    /// part 1 embeds and runs the first layers.
+    #[default]
+    Balanced,
+    /// AI Hub's: part 1 only the embedding, then `ceil(n_layers / (N - 1))` layers per part;
+    /// the hidden state named after AI Hub's ONNX tensors.
+    AiHub,
+}
+
+impl Split {
+    /// The option name (`balanced`, `aihub`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Split::Balanced => "balanced",
+            Split::AiHub => "aihub",
+        }
+    }
+
+    /// The split of an option name.
+    pub fn from_name(name: &str) -> Option<Split> {
+        [Split::Balanced, Split::AiHub]
+            .into_iter()
+            .find(|s| s.name() == name)
+    }
 }
 
 /// How a compiled file names its graphs and tensors: the IO convention it is made for.
@@ -119,6 +159,7 @@ impl Part {
             layers: 0..n_layers,
             rope_tables: false,
             naming: Naming::Htpkv,
+            split: Split::Balanced,
         }
     }
 
@@ -161,9 +202,91 @@ impl Part {
                     layers: start - len..start,
                     rope_tables,
                     naming,
+                    split: Split::Balanced,
                 }
             })
             .collect())
+    }
+
+    /// The parts of `split` ([`Part::split_named`] for [`Split::Balanced`]). AI Hub's split is
+    /// for AI Hub's names, at least 2 parts (the embedding and one of layers), and refuses a count
+    /// that leaves a part without layers.
+    pub fn split_as(
+        n_layers: usize,
+        count: usize,
+        rope_tables: bool,
+        naming: Naming,
+        split: Split,
+    ) -> Result<Vec<Part>, String> {
+        if split == Split::Balanced {
+            return Part::split_named(n_layers, count, rope_tables, naming);
+        }
+        if naming != Naming::AiHub {
+            return Err(format!(
+                "AI Hub's split is for the aihub convention, not {}",
+                naming.name()
+            ));
+        }
+        if count < 2 || count > n_layers + 1 {
+            return Err(format!(
+                "AI Hub's split of {n_layers} layers takes 2 to {} parts (the embedding, then \
+                 layers), not {count}",
+                n_layers + 1
+            ));
+        }
+        let per = n_layers.div_ceil(count - 1);
+        if n_layers.div_ceil(per) != count - 1 {
+            return Err(format!(
+                "AI Hub's split of {n_layers} layers into {count} parts: {per} layers per part \
+                 fill only {} parts after the embedding",
+                n_layers.div_ceil(per)
+            ));
+        }
+        Ok((0..count)
+            .map(|index| Part {
+                index,
+                count,
+                layers: match index {
+                    0 => 0..0,
+                    i => (i - 1) * per..(i * per).min(n_layers),
+                },
+                rope_tables,
+                naming,
+                split,
+            })
+            .collect())
+    }
+
+    /// True for a part that runs no layer (AI Hub's part 1: the embedding only): it takes only
+    /// the token ids.
+    pub fn embeds_only(&self) -> bool {
+        self.layers.is_empty()
+    }
+
+    /// The name of the hidden state this part gives (not the last part).
+    pub fn hidden_out_name(&self) -> String {
+        match self.split {
+            Split::Balanced => "hidden_out".into(),
+            Split::AiHub if self.layers.is_empty() => {
+                "_model_model_embed_tokens_Gather_output_0".into()
+            }
+            Split::AiHub => format!("_model_model_layers_{}_Add_1_output_0", self.layers.end - 1),
+        }
+    }
+
+    /// The name of the hidden state this part takes (not the first part): the name the part
+    /// before it gives.
+    pub fn hidden_in_name(&self) -> String {
+        match self.split {
+            Split::Balanced => "hidden_in".into(),
+            Split::AiHub if self.layers.start == 0 => {
+                "_model_model_embed_tokens_Gather_output_0".into()
+            }
+            Split::AiHub => format!(
+                "_model_model_layers_{}_Add_1_output_0",
+                self.layers.start - 1
+            ),
+        }
     }
 
     /// True for the part that takes the token ids.
@@ -245,8 +368,19 @@ impl CompiledModel {
         count: usize,
         rope_tables: bool,
     ) -> Result<Vec<CompiledModel>, CompileError> {
+        self.split_as(count, rope_tables, Split::Balanced)
+    }
+
+    /// [`CompiledModel::split`] cut as `split` ([`Part::split_as`], AI Hub's names).
+    pub fn split_as(
+        &self,
+        count: usize,
+        rope_tables: bool,
+        split: Split,
+    ) -> Result<Vec<CompiledModel>, CompileError> {
         self.require_whole("cut into parts")?;
-        let parts = Part::split(self.data.config.n_layers, count, rope_tables)
+        let n = self.data.config.n_layers;
+        let parts = Part::split_as(n, count, rope_tables, Naming::AiHub, split)
             .map_err(|reason| CompileError::InvalidOptions { reason })?;
         Ok(parts
             .into_iter()
@@ -341,5 +475,50 @@ mod tests {
         assert!(Part::split(5, 6, false).is_err());
         assert!(Part::split(5, 0, false).is_err());
         assert_eq!(Part::split(5, 5, false).unwrap()[4].layers, 4..5);
+        assert_eq!(parts[0].hidden_out_name(), "hidden_out");
+        assert_eq!(parts[1].hidden_in_name(), "hidden_in");
+    }
+
+    /// AI Hub's rule on its own models' sizes (n_layers, NUM_SPLITS -> layers per part) and on
+    /// stories260K; the hidden state named after the cut.
+    #[test]
+    fn ai_hub_split_puts_the_embedding_alone_in_part_1() {
+        let layers = |n, count| -> Vec<Range<usize>> {
+            Part::split_as(n, count, true, Naming::AiHub, Split::AiHub)
+                .unwrap()
+                .into_iter()
+                .map(|p| p.layers)
+                .collect()
+        };
+        assert_eq!(layers(36, 4), [0..0, 0..12, 12..24, 24..36]); // Qwen3-4B
+        assert_eq!(layers(28, 4), [0..0, 0..10, 10..20, 20..28]); // Llama-3.2-3B
+        assert_eq!(layers(28, 2), [0..0, 0..28]); // Qwen3-0.6B
+        assert_eq!(layers(5, 2), [0..0, 0..5]);
+        assert_eq!(layers(5, 3), [0..0, 0..3, 3..5]);
+        let p = Part::split_as(5, 3, true, Naming::AiHub, Split::AiHub).unwrap();
+        assert!(p[0].embeds_only() && !p[1].embeds_only());
+        assert_eq!(
+            p[0].hidden_out_name(),
+            "_model_model_embed_tokens_Gather_output_0"
+        );
+        assert_eq!(
+            p[1].hidden_in_name(),
+            "_model_model_embed_tokens_Gather_output_0"
+        );
+        assert_eq!(
+            p[1].hidden_out_name(),
+            "_model_model_layers_2_Add_1_output_0"
+        );
+        assert_eq!(
+            p[2].hidden_in_name(),
+            "_model_model_layers_2_Add_1_output_0"
+        );
+        assert_eq!(p[2].graph_name(1, 64), "token_ar1_cl64_3_of_3");
+        // 5 layers in 4 layer parts of 2 leave one empty; 1 part has no layers; htpkv's names.
+        let err = |n, c, naming| Part::split_as(n, c, true, naming, Split::AiHub).unwrap_err();
+        assert!(err(5, 5, Naming::AiHub).contains("fill only 3 parts"));
+        assert!(err(5, 1, Naming::AiHub).contains("2 to 6 parts"));
+        assert!(err(5, 2, Naming::Htpkv).contains("for the aihub convention"));
+        assert_eq!(Split::from_name("aihub"), Some(Split::AiHub));
     }
 }

@@ -138,3 +138,51 @@ fn a_missing_bundle_is_a_file_error() {
     let err = Bundle::open(&dir).unwrap_err();
     assert!(matches!(err, BundleError::File(_)), "{err}");
 }
+
+/// htpkv's own writer before and after it passed Genie's schema (`engine.n-threads`, the
+/// required `QnnHtp` keys, a sampler): both shapes read to the same bundle.
+#[test]
+fn htpkv_bundles_read_the_same_before_and_after_the_genie_schema_fields() {
+    let old = r#"{"dialog": {"version": 1, "type": "basic",
+        "context": {"version": 1, "size": 64, "n-vocab": 512, "bos-token": 1, "eos-token": [2, 1]},
+        "tokenizer": {"version": 1, "path": "tokenizer.json"},
+        "engine": {"version": 1,
+          "backend": {"version": 1, "type": "QnnHtp", "QnnHtp": {"version": 1}},
+          "model": {"version": 1, "type": "binary",
+            "binary": {"version": 1, "ctx-bins": ["s_part_1_of_2.bin", "s_part_2_of_2.bin"]},
+            "positional-encoding": {"type": "rope", "rope-dim": 4, "rope-theta": 10000.0}}}}}"#;
+    let new = r#"{"dialog": {"version": 1, "type": "basic",
+        "context": {"version": 1, "size": 64, "n-vocab": 512, "bos-token": 1, "eos-token": [2, 1]},
+        "sampler": {"version": 1, "seed": 42, "temp": 0.8, "top-k": 1, "top-p": 0.95},
+        "tokenizer": {"version": 1, "path": "tokenizer.json"},
+        "engine": {"version": 1, "n-threads": 3,
+          "backend": {"version": 1, "type": "QnnHtp", "QnnHtp": {"version": 1,
+            "spill-fill-bufsize": 0, "use-mmap": false, "mmap-budget": 0, "poll": true,
+            "cpu-mask": "0xe0", "kv-dim": 8, "allow-async-init": false}},
+          "model": {"version": 1, "type": "binary",
+            "binary": {"version": 1, "ctx-bins": ["s_part_1_of_2.bin", "s_part_2_of_2.bin"]},
+            "positional-encoding": {"type": "rope", "rope-dim": 4, "rope-theta": 10000.0}}}}}"#;
+    let a = open_with("htpkv-old", old).unwrap();
+    let b = open_with("htpkv-new", new).unwrap();
+    assert_eq!((a.context, a.vocab, a.bos), (64, 512, Some(1)));
+    assert_eq!((&a.eos, a.rope_dim), (&vec![2, 1], Some(4)));
+    assert_eq!(a.ctx_bins.len(), 2);
+    // Same fields, different folders.
+    let rel = |x: &Bundle| {
+        let bins: Vec<_> = x
+            .ctx_bins
+            .iter()
+            .map(|p| p.file_name().unwrap().to_owned())
+            .collect();
+        (
+            x.context,
+            x.vocab,
+            x.bos,
+            x.eos.clone(),
+            bins,
+            x.rope.clone(),
+            x.rope_dim,
+        )
+    };
+    assert_eq!(rel(&a), rel(&b));
+}

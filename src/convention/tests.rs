@@ -287,3 +287,36 @@ fn attend_max_masks_use_the_type_extremes() {
     // A wrong-sized buffer is an error, not a panic.
     assert!(attend_max_mask(&values, quant::DataType::U8, &mut [0u8; 3]).is_err());
 }
+
+/// AI Hub's own split (quic/ai-hub-models `split_onnx_utils`): part 1 is the embedding alone and
+/// the hidden state between parts is named after the ONNX tensor at the cut; by elimination it is
+/// the hidden state on both sides.
+#[test]
+fn aihub_split_names_are_the_hidden_state() {
+    let c = Convention::preset("aihub").unwrap();
+    let embed = "_model_model_embed_tokens_Gather_output_0";
+    let (ins, outs) = c
+        .assign("token_ar1_cl4096_1_of_5", &["input_ids"], &[embed])
+        .unwrap();
+    assert_eq!(ins[0].role, IoRole::InputIds);
+    assert_eq!(outs[0].role, IoRole::HiddenOut);
+    let after = "_model_model_layers_8_Add_1_output_0";
+    let (ins, outs) = c
+        .assign(
+            "token_ar1_cl4096_2_of_5",
+            &[
+                embed,
+                "attention_mask",
+                "position_ids_cos",
+                "position_ids_sin",
+                "past_key_8_in",
+            ],
+            &[after, "past_key_8_out"],
+        )
+        .unwrap();
+    assert_eq!(ins[0].role, IoRole::HiddenIn);
+    assert_eq!(ins[4], a(IoRole::PastKey, Some(8), None));
+    assert_eq!(outs[0].role, IoRole::HiddenOut);
+    assert_eq!(outs[1], a(IoRole::NewKey, Some(8), None));
+    assert_eq!(c.graph_name("token_ar1_cl4096_1_of_5").unwrap().part, 0);
+}

@@ -14,6 +14,8 @@ use serde_json::{Value, json};
 pub struct BundleSpec<'a> {
     /// Number of parts.
     pub parts: usize,
+    /// How the parts are cut.
+    pub split: ref_backend::Split,
     /// Positions as RoPE cos/sin tables (the `aihub` convention).
     pub rope_tables: bool,
     /// The HF `tokenizer.json` written into the bundle.
@@ -51,10 +53,10 @@ pub fn write_bundle(
         } else {
             String::new()
         };
-        for part in tier
-            .as_ref()
-            .unwrap_or(model)
-            .split(spec.parts, spec.rope_tables)?
+        for part in
+            tier.as_ref()
+                .unwrap_or(model)
+                .split_as(spec.parts, spec.rope_tables, spec.split)?
         {
             let p = part.part();
             let path = dir.join(format!(
@@ -88,6 +90,16 @@ fn write_checked(path: &Path, bytes: &[u8], inputs: &[&Path]) -> anyhow::Result<
 /// the tokens that end generation (EOS, end of turn, and BOS, which ends a llama2.c story),
 /// tokenizer path, the binaries, and the RoPE settings (`rope-dim` is half the head dim: the
 /// width of the cos/sin tables).
+///
+/// It also passes Genie 1.21's own schema (`GenieDialogConfig_createFromJson`; the test
+/// `genie_accepts_the_bundle_config` in cli/tests/genie_cli.rs checks it with the real
+/// `libGenie.so`): `engine.n-threads` and, under `QnnHtp`, `spill-fill-bufsize`, `use-mmap`,
+/// `mmap-budget`, `poll` and `cpu-mask` are required there. Values are AI Hub's (its
+/// `create_genie_config`), with `kv-dim` the head dim, except the sampler's `top-k` 1: greedy, the
+/// tokens `htpkv generate` gives by default (temperature 0). Genie 1.21's sampler key `greedy`
+/// passes the schema but does not make it greedy: with `greedy: true`, `top-k` 40 and seed 42 it
+/// sampled (a stories260K binary diverged from the float model's greedy tokens at step 15; with
+/// `top-k` 1 all 40 agreed).
 fn genie_config(c: &LlamaConfig, context: usize, bins: &[String]) -> Value {
     let s = &c.special;
     let eos: Vec<u32> = [s.eos, s.eot, s.bos].into_iter().flatten().collect();
@@ -111,10 +123,21 @@ fn genie_config(c: &LlamaConfig, context: usize, bins: &[String]) -> Value {
             "bos-token": s.bos.map_or(-1, i64::from),
             "eos-token": eos,
         },
+        "sampler": {"version": 1, "seed": 42, "temp": 0.8, "top-k": 1, "top-p": 0.95},
         "tokenizer": {"version": 1, "path": "tokenizer.json"},
         "engine": {
             "version": 1,
-            "backend": {"version": 1, "type": "QnnHtp", "QnnHtp": {"version": 1}},
+            "n-threads": 3,
+            "backend": {"version": 1, "type": "QnnHtp", "QnnHtp": {
+                "version": 1,
+                "spill-fill-bufsize": 0,
+                "use-mmap": false,
+                "mmap-budget": 0,
+                "poll": true,
+                "cpu-mask": "0xe0",
+                "kv-dim": c.head_dim,
+                "allow-async-init": false,
+            }},
             "model": {
                 "version": 1,
                 "type": "binary",

@@ -42,7 +42,7 @@ fn backend_path(args: &CompileArgs) -> anyhow::Result<PathBuf> {
     args.qnn_backend
         .clone()
         .or_else(|| std::env::var_os("HTPKV_QNN_BACKEND").map(PathBuf::from))
-        .or_else(|| model::fetched::qnn_library("libQnnHtp.so"))
+        .or_else(|| htpkv::qnn_libs::QnnLibs::fetched().map(|l| l.backend()))
         .context(
             "--target htp needs Qualcomm's libQnnHtp.so: run scripts/fetch-qnn.sh, or pass \
              --qnn-backend PATH (or set $HTPKV_QNN_BACKEND)",
