@@ -242,6 +242,13 @@ impl Emitter {
         )
     }
 
+    /// Axes permuted: output axis `i` is input axis `perm[i]`.
+    pub fn transpose(&mut self, a: &Val, perm: &[u32]) -> Result<Val, QnnError> {
+        let p = self.u32_param(&[perm.len() as u32], perm)?;
+        let s: Vec<u32> = perm.iter().map(|&i| a.shape[i as usize]).collect();
+        self.op("Transpose", &[Param::Tensor("perm", p)], &[a], &s, None)
+    }
+
     /// Concatenation along `axis`.
     pub fn concat(&mut self, parts: &[&Val], axis: usize) -> Result<Val, QnnError> {
         let mut s = parts[0].shape.clone();

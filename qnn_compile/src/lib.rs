@@ -20,6 +20,7 @@ pub mod llama;
 
 use emit::Emitter;
 use model::{LlamaConfig, WeightSource};
+pub use llama::Naming;
 pub use qnn_ffi::HtpTarget;
 use qnn_ffi::{
     Backend, Context, Device, GraphBuilder, GraphOptions, Precision, QnnError, QnnLibrary,
@@ -54,11 +55,20 @@ pub struct HtpOptions {
     pub ar: Vec<usize>,
     /// SoC model and HTP architecture to prepare for.
     pub target: HtpTarget,
+    /// The graphs' IO convention.
+    pub naming: Naming,
 }
 
-/// The graph name of AR-`n` at context `s` (htpkv's convention).
-pub fn graph_name(n: usize, s: usize) -> String {
-    format!("ar{n}_cl{s}")
+/// The graph name of AR-`n` at context `s`: `ar{n}_cl{s}` (htpkv), or AI Hub's
+/// `{token|prompt}_ar{n}_cl{s}_1_of_1` (one part).
+pub fn graph_name(naming: Naming, n: usize, s: usize) -> String {
+    match naming {
+        Naming::Htpkv => format!("ar{n}_cl{s}"),
+        Naming::AiHub => {
+            let phase = if n > 1 { "prompt" } else { "token" };
+            format!("{phase}_ar{n}_cl{s}_1_of_1")
+        }
+    }
 }
 
 fn check(c: &LlamaConfig, o: &HtpOptions) -> Result<(), CompileError> {
@@ -107,11 +117,12 @@ pub fn compile(
         optimization: None,
     };
     for (i, &n) in o.ar.iter().enumerate() {
-        let name = graph_name(n, o.context);
+        let name = graph_name(o.naming, n, o.context);
         let g = GraphBuilder::new(&context, &name, options).map_err(qnn(&name))?;
         let step = llama::Step {
             n,
             context: o.context,
+            naming: o.naming,
         };
         let e = llama::emit_step(c, w, Emitter::new(g), step).map_err(qnn(&name))?;
         e.into_graph().finalize().map_err(qnn(&name))?;

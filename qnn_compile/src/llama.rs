@@ -18,6 +18,19 @@ use model::{LayerTensor as L, LlamaConfig, RopePairing, Tensor, WeightSource};
 use qnn_ffi::QnnError;
 use qnn_ffi::bindings as b;
 
+/// The IO convention of the graphs (tensor names, K/V granularity and layout, positions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Naming {
+    /// htpkv's own (see the module docs): per-head K/V rows, position ids.
+    #[default]
+    Htpkv,
+    /// Qualcomm AI Hub's (what Genie runs): `position_ids_cos`/`position_ids_sin` `[1, 1, n, D/2]`
+    /// inputs the runtime computes, per-layer K/V `past_key_{l}_in [H, 1, D, S-n]` (keys
+    /// transposed), `past_value_{l}_in [H, 1, S-n, D]`, outputs `past_key_{l}_out [H, 1, D, n]`,
+    /// `past_value_{l}_out [H, 1, n, D]`.
+    AiHub,
+}
+
 /// What the emitter needs of one AR variant.
 #[derive(Debug, Clone, Copy)]
 pub struct Step {
@@ -25,6 +38,13 @@ pub struct Step {
     pub n: usize,
     /// Context length (columns of the mask).
     pub context: usize,
+    /// The IO convention.
+    pub naming: Naming,
+}
+
+/// A layer's per-layer past K/V inputs (AI Hub's convention only).
+struct LayerKv {
+    past: Option<(Val, Val)>,
 }
 
 struct Lowering<'a> {
@@ -33,6 +53,7 @@ struct Lowering<'a> {
     e: Emitter,
     n: u32,
     past: u32,
+    naming: Naming,
 }
 
 fn u(v: usize) -> u32 {
@@ -119,53 +140,106 @@ impl Lowering<'_> {
         self.e.concat(&[&past, new], 0)
     }
 
-    fn attention(
+    /// Head `h` of a per-layer K/V input (`[H, 1, a, b]`) as `[a, b]`.
+    fn layer_head(&mut self, past: &Val, h: usize) -> Result<Val, QnnError> {
+        let s = self.e.slice(past, 0, u(h), u(h) + 1)?;
+        self.e.reshape(&s, &past.shape[2..], None)
+    }
+
+    /// Keys and values `[S, D]` of KV head `h` (past rows, then the step's `kh`/`vh` `[n, D]`);
+    /// keys come transposed (`[D, S]`, the flag) in AI Hub's layout.
+    fn kv_windows(
         &mut self,
         l: usize,
-        x: &Val,
-        mask: &Val,
-        cs: &(Val, Val),
-    ) -> Result<Val, QnnError> {
+        h: usize,
+        kh: &Val,
+        vh: &Val,
+        layer: &LayerKv,
+    ) -> Result<(Val, bool, Val), QnnError> {
+        let (n, d) = (self.n, u(self.c.head_dim));
+        match self.naming {
+            Naming::Htpkv => {
+                self.e.reshape(kh, &[1, 1, n, d], Some(&format!("new_key_{l}_{h}")))?;
+                self.e.reshape(vh, &[1, 1, n, d], Some(&format!("new_value_{l}_{h}")))?;
+                let keys = self.window(&format!("past_key_{l}_{h}"), kh)?;
+                let values = self.window(&format!("past_value_{l}_{h}"), vh)?;
+                Ok((keys, false, values))
+            }
+            Naming::AiHub => {
+                let (pk, pv) = layer.past.as_ref().expect("per-layer inputs");
+                let kt = self.e.transpose(kh, &[1, 0])?;
+                let past_k = self.layer_head(pk, h)?;
+                let keys_t = self.e.concat(&[&past_k, &kt], 1)?;
+                let past_v = self.layer_head(pv, h)?;
+                let values = self.e.concat(&[&past_v, vh], 0)?;
+                Ok((keys_t, true, values))
+            }
+        }
+    }
+
+    /// AI Hub's per-layer outputs from the heads' new rows.
+    fn layer_outputs(&mut self, l: usize, ks: &[Val], vs: &[Val]) -> Result<(), QnnError> {
+        if self.naming != Naming::AiHub {
+            return Ok(());
+        }
+        let (n, d, h) = (self.n, u(self.c.head_dim), u(ks.len()));
+        let mut kt = Vec::with_capacity(ks.len());
+        for k in ks {
+            let t = self.e.transpose(k, &[1, 0])?;
+            kt.push(self.e.reshape(&t, &[1, 1, d, n], None)?);
+        }
+        let mut vr = Vec::with_capacity(vs.len());
+        for v in vs {
+            vr.push(self.e.reshape(v, &[1, 1, n, d], None)?);
+        }
+        let k = self.e.concat(&kt.iter().collect::<Vec<_>>(), 0)?;
+        let v = self.e.concat(&vr.iter().collect::<Vec<_>>(), 0)?;
+        self.e.reshape(&k, &[h, 1, d, n], Some(&format!("past_key_{l}_out")))?;
+        self.e.reshape(&v, &[h, 1, n, d], Some(&format!("past_value_{l}_out")))?;
+        Ok(())
+    }
+
+    /// AI Hub's per-layer past inputs, created once per layer.
+    fn layer_inputs(&mut self, l: usize) -> Result<LayerKv, QnnError> {
+        if self.naming != Naming::AiHub {
+            return Ok(LayerKv { past: None });
+        }
+        let (h, d, p) = (u(self.c.n_kv_heads), u(self.c.head_dim), self.past);
+        let f = b::QNN_DATATYPE_FLOAT_32;
+        let pk = self.e.input(&format!("past_key_{l}_in"), f, &[h, 1, d, p])?;
+        let pv = self.e.input(&format!("past_value_{l}_in"), f, &[h, 1, p, d])?;
+        Ok(LayerKv {
+            past: Some((pk, pv)),
+        })
+    }
+
+    fn attention(&mut self, l: usize, x: &Val, mask: &Val, cs: &(Val, Val)) -> Result<Val, QnnError> {
         let c = self.c;
         let xn = self.rmsnorm(x, Tensor::Layer(l, L::AttnNorm))?;
-        let q = self.linear(
-            &xn,
-            Tensor::Layer(l, L::Q),
-            Some(Tensor::Layer(l, L::QBias)),
-        )?;
-        let k = self.linear(
-            &xn,
-            Tensor::Layer(l, L::K),
-            Some(Tensor::Layer(l, L::KBias)),
-        )?;
-        let v = self.linear(
-            &xn,
-            Tensor::Layer(l, L::V),
-            Some(Tensor::Layer(l, L::VBias)),
-        )?;
+        let q = self.linear(&xn, Tensor::Layer(l, L::Q), Some(Tensor::Layer(l, L::QBias)))?;
+        let k = self.linear(&xn, Tensor::Layer(l, L::K), Some(Tensor::Layer(l, L::KBias)))?;
+        let v = self.linear(&xn, Tensor::Layer(l, L::V), Some(Tensor::Layer(l, L::VBias)))?;
         let q = self.rope(&q, c.n_heads, cs)?;
         let k = self.rope(&k, c.n_kv_heads, cs)?;
         let scale = self.scalar(1.0 / (c.head_dim as f32).sqrt())?;
         let q = self.e.mul(&q, &scale)?;
-        let (n, d) = (self.n, u(c.head_dim));
         let kv_mul = c.n_heads / c.n_kv_heads;
-        let mut outs = Vec::with_capacity(c.n_heads);
+        let layer = self.layer_inputs(l)?;
+        let (mut outs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
         for h in 0..c.n_kv_heads {
             let (kh, vh) = (self.head(&k, h)?, self.head(&v, h)?);
-            self.e
-                .reshape(&kh, &[1, 1, n, d], Some(&format!("new_key_{l}_{h}")))?;
-            self.e
-                .reshape(&vh, &[1, 1, n, d], Some(&format!("new_value_{l}_{h}")))?;
-            let keys = self.window(&format!("past_key_{l}_{h}"), &kh)?;
-            let values = self.window(&format!("past_value_{l}_{h}"), &vh)?;
+            let (keys, transposed, values) = self.kv_windows(l, h, &kh, &vh, &layer)?;
             for qh in h * kv_mul..(h + 1) * kv_mul {
                 let qv = self.head(&q, qh)?;
-                let scores = self.e.matmul(&qv, &keys, true)?;
+                let scores = self.e.matmul(&qv, &keys, !transposed)?;
                 let scores = self.e.add(&scores, mask)?;
                 let p = self.e.softmax(&scores)?;
                 outs.push(self.e.matmul(&p, &values, false)?);
             }
+            ks.push(kh);
+            vs.push(vh);
         }
+        self.layer_outputs(l, &ks, &vs)?;
         let att = self.e.concat(&outs.iter().collect::<Vec<_>>(), 1)?;
         let o = self.linear(&att, Tensor::Layer(l, L::O), None)?;
         self.e.add(x, &o)
@@ -182,7 +256,33 @@ impl Lowering<'_> {
         self.e.add(x, &down)
     }
 
-    /// The step's cos/sin rows, shaped to broadcast over heads for the pairing.
+    /// The step's cos/sin rows, shaped to broadcast over heads for the pairing: gathered from a
+    /// static table by the `positions` input (htpkv), or AI Hub's `position_ids_cos/sin` inputs.
+    fn rope_rows(&mut self, context: usize) -> Result<(Val, Val), QnnError> {
+        let half = u(self.c.head_dim / 2);
+        if self.naming == Naming::Htpkv {
+            let positions = self.e.input("positions", b::QNN_DATATYPE_INT_32, &[1, self.n])?;
+            return self.rope_tables(&positions, context);
+        }
+        let shape = self.pair_shape();
+        let f = b::QNN_DATATYPE_FLOAT_32;
+        let mut row = |name: &str| -> Result<Val, QnnError> {
+            let v = self.e.input(name, f, &[1, 1, self.n, half])?;
+            self.e.reshape(&v, &shape, None)
+        };
+        Ok((row("position_ids_cos")?, row("position_ids_sin")?))
+    }
+
+    /// `[n, 1, D/2, 1]` (adjacent pairs) or `[n, 1, 1, D/2]` (half-split): cos/sin rows that
+    /// broadcast over the heads of [`Self::rope`]'s layout.
+    fn pair_shape(&self) -> [u32; 4] {
+        let half = u(self.c.head_dim / 2);
+        match self.c.rope.pairing {
+            RopePairing::Adjacent => [self.n, 1, half, 1],
+            RopePairing::HalfSplit => [self.n, 1, 1, half],
+        }
+    }
+
     fn rope_tables(&mut self, positions: &Val, context: usize) -> Result<(Val, Val), QnnError> {
         let c = self.c;
         let half = c.head_dim / 2;
@@ -195,10 +295,7 @@ impl Lowering<'_> {
         {
             rope.cos_sin(p, cr, sr);
         }
-        let shape = match c.rope.pairing {
-            RopePairing::Adjacent => [self.n, 1, u(half), 1],
-            RopePairing::HalfSplit => [self.n, 1, 1, u(half)],
-        };
+        let shape = self.pair_shape();
         let mut rows = |t: &[f32]| -> Result<Val, QnnError> {
             let table = self.e.constant("rope", &[u(context), u(half)], t)?;
             let g = self.e.gather_rows(&table, positions)?;
@@ -211,12 +308,11 @@ impl Lowering<'_> {
         let c = self.c;
         let (n, s) = (self.n, u(step.context));
         let ids = self.e.input("input_ids", b::QNN_DATATYPE_INT_32, &[1, n])?;
-        let positions = self.e.input("positions", b::QNN_DATATYPE_INT_32, &[1, n])?;
         let mask = self
             .e
             .input("attention_mask", b::QNN_DATATYPE_FLOAT_32, &[1, 1, n, s])?;
         let mask = self.e.reshape(&mask, &[n, s], None)?;
-        let cs = self.rope_tables(&positions, step.context)?;
+        let cs = self.rope_rows(step.context)?;
         let emb = self.weight(Tensor::TokenEmbedding)?;
         let x = self.e.gather_rows(&emb, &ids)?;
         let mut x = self.e.reshape(&x, &[n, u(c.dim)], None)?;
@@ -250,6 +346,7 @@ pub fn emit_step(
         e,
         n: u(step.n),
         past: u(step.context - step.n),
+        naming: step.naming,
     };
     lw.emit(step)?;
     Ok(lw.e)
