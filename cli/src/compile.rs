@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use htpkv::engine::{DEFAULT_MAX_CONTEXT, LayerWindows, OpenedModel, apply_layer_windows};
-use llama2c::fsio::{FileKind, check_output, read_capped};
+use model::fsio::{FileKind, check_output, open_regular, read_capped};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::DataType;
 use ref_backend::{
@@ -216,6 +216,7 @@ fn check_early(
     if !is_bundle(args) {
         return Ok(check_output(&args.out, inputs)?);
     }
+    bundle::check_bundle_out(&args.out, inputs)?;
     if args.tokenizer_json.is_none() && !brings_tokenizer {
         bail!(
             "a bundle (--parts or --convention aihub) of a llama2.c checkpoint needs \
@@ -237,9 +238,7 @@ fn bundle_tokenizer(args: &CompileArgs, model_path: &std::path::Path) -> anyhow:
             FileKind::TOKENIZER,
         )?),
         Ok(model::ModelFormat::Gguf) => {
-            let file = std::fs::File::open(model_path)
-                .with_context(|| format!("opening {}", model_path.display()))?;
-            let len = file.metadata()?.len();
+            let (file, len) = open_regular(model_path, FileKind::GGUF)?;
             let gguf = model::gguf::GgufFile::read(std::io::BufReader::new(file), len)
                 .with_context(|| format!("reading {}", model_path.display()))?;
             let tok = model::HfTokenizer::from_gguf(&gguf)?;
