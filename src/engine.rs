@@ -185,7 +185,7 @@ impl EngineError {
             EngineError::Model(llama2c::ModelError::ModelNotFound { .. }) => "model_not_found",
             EngineError::Model(llama2c::ModelError::File(_)) => "io",
             EngineError::Model(_) => "bad_model",
-            EngineError::ModelFile(model::Error::Io { .. }) => "io",
+            EngineError::ModelFile(model::Error::Io { .. } | model::Error::File(_)) => "io",
             EngineError::ModelFile(_) => "bad_model",
             EngineError::Compile(_) => "compile",
             EngineError::Format(ref_backend::FormatError::File(_)) => "io",

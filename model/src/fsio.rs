@@ -454,7 +454,7 @@ fn temp_name(dir: &Path, path: &Path) -> PathBuf {
 fn create_temp<T>(
     dir: &Path,
     path: &Path,
-    create: impl Fn(&Path) -> std::io::Result<T>,
+    mut create: impl FnMut(&Path) -> std::io::Result<T>,
 ) -> Result<(T, PathBuf), FileError> {
     let mut tries = 0;
     loop {
