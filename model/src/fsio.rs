@@ -143,7 +143,7 @@ pub enum FileError {
 
 /// How an output path is an input: named once when it is spelled the same.
 fn same_as(path: &Path, input: &Path) -> String {
-    if path == input {
+    if path.as_os_str() == input.as_os_str() {
         "it is one of this command's inputs".to_owned()
     } else {
         format!("it is the same file as the input {}", input.display())

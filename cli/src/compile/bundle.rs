@@ -35,7 +35,8 @@ pub fn check_bundle_out(dir: &Path, inputs: &[&Path]) -> anyhow::Result<()> {
     };
     if entries.next().is_some() && !dir.join("genie_config.json").exists() {
         anyhow::bail!(
-            "refusing to replace the directory {}: it is not empty and holds no              genie_config.json (a bundle replaces its directory whole)",
+            "refusing to replace the directory {}: it is not empty and holds no \
+             genie_config.json (a bundle replaces its directory whole)",
             dir.display()
         );
     }
