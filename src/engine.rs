@@ -375,7 +375,7 @@ impl OpenedModel {
             codec: Box::new(HfCodec::new(text.tokenizer, stops)),
             chat: ChatFormat::new(text.chat),
             config: text.config,
-            inputs: model_files(path)?.into_iter().map(|(p, _)| p).collect(),
+            inputs: model_inputs(path)?,
             weights: WeightsFrom::File,
         })
     }
@@ -432,6 +432,12 @@ fn fingerprint(path: &Path) -> Result<[u8; 32], EngineError> {
         all.extend_from_slice(&llama2c::sha256(&read_capped(&file, kind)?));
     }
     Ok(llama2c::sha256(&all))
+}
+
+/// The files of the model at `path` (a GGUF file, or a Hugging Face folder's `config.json`,
+/// tokenizer files and `*.safetensors`): what no output may replace.
+pub fn model_inputs(path: &Path) -> Result<Vec<PathBuf>, EngineError> {
+    Ok(model_files(path)?.into_iter().map(|(p, _)| p).collect())
 }
 
 /// The files of the model at `path` and the cap each is read under: a GGUF file itself, or the

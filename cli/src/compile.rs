@@ -144,7 +144,9 @@ fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<
             path.display()
         );
     }
-    let mut inputs = vec![path];
+    // A Hugging Face folder's files, not only the folder: `--out DIR/config.json` is an input.
+    let files = htpkv::engine::model_inputs(path)?;
+    let mut inputs: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
     inputs.extend(args.calibration_prompts.as_deref());
     check_early(args, &inputs, true)?;
     let mut opened = OpenedModel::open(Some(path))?;

@@ -405,3 +405,26 @@ fn a_bundle_is_written_whole_or_not_at_all() {
     assert_eq!(std::fs::read_dir(&home).unwrap().count(), 1);
     assert_eq!(std::fs::read(home.join("notes.txt")).unwrap(), b"mine");
 }
+
+/// Finding 1, compile of a Hugging Face folder: only the folder was an input, so `--out
+/// DIR/config.json` would replace the model's own config. Refused before the model is read.
+#[test]
+fn compile_never_replaces_a_file_of_a_model_folder() {
+    let work = scratch("hf-out");
+    let folder = work.join("hf");
+    std::fs::create_dir_all(&folder).unwrap();
+    let config = folder.join("config.json");
+    std::fs::write(&config, br#"{"model_type": "llama"}"#).unwrap();
+    let o = htpkv(
+        &["compile", "--model", s(&folder), "--out", s(&config)],
+        &work,
+    );
+    assert_eq!(
+        failure(&o),
+        format!(
+            "error: refusing to write {}: it is one of this command's inputs",
+            config.display()
+        )
+    );
+    assert_eq!(std::fs::read(&config).unwrap(), br#"{"model_type": "llama"}"#);
+}

@@ -5,7 +5,7 @@
 use super::CompileArgs;
 use anyhow::{Context, bail};
 use htpkv::engine::{DEFAULT_MAX_CONTEXT, OpenedModel};
-use llama2c::fsio::{check_output, write_atomic_verified};
+use model::fsio::{FileKind, check_output, read_capped, write_atomic_verified};
 use qnn_compile::{HtpOptions, HtpTarget, graph_name};
 use qnn_ffi::{QnnLibrary, QnnSystemLibrary, SystemContext};
 use quant::DataType;
@@ -54,7 +54,7 @@ fn backend_path(args: &CompileArgs) -> anyhow::Result<PathBuf> {
 fn verify(backend: &Path, file: &Path, names: &[String]) -> Result<(), String> {
     let system = backend.with_file_name("libQnnSystem.so");
     let lib = QnnSystemLibrary::load(&system).map_err(|e| e.to_string())?;
-    let bytes = std::fs::read(file).map_err(|e| e.to_string())?;
+    let bytes = read_capped(file, FileKind::CONTEXT_BINARY).map_err(|e| e.to_string())?;
     let info = SystemContext::new(&lib)
         .and_then(|mut s| s.binary_info(&bytes))
         .map_err(|e| format!("{}: {e}", system.display()))?;
@@ -69,7 +69,8 @@ fn verify(backend: &Path, file: &Path, names: &[String]) -> Result<(), String> {
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     refuse_reference_only(args)?;
     let opened = OpenedModel::open(args.model.as_deref())?;
-    let mut inputs = vec![opened.path.as_path()];
+    // Every file of the model (a Hugging Face folder's files, not the folder).
+    let mut inputs: Vec<&Path> = opened.inputs.iter().map(PathBuf::as_path).collect();
     inputs.extend(args.tokenizer.as_deref());
     check_output(&args.out, &inputs)?;
     let context = args
