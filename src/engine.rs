@@ -165,7 +165,7 @@ pub enum EngineError {
         what: &'static str,
         path: PathBuf,
         #[source]
-        source: qnn_ffi::QnnError,
+        source: Box<qnn_ffi::QnnError>,
     },
     #[error("budget: {0}")]
     Budget(String),

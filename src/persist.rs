@@ -36,9 +36,9 @@
 use crate::backend::{Backend, GraphDesc};
 use crate::session::{Generation, Session, SessionError, StopReason};
 use kv_manager::{KvError, KvSnapshot, RowShape};
+use model::fsio::{FileError, FileKind, read_capped, write_atomic_verified};
 use quant::{DataType, Encoding, QuantSpec, ScaleOffset};
 use ref_backend::crc32;
-use model::fsio::{FileError, FileKind, read_capped, write_atomic_verified};
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"HTPKVSES";
@@ -67,7 +67,9 @@ pub enum PersistError {
     #[error("it is not an htpkv session file (it starts with {found:02x?})")]
     Magic { found: Vec<u8> },
     /// The file was written by another version of the format.
-    #[error("its format version {found} is not supported (this build reads versions 1 and {VERSION})")]
+    #[error(
+        "its format version {found} is not supported (this build reads versions 1 and {VERSION})"
+    )]
     Version { found: u32 },
     /// The file ends before a field it announces.
     #[error("it is truncated: {field} at offset {offset} needs {needed} bytes, {available} left")]
@@ -161,7 +163,12 @@ impl<B: Backend> Session<B> {
             self.cache().position_offset() as u32,
             self.last_logits(),
         );
-        Ok(write_atomic_verified(path, &bytes, inputs, &mut |_| Ok(()))?)
+        Ok(write_atomic_verified(
+            path,
+            &bytes,
+            inputs,
+            &mut |_| Ok(()),
+        )?)
     }
 
     /// Replaces the session's tokens, K/V rows and last logits with those saved in `path`. The file
@@ -247,7 +254,10 @@ impl<B: Backend> Session<B> {
             return PersistError::Cache(e);
         };
         let g = &self.cache().spec().geometry;
-        let differs = (0..snapshot.encodings.len().min(self.cache().spec().encodings.len()))
+        let differs = (0..snapshot
+            .encodings
+            .len()
+            .min(self.cache().spec().encodings.len()))
             .find(|&b| snapshot.encodings[b] != *self.cache().encoding(b));
         match differs {
             Some(b) if what.ends_with("encoding") => {

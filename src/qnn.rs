@@ -35,7 +35,7 @@ fn binary_err(what: &'static str, path: &Path) -> impl FnOnce(qnn_ffi::QnnError)
     move |source| EngineError::QnnBinary {
         what,
         path: path.to_path_buf(),
-        source,
+        source: Box::new(source),
     }
 }
 

@@ -3,7 +3,6 @@
 
 use crate::output;
 use crate::svg::{Chart, LegendItem, Marker, Series};
-use model::fsio::{check_output, write_atomic_verified};
 use anyhow::{Context as _, bail};
 use htpkv::budget::{
     BudgetReport, Prediction, Run, fit_context, human_bytes, min_context, parse_byte_size, predict,
@@ -13,6 +12,7 @@ use htpkv::config::{Config, ReserveConfig, Update, parse_kv_dtype};
 use htpkv::kv_manager::{
     Counters, Geometry, Granularity, HostAllocator, KvCache, MAX_CONTEXT, Size, workload,
 };
+use model::fsio::{check_output, write_atomic_verified};
 use serde_json::json;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -781,7 +781,7 @@ fn plot_regions(
     };
     // The writer's errors name the file.
     let svg = chart.render();
-    Ok(write_atomic_verified(path, svg.as_bytes(), inputs, &mut |_| Ok(())).context("--plot")?)
+    write_atomic_verified(path, svg.as_bytes(), inputs, &mut |_| Ok(())).context("--plot")
 }
 
 /// One simulated step, as printed.

@@ -5,10 +5,10 @@ use htpkv::engine::{BackendChoice, Engine, EngineOptions, LayerWindows};
 use htpkv::sampler::{Sampler, SamplerOptions};
 use htpkv::session::{GenerateOptions, StopReason};
 use model::Message;
+use model::fsio::check_output;
 use quant::DataType;
 use ref_backend::WeightType;
 use std::io::Write;
-use model::fsio::check_output;
 use std::path::{Path, PathBuf};
 
 mod beams;

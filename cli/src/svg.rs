@@ -334,5 +334,4 @@ mod tests {
         assert_eq!(d.split('"').next().unwrap().matches('M').count(), 2);
         assert!(svg.contains(">one</text>"));
     }
-
 }

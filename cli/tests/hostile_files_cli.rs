@@ -230,10 +230,7 @@ fn budget_plot_never_replaces_a_config() {
     std::fs::copy(root.join("llama-3.2-1b.yaml"), &b).unwrap();
     let before = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
     for target in [&a, &b] {
-        let o = htpkv(
-            &["budget", s(&a), s(&b), "--plot", s(target)],
-            &work,
-        );
+        let o = htpkv(&["budget", s(&a), s(&b), "--plot", s(target)], &work);
         assert_eq!(
             failure(&o),
             format!(
@@ -261,11 +258,7 @@ fn budget_plot_never_replaces_a_config() {
 #[test]
 fn special_files_as_inputs_are_refused_without_blocking() {
     let work = scratch("special-in");
-    let o = run(
-        &["inspect", "/dev/zero"],
-        &work,
-        Duration::from_secs(60),
-    );
+    let o = run(&["inspect", "/dev/zero"], &work, Duration::from_secs(60));
     assert_eq!(
         failure(&o),
         "error: context binary /dev/zero is a character device, not a regular file"
@@ -284,7 +277,12 @@ fn special_files_as_inputs_are_refused_without_blocking() {
         ),
         (
             vec![
-                "compile", "--model", s(&fifo), "--tokenizer", s(&tok), "--out",
+                "compile",
+                "--model",
+                s(&fifo),
+                "--tokenizer",
+                s(&tok),
+                "--out",
                 s(&out),
             ],
             format!("checkpoint {} is a FIFO", fifo.display()),
@@ -341,7 +339,11 @@ fn qnn_memory_is_refused_with_the_reference_backend() {
 fn compile_bundle(dir: &Path, out: &Path, cache: &Path) -> Output {
     // A stand-in tokenizer.json: the bundle only copies it.
     let tok = cache.join("tokenizer.json");
-    std::fs::write(&tok, br#"{"model": {"type": "BPE", "vocab": {}, "merges": []}}"#).unwrap();
+    std::fs::write(
+        &tok,
+        br#"{"model": {"type": "BPE", "vocab": {}, "merges": []}}"#,
+    )
+    .unwrap();
     htpkv(
         &[
             "compile",
@@ -389,7 +391,10 @@ fn a_bundle_is_written_whole_or_not_at_all() {
     assert!(o.status.success(), "{o:?}");
     assert_eq!(std::fs::read(&part1).unwrap(), first);
     assert!(part2.is_file());
-    assert!(!out.join("stale.bin").exists(), "the old bundle is replaced whole");
+    assert!(
+        !out.join("stale.bin").exists(),
+        "the old bundle is replaced whole"
+    );
     let names: Vec<String> = std::fs::read_dir(&work)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -426,5 +431,8 @@ fn compile_never_replaces_a_file_of_a_model_folder() {
             config.display()
         )
     );
-    assert_eq!(std::fs::read(&config).unwrap(), br#"{"model_type": "llama"}"#);
+    assert_eq!(
+        std::fs::read(&config).unwrap(),
+        br#"{"model_type": "llama"}"#
+    );
 }

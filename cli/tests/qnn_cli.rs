@@ -963,7 +963,10 @@ fn errors_about_context_binaries_name_the_file_once() {
     let config = dir.join("genie_config.json");
     let text = std::fs::read_to_string(&config).unwrap();
     let text = text.replace("\"stories260K_part_2_of_2.bin\"", "");
-    let text = text.replace("\"stories260K_part_1_of_2.bin\",", "\"stories260K_part_1_of_2.bin\"");
+    let text = text.replace(
+        "\"stories260K_part_1_of_2.bin\",",
+        "\"stories260K_part_1_of_2.bin\"",
+    );
     std::fs::write(&config, text).unwrap();
     let o = htpkv(
         &[

@@ -235,7 +235,10 @@ fn a_fifo_is_refused_and_a_long_file_is_refused_from_its_size() {
         let e = Checkpoint::load(&fifo).unwrap_err();
         assert_eq!(
             e.to_string(),
-            format!("checkpoint {} is a FIFO, not a regular file", fifo.display())
+            format!(
+                "checkpoint {} is a FIFO, not a regular file",
+                fifo.display()
+            )
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();

@@ -28,7 +28,7 @@
 //!
 //! Context binaries are read, not memory-mapped: a mapped file that another process truncates
 //! raises `SIGBUS` on the next access, and htpkv must end every hostile input with an error, not a
-//! signal. Each part is read under its cap, handed to QNN and dropped.
+//! signal. Each binary is read under its cap and freed once QNN has made its context.
 //!
 //! # Output files
 //! [`write_atomic`] refuses to replace anything that is not a regular file (a directory, device,
@@ -381,7 +381,8 @@ pub fn write_atomic_verified(
         o.open(p)
     })?;
     let result = (|| {
-        f.write_all(contents).map_err(FileError::io("write", &tmp))?;
+        f.write_all(contents)
+            .map_err(FileError::io("write", &tmp))?;
         f.sync_all().map_err(FileError::io("sync", &tmp))?;
         drop(f);
         #[cfg(unix)]
@@ -518,9 +519,8 @@ impl AtomicDir {
         let parent = parent_dir(&self.target);
         let old = match std::fs::symlink_metadata(&self.target) {
             Ok(_) => {
-                let (_, aside) = create_temp(&parent, &self.target, |p| {
-                    std::fs::rename(&self.target, p).map(|()| ())
-                })?;
+                let (_, aside) =
+                    create_temp(&parent, &self.target, |p| std::fs::rename(&self.target, p))?;
                 Some(aside)
             }
             Err(_) => None,

@@ -154,9 +154,24 @@ fn paths_that_leave_the_bundle_through_a_symlink_are_refused() {
         )
     };
     let cases = [
-        ("linked-dir", r#""parts/part.bin""#, "tokenizer.json", "dialog.engine.model.binary.ctx-bins"),
-        ("linked-part", r#""part.bin""#, "tokenizer.json", "dialog.engine.model.binary.ctx-bins"),
-        ("linked-tokenizer", r#""inside.bin""#, "tokenizer.json", "dialog.tokenizer.path"),
+        (
+            "linked-dir",
+            r#""parts/part.bin""#,
+            "tokenizer.json",
+            "dialog.engine.model.binary.ctx-bins",
+        ),
+        (
+            "linked-part",
+            r#""part.bin""#,
+            "tokenizer.json",
+            "dialog.engine.model.binary.ctx-bins",
+        ),
+        (
+            "linked-tokenizer",
+            r#""inside.bin""#,
+            "tokenizer.json",
+            "dialog.tokenizer.path",
+        ),
     ];
     for (name, bins, tok, field) in cases {
         let dir = scratch(name);
@@ -171,12 +186,21 @@ fn paths_that_leave_the_bundle_through_a_symlink_are_refused() {
         }
         let err = Bundle::open(&dir).unwrap_err();
         let text = err.to_string();
-        assert!(matches!(err, BundleError::Field { field: f, .. } if f == field), "{name}: {text}");
         assert!(
-            text.starts_with(&format!("{}: `{field}` ", dir.join("genie_config.json").display())),
+            matches!(err, BundleError::Field { field: f, .. } if f == field),
             "{name}: {text}"
         );
-        assert!(text.contains("outside the bundle directory"), "{name}: {text}");
+        assert!(
+            text.starts_with(&format!(
+                "{}: `{field}` ",
+                dir.join("genie_config.json").display()
+            )),
+            "{name}: {text}"
+        );
+        assert!(
+            text.contains("outside the bundle directory"),
+            "{name}: {text}"
+        );
         assert_eq!(text.matches("genie_config.json").count(), 1, "{text}");
     }
     // A symlink inside the bundle to another file of the bundle is followed.

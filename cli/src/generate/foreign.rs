@@ -88,7 +88,6 @@ fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
     })
 }
 
-
 pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> {
     let BackendChoice::Qnn {
         backend_lib,

@@ -112,7 +112,9 @@ fn hf_folder_files_are_capped_and_special_files_refused() {
     if made.is_ok_and(|s| s.success()) {
         let (tx, rx) = std::sync::mpsc::channel();
         let f = fifo.clone();
-        std::thread::spawn(move || tx.send(describe(&f).map_err(|e| e.to_string())));
+        std::thread::spawn(move || {
+            let _ = tx.send(describe(&f).map(|_| ()).map_err(|e| e.to_string()));
+        });
         let got = rx
             .recv_timeout(std::time::Duration::from_secs(20))
             .expect("describe of a FIFO blocked");
