@@ -6,7 +6,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::model_dir;
+use common::{compile_args, model_dir};
 
 fn scratch(name: &str) -> PathBuf {
     common::scratch("hostile-files", name)
@@ -43,6 +43,11 @@ fn run(args: &[&str], cache: &Path, limit: Duration) -> Output {
 
 fn htpkv(args: &[&str], cache: &Path) -> Output {
     run(args, cache, Duration::from_secs(300))
+}
+
+fn htpkv_owned(args: &[String], cache: &Path) -> Output {
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    htpkv(&refs, cache)
 }
 
 /// The error line of a failed run.
@@ -155,22 +160,7 @@ fn save_never_replaces_special_files_or_inputs() {
     }
     // The compiled file given with --compiled (another spelling: a hard link).
     let compiled = work.join("m.htpkv");
-    let o = htpkv(
-        &[
-            "compile",
-            "--model",
-            s(&model.join("stories260K.bin")),
-            "--tokenizer",
-            s(&model.join("tok512.bin")),
-            "--context",
-            "64",
-            "--calibration-tokens",
-            "16",
-            "--out",
-            s(&compiled),
-        ],
-        &cache,
-    );
+    let o = htpkv_owned(&compile_args(&model, &compiled, &[]), &cache);
     assert!(o.status.success(), "{o:?}");
     let alias = work.join("alias.session");
     std::fs::hard_link(&compiled, &alias).unwrap();
@@ -344,28 +334,8 @@ fn compile_bundle(dir: &Path, out: &Path, cache: &Path) -> Output {
         br#"{"model": {"type": "BPE", "vocab": {}, "merges": []}}"#,
     )
     .unwrap();
-    htpkv(
-        &[
-            "compile",
-            "--model",
-            s(&dir.join("stories260K.bin")),
-            "--tokenizer",
-            s(&dir.join("tok512.bin")),
-            "--context",
-            "64",
-            "--ar",
-            "1",
-            "--calibration-tokens",
-            "16",
-            "--parts",
-            "2",
-            "--tokenizer-json",
-            s(&tok),
-            "--out",
-            s(out),
-        ],
-        cache,
-    )
+    let extra = ["--parts", "2", "--tokenizer-json", s(&tok)];
+    htpkv_owned(&compile_args(dir, out, &extra), cache)
 }
 
 /// Finding 14: a bundle whose writing failed after some parts was left half-written (new parts

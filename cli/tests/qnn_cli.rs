@@ -941,19 +941,9 @@ fn errors_about_context_binaries_name_the_file_once() {
     // The second of two --compiled binaries.
     let tok = bundle("named-tok", "2").join("tokenizer.json");
     let two = format!("{},{garbage}", compiled().display());
-    let o = htpkv(
-        &[
-            "generate",
-            "--compiled",
-            &two,
-            "--tokenizer",
-            tok.to_str().unwrap(),
-            "--backend",
-            "qnn",
-            "--qnn-backend",
-            lib,
-        ],
-        &[],
+    let o = generate_qnn(
+        &["--compiled", &two, "--tokenizer", tok.to_str().unwrap()],
+        lib,
     );
     let line = error_line(&o);
     assert_eq!(line.matches(garbage).count(), 1, "{line}");
@@ -968,20 +958,17 @@ fn errors_about_context_binaries_name_the_file_once() {
         "\"stories260K_part_1_of_2.bin\"",
     );
     std::fs::write(&config, text).unwrap();
-    let o = htpkv(
-        &[
-            "generate",
-            "--bundle",
-            dir.to_str().unwrap(),
-            "--backend",
-            "qnn",
-            "--qnn-backend",
-            lib,
-        ],
-        &[],
-    );
+    let o = generate_qnn(&["--bundle", dir.to_str().unwrap()], lib);
     let line = error_line(&o);
     assert_eq!(line.matches("genie_config.json").count(), 1, "{line}");
     assert!(line.contains("ctx-bins"), "{line}");
     assert!(line.contains("every part must be there once"), "{line}");
+}
+
+/// `htpkv generate ARGS --backend qnn --qnn-backend LIB`.
+fn generate_qnn(args: &[&str], lib: &str) -> Output {
+    let mut v = vec!["generate"];
+    v.extend(args);
+    v.extend(["--backend", "qnn", "--qnn-backend", lib]);
+    htpkv(&v, &[])
 }

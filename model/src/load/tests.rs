@@ -41,12 +41,18 @@ fn gguf_file_loads_with_tokenizer_and_template() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-#[test]
-fn hf_folder_loads_with_tokenizer_json_and_config() {
-    let dir = temp_dir("load-hf");
+/// A Hugging Face folder `name` with the tiny config and its safetensors (no tokenizer files).
+fn tiny_folder(name: &str) -> (std::path::PathBuf, crate::LlamaConfig) {
+    let dir = temp_dir(name);
     std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
     let c = crate::hf::config_from_json(&tiny_json().to_string(), "t").unwrap();
     write_model(&dir, &c, &synthetic(&c, 32), |_| safetensors::Dtype::F32);
+    (dir, c)
+}
+
+#[test]
+fn hf_folder_loads_with_tokenizer_json_and_config() {
+    let (dir, c) = tiny_folder("load-hf");
     let bytes = vocab_gguf("smollm").bytes();
     let file =
         crate::gguf::GgufFile::read(std::io::Cursor::new(&bytes), bytes.len() as u64).unwrap();
@@ -84,10 +90,7 @@ fn other_paths_are_unknown_formats() {
 /// file is refused from its size (sparse files here: nothing is read) or its type.
 #[test]
 fn hf_folder_files_are_capped_and_special_files_refused() {
-    let dir = temp_dir("load-caps");
-    std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
-    let c = crate::hf::config_from_json(&tiny_json().to_string(), "t").unwrap();
-    write_model(&dir, &c, &synthetic(&c, 33), |_| safetensors::Dtype::F32);
+    let (dir, _) = tiny_folder("load-caps");
     let sparse = |name: &str, len: u64| {
         let f = std::fs::File::create(dir.join(name)).unwrap();
         f.set_len(len).unwrap();
