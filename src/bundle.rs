@@ -6,8 +6,9 @@
 //! `dialog.engine.model.binary.ctx-bins`; `dialog.engine.model.positional-encoding` (`rope-dim`,
 //! `rope-theta`, `rope-scaling` of `rope-type` `llama3` or `default`), or, in older bundles,
 //! `dialog.engine.backend.QnnHtp.rope-theta` and `pos-id-dim`. Every other field is ignored. Paths
-//! are relative to the bundle directory and may not leave it. The file is read through the capped
-//! reader and every number is checked before use.
+//! are relative to the bundle directory and may not leave it, as text (no `..`, not absolute) nor
+//! through a symbolic link (the canonical path must lie inside the bundle's canonical path). The
+//! file is read through the capped reader and every number is checked before use.
 
 use model::fsio::{FileError, FileKind, read_capped};
 use model::{Llama3Scaling, RopeConfig, RopePairing};
@@ -157,6 +158,11 @@ struct RopeScaling {
 }
 
 impl Bundle {
+    /// The bundle's `genie_config.json` (for messages about what it lists).
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("genie_config.json")
+    }
+
     /// Reads `DIR/genie_config.json` and checks what it names.
     pub fn open(dir: &Path) -> Result<Bundle, BundleError> {
         let path = dir.join("genie_config.json");
@@ -274,7 +280,9 @@ fn bounded(v: u64, min: u64, max: u64) -> Result<usize, String> {
     Ok(v as usize)
 }
 
-/// `name` as a path inside `dir`: relative, without `..`.
+/// `name` as a path inside `dir`: relative, without `..`, and, when it exists, resolving (through
+/// any symlinked directory or file) to a path inside `dir`'s canonical path. The resolved path is
+/// returned, so the file read is the one checked. A missing file is left to the reader to report.
 fn inside(dir: &Path, name: &str) -> Result<PathBuf, String> {
     let p = Path::new(name);
     let ok = !name.is_empty()
@@ -285,7 +293,20 @@ fn inside(dir: &Path, name: &str) -> Result<PathBuf, String> {
             "`{name}` must be a relative path inside the bundle directory"
         ));
     }
-    Ok(dir.join(p))
+    let joined = dir.join(p);
+    let Ok(resolved) = std::fs::canonicalize(&joined) else {
+        return Ok(joined);
+    };
+    let root = std::fs::canonicalize(dir)
+        .map_err(|e| format!("cannot resolve the bundle directory: {e}"))?;
+    if !resolved.starts_with(&root) {
+        return Err(format!(
+            "`{name}` resolves to {}, outside the bundle directory {} (through a symbolic link)",
+            resolved.display(),
+            root.display()
+        ));
+    }
+    Ok(resolved)
 }
 
 /// Llama 3 scaling from `rope-scaling` (`None` for `default`).

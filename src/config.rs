@@ -72,8 +72,9 @@ pub enum ConfigError {
         /// 1-based column of the offending text, when known.
         column: Option<u32>,
     },
-    /// A GGUF file or Hugging Face folder whose description cannot be read.
-    #[error("{}: cannot read the model's description", .path.display())]
+    /// A GGUF file or Hugging Face folder whose description cannot be read. The path is said
+    /// here only when the cause does not say it already (a GGUF error names its file).
+    #[error("{}cannot read the model's description", unnamed_path(path, source))]
     Model {
         path: PathBuf,
         #[source]
@@ -86,6 +87,16 @@ fn location(line: Option<u32>, column: Option<u32>) -> String {
         (Some(l), Some(c)) => format!(":{l}:{c}"),
         (Some(l), None) => format!(":{l}"),
         _ => String::new(),
+    }
+}
+
+/// `PATH: ` when `source`'s message does not name `path`, else nothing: the file is named once.
+fn unnamed_path(path: &Path, source: &model::Error) -> String {
+    let shown = path.display().to_string();
+    if source.to_string().contains(&shown) {
+        String::new()
+    } else {
+        format!("{shown}: ")
     }
 }
 

@@ -8,6 +8,7 @@ use crate::session::{GenerateOptions, Generation, Session, SessionError, Session
 use crate::text::{ChatFormat, HfCodec};
 use kv_manager::{HostAllocator, RegionAllocator, Reserve, Strategy};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
+use model::fsio::{FileKind, read_capped};
 use model::{LlamaConfig, Message, WeightSource};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType};
@@ -157,6 +158,15 @@ pub enum EngineError {
     File(#[from] llama2c::fsio::FileError),
     #[error("QNN backend: {0}")]
     Qnn(String),
+    /// QNN could not read or load one context binary: the path says which of the parts.
+    #[error("QNN cannot {what} the context binary {}", path.display())]
+    QnnBinary {
+        /// `read` (binary info) or `load` (context creation).
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: Box<qnn_ffi::QnnError>,
+    },
     #[error("budget: {0}")]
     Budget(String),
 }
@@ -175,7 +185,7 @@ impl EngineError {
             EngineError::Model(llama2c::ModelError::ModelNotFound { .. }) => "model_not_found",
             EngineError::Model(llama2c::ModelError::File(_)) => "io",
             EngineError::Model(_) => "bad_model",
-            EngineError::ModelFile(model::Error::Io { .. }) => "io",
+            EngineError::ModelFile(model::Error::Io { .. } | model::Error::File(_)) => "io",
             EngineError::ModelFile(_) => "bad_model",
             EngineError::Compile(_) => "compile",
             EngineError::Format(ref_backend::FormatError::File(_)) => "io",
@@ -197,7 +207,9 @@ impl EngineError {
             EngineError::Session(SessionError::Graphs(_) | SessionError::Encode(_)) => "bad_model",
             EngineError::BadOption(_) => "bad_option",
             EngineError::Io { .. } | EngineError::File(_) => "io",
-            EngineError::Qnn(_) | EngineError::Convention(_) => "qnn",
+            EngineError::Qnn(_) | EngineError::QnnBinary { .. } | EngineError::Convention(_) => {
+                "qnn"
+            }
             EngineError::Budget(_) => "budget",
         }
     }
@@ -313,6 +325,8 @@ pub struct OpenedModel {
     pub chat: ChatFormat,
     /// Tokens the tokenizer knows.
     pub vocab: usize,
+    /// Every file the model was read from (no output may replace one of them).
+    pub inputs: Vec<PathBuf>,
     weights: WeightsFrom,
 }
 
@@ -346,6 +360,7 @@ impl OpenedModel {
             vocab: tokenizer.vocab_size(),
             codec: Box::new(tokenizer),
             chat: ChatFormat::new(None),
+            inputs: vec![files.checkpoint.clone(), files.tokenizer.clone()],
             weights: WeightsFrom::Checkpoint(Box::new(checkpoint)),
         })
     }
@@ -360,6 +375,7 @@ impl OpenedModel {
             codec: Box::new(HfCodec::new(text.tokenizer, stops)),
             chat: ChatFormat::new(text.chat),
             config: text.config,
+            inputs: model_inputs(path)?,
             weights: WeightsFrom::File,
         })
     }
@@ -405,36 +421,52 @@ impl OpenedModel {
 /// SHA-256 of each of `config.json`, `tokenizer.json`, `tokenizer_config.json` and the
 /// `*.safetensors` files, in name order.
 fn fingerprint(path: &Path) -> Result<[u8; 32], EngineError> {
-    let read = |p: &Path| {
-        std::fs::read(p).map_err(|error| EngineError::Io {
-            what: "reading",
-            path: p.to_path_buf(),
-            error,
-        })
-    };
+    let files = model_files(path)?;
     if path.is_file() {
-        return Ok(llama2c::sha256(&read(path)?));
+        return Ok(llama2c::sha256(&read_capped(path, FileKind::GGUF)?));
+    }
+    let mut all = Vec::new();
+    for (file, kind) in files {
+        let name = file.file_name().unwrap_or_default();
+        all.extend_from_slice(name.as_encoded_bytes());
+        all.extend_from_slice(&llama2c::sha256(&read_capped(&file, kind)?));
+    }
+    Ok(llama2c::sha256(&all))
+}
+
+/// The files of the model at `path` (a GGUF file, or a Hugging Face folder's `config.json`,
+/// tokenizer files and `*.safetensors`): what no output may replace.
+pub fn model_inputs(path: &Path) -> Result<Vec<PathBuf>, EngineError> {
+    Ok(model_files(path)?.into_iter().map(|(p, _)| p).collect())
+}
+
+/// The files of the model at `path` and the cap each is read under: a GGUF file itself, or the
+/// `config.json`, `tokenizer.json`, `tokenizer_config.json` and `*.safetensors` of a Hugging
+/// Face folder, by name in name order.
+fn model_files(path: &Path) -> Result<Vec<(PathBuf, FileKind)>, EngineError> {
+    if path.is_file() {
+        return Ok(vec![(path.to_path_buf(), FileKind::GGUF)]);
     }
     let entries = std::fs::read_dir(path).map_err(|error| EngineError::Io {
         what: "listing",
         path: path.to_path_buf(),
         error,
     })?;
-    let mut names: Vec<String> = entries
+    let mut files: Vec<(String, FileKind)> = entries
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| {
-            n.ends_with(".safetensors")
-                || ["config.json", "tokenizer.json", "tokenizer_config.json"].contains(&n.as_str())
+        .filter_map(|n| {
+            let kind = match n.as_str() {
+                "config.json" | "tokenizer_config.json" => FileKind::HF_JSON,
+                "tokenizer.json" => FileKind::TOKENIZER,
+                _ if n.ends_with(".safetensors") => FileKind::SAFETENSORS,
+                _ => return None,
+            };
+            Some((n, kind))
         })
         .collect();
-    names.sort();
-    let mut all = Vec::new();
-    for name in names {
-        all.extend_from_slice(name.as_bytes());
-        all.extend_from_slice(&llama2c::sha256(&read(&path.join(&name))?));
-    }
-    Ok(llama2c::sha256(&all))
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(files.into_iter().map(|(n, k)| (path.join(n), k)).collect())
 }
 
 /// Loads the compiled model for `model` and `opts` from `cache_dir`, or compiles it and stores it
@@ -576,6 +608,8 @@ pub struct Model {
     chat: ChatFormat,
     compiled_path: PathBuf,
     compiled_options: Option<CompileOptions>,
+    /// The model's files and the compiled file: what an output must never replace.
+    inputs: Vec<PathBuf>,
 }
 
 impl std::fmt::Debug for Model {
@@ -660,6 +694,11 @@ impl Model {
             strategy: options.strategy,
             rope: opened.config.rope,
             chat: opened.chat,
+            inputs: opened
+                .inputs
+                .into_iter()
+                .chain([compiled_path.clone()])
+                .collect(),
             compiled_path,
             compiled_options,
         })
@@ -733,6 +772,12 @@ impl Model {
     /// The compiled model file in use.
     pub fn compiled_path(&self) -> &Path {
         &self.compiled_path
+    }
+
+    /// Every file the model was read from (its checkpoint and tokenizer, GGUF file or folder's
+    /// files, and the compiled file): outputs such as a saved session may not replace them.
+    pub fn inputs(&self) -> Vec<&Path> {
+        self.inputs.iter().map(PathBuf::as_path).collect()
     }
 }
 
@@ -917,9 +962,10 @@ impl Engine {
         Ok(self.session.set_overflow(overflow)?)
     }
 
-    /// Saves the session ([`Session::save`]).
+    /// Saves the session ([`Session::save`]), refusing to replace one of the model's files
+    /// ([`Model::inputs`]).
     pub fn save(&self, path: &Path) -> Result<(), crate::persist::PersistError> {
-        self.session.save(path)
+        self.session.save(path, &self.model.inputs())
     }
 
     /// Restores a saved session ([`Session::restore`]); later turns continue after its text.

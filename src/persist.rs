@@ -26,17 +26,19 @@
 //!   per buffer: len x head_dim elements, token 0 first, channels in order
 //! ```
 //!
-//! Reading checks the file length against the most a session of this model can take before reading
-//! it, and every count against the bytes left before using it. The file is written atomically: a
-//! temporary file in the same directory, fsync, rename over the target, fsync of the directory.
-//! Every refusal is a [`PersistError`] and leaves the session exactly as it was.
+//! Reading goes through the capped reader ([`model::fsio`]): a regular file no longer than the most
+//! a session of this model can take, then every count is checked against the bytes left before
+//! it is used. Writing goes through the one atomic writer ([`model::fsio::write_atomic_verified`]):
+//! never over a device, FIFO, socket, symlink, directory or one of the model's files; a temporary
+//! file created exclusively, fsync, rename over the target, fsync of the directory. Every refusal
+//! is a [`PersistError`] naming the file once, and leaves the session exactly as it was.
 
 use crate::backend::{Backend, GraphDesc};
 use crate::session::{Generation, Session, SessionError, StopReason};
 use kv_manager::{KvError, KvSnapshot, RowShape};
+use model::fsio::{FileError, FileKind, read_capped, write_atomic_verified};
 use quant::{DataType, Encoding, QuantSpec, ScaleOffset};
 use ref_backend::crc32;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"HTPKVSES";
@@ -44,32 +46,33 @@ const MAGIC: &[u8; 8] = b"HTPKVSES";
 pub const VERSION: u32 = 2;
 const HEADER: usize = 32;
 
-/// Why a session could not be saved or restored.
+/// Why a session could not be saved or restored. Every error names the file once: a
+/// [`FileError`] names it itself, a file that is no session of this model is
+/// [`PersistError::Invalid`] with the path and what is wrong as its `source`.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PersistError {
-    /// Reading, writing, syncing or renaming a file failed.
-    #[error("{op} {}", path.display())]
-    Io {
-        op: &'static str,
+    /// Opening, reading or writing the file failed, or the path may not be read or written (a
+    /// FIFO, a device, a symlink as the target, one of the model's files, past the size cap).
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// The file is no session this session can take; `problem` says why.
+    #[error("cannot restore the session from {}", path.display())]
+    Invalid {
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        problem: Box<PersistError>,
     },
     /// The file does not start with the session magic.
-    #[error("not an htpkv session file (it starts with {found:02x?})")]
+    #[error("it is not an htpkv session file (it starts with {found:02x?})")]
     Magic { found: Vec<u8> },
     /// The file was written by another version of the format.
     #[error(
-        "session file version {found} is not supported (this build reads versions 1 and {VERSION})"
+        "its format version {found} is not supported (this build reads versions 1 and {VERSION})"
     )]
     Version { found: u32 },
-    /// The file is longer than any session of this model can be.
-    #[error("session file is {len} bytes, more than the {max} a session of this model takes")]
-    TooLarge { len: u64, max: u64 },
     /// The file ends before a field it announces.
-    #[error(
-        "session file truncated: {field} at offset {offset} needs {needed} bytes, {available} left"
-    )]
+    #[error("it is truncated: {field} at offset {offset} needs {needed} bytes, {available} left")]
     Truncated {
         field: &'static str,
         offset: usize,
@@ -77,19 +80,39 @@ pub enum PersistError {
         available: usize,
     },
     /// The payload does not match its checksum.
-    #[error("session file corrupted: stored checksum {stored:08x}, computed {computed:08x}")]
+    #[error("it is corrupted: stored checksum {stored:08x}, computed {computed:08x}")]
     Checksum { stored: u32, computed: u32 },
     /// A field holds a value no writer produces.
-    #[error("session file malformed: {0}")]
+    #[error("it is malformed: {0}")]
     Malformed(String),
-    /// The K/V rows do not fit this session's cache (geometry, encodings, length).
-    #[error("session file does not fit this model's KV cache")]
+    /// The saved K/V rows differ from this session's cache in `what`.
+    #[error("it holds {what} {file}, this model's KV cache {model}")]
+    Mismatch {
+        what: String,
+        file: String,
+        model: String,
+    },
+    /// The K/V rows could not be put into this session's cache.
+    #[error("its K/V rows cannot be imported")]
     Cache(#[source] KvError),
     /// The file was saved for another compiled model.
-    #[error(
-        "session file was saved for another model (fingerprint {file:08x}, this model {model:08x})"
-    )]
+    #[error("it was saved for another model (fingerprint {file:08x}, this model {model:08x})")]
     OtherModel { file: u32, model: u32 },
+}
+
+impl PersistError {
+    /// What is wrong with the file: the `problem` of [`PersistError::Invalid`], else `self`.
+    pub fn problem(&self) -> &PersistError {
+        match self {
+            PersistError::Invalid { problem, .. } => problem,
+            other => other,
+        }
+    }
+}
+
+/// The cap of a session file of a model whose largest session takes `max` bytes.
+fn session_kind(max: u64) -> FileKind {
+    FileKind::new("session file", max)
 }
 
 /// A parsed session file.
@@ -129,8 +152,10 @@ pub fn fingerprint(graphs: &[GraphDesc]) -> u32 {
 }
 
 impl<B: Backend> Session<B> {
-    /// Writes the session to `path` atomically (format: [`crate::persist`]).
-    pub fn save(&self, path: &Path) -> Result<(), PersistError> {
+    /// Writes the session to `path` with the one atomic writer ([`model::fsio`]), refusing a
+    /// `path` that is not a regular file (a device, FIFO, socket, symlink, directory) or is one of
+    /// `inputs` (the model's files: [`crate::engine::Model::inputs`]); format: [`crate::persist`].
+    pub fn save(&self, path: &Path, inputs: &[&Path]) -> Result<(), PersistError> {
         let bytes = encode(
             fingerprint(self.backend().graphs()),
             &self.cache().export_rows(),
@@ -138,18 +163,32 @@ impl<B: Backend> Session<B> {
             self.cache().position_offset() as u32,
             self.last_logits(),
         );
-        write_atomically(path, &bytes)
+        Ok(write_atomic_verified(
+            path,
+            &bytes,
+            inputs,
+            &mut |_| Ok(()),
+        )?)
     }
 
     /// Replaces the session's tokens, K/V rows and last logits with those saved in `path`. The file
     /// must come from the same compiled model (any strategy); on any error the session is unchanged.
     pub fn restore(&mut self, path: &Path) -> Result<(), PersistError> {
-        let data = read_bounded(path, self.max_file_bytes())?;
-        let saved = decode_windowed(&data, &self.cache().spec().geometry.windows)?;
+        let data = read_capped(path, session_kind(self.max_file_bytes()))?;
+        self.restore_bytes(&data)
+            .map_err(|problem| PersistError::Invalid {
+                path: path.to_path_buf(),
+                problem: Box::new(problem),
+            })
+    }
+
+    /// [`Self::restore`] of a file's bytes.
+    fn restore_bytes(&mut self, data: &[u8]) -> Result<(), PersistError> {
+        let saved = decode_windowed(data, &self.cache().spec().geometry.windows)?;
         saved
             .snapshot
             .check_fits(self.cache())
-            .map_err(PersistError::Cache)?;
+            .map_err(|e| self.in_words(&saved.snapshot, e))?;
         let model = fingerprint(self.backend().graphs());
         if saved.fingerprint != model {
             return Err(PersistError::OtherModel {
@@ -204,6 +243,39 @@ impl<B: Backend> Session<B> {
     }
 
     /// The largest file a session of this model can be saved as.
+    /// A snapshot mismatch in words (the cache's message prints encodings as Rust values).
+    fn in_words(&self, snapshot: &KvSnapshot, e: KvError) -> PersistError {
+        let KvError::SnapshotMismatch {
+            what,
+            cache,
+            snapshot: saved,
+        } = e
+        else {
+            return PersistError::Cache(e);
+        };
+        let g = &self.cache().spec().geometry;
+        let differs = (0..snapshot
+            .encodings
+            .len()
+            .min(self.cache().spec().encodings.len()))
+            .find(|&b| snapshot.encodings[b] != *self.cache().encoding(b));
+        match differs {
+            Some(b) if what.ends_with("encoding") => {
+                let (layer, head, _) = g.buffer_coords(b);
+                PersistError::Mismatch {
+                    what: format!("a {what} for layer {layer} head {head} of"),
+                    file: encoding_words(&snapshot.encodings[b]),
+                    model: format!("has {}", encoding_words(self.cache().encoding(b))),
+                }
+            }
+            _ => PersistError::Mismatch {
+                what: format!("a {what} of"),
+                file: saved,
+                model: format!("has {cache}"),
+            },
+        }
+    }
+
     fn max_file_bytes(&self) -> u64 {
         let shape = RowShape::of(&self.cache().spec().geometry);
         let mut encodings = Vec::new();
@@ -497,74 +569,18 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Reads `path` if it is at most `max` bytes (checked before reading, and while reading).
-fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, PersistError> {
-    let io = |op| {
-        move |source| PersistError::Io {
-            op,
-            path: path.to_path_buf(),
-            source,
-        }
-    };
-    let file = std::fs::File::open(path).map_err(io("opening"))?;
-    let len = file.metadata().map_err(io("reading the size of"))?.len();
-    if len > max {
-        return Err(PersistError::TooLarge { len, max });
+/// A K/V encoding in words: `u8, scale 0.0123 offset -128`, `f16 (float)`, `u8 per-axis (axis 2,
+/// 64 scales)`.
+fn encoding_words(q: &QuantSpec) -> String {
+    match &q.encoding {
+        Encoding::Float => format!("{} (float)", q.dtype),
+        Encoding::PerTensor(so) => format!("{}, scale {} offset {}", q.dtype, so.scale, so.offset),
+        Encoding::PerAxis { axis, params } => format!(
+            "{} per-axis (axis {axis}, {} scales)",
+            q.dtype,
+            params.len()
+        ),
     }
-    let mut data = Vec::with_capacity(len as usize);
-    file.take(max + 1)
-        .read_to_end(&mut data)
-        .map_err(io("reading"))?;
-    if data.len() as u64 > max {
-        return Err(PersistError::TooLarge {
-            len: data.len() as u64,
-            max,
-        });
-    }
-    Ok(data)
-}
-
-/// Writes `bytes` to a temporary file next to `path`, syncs it, renames it over `path` and syncs the
-/// directory: `path` holds either its old contents or all of the new ones, even after a crash.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
-    let io = |op, at: &Path| {
-        let at = at.to_path_buf();
-        move |source| PersistError::Io {
-            op,
-            path: at,
-            source,
-        }
-    };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path.file_name().ok_or_else(|| PersistError::Io {
-        op: "saving to",
-        path: path.to_path_buf(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"),
-    })?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let written = (|| {
-        let mut f = std::fs::File::create(&tmp).map_err(io("creating", &tmp))?;
-        f.write_all(bytes).map_err(io("writing", &tmp))?;
-        f.sync_all().map_err(io("syncing", &tmp))?;
-        std::fs::rename(&tmp, path).map_err(io("renaming the temporary file to", path))
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written?;
-    // The rename is durable once the directory entry is.
-    #[cfg(unix)]
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io("syncing the directory", dir))?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use crate::convention::{self, Assigned, Convention, ConventionError, GraphNames}
 use crate::engine::EngineError;
 use crate::qnn_memory::{MemoryUse, QnnMemory};
 use kv_manager::RegionAllocator;
+use model::fsio::{FileKind, read_capped};
 use qnn_ffi::{
     ClientBuffer, Context, Device, Graph, LogLevel, MemDescriptor, MemHandleCache, QnnLibrary,
     QnnSystemLibrary, Quantization, RpcMemAllocator, SystemContext, TensorData, TensorInfo,
@@ -27,6 +28,15 @@ use std::sync::Arc;
 
 fn qnn_err(e: qnn_ffi::QnnError) -> EngineError {
     EngineError::Qnn(e.to_string())
+}
+
+/// A QNN error about one context binary, naming it.
+fn binary_err(what: &'static str, path: &Path) -> impl FnOnce(qnn_ffi::QnnError) -> EngineError {
+    move |source| EngineError::QnnBinary {
+        what,
+        path: path.to_path_buf(),
+        source: Box::new(source),
+    }
 }
 
 /// A backend error whose cause is a QNN error: the message says what was being done, the cause is
@@ -290,9 +300,10 @@ impl QnnBackend {
         let mut binaries = Vec::new();
         let mut infos = Vec::new();
         for path in binary_paths {
-            let binary = llama2c::fsio::read_capped(path, llama2c::fsio::FileKind::COMPILED)?;
+            let binary = read_capped(path, FileKind::CONTEXT_BINARY)?;
             let mut ctx = SystemContext::new(&system).map_err(qnn_err)?;
-            infos.push(ctx.binary_info(&binary).map_err(qnn_err)?.graphs);
+            let info = ctx.binary_info(&binary).map_err(binary_err("read", path))?;
+            infos.push(info.graphs);
             binaries.push(binary);
         }
         let all: Vec<qnn_ffi::GraphInfo> = infos.iter().flatten().cloned().collect();
@@ -303,8 +314,8 @@ impl QnnBackend {
         let mut found = Vec::new();
         let mut contexts = Vec::new();
         for (index, (binary, graphs)) in binaries.iter().zip(infos).enumerate() {
-            let context =
-                Context::from_binary(&backend, device.as_ref(), binary).map_err(qnn_err)?;
+            let context = Context::from_binary(&backend, device.as_ref(), binary)
+                .map_err(binary_err("load", binary_paths[index]))?;
             for info in graphs {
                 let desc = graph_desc(&info, &convention)?;
                 let graph = context

@@ -117,7 +117,7 @@ fn independent_beam_search(
         }
         // Copy on reorder: save every parent, restore each new beam from its parent.
         for (p, s) in sessions.iter().enumerate().take(parents.len()) {
-            s.save(&scratch(search, p)).unwrap();
+            s.save(&scratch(search, p), &[]).unwrap();
         }
         for (j, (p, _, _)) in live.iter().enumerate() {
             sessions[j].restore(&scratch(search, *p)).unwrap();

@@ -249,7 +249,7 @@ fn stop_refuses_bad_policies_and_a_slid_session_resumes() {
         run_long(&mut a, &prompt, 60);
         assert!(!a.slides().is_empty());
         let path = dir.join("slid.session");
-        a.save(&path).unwrap();
+        a.save(&path, &[]).unwrap();
         let mut b = session(&compiled, &ckpt, Strategy::Naive);
         b.set_overflow(policy).unwrap();
         b.restore(&path).unwrap();

@@ -228,7 +228,7 @@ fn restoring_a_saved_session_continues_bit_identically_under_every_strategy() {
         uninterrupted.prefill(&prompt).unwrap();
         let head = greedy_logits(&mut uninterrupted, 10);
         let path = dir.join(format!("{}.session", saved_under.name()));
-        uninterrupted.save(&path).unwrap();
+        uninterrupted.save(&path, &[]).unwrap();
         let tail = greedy_logits(&mut uninterrupted, 30);
         for restored_under in STRATEGIES {
             let mut resumed = session(&compiled, restored_under);
@@ -264,7 +264,7 @@ fn a_bad_session_file_is_refused_and_changes_nothing() {
         .prefill(&tok.encode("The sun was warm.", true, false))
         .unwrap();
     let good = dir.join("good.session");
-    source.save(&good).unwrap();
+    source.save(&good, &[]).unwrap();
     let bytes = std::fs::read(&good).unwrap();
     // Nothing but the file is left in the directory (the temporary file was renamed).
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
@@ -317,10 +317,42 @@ fn a_bad_session_file_is_refused_and_changes_nothing() {
     swapped[32..36].copy_from_slice(&bytes[36..40]);
     swapped[36..40].copy_from_slice(&bytes[32..36]);
     cases.push(("geometry", with_crc(swapped)));
+    // Another scale for the first K buffer: same geometry, another calibration.
+    let mut encoding = bytes.clone();
+    let scale_at = 32 + 13 + 2;
+    let scale = f32::from_le_bytes(bytes[scale_at..scale_at + 4].try_into().unwrap());
+    encoding[scale_at..scale_at + 4].copy_from_slice(&(scale * 2.0).to_le_bytes());
+    cases.push(("encoding", with_crc(encoding)));
     for (what, data) in cases {
         let path = dir.join(format!("{what}.session"));
         std::fs::write(&path, &data).unwrap();
         let err = target.restore(&path).expect_err(what);
+        // Issue 21 finding 13: the file is named once, in words (no Rust `Debug` values, no
+        // "does not fit" twice).
+        let text = chain(&err);
+        assert_eq!(
+            text.matches(&path.display().to_string()).count(),
+            1,
+            "{what}: {text}"
+        );
+        assert!(text.matches("does not fit").count() <= 1, "{what}: {text}");
+        assert!(
+            !text.contains('{') && !text.contains("PerTensor") && !text.contains("QuantSpec"),
+            "{what}: {text}"
+        );
+        let err = match what {
+            "far too long" => {
+                assert!(
+                    matches!(
+                        err,
+                        PersistError::File(model::fsio::FileError::TooLarge { .. })
+                    ),
+                    "{text}"
+                );
+                continue;
+            }
+            _ => err.problem(),
+        };
         let expected = match what {
             "empty" | "magic only" | "header only" | "truncated" => {
                 matches!(err, PersistError::Truncated { .. })
@@ -333,12 +365,11 @@ fn a_bad_session_file_is_refused_and_changes_nothing() {
                 }
             ),
             "one byte more" => matches!(err, PersistError::Malformed(_)),
-            "far too long" => matches!(err, PersistError::TooLarge { .. }),
             "corrupted" => matches!(err, PersistError::Checksum { .. }),
             "magic" => matches!(err, PersistError::Magic { .. }),
             "version" => matches!(err, PersistError::Version { found: 9 }),
             "fingerprint" => matches!(err, PersistError::OtherModel { .. }),
-            "geometry" => matches!(err, PersistError::Cache(_)),
+            "geometry" | "encoding" => matches!(err, PersistError::Mismatch { .. }),
             _ => unreachable!(),
         };
         assert!(expected, "{what}: {err}");
@@ -353,8 +384,8 @@ fn a_bad_session_file_is_refused_and_changes_nothing() {
         let err = s.restore(&good).expect_err("another model");
         assert!(
             matches!(
-                err,
-                PersistError::Cache(_) | PersistError::OtherModel { .. }
+                err.problem(),
+                PersistError::Mismatch { .. } | PersistError::OtherModel { .. }
             ),
             "{err}"
         );
@@ -362,8 +393,8 @@ fn a_bad_session_file_is_refused_and_changes_nothing() {
     }
     // A missing directory: an I/O error naming the path, and no file.
     let missing = dir.join("no/such/dir/x.session");
-    let err = source.save(&missing).expect_err("missing dir");
-    assert!(matches!(err, PersistError::Io { .. }), "{err}");
+    let err = source.save(&missing, &[]).expect_err("missing dir");
+    assert!(matches!(err, PersistError::File(_)), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -392,7 +423,7 @@ fn feed_last_lets_a_resumed_generation_continue_the_same_text() {
         .generate(&tok, "A frog", &options(12), &mut |_| true)
         .unwrap();
     first.feed_last(&head).unwrap();
-    first.save(&path).unwrap();
+    first.save(&path, &[]).unwrap();
     let mut second = session(&compiled, Strategy::SHIFT_2X);
     second.restore(&path).unwrap();
     let tail = second
@@ -406,7 +437,7 @@ fn feed_last_lets_a_resumed_generation_continue_the_same_text() {
         .unwrap();
     assert_eq!(rest.stop, htpkv::session::StopReason::ContextFull);
     second.feed_last(&rest).unwrap();
-    second.save(&path).unwrap();
+    second.save(&path, &[]).unwrap();
     first.restore(&path).unwrap();
     assert!(first.last_logits().is_empty());
     let err = first
@@ -414,4 +445,16 @@ fn feed_last_lets_a_resumed_generation_continue_the_same_text() {
         .unwrap_err();
     assert!(matches!(err, SessionError::Input(_)), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An error and its causes, as `{:#}` of anyhow prints them.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }

@@ -2,7 +2,7 @@
 //! simulated generation on a real `KvCache`, checked against the budget's predictions).
 
 use crate::output;
-use crate::svg::{Chart, LegendItem, Marker, Series, write_atomic};
+use crate::svg::{Chart, LegendItem, Marker, Series};
 use anyhow::{Context as _, bail};
 use htpkv::budget::{
     BudgetReport, Prediction, Run, fit_context, human_bytes, min_context, parse_byte_size, predict,
@@ -12,9 +12,10 @@ use htpkv::config::{Config, ReserveConfig, Update, parse_kv_dtype};
 use htpkv::kv_manager::{
     Counters, Geometry, Granularity, HostAllocator, KvCache, MAX_CONTEXT, Size, workload,
 };
+use model::fsio::{check_output, write_atomic_verified};
 use serde_json::json;
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Command-line overrides of config fields, shared by `budget` and `plan`.
 #[derive(Debug, Clone, clap::Args)]
@@ -198,6 +199,12 @@ fn per_token(v: f64) -> String {
 }
 
 pub fn run_budget(args: BudgetArgs) -> anyhow::Result<()> {
+    let inputs: Vec<&Path> = args.configs.iter().map(PathBuf::as_path).collect();
+    if let Some(plot) = &args.plot {
+        // Refused before anything is read: a device, FIFO, symlink, directory or one of the
+        // configs (any of them, same device and inode).
+        check_output(plot, &inputs).context("--plot")?;
+    }
     let mut configs = Vec::new();
     for path in &args.configs {
         configs.push(args.overrides.load(path)?);
@@ -230,7 +237,7 @@ pub fn run_budget(args: BudgetArgs) -> anyhow::Result<()> {
         eprintln!("note: {s}");
     }
     if let Some(plot) = &args.plot {
-        plot_regions(&configs, args.overrides.update, plot)?;
+        plot_regions(&configs, args.overrides.update, plot, &inputs)?;
         eprintln!("wrote {}", plot.display());
     }
     let sessions = match args.sessions {
@@ -671,7 +678,8 @@ fn shift_name(config: &Config) -> String {
 fn plot_regions(
     configs: &[Config],
     only: Option<Update>,
-    path: &std::path::Path,
+    path: &Path,
+    inputs: &[&Path],
 ) -> anyhow::Result<()> {
     let lo = configs.iter().map(min_context).min().unwrap_or(2);
     let hi = configs
@@ -772,7 +780,8 @@ fn plot_regions(
         legend,
     };
     // The writer's errors name the file.
-    Ok(write_atomic(path, chart.render().as_bytes())?)
+    let svg = chart.render();
+    write_atomic_verified(path, svg.as_bytes(), inputs, &mut |_| Ok(())).context("--plot")
 }
 
 /// One simulated step, as printed.

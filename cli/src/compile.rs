@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use htpkv::engine::{DEFAULT_MAX_CONTEXT, LayerWindows, OpenedModel, apply_layer_windows};
-use llama2c::fsio::{FileKind, check_output, read_capped};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
+use model::fsio::{FileKind, check_output, open_regular, read_capped};
 use quant::DataType;
 use ref_backend::{
     CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS, Granularity, KLayout,
@@ -150,7 +150,9 @@ fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<
             path.display()
         );
     }
-    let mut inputs = vec![path];
+    // A Hugging Face folder's files, not only the folder: `--out DIR/config.json` is an input.
+    let files = htpkv::engine::model_inputs(path)?;
+    let mut inputs: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
     inputs.extend(args.calibration_prompts.as_deref());
     check_early(args, &inputs, true)?;
     let mut opened = OpenedModel::open(Some(path))?;
@@ -222,6 +224,7 @@ fn check_early(
     if !is_bundle(args) {
         return Ok(check_output(&args.out, inputs)?);
     }
+    bundle::check_bundle_out(&args.out, inputs)?;
     if args.tokenizer_json.is_none() && !brings_tokenizer {
         bail!(
             "a bundle (--parts or --convention aihub) of a llama2.c checkpoint needs \
@@ -243,9 +246,7 @@ fn bundle_tokenizer(args: &CompileArgs, model_path: &std::path::Path) -> anyhow:
             FileKind::TOKENIZER,
         )?),
         Ok(model::ModelFormat::Gguf) => {
-            let file = std::fs::File::open(model_path)
-                .with_context(|| format!("opening {}", model_path.display()))?;
-            let len = file.metadata()?.len();
+            let (file, len) = open_regular(model_path, FileKind::GGUF)?;
             let gguf = model::gguf::GgufFile::read(std::io::BufReader::new(file), len)
                 .with_context(|| format!("reading {}", model_path.display()))?;
             let tok = model::HfTokenizer::from_gguf(&gguf)?;

@@ -5,10 +5,11 @@ use htpkv::engine::{BackendChoice, Engine, EngineOptions, LayerWindows};
 use htpkv::sampler::{Sampler, SamplerOptions};
 use htpkv::session::{GenerateOptions, StopReason};
 use model::Message;
+use model::fsio::check_output;
 use quant::DataType;
 use ref_backend::WeightType;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 mod beams;
 mod foreign;
@@ -189,6 +190,11 @@ pub struct Checked {
 
 fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
     let backend = match args.backend.as_str() {
+        // The reference backend runs in process: QNN memory options would be ignored silently.
+        "reference" if args.qnn_memory != "auto" => anyhow::bail!(
+            "--qnn-memory {} applies only to --backend qnn (the reference backend runs in process)",
+            args.qnn_memory
+        ),
         "reference" => BackendChoice::Reference,
         "qnn" => {
             let env = |k: &str| {
@@ -382,6 +388,15 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if args.system.is_some() && args.chat.is_none() {
         anyhow::bail!("--system needs --chat (or `htpkv chat`)");
     }
+    if let Some(path) = &args.save {
+        // Refused before any work: a device, FIFO, symlink, directory or a named input.
+        let named = [&args.model_dir, &args.tokenizer, &args.bundle];
+        let inputs: Vec<&Path> = (named.into_iter().flatten())
+            .chain(&args.compiled)
+            .map(PathBuf::as_path)
+            .collect();
+        check_output(path, &inputs).context("--save")?;
+    }
     let (mut engine, checked, ran) = open_engine(&args)?;
     if let Some(path) = &args.resume {
         engine.session_mut().restore(path).context("--resume")?;
@@ -455,9 +470,10 @@ fn finish(
     mut out: impl Write,
 ) -> anyhow::Result<()> {
     if let Some(path) = &args.save {
-        let session = engine.session_mut();
-        session.feed_last(&generation)?;
-        session.save(path).context("--save")?;
+        engine.session_mut().feed_last(&generation)?;
+        // The model's files and the compiled file; `--resume` may name the same file (it was
+        // read whole before).
+        engine.save(path).context("--save")?;
     }
     if let Some(e) = write_failed {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -472,6 +488,7 @@ fn finish(
             "prompt": args.chat.as_deref().unwrap_or(&args.prompt),
             "text": generation.text,
             "prompt_tokens": generation.prompt_tokens.len(),
+            "prompt_token_ids": generation.prompt_tokens,
             "generated_tokens": generation.tokens.len(),
             "tokens": generation.tokens,
             "stop": format!("{:?}", generation.stop),

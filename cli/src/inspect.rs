@@ -4,6 +4,9 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context as _;
+use model::fsio::{FileKind, read_capped};
+
 use qnn_ffi::{BinaryInfo, GraphInfo, Quantization, TensorInfo};
 use serde_json::{Value, json};
 
@@ -23,6 +26,8 @@ pub struct InspectArgs {
 }
 
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
+    // The file first: a device, FIFO or oversized file is refused before any library is loaded.
+    let binary = read_capped(&args.file, FileKind::CONTEXT_BINARY)?;
     let fetched = || htpkv::qnn_libs::QnnLibs::fetched().map(|l| l.system());
     let explicit = match args.qnn_system {
         Some(path) => Some(path),
@@ -30,9 +35,10 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         None => fetched(),
     };
     let system = qnn_ffi::QnnSystemLibrary::load_from(explicit.as_deref())?;
-    let binary = llama2c::fsio::read_capped(&args.file, llama2c::fsio::FileKind::COMPILED)?;
     let mut ctx = qnn_ffi::SystemContext::new(&system)?;
-    let info = ctx.binary_info(&binary)?;
+    let info = ctx
+        .binary_info(&binary)
+        .with_context(|| format!("QNN cannot read the context binary {}", args.file.display()))?;
     let text = if args.json {
         let mut doc = binary_json(&info);
         doc["file"] = json!(args.file.display().to_string());

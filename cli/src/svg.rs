@@ -283,9 +283,6 @@ impl Chart {
     }
 }
 
-/// Atomic file writes (temporary file, fsync, rename), shared with the compiled-model writer.
-pub use ref_backend::format::write_atomic;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,18 +333,5 @@ mod tests {
         let d = svg.split("<path d=\"").nth(1).unwrap();
         assert_eq!(d.split('"').next().unwrap().matches('M').count(), 2);
         assert!(svg.contains(">one</text>"));
-    }
-
-    #[test]
-    fn atomic_write_replaces_the_file() {
-        let dir = std::env::temp_dir().join(format!("htpkv-svg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("x.svg");
-        write_atomic(&path, b"first").unwrap();
-        write_atomic(&path, b"second").unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"second");
-        let leftovers = std::fs::read_dir(&dir).unwrap().count();
-        assert_eq!(leftovers, 1);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

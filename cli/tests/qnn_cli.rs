@@ -914,3 +914,61 @@ fn a_smollm2_bundle_of_three_parts_gives_the_tokens_of_one_binary() {
         size(dir.join("SmolLM2-135M-Instruct.Q4_1_part_3_of_3.bin")),
     );
 }
+
+/// The error line of a failed run.
+fn error_line(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "succeeded: {err}");
+    err.lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line in {err}"))
+        .to_owned()
+}
+
+/// Issue 21 finding 13: QNN's binary-info errors never named the binary (which of N parts?), and
+/// a bundle's part-set errors named neither `genie_config.json` nor `ctx-bins`.
+#[test]
+fn errors_about_context_binaries_name_the_file_once() {
+    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = lib.to_str().unwrap();
+    let garbage = scratch().join("garbage.bin");
+    std::fs::write(&garbage, b"not a context binary").unwrap();
+    let garbage = garbage.to_str().unwrap();
+    // inspect of a file QNN cannot read.
+    let o = htpkv(&["inspect", garbage, "--qnn-system", lib], &[]);
+    let line = error_line(&o);
+    assert_eq!(line.matches(garbage).count(), 1, "{line}");
+    // The second of two --compiled binaries.
+    let tok = bundle("named-tok", "2").join("tokenizer.json");
+    let two = format!("{},{garbage}", compiled().display());
+    let o = generate_qnn(
+        &["--compiled", &two, "--tokenizer", tok.to_str().unwrap()],
+        lib,
+    );
+    let line = error_line(&o);
+    assert_eq!(line.matches(garbage).count(), 1, "{line}");
+    assert!(!line.contains(&compiled().display().to_string()), "{line}");
+    // A bundle listing one part of two.
+    let dir = compile_aihub_bundle("one-of-two", &["--context", "64"]);
+    let config = dir.join("genie_config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text.replace("\"stories260K_part_2_of_2.bin\"", "");
+    let text = text.replace(
+        "\"stories260K_part_1_of_2.bin\",",
+        "\"stories260K_part_1_of_2.bin\"",
+    );
+    std::fs::write(&config, text).unwrap();
+    let o = generate_qnn(&["--bundle", dir.to_str().unwrap()], lib);
+    let line = error_line(&o);
+    assert_eq!(line.matches("genie_config.json").count(), 1, "{line}");
+    assert!(line.contains("ctx-bins"), "{line}");
+    assert!(line.contains("every part must be there once"), "{line}");
+}
+
+/// `htpkv generate ARGS --backend qnn --qnn-backend LIB`.
+fn generate_qnn(args: &[&str], lib: &str) -> Output {
+    let mut v = vec!["generate"];
+    v.extend(args);
+    v.extend(["--backend", "qnn", "--qnn-backend", lib]);
+    htpkv(&v, &[])
+}

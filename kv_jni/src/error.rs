@@ -85,7 +85,7 @@ impl From<EngineError> for GlueError {
 impl From<htpkv::persist::PersistError> for GlueError {
     fn from(err: htpkv::persist::PersistError) -> GlueError {
         let kind = match err {
-            htpkv::persist::PersistError::Io { .. } => "io",
+            htpkv::persist::PersistError::File(_) => "io",
             _ => KIND_BAD_SESSION,
         };
         GlueError::new(kind, describe(&err))

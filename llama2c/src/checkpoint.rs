@@ -345,15 +345,22 @@ fn read_f32s(bytes: &[u8]) -> Vec<f32> {
 impl Checkpoint {
     /// Reads and validates a checkpoint file (see the module docs for the format).
     ///
-    /// The file is read under [`FileKind::CHECKPOINT`]'s cap; a stream (FIFO, device) stops
-    /// after the size its header implies.
+    /// The file must be a regular file under [`FileKind::CHECKPOINT`]'s cap; its header is
+    /// checked, and its size compared with the size the header implies, before the rest is read.
     pub fn load(path: &Path) -> Result<Checkpoint, ModelError> {
         let origin = path.display().to_string();
         let mut file = CappedFile::open(path, FileKind::CHECKPOINT)?;
         let mut bytes = Vec::new();
         file.read_up_to(&mut bytes, HEADER_BYTES as u64)?;
         let config = Config::from_header(&bytes, &origin)?;
-        file.read_rest(&mut bytes, config.file_bytes())?;
+        if file.len() > config.file_bytes() {
+            return Err(ModelError::TrailingBytes {
+                origin,
+                expected: config.file_bytes(),
+                found: file.len(),
+            });
+        }
+        file.read_rest(&mut bytes)?;
         Checkpoint::from_bytes(&bytes, &origin)
     }
 

@@ -110,10 +110,7 @@ impl ChatTemplate {
             origin: path.display().to_string(),
             reason,
         };
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = crate::fsio::read_text_capped(path, crate::fsio::FileKind::HF_JSON)?;
         let json: Json = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         let source = match &json["chat_template"] {
             Json::String(s) => s.clone(),

@@ -152,10 +152,7 @@ fn to_f32(dtype: Dtype, b: &[u8]) -> Option<Vec<f32>> {
 
 /// Reads a `config.json`.
 pub fn config_from_file(path: &Path) -> Result<LlamaConfig, Error> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = crate::fsio::read_text_capped(path, crate::fsio::FileKind::HF_JSON)?;
     config_from_json(&text, &path.display().to_string())
 }
 

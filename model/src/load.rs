@@ -57,10 +57,8 @@ pub fn format_of(path: &Path) -> Result<ModelFormat, Error> {
         };
     }
     let mut magic = [0u8; 4];
-    let mut f = std::fs::File::open(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    // A FIFO or device is refused here, before the GGUF reader opens the file.
+    let (mut f, _) = crate::fsio::open_regular(path, crate::fsio::FileKind::GGUF)?;
     match f.read_exact(&mut magic) {
         Ok(()) if &magic == b"GGUF" => Ok(ModelFormat::Gguf),
         _ => Err(unknown()),
@@ -144,10 +142,7 @@ fn hf_text(dir: &Path, config: &LlamaConfig) -> Result<(HfTokenizer, Option<Chat
 }
 
 fn read_json(path: &Path) -> Result<Json, Error> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = crate::fsio::read_text_capped(path, crate::fsio::FileKind::HF_JSON)?;
     serde_json::from_str(&text).map_err(|e| Error::HfConfig {
         origin: path.display().to_string(),
         reason: e.to_string(),

@@ -58,8 +58,10 @@ fn tok_err(what: &str, e: impl std::fmt::Display) -> Error {
 impl HfTokenizer {
     /// Reads a `tokenizer.json`. `add_bos` is the id to prepend in [`encode`](Self::encode)
     /// when its post-processor does not already (pass `None` to rely on the file).
+    /// The file is read under [`crate::fsio::FileKind::TOKENIZER`]'s cap.
     pub fn from_file(path: &Path, add_bos: Option<u32>) -> Result<Self, Error> {
-        let inner = tokenizers::Tokenizer::from_file(path)
+        let bytes = crate::fsio::read_capped(path, crate::fsio::FileKind::TOKENIZER)?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| tok_err(&format!("cannot load {}", path.display()), e))?;
         Ok(HfTokenizer { inner, add_bos })
     }

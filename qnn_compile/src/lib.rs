@@ -19,8 +19,8 @@ mod emit;
 pub mod llama;
 
 use emit::Emitter;
-use model::{LlamaConfig, WeightSource};
 pub use llama::Naming;
+use model::{LlamaConfig, WeightSource};
 pub use qnn_ffi::HtpTarget;
 use qnn_ffi::{
     Backend, Context, Device, GraphBuilder, GraphOptions, Precision, QnnError, QnnLibrary,

@@ -159,8 +159,10 @@ impl Lowering<'_> {
         let (n, d) = (self.n, u(self.c.head_dim));
         match self.naming {
             Naming::Htpkv => {
-                self.e.reshape(kh, &[1, 1, n, d], Some(&format!("new_key_{l}_{h}")))?;
-                self.e.reshape(vh, &[1, 1, n, d], Some(&format!("new_value_{l}_{h}")))?;
+                self.e
+                    .reshape(kh, &[1, 1, n, d], Some(&format!("new_key_{l}_{h}")))?;
+                self.e
+                    .reshape(vh, &[1, 1, n, d], Some(&format!("new_value_{l}_{h}")))?;
                 let keys = self.window(&format!("past_key_{l}_{h}"), kh)?;
                 let values = self.window(&format!("past_value_{l}_{h}"), vh)?;
                 Ok((keys, false, values))
@@ -194,8 +196,10 @@ impl Lowering<'_> {
         }
         let k = self.e.concat(&kt.iter().collect::<Vec<_>>(), 0)?;
         let v = self.e.concat(&vr.iter().collect::<Vec<_>>(), 0)?;
-        self.e.reshape(&k, &[h, 1, d, n], Some(&format!("past_key_{l}_out")))?;
-        self.e.reshape(&v, &[h, 1, n, d], Some(&format!("past_value_{l}_out")))?;
+        self.e
+            .reshape(&k, &[h, 1, d, n], Some(&format!("past_key_{l}_out")))?;
+        self.e
+            .reshape(&v, &[h, 1, n, d], Some(&format!("past_value_{l}_out")))?;
         Ok(())
     }
 
@@ -206,19 +210,41 @@ impl Lowering<'_> {
         }
         let (h, d, p) = (u(self.c.n_kv_heads), u(self.c.head_dim), self.past);
         let f = b::QNN_DATATYPE_FLOAT_32;
-        let pk = self.e.input(&format!("past_key_{l}_in"), f, &[h, 1, d, p])?;
-        let pv = self.e.input(&format!("past_value_{l}_in"), f, &[h, 1, p, d])?;
+        let pk = self
+            .e
+            .input(&format!("past_key_{l}_in"), f, &[h, 1, d, p])?;
+        let pv = self
+            .e
+            .input(&format!("past_value_{l}_in"), f, &[h, 1, p, d])?;
         Ok(LayerKv {
             past: Some((pk, pv)),
         })
     }
 
-    fn attention(&mut self, l: usize, x: &Val, mask: &Val, cs: &(Val, Val)) -> Result<Val, QnnError> {
+    fn attention(
+        &mut self,
+        l: usize,
+        x: &Val,
+        mask: &Val,
+        cs: &(Val, Val),
+    ) -> Result<Val, QnnError> {
         let c = self.c;
         let xn = self.rmsnorm(x, Tensor::Layer(l, L::AttnNorm))?;
-        let q = self.linear(&xn, Tensor::Layer(l, L::Q), Some(Tensor::Layer(l, L::QBias)))?;
-        let k = self.linear(&xn, Tensor::Layer(l, L::K), Some(Tensor::Layer(l, L::KBias)))?;
-        let v = self.linear(&xn, Tensor::Layer(l, L::V), Some(Tensor::Layer(l, L::VBias)))?;
+        let q = self.linear(
+            &xn,
+            Tensor::Layer(l, L::Q),
+            Some(Tensor::Layer(l, L::QBias)),
+        )?;
+        let k = self.linear(
+            &xn,
+            Tensor::Layer(l, L::K),
+            Some(Tensor::Layer(l, L::KBias)),
+        )?;
+        let v = self.linear(
+            &xn,
+            Tensor::Layer(l, L::V),
+            Some(Tensor::Layer(l, L::VBias)),
+        )?;
         let q = self.rope(&q, c.n_heads, cs)?;
         let k = self.rope(&k, c.n_kv_heads, cs)?;
         let scale = self.scalar(1.0 / (c.head_dim as f32).sqrt())?;
@@ -261,7 +287,9 @@ impl Lowering<'_> {
     fn rope_rows(&mut self, context: usize) -> Result<(Val, Val), QnnError> {
         let half = u(self.c.head_dim / 2);
         if self.naming == Naming::Htpkv {
-            let positions = self.e.input("positions", b::QNN_DATATYPE_INT_32, &[1, self.n])?;
+            let positions = self
+                .e
+                .input("positions", b::QNN_DATATYPE_INT_32, &[1, self.n])?;
             return self.rope_tables(&positions, context);
         }
         let shape = self.pair_shape();

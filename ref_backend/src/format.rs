@@ -32,7 +32,7 @@
 //! and options (the graph descriptions must equal the ones this build derives from them), and
 //! that every weight, norm and scale is finite ([`FormatError::NonFinite`]), so a damaged file
 //! whose checksum was fixed up is still refused. A file is read under the
-//! [`FileKind::COMPILED`] cap; a stream stops after the length its header declares.
+//! [`FileKind::COMPILED`] cap; it must be a regular file whose size is what its header declares.
 //!
 //! Version history: 1 had no `CKPT` section; 2 adds it (llama2.c checkpoints only); 3 holds
 //! any Llama-family model (`MSHA`, the full description in `CONF`, `CALB`, per-layer weights
@@ -156,7 +156,7 @@ impl CompiledModel {
         out
     }
 
-    /// Writes the model to `path` atomically (see [`write_atomic`]), refusing a `path` that is
+    /// Writes the model to `path` atomically (see [`model::fsio::write_atomic_verified`]), refusing a `path` that is
     /// not a regular file or is one of `inputs`; the new file replaces an old one only after it
     /// was read back, validated and found equal to `self`.
     pub fn write(&self, path: &Path, inputs: &[&Path]) -> Result<(), FormatError> {
@@ -176,12 +176,20 @@ impl CompiledModel {
         let mut file = CappedFile::open(path, FileKind::COMPILED)?;
         let mut bytes = Vec::new();
         file.read_up_to(&mut bytes, HEADER_LEN as u64)?;
-        // Only a plausible header lets a stream be read further than the header.
+        // Only a plausible header lets the rest be read, and only when the file's size is the
+        // size the header declares (a longer file is refused before it is read).
         if bytes.len() == HEADER_LEN && bytes.starts_with(&MAGIC) {
             let mut declared = [0u8; 8];
             declared.copy_from_slice(&bytes[16..24]);
             let total = (HEADER_LEN as u64).saturating_add(u64::from_le_bytes(declared));
-            file.read_rest(&mut bytes, total)?;
+            if file.len() > total {
+                return Err(FormatError::TrailingBytes {
+                    origin: path.display().to_string(),
+                    offset: total,
+                    extra: file.len() - total,
+                });
+            }
+            file.read_rest(&mut bytes)?;
         }
         CompiledModel::from_bytes(&bytes, &path.display().to_string())
     }
@@ -1085,7 +1093,3 @@ fn read_desc(s: &mut Reader<'_>) -> Result<TensorDesc, FormatError> {
         head,
     })
 }
-
-/// The one atomic file writer of htpkv (compiled models, SVG plots), re-exported here for the
-/// crates that already depend on this one.
-pub use model::fsio::write_atomic;

@@ -255,8 +255,12 @@ fn the_file_records_the_model_and_calibration_it_was_compiled_from() {
 /// Issue 14 rows 5 and 7: `/dev/zero` as a model, and writing over a device or an input.
 #[test]
 fn special_files_are_refused_for_reading_and_writing() {
+    // Issue 21 finding 5: refused as a device before a byte is read.
     let e = CompiledModel::read(std::path::Path::new("/dev/zero")).unwrap_err();
-    assert!(matches!(e, FormatError::BadMagic { .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "compiled model /dev/zero is a character device, not a regular file"
+    );
     let m = models().swap_remove(0);
     let e = m.write(std::path::Path::new("/dev/null"), &[]).unwrap_err();
     assert_eq!(
@@ -268,8 +272,29 @@ fn special_files_are_refused_for_reading_and_writing() {
     let input = dir.join("model.bin");
     std::fs::write(&input, b"checkpoint").unwrap();
     let e = m.write(&input, &[&input]).unwrap_err();
-    assert!(e.to_string().contains("same file as the input"), "{e}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "refusing to write {}: it is one of this command's inputs",
+            input.display()
+        )
+    );
     assert_eq!(std::fs::read(&input).unwrap(), b"checkpoint");
+    // A real header followed by far more than it declares (sparse): refused from the size.
+    let good = dir.join("good.htpkv");
+    m.write(&good, &[]).unwrap();
+    let len = std::fs::metadata(&good).unwrap().len();
+    std::fs::File::options()
+        .write(true)
+        .open(&good)
+        .unwrap()
+        .set_len(len + (1 << 30))
+        .unwrap();
+    let e = CompiledModel::read(&good).unwrap_err();
+    assert!(
+        matches!(e, FormatError::TrailingBytes { extra, .. } if extra == 1 << 30),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -186,3 +186,80 @@ fn htpkv_bundles_read_the_same_before_and_after_the_genie_schema_fields() {
     };
     assert_eq!(rel(&a), rel(&b));
 }
+
+/// Issue 21 finding 9: a symlinked directory, a symlinked part or `tokenizer.json ->
+/// /etc/passwd` was followed without a word; each is an error naming genie_config.json and the
+/// field. A symlink that stays inside the bundle is fine.
+#[test]
+fn paths_that_leave_the_bundle_through_a_symlink_are_refused() {
+    let outside = scratch("outside");
+    std::fs::write(outside.join("part.bin"), b"x").unwrap();
+    let config = |bins: &str, tok: &str| {
+        format!(
+            r#"{{"dialog": {{"context": {{"size": 64, "n-vocab": 512}},
+            "tokenizer": {{"path": "{tok}"}},
+            "engine": {{"model": {{"binary": {{"ctx-bins": [{bins}]}}}}}}}}}}"#
+        )
+    };
+    let cases = [
+        (
+            "linked-dir",
+            r#""parts/part.bin""#,
+            "tokenizer.json",
+            "dialog.engine.model.binary.ctx-bins",
+        ),
+        (
+            "linked-part",
+            r#""part.bin""#,
+            "tokenizer.json",
+            "dialog.engine.model.binary.ctx-bins",
+        ),
+        (
+            "linked-tokenizer",
+            r#""inside.bin""#,
+            "tokenizer.json",
+            "dialog.tokenizer.path",
+        ),
+    ];
+    for (name, bins, tok, field) in cases {
+        let dir = scratch(name);
+        std::fs::write(dir.join("genie_config.json"), config(bins, tok)).unwrap();
+        std::fs::write(dir.join("inside.bin"), b"x").unwrap();
+        match name {
+            "linked-dir" => std::os::unix::fs::symlink(&outside, dir.join("parts")).unwrap(),
+            "linked-part" => {
+                std::os::unix::fs::symlink(outside.join("part.bin"), dir.join("part.bin")).unwrap()
+            }
+            _ => std::os::unix::fs::symlink("/etc/passwd", dir.join("tokenizer.json")).unwrap(),
+        }
+        let err = Bundle::open(&dir).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, BundleError::Field { field: f, .. } if f == field),
+            "{name}: {text}"
+        );
+        assert!(
+            text.starts_with(&format!(
+                "{}: `{field}` ",
+                dir.join("genie_config.json").display()
+            )),
+            "{name}: {text}"
+        );
+        assert!(
+            text.contains("outside the bundle directory"),
+            "{name}: {text}"
+        );
+        assert_eq!(text.matches("genie_config.json").count(), 1, "{text}");
+    }
+    // A symlink inside the bundle to another file of the bundle is followed.
+    let dir = scratch("linked-inside");
+    std::fs::write(
+        dir.join("genie_config.json"),
+        config(r#""alias.bin""#, "tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("real.bin"), b"x").unwrap();
+    std::os::unix::fs::symlink(dir.join("real.bin"), dir.join("alias.bin")).unwrap();
+    let b = Bundle::open(&dir).unwrap();
+    assert!(b.ctx_bins[0].ends_with("real.bin"));
+}

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use model::LlamaConfig;
-use model::fsio::check_output;
+use model::fsio::{AtomicDir, check_output_dir};
 use ref_backend::CompiledModel;
 use serde_json::{Value, json};
 
@@ -27,14 +27,35 @@ pub struct BundleSpec<'a> {
     pub contexts: &'a [usize],
 }
 
-/// Writes the bundle into `dir` (created if absent); returns the part files written.
+/// Checks that `dir` may receive a bundle: new, an empty directory or an earlier bundle (it has a
+/// `genie_config.json`), not a symlink, and holding none of `inputs`. Any other directory is
+/// refused: the bundle replaces the directory whole.
+pub fn check_bundle_out(dir: &Path, inputs: &[&Path]) -> anyhow::Result<()> {
+    check_output_dir(dir, inputs)?;
+    let Ok(mut entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    if entries.next().is_some() && !dir.join("genie_config.json").exists() {
+        anyhow::bail!(
+            "refusing to replace the directory {}: it is not empty and holds no \
+             genie_config.json (a bundle replaces its directory whole)",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Writes the bundle into a new temporary directory beside `dir`, then puts it in place of `dir`
+/// (an old bundle there is replaced whole): a failure leaves `dir` as it was and nothing
+/// half-written. Returns the part files.
 pub fn write_bundle(
     model: &CompiledModel,
     dir: &Path,
     spec: &BundleSpec<'_>,
     inputs: &[&Path],
 ) -> anyhow::Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    check_bundle_out(dir, inputs)?;
+    let out = AtomicDir::create(dir, inputs)?;
     let own = model.options().context;
     let mut contexts = spec.contexts.to_vec();
     contexts.sort_unstable();
@@ -59,31 +80,23 @@ pub fn write_bundle(
                 .split_as(spec.parts, spec.rope_tables, spec.split)?
         {
             let p = part.part();
-            let path = dir.join(format!(
+            let name = format!(
                 "{}{label}_part_{}_of_{}.bin",
                 spec.stem,
                 p.index + 1,
                 p.count
-            ));
-            part.write(&path, inputs)?;
-            bins.push(path);
+            );
+            // Verified: read back and compared before it counts as written.
+            part.write(&out.path_of(&name), inputs)?;
+            bins.push(name);
         }
     }
-    let names: Vec<String> = bins
-        .iter()
-        .filter_map(|p| p.file_name())
-        .map(|n| n.to_string_lossy().into_owned())
-        .collect();
-    write_checked(&dir.join("tokenizer.json"), spec.tokenizer, inputs)?;
-    let config = genie_config(model.config(), model.options().context, &names);
+    out.write("tokenizer.json", spec.tokenizer)?;
+    let config = genie_config(model.config(), model.options().context, &bins);
     let text = serde_json::to_string_pretty(&config).context("genie_config.json")?;
-    write_checked(&dir.join("genie_config.json"), text.as_bytes(), inputs)?;
-    Ok(bins)
-}
-
-fn write_checked(path: &Path, bytes: &[u8], inputs: &[&Path]) -> anyhow::Result<()> {
-    check_output(path, inputs)?;
-    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+    out.write("genie_config.json", text.as_bytes())?;
+    out.commit()?;
+    Ok(bins.iter().map(|name| dir.join(name)).collect())
 }
 
 /// `genie_config.json` with the fields `htpkv::bundle` reads: context size, vocabulary, BOS,
@@ -100,7 +113,7 @@ fn write_checked(path: &Path, bytes: &[u8], inputs: &[&Path]) -> anyhow::Result<
 /// passes the schema but does not make it greedy: with `greedy: true`, `top-k` 40 and seed 42 it
 /// sampled (a stories260K binary diverged from the float model's greedy tokens at step 15; with
 /// `top-k` 1 all 40 agreed).
-fn genie_config(c: &LlamaConfig, context: usize, bins: &[String]) -> Value {
+pub fn genie_config(c: &LlamaConfig, context: usize, bins: &[String]) -> Value {
     let s = &c.special;
     let eos: Vec<u32> = [s.eos, s.eot, s.bos].into_iter().flatten().collect();
     let mut rope = json!({"type": "rope", "rope-dim": c.head_dim / 2, "rope-theta": c.rope.theta});

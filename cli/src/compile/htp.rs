@@ -3,10 +3,12 @@
 //! `--out` by listing its graphs through the QNN system library beside the backend.
 
 use super::CompileArgs;
+use super::bundle::{check_bundle_out, genie_config};
 use anyhow::{Context, bail};
 use htpkv::engine::{DEFAULT_MAX_CONTEXT, OpenedModel};
-use llama2c::fsio::{check_output, write_atomic_verified};
-use qnn_compile::{HtpOptions, HtpTarget, graph_name};
+use model::fsio::AtomicDir;
+use model::fsio::{FileKind, check_output, read_capped, write_atomic_verified};
+use qnn_compile::{HtpOptions, HtpTarget, Naming, graph_name};
 use qnn_ffi::{QnnLibrary, QnnSystemLibrary, SystemContext};
 use quant::DataType;
 use ref_backend::WeightType;
@@ -22,14 +24,20 @@ fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
     if args.weights.is_some_and(|w| w != WeightType::F32) {
         bad.push("--weights (the HTP lowering's weights are f32, run in fp16)");
     }
-    if args.parts.is_some() || args.convention != "htpkv" || !args.contexts.is_empty() {
-        bad.push("--parts/--convention/--contexts (one htpkv-convention binary)");
+    if args.parts.is_some_and(|p| p != 1) || !args.contexts.is_empty() {
+        bad.push("--parts/--contexts (one binary, one context length)");
+    }
+    if args.convention == "executorch" {
+        bad.push("--convention executorch (htpkv or aihub)");
     }
     if args.kv_zero_point.is_some() || !args.layer_window.is_empty() {
         bad.push("--kv-zero-point/--layer-window");
     }
-    if args.calibration_prompts.is_some() || args.tokenizer_json.is_some() {
-        bad.push("--calibration-prompts/--tokenizer-json (a float graph needs no calibration)");
+    if args.calibration_prompts.is_some() {
+        bad.push("--calibration-prompts (a float graph needs no calibration)");
+    }
+    if args.tokenizer_json.is_some() && args.convention != "aihub" {
+        bad.push("--tokenizer-json (for an aihub bundle)");
     }
     if bad.is_empty() {
         return Ok(());
@@ -54,7 +62,7 @@ fn backend_path(args: &CompileArgs) -> anyhow::Result<PathBuf> {
 fn verify(backend: &Path, file: &Path, names: &[String]) -> Result<(), String> {
     let system = backend.with_file_name("libQnnSystem.so");
     let lib = QnnSystemLibrary::load(&system).map_err(|e| e.to_string())?;
-    let bytes = std::fs::read(file).map_err(|e| e.to_string())?;
+    let bytes = read_capped(file, FileKind::CONTEXT_BINARY).map_err(|e| e.to_string())?;
     let info = SystemContext::new(&lib)
         .and_then(|mut s| s.binary_info(&bytes))
         .map_err(|e| format!("{}: {e}", system.display()))?;
@@ -65,13 +73,30 @@ fn verify(backend: &Path, file: &Path, names: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// `htpkv compile --target htp`.
+/// `htpkv compile --target htp`: one binary (`--convention htpkv`), or a Genie bundle of one part
+/// (`--convention aihub`: the binary, `genie_config.json` and `tokenizer.json` in `--out`).
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     refuse_reference_only(args)?;
     let opened = OpenedModel::open(args.model.as_deref())?;
-    let mut inputs = vec![opened.path.as_path()];
+    // Every file of the model (a Hugging Face folder's files, not the folder).
+    let mut inputs: Vec<&Path> = opened.inputs.iter().map(PathBuf::as_path).collect();
     inputs.extend(args.tokenizer.as_deref());
-    check_output(&args.out, &inputs)?;
+    inputs.extend(args.tokenizer_json.as_deref());
+    let naming = match args.convention.as_str() {
+        "aihub" => Naming::AiHub,
+        _ => Naming::Htpkv,
+    };
+    // Refused before any work; checked again when written.
+    let tokenizer = match naming {
+        Naming::AiHub => {
+            check_bundle_out(&args.out, &inputs)?;
+            Some(super::bundle_tokenizer(args, &opened.path)?)
+        }
+        Naming::Htpkv => {
+            check_output(&args.out, &inputs)?;
+            None
+        }
+    };
     let context = args
         .context
         .unwrap_or(opened.config.context_length.min(DEFAULT_MAX_CONTEXT));
@@ -84,6 +109,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
             soc_model: args.soc_model,
             arch: args.htp_arch,
         },
+        naming,
     };
     let started = Instant::now();
     let binary = opened.with_weights(|w| {
@@ -94,19 +120,60 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
             )
         })
     })??;
-    let names: Vec<String> = args.ar.iter().map(|&n| graph_name(n, context)).collect();
-    write_atomic_verified(&args.out, &binary, &inputs, &mut |tmp| {
-        verify(&backend, tmp, &names).map_err(Into::into)
-    })?;
+    let names: Vec<String> = (args.ar.iter())
+        .map(|&n| graph_name(naming, n, context))
+        .collect();
+    let written = match &tokenizer {
+        None => {
+            write_atomic_verified(&args.out, &binary, &inputs, &mut |tmp| {
+                verify(&backend, tmp, &names).map_err(Into::into)
+            })?;
+            args.out.clone()
+        }
+        Some(tok) => write_bundle(
+            args,
+            &opened,
+            context,
+            (&binary, tok),
+            &inputs,
+            &mut |tmp| verify(&backend, tmp, &names),
+        )?,
+    };
     crate::output::to_stdout(|out| {
         writeln!(
             out,
             "wrote {} ({} bytes) in {:.2?}: a QNN context binary from {} with graphs {}",
-            args.out.display(),
+            written.display(),
             binary.len(),
             started.elapsed(),
             backend.display(),
             names.join(", ")
         )
     })
+}
+
+/// The Genie bundle of one part in `args.out`, written whole (a temporary directory renamed into
+/// place); the binary is verified before it counts. Returns the binary's path.
+fn write_bundle(
+    args: &CompileArgs,
+    opened: &OpenedModel,
+    context: usize,
+    (binary, tokenizer): (&[u8], &[u8]),
+    inputs: &[&Path],
+    verify: &mut dyn FnMut(&Path) -> Result<(), String>,
+) -> anyhow::Result<PathBuf> {
+    let stem = opened
+        .path
+        .file_stem()
+        .map_or("model".into(), |s| s.to_string_lossy());
+    let name = format!("{stem}_part_1_of_1.bin");
+    let out = AtomicDir::create(&args.out, inputs)?;
+    out.write(&name, binary)?;
+    verify(&out.path_of(&name)).map_err(|e| anyhow::anyhow!("verifying {name}: {e}"))?;
+    out.write("tokenizer.json", tokenizer)?;
+    let config = genie_config(&opened.config, context, std::slice::from_ref(&name));
+    let text = serde_json::to_string_pretty(&config)?;
+    out.write("genie_config.json", text.as_bytes())?;
+    out.commit()?;
+    Ok(args.out.join(name))
 }

@@ -43,12 +43,19 @@ struct Model {
     stops: Vec<u32>,
     /// Context length and vocabulary the bundle declares, checked against the graphs.
     declared: Option<(usize, usize)>,
+    /// Where the binaries were named, for messages about them as a set.
+    origin: String,
 }
 
 fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
     if let Some(dir) = &args.bundle {
         let b = Bundle::open(dir)?;
+        let origin = format!(
+            "the context binaries listed in `dialog.engine.model.binary.ctx-bins` of {}",
+            b.config_path().display()
+        );
         return Ok(Model {
+            origin,
             binaries: b.ctx_bins,
             tokenizer: b.tokenizer,
             rope: b.rope,
@@ -77,13 +84,8 @@ fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
         bos: None,
         stops: Vec::new(),
         declared: None,
+        origin: "the --compiled context binaries".into(),
     })
-}
-
-fn tokenizer(path: &Path) -> anyhow::Result<HfTokenizer> {
-    // The capped read refuses an oversized file before the tokenizers crate parses it.
-    model::fsio::read_capped(path, model::fsio::FileKind::TOKENIZER)?;
-    Ok(HfTokenizer::from_file(path, None)?)
 }
 
 pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> {
@@ -106,7 +108,8 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
         .as_deref()
         .map(Convention::named_or_file)
         .transpose()?;
-    let tok = tokenizer(&m.tokenizer)?;
+    // Read under the tokenizer cap (a regular file only).
+    let tok = HfTokenizer::from_file(&m.tokenizer, None)?;
     let mut stops = m.stops.clone();
     let mut bos = m.bos;
     if args.bundle.is_none() {
@@ -119,18 +122,21 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
         max_handles: *max_handles,
         convention,
     };
-    let qnn = QnnBackend::open_binaries(backend_lib, system_lib.as_deref(), &paths, &options)?;
+    let qnn = QnnBackend::open_binaries(backend_lib, system_lib.as_deref(), &paths, &options)
+        .with_context(|| format!("cannot open {}", m.origin))?;
     let allocator = qnn.region_allocator();
     let convention_name = qnn.convention().name.clone();
     let mut session = Session::with_contexts(qnn, checked.engine.strategy, allocator, m.rope)
-        .map_err(htpkv::engine::EngineError::from)?;
+        .map_err(htpkv::engine::EngineError::from)
+        .with_context(|| format!("{} do not form one model", m.origin))?;
     let largest = *session.context_lengths().last().expect("a context");
     if let Some((context, vocab)) = m.declared
         && (largest != context || session.vocab_size() != vocab)
     {
         anyhow::bail!(
-            "genie_config.json declares context {context} and {vocab} tokens, but the binaries \
-             have context {largest} and {} logits",
+            "{} have context {largest} and {} logits, but it declares context {context} and \
+             {vocab} tokens",
+            m.origin,
             session.vocab_size()
         );
     }
@@ -186,6 +192,7 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
             "prompt": args.prompt,
             "text": text,
             "prompt_tokens": prompt.len(),
+            "prompt_token_ids": prompt,
             "generated_tokens": tokens.len(),
             "tokens": tokens,
             "stop": stop,

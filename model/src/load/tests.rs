@@ -41,12 +41,18 @@ fn gguf_file_loads_with_tokenizer_and_template() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-#[test]
-fn hf_folder_loads_with_tokenizer_json_and_config() {
-    let dir = temp_dir("load-hf");
+/// A Hugging Face folder `name` with the tiny config and its safetensors (no tokenizer files).
+fn tiny_folder(name: &str) -> (std::path::PathBuf, crate::LlamaConfig) {
+    let dir = temp_dir(name);
     std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
     let c = crate::hf::config_from_json(&tiny_json().to_string(), "t").unwrap();
     write_model(&dir, &c, &synthetic(&c, 32), |_| safetensors::Dtype::F32);
+    (dir, c)
+}
+
+#[test]
+fn hf_folder_loads_with_tokenizer_json_and_config() {
+    let (dir, c) = tiny_folder("load-hf");
     let bytes = vocab_gguf("smollm").bytes();
     let file =
         crate::gguf::GgufFile::read(std::io::Cursor::new(&bytes), bytes.len() as u64).unwrap();
@@ -72,6 +78,53 @@ fn other_paths_are_unknown_formats() {
     let f = dir.join("model.bin");
     std::fs::write(&f, b"GGML and more").unwrap();
     assert!(matches!(describe(&f), Err(Error::UnknownFormat { .. })));
-    assert!(matches!(load(&dir.join("absent")), Err(Error::Io { .. })));
+    assert!(matches!(
+        load(&dir.join("absent")),
+        Err(Error::File(crate::fsio::FileError::Io { op: "open", .. }))
+    ));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue 21 finding 5: an HF folder's `tokenizer_config.json` was read with `read_to_string` and
+/// no cap, its `tokenizer.json` uncapped too; a FIFO given as a model blocked at `open`. Each
+/// file is refused from its size (sparse files here: nothing is read) or its type.
+#[test]
+fn hf_folder_files_are_capped_and_special_files_refused() {
+    let (dir, _) = tiny_folder("load-caps");
+    let sparse = |name: &str, len: u64| {
+        let f = std::fs::File::create(dir.join(name)).unwrap();
+        f.set_len(len).unwrap();
+    };
+    let too_large = |e: Error, name: &str| {
+        let text = e.to_string();
+        assert!(
+            matches!(e, Error::File(crate::fsio::FileError::TooLarge { .. })),
+            "{name}: {text}"
+        );
+        assert_eq!(text.matches(name).count(), 1, "{text}");
+    };
+    sparse("tokenizer.json", (64 << 20) + 1);
+    too_large(load(&dir).unwrap_err(), "tokenizer.json");
+    sparse("tokenizer_config.json", (16 << 20) + 1);
+    too_large(load(&dir).unwrap_err(), "tokenizer_config.json");
+    sparse("config.json", (16 << 20) + 1);
+    too_large(describe(&dir).unwrap_err(), "config.json");
+    // A FIFO as the model file: refused at once, never opened for a blocking read.
+    let fifo = dir.join("model.gguf");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if made.is_ok_and(|s| s.success()) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(describe(&f).map(|_| ()).map_err(|e| e.to_string()));
+        });
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("describe of a FIFO blocked");
+        assert_eq!(
+            got.unwrap_err(),
+            format!("GGUF file {} is a FIFO, not a regular file", fifo.display())
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
