@@ -153,7 +153,7 @@ pub enum EngineError {
         #[source]
         error: std::io::Error,
     },
-    /// A file that could not be read (it names the file; capped, see `llama2c::fsio`).
+    /// A file that could not be read or written (it names the file; see `model::fsio`).
     #[error(transparent)]
     File(#[from] llama2c::fsio::FileError),
     #[error("QNN backend: {0}")]
@@ -527,7 +527,8 @@ pub fn compiled_model(
         path: cache_dir.to_path_buf(),
         error,
     })?;
-    compiled.write(&path, &[&model.path])?;
+    let inputs: Vec<&Path> = model.inputs.iter().map(PathBuf::as_path).collect();
+    compiled.write(&path, &inputs)?;
     status(&format!("compiled model cached at {}", path.display()));
     Ok((compiled, path))
 }

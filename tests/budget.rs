@@ -208,11 +208,25 @@ fn bad_configs_name_file_field_and_expectation() {
     }
     let err = Config::load(dir.join("absent.yaml")).unwrap_err();
     assert!(matches!(err, ConfigError::File(_)), "{err}");
-    // Row 5 of the hostile-input issue: an endless input stops at the config cap.
+    // Row 5 of the hostile-input issues: an endless input is refused before it is read, and a
+    // regular file above the config cap from its size.
     let err = Config::load("/dev/zero").unwrap_err();
     assert_eq!(
         err.to_string(),
-        "config /dev/zero is larger than the 1048576-byte cap for a config"
+        "config /dev/zero is a character device, not a regular file"
+    );
+    let big = dir.join("big.yaml");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len((1 << 20) + 1)
+        .unwrap();
+    let err = Config::load(&big).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "config {} is larger than the 1048576-byte cap for a config (1048577 bytes)",
+            big.display()
+        )
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -395,6 +395,10 @@ fn a_bad_session_file_is_refused_and_changes_nothing() {
     let missing = dir.join("no/such/dir/x.session");
     let err = source.save(&missing, &[]).expect_err("missing dir");
     assert!(matches!(err, PersistError::File(_)), "{err}");
+    assert_eq!(
+        err.to_string(),
+        format!("cannot create a temporary file for {}", missing.display())
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

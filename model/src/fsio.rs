@@ -463,7 +463,8 @@ fn create_temp<T>(
         match create(&tmp) {
             Ok(made) => return Ok((made, tmp)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 16 => tries += 1,
-            Err(e) => return Err(FileError::io("create", &tmp)(e)),
+            // Named by the target: the temporary name means nothing to the user.
+            Err(e) => return Err(FileError::io("create a temporary file for", path)(e)),
         }
     }
 }
