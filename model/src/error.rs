@@ -37,6 +37,18 @@ pub enum Error {
         found: Vec<usize>,
     },
 
+    /// A tensor of a model file disagrees with the description its metadata gives (missing, of
+    /// another shape, not accounted for), appears twice, or holds a NaN or infinite value.
+    #[error("{origin}: tensor {name} {reason}")]
+    BadTensor {
+        /// The file (a GGUF file, a safetensors shard, a model folder).
+        origin: String,
+        /// The tensor's name in the file.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+
     /// A file could not be read whole (missing, over its size cap, ...); it names the file.
     #[error(transparent)]
     File(#[from] crate::fsio::FileError),
@@ -97,11 +109,23 @@ pub enum Error {
     },
 
     /// The chat template could not be compiled or rendered.
-    #[error("chat template")]
+    #[error("{origin}")]
     Template {
+        /// The template's source: `FILE: tokenizer.chat_template`, `FILE: chat_template`, or
+        /// `chat template` when unnamed.
+        origin: String,
         /// The template engine's error.
         #[source]
         source: minijinja::Error,
+    },
+
+    /// Rendering the chat template went past a limit: its work (fuel) or its output cap.
+    #[error("{origin}: {reason}")]
+    TemplateLimit {
+        /// The template's source, as for [`Error::Template`].
+        origin: String,
+        /// Which limit, with its value.
+        reason: String,
     },
 
     /// A token id is not below the vocabulary size.

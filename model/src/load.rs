@@ -71,7 +71,11 @@ pub fn format_of(path: &Path) -> Result<ModelFormat, Error> {
 pub fn describe(path: &Path) -> Result<LlamaConfig, Error> {
     match format_of(path)? {
         ModelFormat::Gguf => Ok(GgufModel::describe(path)?.0),
-        ModelFormat::HfFolder => config_from_file(&path.join("config.json")),
+        ModelFormat::HfFolder => {
+            let config = config_from_file(&path.join("config.json"))?;
+            crate::hf::check_folder(path, &config)?;
+            Ok(config)
+        }
     }
 }
 
@@ -80,7 +84,7 @@ pub fn load(path: &Path) -> Result<LoadedModel, Error> {
     match format_of(path)? {
         ModelFormat::Gguf => {
             let m = GgufModel::load(path)?;
-            let (tokenizer, chat) = gguf_text(&m.file)?;
+            let (tokenizer, chat) = gguf_text(&m.file, path)?;
             Ok(LoadedModel {
                 config: m.config,
                 weights: m.weights,
@@ -107,10 +111,11 @@ pub fn load_text(path: &Path) -> Result<ModelText, Error> {
     let (config, (tokenizer, chat)) = match format_of(path)? {
         ModelFormat::Gguf => {
             let (config, file) = GgufModel::describe(path)?;
-            (config, gguf_text(&file)?)
+            (config, gguf_text(&file, path)?)
         }
         ModelFormat::HfFolder => {
             let config = config_from_file(&path.join("config.json"))?;
+            crate::hf::check_folder(path, &config)?;
             let text = hf_text(path, &config)?;
             (config, text)
         }
@@ -122,11 +127,15 @@ pub fn load_text(path: &Path) -> Result<ModelText, Error> {
     })
 }
 
-fn gguf_text(file: &GgufFile) -> Result<(HfTokenizer, Option<ChatTemplate>), Error> {
+fn gguf_text(
+    file: &GgufFile,
+    path: &Path,
+) -> Result<(HfTokenizer, Option<ChatTemplate>), Error> {
     let tokenizer = HfTokenizer::from_gguf(file)?;
     let has_template = file.get("tokenizer.chat_template").is_some();
+    let origin = format!("{}: tokenizer.chat_template", path.display());
     let chat = has_template
-        .then(|| ChatTemplate::from_gguf(file))
+        .then(|| ChatTemplate::from_gguf(file).map(|t| t.named(origin)))
         .transpose()?;
     Ok((tokenizer, chat))
 }

@@ -75,3 +75,30 @@ fn other_paths_are_unknown_formats() {
     assert!(matches!(load(&dir.join("absent")), Err(Error::Io { .. })));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_gguf_template_that_never_ends_fails_naming_the_file() {
+    let dir = temp_dir("load-gguf-loop");
+    let c = tiny();
+    let mut g: Writer = tiny_gguf(&c, &synthetic(&c, 33));
+    g.kv.extend(
+        vocab_gguf("smollm")
+            .kv
+            .into_iter()
+            .filter(|kv| !kv.0.ends_with("_token_id")),
+    );
+    g.str(
+        "tokenizer.chat_template",
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    );
+    let path = dir.join("loop.gguf");
+    std::fs::write(&path, g.bytes()).unwrap();
+    let chat = load_text(&path).unwrap().chat.unwrap();
+    let err = chat.render_chat(&[Message::new("user", "hi")], true).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(&format!("{}: tokenizer.chat_template: ", path.display())),
+        "{msg}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
