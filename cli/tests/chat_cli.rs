@@ -164,3 +164,14 @@ fn a_chat_line_of_megabytes_is_refused_before_it_is_tokenized() {
     assert!(stderr.contains("tokens but the context holds only"), "{stderr}");
     assert!(stderr.contains("at least"), "{stderr}");
 }
+
+/// Issue 21, finding 13: `--tokenizer FILE` alone is about --tokenizer, not --bundle/--convention.
+#[test]
+fn a_tokenizer_without_binaries_is_named_as_the_option_given() {
+    let cache = common::scratch("chat", "tokenizer-alone");
+    let o = htpkv(&["generate", "--tokenizer", "/nonexistent/tokenizer.json", "Once"], &cache);
+    assert!(!o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("--tokenizer describes context binaries"), "{stderr}");
+    assert!(!stderr.contains("--bundle and --convention"), "{stderr}");
+}

@@ -49,6 +49,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// An error about what a model file holds (its description, its tokenizer), with the file.
+    #[error("{origin}")]
+    InFile {
+        /// The file (a GGUF file, a config.json, a tokenizer.json).
+        origin: String,
+        /// What is wrong with it.
+        #[source]
+        source: Box<Error>,
+    },
+
     /// A file could not be read whole (missing, over its size cap, ...); it names the file.
     #[error(transparent)]
     File(#[from] crate::fsio::FileError),
@@ -171,6 +181,14 @@ pub enum Error {
 }
 
 impl Error {
+    /// `self` as an error about the file `origin` ([`Error::InFile`]).
+    pub(crate) fn in_file(self, origin: impl std::fmt::Display) -> Self {
+        Error::InFile {
+            origin: origin.to_string(),
+            source: Box::new(self),
+        }
+    }
+
     pub(crate) fn config(
         field: &'static str,
         value: impl ToString,

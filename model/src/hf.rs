@@ -360,7 +360,7 @@ pub fn config_from_json(text: &str, origin: &str) -> Result<LlamaConfig, Error> 
         },
         layer_windows: layer_windows(&f, model_type)?,
     };
-    config.validate()?;
+    config.validate().map_err(|e| e.in_file(origin))?;
     Ok(config)
 }
 

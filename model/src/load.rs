@@ -51,7 +51,9 @@ pub fn format_of(path: &Path) -> Result<ModelFormat, Error> {
         path: path.to_path_buf(),
     };
     if path.is_dir() {
-        return match path.join("config.json").is_file() {
+        // Any entry named config.json makes it a Hugging Face folder, so a config.json that is
+        // not a readable file is reported as such (not as "no llama2.c model here").
+        return match path.join("config.json").symlink_metadata().is_ok() {
             true => Ok(ModelFormat::HfFolder),
             false => Err(unknown()),
         };
@@ -131,7 +133,7 @@ fn gguf_text(
     file: &GgufFile,
     path: &Path,
 ) -> Result<(HfTokenizer, Option<ChatTemplate>), Error> {
-    let tokenizer = HfTokenizer::from_gguf(file)?;
+    let tokenizer = HfTokenizer::from_gguf(file).map_err(|e| e.in_file(path.display()))?;
     let has_template = file.get("tokenizer.chat_template").is_some();
     let origin = format!("{}: tokenizer.chat_template", path.display());
     let chat = has_template

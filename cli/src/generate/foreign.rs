@@ -58,8 +58,18 @@ fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
         });
     }
     if args.compiled.is_empty() {
+        let given: Vec<&str> = [
+            (args.tokenizer.is_some(), "--tokenizer"),
+            (args.convention.is_some(), "--convention"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        let verb = if given.len() == 1 { "describes" } else { "describe" };
         anyhow::bail!(
-            "--convention and --tokenizer go with --compiled FILE… (or use --bundle DIR)"
+            "{} {verb} context binaries made by other tools: give them with --compiled FILE… \
+             (a Genie bundle, --bundle DIR, brings its own tokenizer)",
+            given.join(" and ")
         );
     }
     let tokenizer = args
@@ -94,10 +104,14 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
         max_handles,
     } = &checked.engine.backend
     else {
+        let m = model_of(args)?;
+        let what = match &args.bundle {
+            Some(dir) => format!("--bundle {}", dir.display()),
+            None => format!("{} context binaries", m.binaries.len()),
+        };
         anyhow::bail!(
-            "--bundle and --convention run context binaries through a QNN library: add --backend \
-             qnn --qnn-backend libQnnHtp.so (on a desktop, the reference library \
-             libhtpkv_ref_qnn.so)"
+            "{what} run through a QNN library: add --backend qnn --qnn-backend libQnnHtp.so (on \
+             a desktop, the reference library libhtpkv_ref_qnn.so)"
         );
     };
     let m = model_of(args)?;
@@ -134,9 +148,13 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
             session.vocab_size()
         );
     }
+    let room = session.capacity();
+    let codec = htpkv::text::HfCodec::new(tok, Vec::new());
+    htpkv::session::check_text_fits(&codec, &args.prompt, room, bos.is_some())
+        .map_err(htpkv::engine::EngineError::from)?;
+    let tok = codec.tokenizer();
     let mut prompt: Vec<u32> = bos.into_iter().collect();
     prompt.extend(tok.encode(&args.prompt, false)?);
-    let room = session.capacity();
     if prompt.is_empty() || prompt.len() > room {
         anyhow::bail!(
             "the prompt has {} tokens; the context holds 1 to {room}",

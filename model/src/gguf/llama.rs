@@ -224,7 +224,7 @@ pub fn llama_config(file: &GgufFile, origin: &str) -> Result<LlamaConfig, Error>
         special: special_tokens(&m)?,
         layer_windows: Vec::new(),
     };
-    config.validate()?;
+    config.validate().map_err(|e| e.in_file(origin))?;
     check_tensors(file, &config, origin)?;
     Ok(config)
 }

@@ -80,9 +80,11 @@ fn sliding_windows_come_from_layer_types_or_mistral() {
     ] {
         j["layer_types"] = types;
         j["sliding_window"] = window;
-        let err = config_from_json(&j.to_string(), "t")
-            .unwrap_err()
-            .to_string();
+        let err = config_from_json(&j.to_string(), "t").unwrap_err();
+        let err = match err {
+            Error::InFile { source, .. } => source.to_string(),
+            other => other.to_string(),
+        };
         assert!(err.contains(why), "{err}");
     }
 }
@@ -102,7 +104,8 @@ fn config_json_errors_name_the_field() {
         let err = config_from_json(&j.to_string(), "cfg.json").unwrap_err();
         let text = format!("{err}");
         let named = text.contains(key)
-            || matches!(&err, Error::InvalidConfig { field, .. } if *field == "n_kv_heads");
+            || matches!(&err, Error::InFile { origin, source } if origin == "cfg.json"
+                && matches!(**source, Error::InvalidConfig { field: "n_kv_heads", .. }));
         assert!(named, "{key}: {text}");
     }
     assert!(matches!(

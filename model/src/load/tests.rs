@@ -102,3 +102,50 @@ fn a_gguf_template_that_never_ends_fails_naming_the_file() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Issue 21, finding 13: errors about what `--model F` holds name F.
+#[test]
+fn description_and_tokenizer_errors_name_the_model_file() {
+    let dir = temp_dir("load-names");
+    let c = tiny();
+    let chain = |e: Error| {
+        let mut text = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            text += &format!(": {s}");
+            source = s.source();
+        }
+        text
+    };
+    // A GGUF tokenizer the loader cannot build.
+    let mut g: Writer = tiny_gguf(&c, &synthetic(&c, 34));
+    g.kv.extend(
+        vocab_gguf("smollm")
+            .kv
+            .into_iter()
+            .filter(|kv| !kv.0.ends_with("_token_id") && kv.0 != "tokenizer.ggml.model"),
+    );
+    g.str("tokenizer.ggml.model", "bert");
+    let path = dir.join("bert.gguf");
+    std::fs::write(&path, g.bytes()).unwrap();
+    let msg = chain(load_text(&path).unwrap_err());
+    assert!(msg.starts_with(&path.display().to_string()), "{msg}");
+    assert!(msg.contains("tokenizer.ggml.model") && msg.contains("bert"), "{msg}");
+    // A description its own fields contradict.
+    let mut g: Writer = tiny_gguf(&c, &synthetic(&c, 35));
+    g.kv.retain(|kv| kv.0 != "llama.attention.head_count_kv");
+    g.u32("llama.attention.head_count_kv", 3);
+    std::fs::write(&path, g.bytes()).unwrap();
+    let msg = chain(describe(&path).unwrap_err());
+    assert!(msg.starts_with(&path.display().to_string()), "{msg}");
+    assert!(msg.contains("n_kv_heads"), "{msg}");
+    // A folder whose config.json is not a file is a Hugging Face folder with a bad config.json,
+    // not "no llama2.c model here".
+    let hf = dir.join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    std::fs::create_dir(hf.join("config.json")).unwrap();
+    assert_eq!(format_of(&hf).unwrap(), ModelFormat::HfFolder);
+    let msg = chain(describe(&hf).unwrap_err());
+    assert!(msg.contains(&hf.join("config.json").display().to_string()), "{msg}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -103,8 +103,12 @@ fn metadata_problems_name_the_key() {
         g.kv.retain(|kv| kv.0 != "llama.attention.head_count_kv");
         g.u32("llama.attention.head_count_kv", 3);
     });
+    let Error::InFile { origin, source } = bad_heads else {
+        panic!("{bad_heads:?}")
+    };
+    assert_eq!(origin, "test.gguf");
     assert!(matches!(
-        bad_heads,
+        *source,
         Error::InvalidConfig {
             field: "n_kv_heads",
             ..
