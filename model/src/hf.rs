@@ -361,6 +361,17 @@ pub fn config_from_json(text: &str, origin: &str) -> Result<LlamaConfig, Error> 
         layer_windows: layer_windows(&f, model_type)?,
     };
     config.validate().map_err(|e| e.in_file(origin))?;
+    let factor = f.f32_or("partial_rotary_factor", 1.0)?;
+    if factor != 1.0 {
+        let rotated = (factor * config.head_dim as f32).round();
+        let rotated = if rotated.is_finite() && rotated >= 0.0 {
+            rotated as usize
+        } else {
+            0
+        };
+        crate::config::full_rope_only(rotated, config.head_dim)
+            .map_err(|why| f.err(format!("partial_rotary_factor = {factor}: {why}")))?;
+    }
     Ok(config)
 }
 

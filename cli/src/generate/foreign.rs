@@ -43,6 +43,8 @@ struct Model {
     stops: Vec<u32>,
     /// Context length and vocabulary the bundle declares, checked against the graphs.
     declared: Option<(usize, usize)>,
+    /// The bundle's `genie_config.json` and its `rope-dim`, checked against the heads' width.
+    rope_dim: Option<(PathBuf, usize)>,
 }
 
 fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
@@ -55,6 +57,7 @@ fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
             bos: b.bos,
             stops: b.eos,
             declared: Some((b.context, b.vocab)),
+            rope_dim: b.rope_dim.map(|d| (dir.join("genie_config.json"), d)),
         });
     }
     if args.compiled.is_empty() {
@@ -87,6 +90,7 @@ fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
         bos: None,
         stops: Vec::new(),
         declared: None,
+        rope_dim: None,
     })
 }
 
@@ -138,6 +142,17 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
     let convention_name = qnn.convention().name.clone();
     let mut session = Session::with_contexts(qnn, checked.engine.strategy, allocator, m.rope)
         .map_err(htpkv::engine::EngineError::from)?;
+    if let Some((config, rope_dim)) = &m.rope_dim {
+        // rope-dim is the width of the cos/sin tables: half the rotated dimensions of a head.
+        let head_dim = session.cache().spec().geometry.head_dim;
+        model::full_rope_only(2 * rope_dim, head_dim).map_err(|why| {
+            anyhow::anyhow!(
+                "{}: dialog.engine.model.positional-encoding.rope-dim = {rope_dim} (the cos/sin \
+                 table width, half the rotated dimensions): {why}",
+                config.display()
+            )
+        })?;
+    }
     let largest = *session.context_lengths().last().expect("a context");
     if let Some((context, vocab)) = m.declared
         && (largest != context || session.vocab_size() != vocab)

@@ -225,6 +225,10 @@ pub fn llama_config(file: &GgufFile, origin: &str) -> Result<LlamaConfig, Error>
         layer_windows: Vec::new(),
     };
     config.validate().map_err(|e| e.in_file(origin))?;
+    if let Some(rope_dim) = m.usize("rope.dimension_count")? {
+        let key = format!("{}.rope.dimension_count", m.arch);
+        crate::full_rope_only(rope_dim, config.head_dim).map_err(|why| m.err(&key, why))?;
+    }
     check_tensors(file, &config, origin)?;
     Ok(config)
 }

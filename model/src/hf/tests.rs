@@ -354,3 +354,19 @@ fn a_nan_weight_is_refused_when_read_naming_shard_and_tensor() {
     assert!(msg.contains("model-00002-of-00002.safetensors: tensor model.layers.1.mlp.up_proj.weight holds NaN at element 5"), "{msg}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Issue 21, finding 10: a `partial_rotary_factor` other than 1 is refused, naming the field.
+#[test]
+fn a_partial_rotary_factor_is_refused_naming_the_field() {
+    let mut j = tiny_json();
+    j["partial_rotary_factor"] = json!(1.0);
+    config_from_json(&j.to_string(), "cfg.json").unwrap();
+    for (factor, says) in [(0.5, "partial RoPE"), (0.0, "invalid"), (2.0, "invalid")] {
+        j["partial_rotary_factor"] = json!(factor);
+        let msg = config_from_json(&j.to_string(), "cfg.json")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.starts_with("bad model config cfg.json: partial_rotary_factor = "), "{msg}");
+        assert!(msg.contains(says), "{msg}");
+    }
+}

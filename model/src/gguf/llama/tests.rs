@@ -190,3 +190,36 @@ fn a_nan_weight_is_refused_when_read_naming_file_and_tensor() {
         "test.gguf: tensor blk.0.ffn_down.weight holds inf at element 3 (weights must be finite)"
     );
 }
+
+/// Issue 21, finding 10: `rope.dimension_count` other than the head width is refused, naming the
+/// file and the key (htpkv rotates whole heads; partial RoPE is not supported).
+#[test]
+fn a_rope_dimension_count_other_than_the_head_width_is_refused() {
+    let c = tiny();
+    let w = synthetic(&c, 27);
+    let with_count = |n: u32| {
+        let mut g = tiny_gguf(&c, &w);
+        g.u32("llama.rope.dimension_count", n);
+        let bytes = g.bytes();
+        let file = GgufFile::read(Cursor::new(&bytes), bytes.len() as u64).unwrap();
+        llama_config(&file, "test.gguf")
+    };
+    assert_eq!(with_count(c.head_dim as u32).unwrap(), c);
+    let hd = c.head_dim as u32;
+    for (n, says) in [
+        (0, "invalid"),
+        (3, "invalid"),
+        (hd - 1, "invalid"),
+        (hd + 2, "invalid"),
+        (1 << 30, "invalid"),
+        (hd - 2, "partial RoPE"),
+    ] {
+        let err = with_count(n).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("test.gguf: metadata llama.rope.dimension_count: "),
+            "{n}: {msg}"
+        );
+        assert!(msg.contains(says), "{n}: {msg}");
+    }
+}
