@@ -147,6 +147,9 @@ fn calibration_stops_a_template_at_its_output_cap_and_fuel() {
         let err = calibration_sequences(&tok, &ChatFormat::new(Some(template))).unwrap_err();
         assert!(matches!(err, EngineError::ModelFile(_)), "{err:?}");
         let msg = format!("{:#}", anyhow::Error::from(err));
-        assert!(msg.contains("m.gguf: tokenizer.chat_template: ") && msg.contains(says), "{msg}");
+        assert!(
+            msg.contains("m.gguf: tokenizer.chat_template: ") && msg.contains(says),
+            "{msg}"
+        );
     }
 }

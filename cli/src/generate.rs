@@ -237,13 +237,10 @@ fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
         kv_dtype: kv_dtype.unwrap_or(defaults.kv_dtype),
         weights: weights.map_or(defaults.weights, |w| w.name().to_owned()),
         context: args.context,
-        ar: args
-            .ar
-            .clone()
-            .unwrap_or_else(|| {
-                let ar = args.context.map_or(defaults.ar, htpkv::config::default_ar);
-                beams::default_ar(args, ar)
-            }),
+        ar: args.ar.clone().unwrap_or_else(|| {
+            let ar = args.context.map_or(defaults.ar, htpkv::config::default_ar);
+            beams::default_ar(args, ar)
+        }),
         cache_dir: None,
         layer_windows: args.layer_window.clone(),
     };

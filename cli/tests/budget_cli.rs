@@ -331,6 +331,19 @@ fn budget_and_plan_of_a_model_follow_the_ar_default_of_generate_and_take_ar() {
     // --ar overrides, in budget and plan.
     let doc = ok_json(&["budget", model, "--context", "64", "--ar", "1,16", "--json"]);
     assert_eq!(doc[0]["ar"], serde_json::json!([1, 16]), "{doc}");
-    let out = htpkv(&["plan", model, "--steps", "4", "--context", "64", "--ar", "1,8"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = htpkv(&[
+        "plan",
+        model,
+        "--steps",
+        "4",
+        "--context",
+        "64",
+        "--ar",
+        "1,8",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -158,10 +158,17 @@ fn a_chat_line_of_megabytes_is_refused_before_it_is_tokenized() {
     let dir = model_dir();
     let dir = dir.to_str().unwrap();
     let line = "a".repeat(32 << 20) + "\n";
-    let o = chat(&["--model", dir, "--steps", "4", "--context", "64", "--stats"], &line, &cache);
+    let o = chat(
+        &["--model", dir, "--steps", "4", "--context", "64", "--stats"],
+        &line,
+        &cache,
+    );
     assert!(!o.status.success());
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(stderr.contains("tokens but the context holds only"), "{stderr}");
+    assert!(
+        stderr.contains("tokens but the context holds only"),
+        "{stderr}"
+    );
     assert!(stderr.contains("at least"), "{stderr}");
 }
 
@@ -169,9 +176,20 @@ fn a_chat_line_of_megabytes_is_refused_before_it_is_tokenized() {
 #[test]
 fn a_tokenizer_without_binaries_is_named_as_the_option_given() {
     let cache = common::scratch("chat", "tokenizer-alone");
-    let o = htpkv(&["generate", "--tokenizer", "/nonexistent/tokenizer.json", "Once"], &cache);
+    let o = htpkv(
+        &[
+            "generate",
+            "--tokenizer",
+            "/nonexistent/tokenizer.json",
+            "Once",
+        ],
+        &cache,
+    );
     assert!(!o.status.success());
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(stderr.contains("--tokenizer describes context binaries"), "{stderr}");
+    assert!(
+        stderr.contains("--tokenizer describes context binaries"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("--bundle and --convention"), "{stderr}");
 }

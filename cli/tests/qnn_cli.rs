@@ -949,6 +949,9 @@ fn a_bundle_rope_dim_other_than_half_the_head_is_refused_naming_the_field() {
         assert!(!o.status.success());
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(&format!("{}: ", config.display())), "{err}");
-        assert!(err.contains(&format!("rope-dim = {d}")) && err.contains(says), "{err}");
+        assert!(
+            err.contains(&format!("rope-dim = {d}")) && err.contains(says),
+            "{err}"
+        );
     }
 }

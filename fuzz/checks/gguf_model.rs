@@ -40,6 +40,9 @@ pub fn check(data: &[u8]) {
     for t in required {
         let w = weights.tensor(t).expect("a loaded tensor");
         assert_eq!(w.len(), t.len(&config));
-        assert!(w.iter().all(|v| v.is_finite()), "a non-finite weight loaded");
+        assert!(
+            w.iter().all(|v| v.is_finite()),
+            "a non-finite weight loaded"
+        );
     }
 }

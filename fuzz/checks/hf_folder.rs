@@ -51,11 +51,18 @@ pub fn check(data: &[u8]) {
     let described = model::describe(&dir);
     let loaded = model::load(&dir);
     if let Ok(m) = &loaded {
-        assert_eq!(described.as_ref().ok(), Some(&m.config), "describe disagrees with load");
+        assert_eq!(
+            described.as_ref().ok(),
+            Some(&m.config),
+            "describe disagrees with load"
+        );
         for t in Tensor::required(&m.config) {
             let w = m.weights.tensor(t).expect("a needed tensor");
             assert_eq!(w.len(), t.len(&m.config));
-            assert!(w.iter().all(|v| v.is_finite()), "a non-finite weight loaded");
+            assert!(
+                w.iter().all(|v| v.is_finite()),
+                "a non-finite weight loaded"
+            );
         }
         let _ = m.tokenizer.encode("Once upon a time", true);
     }

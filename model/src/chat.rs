@@ -194,12 +194,7 @@ impl ChatTemplate {
             other => other["content"].as_str().unwrap_or_default().to_owned(),
         };
         let origin = format!("{}: chat_template", path.display());
-        ChatTemplate::with_origin(
-            &source,
-            &token("bos_token"),
-            &token("eos_token"),
-            &origin,
-        )
+        ChatTemplate::with_origin(&source, &token("bos_token"), &token("eos_token"), &origin)
     }
 
     /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's
@@ -250,9 +245,8 @@ impl ChatTemplate {
                 "rendering took more than {TEMPLATE_FUEL} steps (the template's work limit)"
             ))),
             Err(e) => Err(template_err(&self.origin)(e)),
-            Ok(()) => String::from_utf8(out.out).map_err(|e| {
-                limit(format!("the rendering is not UTF-8: {e}"))
-            }),
+            Ok(()) => String::from_utf8(out.out)
+                .map_err(|e| limit(format!("the rendering is not UTF-8: {e}"))),
         }
     }
 }

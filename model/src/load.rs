@@ -129,10 +129,7 @@ pub fn load_text(path: &Path) -> Result<ModelText, Error> {
     })
 }
 
-fn gguf_text(
-    file: &GgufFile,
-    path: &Path,
-) -> Result<(HfTokenizer, Option<ChatTemplate>), Error> {
+fn gguf_text(file: &GgufFile, path: &Path) -> Result<(HfTokenizer, Option<ChatTemplate>), Error> {
     let tokenizer = HfTokenizer::from_gguf(file).map_err(|e| e.in_file(path.display()))?;
     let has_template = file.get("tokenizer.chat_template").is_some();
     let origin = format!("{}: tokenizer.chat_template", path.display());

@@ -176,7 +176,12 @@ pub fn check_tensor_set(
     let required = Tensor::required(config);
     let mut wanted: std::collections::HashMap<String, Tensor> =
         required.iter().map(|&t| (name_of(t), t)).collect();
-    for &HeldTensor { name, ref shape, file } in held {
+    for &HeldTensor {
+        name,
+        ref shape,
+        file,
+    } in held
+    {
         let Some(t) = wanted.remove(name) else {
             return Err(bad_in(
                 file,
@@ -185,8 +190,16 @@ pub fn check_tensor_set(
                     "is not part of the model the metadata describes ({} layers{}{}): the \
                      description and the weights disagree",
                     config.n_layers,
-                    if config.tied_output { ", output tied to the embedding" } else { "" },
-                    if config.qkv_bias { ", Q/K/V biases" } else { "" },
+                    if config.tied_output {
+                        ", output tied to the embedding"
+                    } else {
+                        ""
+                    },
+                    if config.qkv_bias {
+                        ", Q/K/V biases"
+                    } else {
+                        ""
+                    },
                 ),
             ));
         };
@@ -199,7 +212,11 @@ pub fn check_tensor_set(
             ));
         }
     }
-    match required.into_iter().map(name_of).find(|n| wanted.contains_key(n)) {
+    match required
+        .into_iter()
+        .map(name_of)
+        .find(|n| wanted.contains_key(n))
+    {
         Some(name) => Err(bad(&name, "is missing".to_owned())),
         None => Ok(()),
     }

@@ -68,7 +68,11 @@ fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
         .collect();
-        let verb = if given.len() == 1 { "describes" } else { "describe" };
+        let verb = if given.len() == 1 {
+            "describes"
+        } else {
+            "describe"
+        };
         anyhow::bail!(
             "{} {verb} context binaries made by other tools: give them with --compiled FILE… \
              (a Genie bundle, --bundle DIR, brings its own tokenizer)",

@@ -91,19 +91,30 @@ fn a_template_that_loops_for_ever_runs_out_of_fuel_naming_its_source() {
     let msg = err.to_string();
     assert!(matches!(err, Error::TemplateLimit { .. }), "{err:?}");
     assert!(msg.contains(&p.display().to_string()), "{msg}");
-    assert!(msg.contains("chat_template") && msg.contains("steps"), "{msg}");
+    assert!(
+        msg.contains("chat_template") && msg.contains("steps"),
+        "{msg}"
+    );
     std::fs::remove_file(p).unwrap();
 }
 
 #[test]
 fn rendering_stops_at_the_output_cap() {
     let src = "{% for i in range(1000) %}{{ messages[0].content }}{% endfor %}";
-    let t = ChatTemplate::new(src, "", "").unwrap().named("x.gguf: tokenizer.chat_template");
+    let t = ChatTemplate::new(src, "", "")
+        .unwrap()
+        .named("x.gguf: tokenizer.chat_template");
     let long = [Message::new("user", &"y".repeat(1000))];
-    assert_eq!(t.render_capped(&long, true, 1_000_000).unwrap().len(), 1_000_000);
+    assert_eq!(
+        t.render_capped(&long, true, 1_000_000).unwrap().len(),
+        1_000_000
+    );
     let err = t.render_capped(&long, true, 999_999).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.starts_with("x.gguf: tokenizer.chat_template: "), "{msg}");
+    assert!(
+        msg.starts_with("x.gguf: tokenizer.chat_template: "),
+        "{msg}"
+    );
     assert!(msg.contains("exceeds 999999 bytes"), "{msg}");
     // The cap is never above MAX_RENDERED_BYTES.
     let many = [Message::new("user", &"y".repeat(MAX_RENDERED_BYTES / 999))];

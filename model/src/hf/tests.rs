@@ -214,10 +214,7 @@ fn missing_misshapen_and_unsupported_tensors_are_errors() {
     j["intermediate_size"] = json!(20);
     std::fs::write(dir.join("config.json"), j.to_string()).unwrap();
     write_model(&dir, &c, &w, |_| Dtype::F32);
-    assert!(matches!(
-        HfModel::load(&dir),
-        Err(Error::BadTensor { .. })
-    ));
+    assert!(matches!(HfModel::load(&dir), Err(Error::BadTensor { .. })));
     std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
     // Same byte count as f32, but integers.
     write_model(&dir, &c, &w, |t| {
@@ -315,13 +312,23 @@ fn a_layer_count_below_the_shards_layers_is_refused_naming_shard_and_tensor() {
     ] {
         let msg = err.to_string();
         assert!(msg.starts_with(&shard.display().to_string()), "{msg}");
-        assert!(msg.contains("tensor model.layers.1.") && msg.contains("not part"), "{msg}");
+        assert!(
+            msg.contains("tensor model.layers.1.") && msg.contains("not part"),
+            "{msg}"
+        );
     }
     // An unknown extra tensor is refused the same way.
     std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
-    write_shard(&dir, "extra.safetensors", &[("model.mystery".into(), vec![2], vec![0.0; 2])]);
+    write_shard(
+        &dir,
+        "extra.safetensors",
+        &[("model.mystery".into(), vec![2], vec![0.0; 2])],
+    );
     let msg = HfModel::load(&dir).unwrap_err().to_string();
-    assert!(msg.contains("extra.safetensors: tensor model.mystery is not part"), "{msg}");
+    assert!(
+        msg.contains("extra.safetensors: tensor model.mystery is not part"),
+        "{msg}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -333,10 +340,20 @@ fn a_tensor_in_two_shards_is_refused_naming_both() {
     let w = synthetic(&c, 42);
     write_model(&dir, &c, &w, |_| Dtype::F32);
     let norm = w.tensor(Tensor::OutputNorm).unwrap().to_vec();
-    write_shard(&dir, "model-00003-of-00003.safetensors", &[("model.norm.weight".into(), vec![16], norm)]);
+    write_shard(
+        &dir,
+        "model-00003-of-00003.safetensors",
+        &[("model.norm.weight".into(), vec![16], norm)],
+    );
     let msg = HfModel::load(&dir).unwrap_err().to_string();
-    assert!(msg.contains("model-00001-of-00002.safetensors: tensor model.norm.weight"), "{msg}");
-    assert!(msg.contains("is also in ") && msg.contains("model-00003-of-00003"), "{msg}");
+    assert!(
+        msg.contains("model-00001-of-00002.safetensors: tensor model.norm.weight"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("is also in ") && msg.contains("model-00003-of-00003"),
+        "{msg}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -346,7 +363,10 @@ fn a_nan_weight_is_refused_when_read_naming_shard_and_tensor() {
     std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
     let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
     let mut w = synthetic(&c, 43);
-    let mut up = w.tensor(Tensor::Layer(1, LayerTensor::Up)).unwrap().to_vec();
+    let mut up = w
+        .tensor(Tensor::Layer(1, LayerTensor::Up))
+        .unwrap()
+        .to_vec();
     up[5] = f32::NAN;
     w.set(Tensor::Layer(1, LayerTensor::Up), up).unwrap();
     write_model(&dir, &c, &w, |_| Dtype::BF16);
@@ -366,7 +386,10 @@ fn a_partial_rotary_factor_is_refused_naming_the_field() {
         let msg = config_from_json(&j.to_string(), "cfg.json")
             .unwrap_err()
             .to_string();
-        assert!(msg.starts_with("bad model config cfg.json: partial_rotary_factor = "), "{msg}");
+        assert!(
+            msg.starts_with("bad model config cfg.json: partial_rotary_factor = "),
+            "{msg}"
+        );
         assert!(msg.contains(says), "{msg}");
     }
 }

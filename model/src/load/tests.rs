@@ -94,7 +94,9 @@ fn a_gguf_template_that_never_ends_fails_naming_the_file() {
     let path = dir.join("loop.gguf");
     std::fs::write(&path, g.bytes()).unwrap();
     let chat = load_text(&path).unwrap().chat.unwrap();
-    let err = chat.render_chat(&[Message::new("user", "hi")], true).unwrap_err();
+    let err = chat
+        .render_chat(&[Message::new("user", "hi")], true)
+        .unwrap_err();
     let msg = err.to_string();
     assert!(
         msg.starts_with(&format!("{}: tokenizer.chat_template: ", path.display())),
@@ -130,7 +132,10 @@ fn description_and_tokenizer_errors_name_the_model_file() {
     std::fs::write(&path, g.bytes()).unwrap();
     let msg = chain(load_text(&path).unwrap_err());
     assert!(msg.starts_with(&path.display().to_string()), "{msg}");
-    assert!(msg.contains("tokenizer.ggml.model") && msg.contains("bert"), "{msg}");
+    assert!(
+        msg.contains("tokenizer.ggml.model") && msg.contains("bert"),
+        "{msg}"
+    );
     // A description its own fields contradict.
     let mut g: Writer = tiny_gguf(&c, &synthetic(&c, 35));
     g.kv.retain(|kv| kv.0 != "llama.attention.head_count_kv");
@@ -146,6 +151,9 @@ fn description_and_tokenizer_errors_name_the_model_file() {
     std::fs::create_dir(hf.join("config.json")).unwrap();
     assert_eq!(format_of(&hf).unwrap(), ModelFormat::HfFolder);
     let msg = chain(describe(&hf).unwrap_err());
-    assert!(msg.contains(&hf.join("config.json").display().to_string()), "{msg}");
+    assert!(
+        msg.contains(&hf.join("config.json").display().to_string()),
+        "{msg}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

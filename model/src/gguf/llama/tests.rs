@@ -160,20 +160,30 @@ fn a_block_count_that_disagrees_with_the_tensors_is_refused_naming_file_and_tens
     let err = llama_config(&with_blocks(c.n_layers as u32 - 1), "test.gguf").unwrap_err();
     let last = c.n_layers - 1;
     assert!(
-        err.to_string().starts_with(&format!("test.gguf: tensor blk.{last}.")),
+        err.to_string()
+            .starts_with(&format!("test.gguf: tensor blk.{last}.")),
         "{err}"
     );
-    assert!(err.to_string().contains("is not part of the model"), "{err}");
+    assert!(
+        err.to_string().contains("is not part of the model"),
+        "{err}"
+    );
     // More layers than it holds.
     let err = llama_config(&with_blocks(1000), "test.gguf").unwrap_err();
     let msg = err.to_string();
-    assert!(msg.starts_with(&format!("test.gguf: tensor blk.{}.", c.n_layers)), "{msg}");
+    assert!(
+        msg.starts_with(&format!("test.gguf: tensor blk.{}.", c.n_layers)),
+        "{msg}"
+    );
     assert!(msg.ends_with("is missing"), "{msg}");
     // An unknown tensor.
     let mut g = tiny_gguf(&c, &w);
     g.f32_tensor("blk.0.mystery.weight", &[2], &[0.0, 0.0]);
     let msg = load(&g).unwrap_err().to_string();
-    assert!(msg.starts_with("test.gguf: tensor blk.0.mystery.weight is not part"), "{msg}");
+    assert!(
+        msg.starts_with("test.gguf: tensor blk.0.mystery.weight is not part"),
+        "{msg}"
+    );
 }
 
 #[test]
