@@ -181,6 +181,17 @@ pub enum Error {
 }
 
 impl Error {
+    /// The message followed by each cause's, `: `-separated (as the CLI prints an error).
+    pub fn with_causes(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            text += &format!(": {s}");
+            source = s.source();
+        }
+        text
+    }
+
     /// `self` as an error about the file `origin` ([`Error::InFile`]).
     pub(crate) fn in_file(self, origin: impl std::fmt::Display) -> Self {
         Error::InFile {

@@ -70,15 +70,7 @@ fn hf_seeds_load_or_are_refused() {
             std::fs::write(dir.join(file), body).unwrap();
         }
         let loaded = model::load(&dir).map(|m| m.chat.is_some());
-        let chain = loaded.map_err(|e| {
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                text += &format!(": {s}");
-                source = s.source();
-            }
-            text
-        });
+        let chain = loaded.map_err(|e| e.with_causes());
         std::fs::remove_dir_all(&dir).unwrap();
         chain
     };

@@ -110,15 +110,7 @@ fn a_gguf_template_that_never_ends_fails_naming_the_file() {
 fn description_and_tokenizer_errors_name_the_model_file() {
     let dir = temp_dir("load-names");
     let c = tiny();
-    let chain = |e: Error| {
-        let mut text = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            text += &format!(": {s}");
-            source = s.source();
-        }
-        text
-    };
+    let chain = |e: Error| e.with_causes();
     // A GGUF tokenizer the loader cannot build.
     let mut g: Writer = tiny_gguf(&c, &synthetic(&c, 34));
     g.kv.extend(
