@@ -72,8 +72,9 @@ pub enum ConfigError {
         /// 1-based column of the offending text, when known.
         column: Option<u32>,
     },
-    /// A GGUF file or Hugging Face folder whose description cannot be read.
-    #[error("{}: cannot read the model's description", .path.display())]
+    /// A GGUF file or Hugging Face folder whose description cannot be read (the source names the
+    /// file: every `model::describe` error does).
+    #[error("cannot read the model's description")]
     Model {
         path: PathBuf,
         #[source]

@@ -164,6 +164,11 @@ pub fn check_folder(dir: &Path, config: &LlamaConfig) -> Result<Vec<PathBuf>, Er
     Ok(files)
 }
 
+/// True when `dir` holds at least one `*.safetensors` file.
+pub fn has_shards(dir: &Path) -> bool {
+    safetensors_files(dir).is_ok()
+}
+
 /// The folder's `*.safetensors` files in name order (at least one).
 fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, Error> {
     let io = |source| Error::Io {

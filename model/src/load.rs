@@ -69,13 +69,18 @@ pub fn format_of(path: &Path) -> Result<ModelFormat, Error> {
     }
 }
 
-/// The description of the model at `path` without reading its weights (for budgets and plans).
+/// The description of the model at `path` without reading its weights (for budgets and plans),
+/// checked against the tensors its file or shards' headers list.
 pub fn describe(path: &Path) -> Result<LlamaConfig, Error> {
     match format_of(path)? {
         ModelFormat::Gguf => Ok(GgufModel::describe(path)?.0),
         ModelFormat::HfFolder => {
             let config = config_from_file(&path.join("config.json"))?;
-            crate::hf::check_folder(path, &config)?;
+            // A config.json alone is budgeted on its description; shards, when there are any,
+            // must agree with it.
+            if crate::hf::has_shards(path) {
+                crate::hf::check_folder(path, &config)?;
+            }
             Ok(config)
         }
     }
