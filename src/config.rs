@@ -483,6 +483,20 @@ fn parse_error(path: &Path, at: Option<String>, err: &serde_saphyr::Error) -> Co
     }
 }
 
+/// The AR variant a prefill steps on when none is asked for.
+pub const DEFAULT_PREFILL_AR: usize = 32;
+
+/// The AR variants used when none are asked for (`generate`, `chat`, `compile`, `budget` and
+/// `plan` of a model file): `[1, 32]`, or `[1]` when the context is too short to hold an AR-32
+/// step beside an AR-1 one (below 33 tokens).
+pub fn default_ar(context: usize) -> Vec<usize> {
+    if context > DEFAULT_PREFILL_AR {
+        vec![1, DEFAULT_PREFILL_AR]
+    } else {
+        vec![1]
+    }
+}
+
 impl Config {
     /// Reads, parses and validates a config file.
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
@@ -496,7 +510,7 @@ impl Config {
 
     /// A config for `path`: for a GGUF file or a Hugging Face folder (`config.json`), the model's
     /// own geometry ([`model::describe`]) with these defaults — context: the model's context
-    /// length; AR variants `[1, 128]` (`[1]` when the context is 129 or less); KV: `u16`, rows,
+    /// length; AR variants [`default_ar`] of it; KV: `u16`, rows,
     /// per head, `shift` 2x, no stagger. Anything else is read as YAML ([`Config::load`]).
     pub fn load_any(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
         let path = path.as_ref();
@@ -525,7 +539,7 @@ impl Config {
             },
             graph: GraphConfig {
                 context,
-                ar: if context > 129 { vec![1, 128] } else { vec![1] },
+                ar: default_ar(context),
             },
             kv: KvConfig {
                 dtype: DataType::U16,
@@ -540,6 +554,12 @@ impl Config {
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// True when this config was made from a model file ([`Config::load_any`]) rather than read
+    /// from YAML: its AR variants are then the default for its context ([`default_ar`]).
+    pub fn from_model(&self) -> bool {
+        model::format_of(&self.origin).is_ok()
     }
 
     /// Parses and validates YAML text; `origin` names it in errors.

@@ -4,7 +4,10 @@
 use crate::backend::Backend;
 use crate::reference::ReferenceBackend;
 use crate::sampler::SamplerError;
-use crate::session::{GenerateOptions, Generation, Session, SessionError, SessionStats, TextCodec};
+use crate::session::{
+    GenerateOptions, Generation, Session, SessionError, SessionStats, TextCodec, check_text_fits,
+    max_text_bytes,
+};
 use crate::text::{ChatFormat, HfCodec};
 use kv_manager::{HostAllocator, RegionAllocator, Reserve, Strategy};
 use llama2c::{Checkpoint, ModelFiles, Tokenizer};
@@ -75,7 +78,7 @@ impl Default for EngineOptions {
             kv_dtype: DataType::U16,
             weights: "i8".into(),
             context: None,
-            ar: vec![1, 32],
+            ar: crate::config::default_ar(usize::MAX),
             cache_dir: None,
             layer_windows: Vec::new(),
         }
@@ -845,10 +848,16 @@ impl Engine {
     /// policy (a template that rewrites earlier turns cannot change what the cache holds). Returns
     /// the number of cached tokens.
     pub fn append_turn(&mut self, role: &str, text: &str) -> Result<usize, EngineError> {
+        let codec = &self.model.tokenizer;
+        check_text_fits(codec, text, self.session.capacity(), false)?;
         let chat = self.chat.get_or_insert_with(Chat::default);
         let mut turns = chat.turns.clone();
         turns.push(Message::new(role, text));
-        let rendered = self.model.chat.render(&turns, role == "user")?;
+        let cap = chat
+            .text
+            .len()
+            .saturating_add(max_text_bytes(codec, self.session.capacity()));
+        let rendered = self.model.chat.render_capped(&turns, role == "user", cap)?;
         let common = chat
             .text
             .char_indices()
@@ -871,16 +880,22 @@ impl Engine {
     /// ([`Session::prefill_reusing`]) keeps the cached tokens that are a prefix of the rendered
     /// conversation, rolls back where they differ (an edited history, an answer that re-tokenizes
     /// differently) and prefills only the rest — the history is never prefilled twice. The result's
-    /// `prompt_tokens` are the tokens fed. (`htpkv chat` uses this; [`Engine::append_turn`] is the
-    /// turn-by-turn form that survives slides.)
+    /// `prompt_tokens` are the tokens fed. (`generate --chat` uses this; [`Engine::append_turn`]
+    /// is the turn-by-turn form that survives slides, which `htpkv chat` uses.)
     pub fn chat(
         &mut self,
         messages: &[Message],
         options: &GenerateOptions,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Generation, EngineError> {
-        let prompt = self.model.chat.render(messages, true)?;
-        let full = self.model.tokenizer.encode(&prompt, true);
+        let (codec, capacity) = (&self.model.tokenizer, self.session.capacity());
+        for m in messages {
+            check_text_fits(codec, &m.content, capacity, false)?;
+        }
+        let cap = max_text_bytes(codec, capacity);
+        let prompt = self.model.chat.render_capped(messages, true, cap)?;
+        check_text_fits(codec, &prompt, capacity, true)?;
+        let full = codec.encode(&prompt, true);
         if full.is_empty() {
             return Err(SessionError::Input("the conversation encodes to no tokens".into()).into());
         }
@@ -945,6 +960,7 @@ impl Engine {
     /// Makes the cache hold BOS + `text` and returns the number of cached tokens, prefilling only
     /// what the cache does not already hold (see [`Session::prefill_reusing`]).
     pub fn prefill_reusing(&mut self, text: &str) -> Result<usize, EngineError> {
+        check_text_fits(&self.model.tokenizer, text, self.session.capacity(), true)?;
         let tokens = self.model.tokenizer.encode(text, true);
         if tokens.len() > self.session.capacity() {
             return Err(SessionError::PromptTooLong {

@@ -48,7 +48,7 @@ pub enum SessionError {
     Input(String),
     /// The prompt does not fit in what is left of the context. With `at_least`, the prompt was
     /// refused before it was tokenized, from a lower bound on its token count
-    /// ([`TextCodec::min_tokens`]).
+    /// ([`check_text_fits`]).
     #[error(
         "the prompt has {}{prompt} tokens but the context holds only {room} more",
         if *at_least { "at least " } else { "" }
@@ -1106,11 +1106,11 @@ pub trait TextCodec {
     fn encode(&self, text: &str, bos: bool) -> Vec<u32>;
     /// Bytes of `token` following `prev`.
     fn decode_piece(&self, prev: u32, token: u32) -> Vec<u8>;
-    /// A lower bound on the number of tokens of `text` (without BOS), cheap to compute, so a
-    /// prompt that cannot fit is refused before it is tokenized. 0 is always correct.
-    fn min_tokens(&self, text: &str) -> usize {
-        let _ = text;
-        0
+    /// The most bytes of text one token stands for, when the tokenizer has such a bound: every
+    /// text reaching the tokenizer is first checked against it ([`check_text_fits`]), so a text
+    /// that cannot fit is refused before it is tokenized. `None` (no bound) is always correct.
+    fn bytes_per_token(&self) -> Option<usize> {
+        None
     }
     /// True when sampling `token` ends the generation (the model's end of text or of a turn).
     /// The default suits llama2.c models: EOS, and BOS (a story model starts the next story).
@@ -1126,9 +1126,45 @@ impl TextCodec for llama2c::Tokenizer {
     fn decode_piece(&self, prev: u32, token: u32) -> Vec<u8> {
         llama2c::Tokenizer::decode_piece(self, prev, token)
     }
-    fn min_tokens(&self, text: &str) -> usize {
-        llama2c::Tokenizer::min_tokens(self, text)
+    fn bytes_per_token(&self) -> Option<usize> {
+        llama2c::Tokenizer::max_piece_bytes(self)
     }
+}
+
+/// A lower bound on the number of tokens of `text` (without BOS) from the codec's
+/// [`TextCodec::bytes_per_token`]; 0 without one.
+pub fn min_tokens(codec: &dyn TextCodec, text: &str) -> usize {
+    codec
+        .bytes_per_token()
+        .map_or(0, |b| text.len().div_ceil(b.max(1)))
+}
+
+/// The longest text, in bytes, that may encode to at most `tokens` tokens (the inverse of
+/// [`min_tokens`]): the output cap of a chat template rendering for `tokens` tokens of room.
+pub fn max_text_bytes(codec: &dyn TextCodec, tokens: usize) -> usize {
+    codec
+        .bytes_per_token()
+        .map_or(usize::MAX, |b| tokens.saturating_mul(b.max(1)))
+}
+
+/// The check every text passes before it reaches the tokenizer (a prompt, each chat turn, a
+/// rendered conversation): refused when its byte length shows that it needs more than `room`
+/// tokens (plus BOS when `bos`), so a text of megabytes is never tokenized whole.
+pub fn check_text_fits(
+    codec: &dyn TextCodec,
+    text: &str,
+    room: usize,
+    bos: bool,
+) -> Result<(), SessionError> {
+    let at_least = min_tokens(codec, text) + usize::from(bos && !text.is_empty());
+    if at_least > room {
+        return Err(SessionError::PromptTooLong {
+            prompt: at_least,
+            room,
+            at_least: true,
+        });
+    }
+    Ok(())
 }
 
 /// BOS and EOS ids of llama2.c tokenizers.
@@ -1145,14 +1181,7 @@ impl<B: Backend> Session<B> {
     ) -> Result<Vec<u32>, SessionError> {
         let bos = self.cache.is_empty();
         let room = self.prompt_room();
-        let at_least = codec.min_tokens(text) + usize::from(bos && !text.is_empty());
-        if at_least > room {
-            return Err(SessionError::PromptTooLong {
-                prompt: at_least,
-                room,
-                at_least: true,
-            });
-        }
+        check_text_fits(codec, text, room, bos)?;
         let tokens = codec.encode(text, bos);
         if tokens.len() > room {
             return Err(SessionError::PromptTooLong {

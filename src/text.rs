@@ -18,7 +18,15 @@ pub struct HfCodec {
     /// GPT-2 style byte-level BPE (token strings spell bytes through GPT-2's byte alphabet);
     /// otherwise SentencePiece style (`▁` for a space, `<0xNN>` for a byte).
     byte_level: bool,
+    /// [`TextCodec::bytes_per_token`]: [`NORMALIZER_SLACK`] times the longest token string.
+    bytes_per_token: usize,
 }
+
+/// How much a Hugging Face normalizer may shrink a text (NFC/NFKC compose three Hangul jamo,
+/// 9 bytes, into one 3-byte syllable): the text bound allows each token `NORMALIZER_SLACK` times
+/// the bytes of the longest token string. (A tokenizer whose token can stand for unbounded text,
+/// such as a fused `<unk>`, is capped by the same rule.)
+pub const NORMALIZER_SLACK: usize = 4;
 
 impl HfCodec {
     /// Wraps `tokenizer`; generation stops at any of `stops` (the model's EOS and end-of-turn).
@@ -27,10 +35,18 @@ impl HfCodec {
             tokenizer.inner().get_decoder(),
             Some(DecoderWrapper::ByteLevel(_))
         );
+        let longest = tokenizer
+            .inner()
+            .get_vocab(true)
+            .keys()
+            .map(String::len)
+            .max()
+            .unwrap_or(1);
         HfCodec {
             tokenizer,
             stops,
             byte_level,
+            bytes_per_token: NORMALIZER_SLACK * longest.max(1),
         }
     }
 
@@ -99,6 +115,10 @@ impl TextCodec for HfCodec {
         }
     }
 
+    fn bytes_per_token(&self) -> Option<usize> {
+        Some(self.bytes_per_token)
+    }
+
     fn is_stop(&self, token: u32) -> bool {
         self.stops.contains(&token)
     }
@@ -111,8 +131,8 @@ impl TextCodec for Box<dyn TextCodec + Send + Sync> {
     fn decode_piece(&self, prev: u32, token: u32) -> Vec<u8> {
         (**self).decode_piece(prev, token)
     }
-    fn min_tokens(&self, text: &str) -> usize {
-        (**self).min_tokens(text)
+    fn bytes_per_token(&self) -> Option<usize> {
+        (**self).bytes_per_token()
     }
     fn is_stop(&self, token: u32) -> bool {
         (**self).is_stop(token)
@@ -144,8 +164,20 @@ impl ChatFormat {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String, model::Error> {
+        self.render_capped(messages, add_generation_prompt, usize::MAX)
+    }
+
+    /// [`ChatFormat::render`] refusing a template rendering of more than `max_bytes` bytes (and
+    /// [`model::chat::MAX_RENDERED_BYTES`]); the template's work is bounded too
+    /// ([`model::chat::TEMPLATE_FUEL`]). The plain fallback's length is the callers' to check.
+    pub fn render_capped(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        max_bytes: usize,
+    ) -> Result<String, model::Error> {
         match &self.template {
-            Some(t) => t.render_chat(messages, add_generation_prompt),
+            Some(t) => t.render_capped(messages, add_generation_prompt, max_bytes),
             None => {
                 let mut out: String = messages
                     .iter()

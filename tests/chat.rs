@@ -125,3 +125,31 @@ fn a_chat_model_is_calibrated_on_conversations_rendered_with_its_template() {
     let expected = format!("<|user|>{question}<|assistant|>{answer}");
     assert_eq!(String::from_utf8(first).unwrap(), expected);
 }
+
+/// A template that writes megabytes (or loops for ever) fails calibration with a limit error
+/// instead of handing the tokenizer 100 MB (issue 21, finding 4).
+#[test]
+fn calibration_stops_a_template_at_its_output_cap_and_fuel() {
+    use htpkv::engine::{EngineError, calibration_sequences};
+    use htpkv::text::ChatFormat;
+    let huge = "{% for i in range(100000) %}{% for m in messages %}{{ m.content }}{% endfor %}\
+                {% endfor %}";
+    let never = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+    let tok = llama2c::Tokenizer::load(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/stories260K/tok512.bin"),
+        512,
+    )
+    .unwrap();
+    for (source, says) in [(huge, "exceeds"), (never, "steps")] {
+        let template = model::ChatTemplate::new(source, "", "")
+            .unwrap()
+            .named("m.gguf: tokenizer.chat_template");
+        let err = calibration_sequences(&tok, &ChatFormat::new(Some(template))).unwrap_err();
+        assert!(matches!(err, EngineError::ModelFile(_)), "{err:?}");
+        let msg = format!("{:#}", anyhow::Error::from(err));
+        assert!(
+            msg.contains("m.gguf: tokenizer.chat_template: ") && msg.contains(says),
+            "{msg}"
+        );
+    }
+}

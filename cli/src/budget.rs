@@ -35,6 +35,10 @@ pub struct Overrides {
     /// Stagger the layers' rebases (shift).
     #[arg(long)]
     stagger: bool,
+    /// Override graph.ar, the AR variants (tokens per step). For a model file the default follows
+    /// the context as `generate` does: 1,32, or 1 below a context of 33.
+    #[arg(long, value_delimiter = ',', value_name = "N,..")]
+    ar: Option<Vec<usize>>,
 }
 
 impl Overrides {
@@ -43,6 +47,12 @@ impl Overrides {
         let mut config = Config::load_any(path)?;
         if let Some(s) = self.context {
             config.graph.context = s;
+            if config.from_model() {
+                config.graph.ar = htpkv::config::default_ar(s);
+            }
+        }
+        if let Some(ar) = &self.ar {
+            config.graph.ar.clone_from(ar);
         }
         if let Some(r) = self.reserve {
             config.kv.reserve = r;

@@ -2,12 +2,12 @@
 //!
 //! Each stdin line is one user turn; the answer streams to stdout as it is sampled, followed by
 //! a newline. `/reset` starts a new conversation (empty cache), `/quit` or end of input ends.
-//! Empty lines are skipped. The KV cache is kept across turns: each turn feeds only the tokens
-//! the cache does not hold yet (see `Engine::chat`).
+//! Empty lines are skipped. The KV cache is kept across turns: each turn feeds only the text the
+//! conversation adds (see `Engine::append_turn`), so with `--overflow slide` (or `restart`) a chat
+//! longer than the context goes on, the policy dropping the oldest turns' tokens.
 
-use crate::generate::{GenerateArgs, open_engine, print_stats, stream};
+use crate::generate::{GenerateArgs, open_engine, print_stats, set_overflow, stream};
 use anyhow::Context;
-use model::Message;
 use std::io::{BufRead, Write};
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
@@ -15,13 +15,14 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         anyhow::bail!("`htpkv chat` reads its turns from stdin; it takes no prompt argument");
     }
     let (mut engine, checked, _) = open_engine(&args)?;
-    let system: Vec<Message> = args
-        .system
-        .as_deref()
-        .map(|s| Message::new("system", s))
-        .into_iter()
-        .collect();
-    let mut messages = system.clone();
+    set_overflow(&args, &mut engine)?;
+    let start = |engine: &mut htpkv::engine::Engine| -> anyhow::Result<()> {
+        if let Some(system) = &args.system {
+            engine.append_turn("system", system)?;
+        }
+        Ok(())
+    };
+    start(&mut engine)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     for line in std::io::stdin().lock().lines() {
@@ -31,21 +32,20 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             "/quit" => break,
             "/reset" => {
                 engine.reset();
-                messages.clone_from(&system);
+                start(&mut engine)?;
                 continue;
             }
             _ => {}
         }
-        messages.push(Message::new("user", &line));
+        engine.append_turn("user", &line)?;
         let mut failed = None;
-        let generation = engine.chat(&messages, &checked.generate, &mut |piece| {
+        engine.generate("", &checked.generate, &mut |piece| {
             stream(&mut out, piece, &mut failed)
         })?;
         if let Some(e) = failed {
             return Err(e).context("writing to stdout");
         }
         writeln!(out).and_then(|()| out.flush())?;
-        messages.push(Message::new("assistant", &generation.text));
     }
     if args.stats {
         print_stats(&engine, checked.engine.strategy);

@@ -259,10 +259,10 @@ fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
         kv_dtype: kv_dtype.unwrap_or(defaults.kv_dtype),
         weights: weights.map_or(defaults.weights, |w| w.name().to_owned()),
         context: args.context,
-        ar: args
-            .ar
-            .clone()
-            .unwrap_or_else(|| beams::default_ar(args, defaults.ar)),
+        ar: args.ar.clone().unwrap_or_else(|| {
+            let ar = args.context.map_or(defaults.ar, htpkv::config::default_ar);
+            beams::default_ar(args, ar)
+        }),
         cache_dir: None,
         layer_windows: args.layer_window.clone(),
     };
@@ -381,6 +381,18 @@ pub fn peak_memory_text() -> String {
     })
 }
 
+/// Sets the session's policy for a full context from `--overflow`, `--keep` and `--slide-chunk`
+/// (`generate` and `chat`).
+pub fn set_overflow(args: &GenerateArgs, engine: &mut Engine) -> anyhow::Result<()> {
+    let chunk = args
+        .slide_chunk
+        .unwrap_or_else(|| (engine.capacity().saturating_sub(args.keep) / 4).max(1));
+    htpkv::session::Overflow::parse(&args.overflow, args.keep, chunk)
+        .and_then(|o| engine.session_mut().set_overflow(o))
+        .map_err(htpkv::engine::EngineError::from)
+        .context("--overflow")
+}
+
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if foreign::wanted(&args) {
         return foreign::run(&args, &check_args(&args)?);
@@ -401,13 +413,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.resume {
         engine.session_mut().restore(path).context("--resume")?;
     }
-    let chunk = args
-        .slide_chunk
-        .unwrap_or_else(|| (engine.capacity().saturating_sub(args.keep) / 4).max(1));
-    htpkv::session::Overflow::parse(&args.overflow, args.keep, chunk)
-        .and_then(|o| engine.session_mut().set_overflow(o))
-        .map_err(htpkv::engine::EngineError::from)
-        .context("--overflow")?;
+    set_overflow(&args, &mut engine)?;
     if beams::wanted(&args) {
         return beams::run(&args, &checked, &mut engine);
     }

@@ -314,3 +314,36 @@ fn budget_sessions_cost_n_regions_plus_the_shared_part() {
     assert!(!zero.status.success());
     assert!(String::from_utf8_lossy(&zero.stderr).contains("--sessions must be at least 1"));
 }
+
+#[test]
+fn budget_and_plan_of_a_model_follow_the_ar_default_of_generate_and_take_ar() {
+    let Some(model) = model::fetched::smollm2_gguf("budget_of_a_model_at_context_64") else {
+        return;
+    };
+    let model = model.to_str().unwrap();
+    // A context of 64 gets AR [1, 32] as generate would, not the AR-128 variant it cannot hold.
+    let doc = ok_json(&["budget", model, "--context", "64", "--json"]);
+    let row = &doc.as_array().expect("an array")[0];
+    assert_eq!(row["ar"], serde_json::json!([1, 32]), "{row}");
+    // A context of 32 is too short for AR-32 beside AR-1: AR [1].
+    let doc = ok_json(&["budget", model, "--context", "32", "--json"]);
+    assert_eq!(doc[0]["ar"], serde_json::json!([1]), "{doc}");
+    // --ar overrides, in budget and plan.
+    let doc = ok_json(&["budget", model, "--context", "64", "--ar", "1,16", "--json"]);
+    assert_eq!(doc[0]["ar"], serde_json::json!([1, 16]), "{doc}");
+    let out = htpkv(&[
+        "plan",
+        model,
+        "--steps",
+        "4",
+        "--context",
+        "64",
+        "--ar",
+        "1,8",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

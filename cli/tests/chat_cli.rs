@@ -128,3 +128,68 @@ fn smollm2_answers_the_capital_of_france_with_f32_weights_and_kv() {
     );
     assert_eq!(ok_stdout(&o).trim_end(), "The capital of France is Paris.");
 }
+
+#[test]
+fn a_chat_longer_than_the_context_slides_with_overflow_slide() {
+    let cache = common::scratch("chat", "slide");
+    let dir = model_dir();
+    let dir = dir.to_str().unwrap();
+    let args = ["--model", dir, "--steps", "12", "--context", "64"];
+    let turns = "Once upon a time\nThe dog ran\n".repeat(6);
+    let o = chat(
+        &[&args[..], &["--overflow", "slide", "--stats"]].concat(),
+        &turns,
+        &cache,
+    );
+    let out = ok_stdout(&o);
+    assert_eq!(out.lines().count(), 12, "{out}");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("slide at "), "{stderr}");
+    // Without a policy the chat stops where the context is full, saying so.
+    let o = chat(&args, &turns, &cache);
+    assert!(!o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("the context holds only"), "{stderr}");
+}
+
+#[test]
+fn a_chat_line_of_megabytes_is_refused_before_it_is_tokenized() {
+    let cache = common::scratch("chat", "huge");
+    let dir = model_dir();
+    let dir = dir.to_str().unwrap();
+    let line = "a".repeat(32 << 20) + "\n";
+    let o = chat(
+        &["--model", dir, "--steps", "4", "--context", "64", "--stats"],
+        &line,
+        &cache,
+    );
+    assert!(!o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("tokens but the context holds only"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("at least"), "{stderr}");
+}
+
+/// Issue 21, finding 13: `--tokenizer FILE` alone is about --tokenizer, not --bundle/--convention.
+#[test]
+fn a_tokenizer_without_binaries_is_named_as_the_option_given() {
+    let cache = common::scratch("chat", "tokenizer-alone");
+    let o = htpkv(
+        &[
+            "generate",
+            "--tokenizer",
+            "/nonexistent/tokenizer.json",
+            "Once",
+        ],
+        &cache,
+    );
+    assert!(!o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("--tokenizer describes context binaries"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("--bundle and --convention"), "{stderr}");
+}

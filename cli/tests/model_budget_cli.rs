@@ -39,3 +39,35 @@ fn budget_and_plan_read_the_geometry_from_a_model_folder() {
     assert!(err.contains("cannot read the model's description"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// Issue 21, finding 6: budget and plan check a model's description against its tensors (the
+/// fuzz seeds: a tiny GGUF whose block_count disagrees with its 2 layers), naming the file and the
+/// tensor once.
+#[test]
+fn budget_and_plan_refuse_a_description_that_disagrees_with_the_tensors() {
+    let dir = common::scratch("model-budget", "disagree");
+    let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/gguf_model");
+    let valid = seeds.join("valid");
+    let o = htpkv(&["budget", valid.to_str().unwrap(), "--json"], &dir);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for (seed, says) in [
+        (
+            "block_count_1000",
+            "tensor blk.2.attn_norm.weight is missing",
+        ),
+        (
+            "block_count_below_layers",
+            "tensor blk.1.attn_norm.weight is not part",
+        ),
+    ] {
+        let file = seeds.join(seed);
+        let file = file.to_str().unwrap();
+        for args in [vec!["budget", file], vec!["plan", file, "--steps", "2"]] {
+            let o = htpkv(&args, &dir);
+            assert!(!o.status.success(), "{args:?}");
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.contains(&format!("{file}: {says}")), "{err}");
+            assert_eq!(err.matches(file).count(), 1, "the path once: {err}");
+        }
+    }
+}

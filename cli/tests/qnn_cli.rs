@@ -972,3 +972,44 @@ fn generate_qnn(args: &[&str], lib: &str) -> Output {
     v.extend(["--backend", "qnn", "--qnn-backend", lib]);
     htpkv(&v, &[])
 }
+
+/// Issue 21, finding 10: a bundle's `rope-dim` (the cos/sin table width, half a head's rotated
+/// dimensions) must match the binaries' heads; htpkv rotates whole heads.
+#[test]
+fn a_bundle_rope_dim_other_than_half_the_head_is_refused_naming_the_field() {
+    let lib = library("libhtpkv_ref_qnn.so");
+    let dir = bundle("rope-dim", "2");
+    let config = dir.join("genie_config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let with = |d: usize| {
+        let pe = format!(
+            r#""model": {{"positional-encoding": {{"type": "rope", "rope-dim": {d}, "rope-theta": 10000}}, "type": "binary","#
+        );
+        std::fs::write(&config, text.replace(r#""model": {"type": "binary","#, &pe)).unwrap();
+        let args = [
+            "generate",
+            "--bundle",
+            dir.to_str().unwrap(),
+            "--steps",
+            "4",
+            "--backend",
+            "qnn",
+            "--qnn-backend",
+            lib.to_str().unwrap(),
+        ];
+        htpkv(&args, &[])
+    };
+    // stories260K: 8-wide heads, so 4 frequencies.
+    let o = with(4);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for (d, says) in [(3, "partial RoPE"), (5, "invalid"), (2, "partial RoPE")] {
+        let o = with(d);
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(&format!("{}: ", config.display())), "{err}");
+        assert!(
+            err.contains(&format!("rope-dim = {d}")) && err.contains(says),
+            "{err}"
+        );
+    }
+}

@@ -372,10 +372,17 @@ impl Tokenizer {
     /// vocabulary there is no such bound and this returns 0. Callers use it to refuse a prompt
     /// that cannot fit before encoding it.
     pub fn min_tokens(&self, text: &str) -> usize {
-        if text.is_empty() || self.has_empty_piece {
+        if text.is_empty() {
             return 0;
         }
-        (text.len() + 1).div_ceil(self.max_piece_bytes.max(1))
+        self.max_piece_bytes()
+            .map_or(0, |b| (text.len() + 1).div_ceil(b))
+    }
+
+    /// The most bytes of text one token stands for (its longest piece), or `None` when a piece
+    /// is empty (then a token may stand for no text and there is no such bound).
+    pub fn max_piece_bytes(&self) -> Option<usize> {
+        (!self.has_empty_piece).then_some(self.max_piece_bytes.max(1))
     }
 
     /// Bytes to print for `token` following `prev` (llama2.c's `decode`): the piece with its

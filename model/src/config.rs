@@ -78,6 +78,28 @@ impl SpecialTokens {
     }
 }
 
+/// Checks a file's count of rotated dimensions per head (`rope.dimension_count`, a bundle's
+/// `rope-dim` doubled, `partial_rotary_factor` times `head_dim`) against `head_dim`. htpkv rotates
+/// whole heads (the shared forward, the reference executor and the runtime's cos/sin tables all
+/// take `head_dim / 2` frequencies), so anything but `head_dim` is refused: a count that no model
+/// can have (zero, odd, above `head_dim`) as invalid, an even one below `head_dim` as partial
+/// RoPE, which is not supported. The reason is for an error naming the file and the field.
+pub fn full_rope_only(rotated: usize, head_dim: usize) -> Result<(), String> {
+    if rotated == head_dim {
+        return Ok(());
+    }
+    if rotated == 0 || rotated % 2 == 1 || rotated > head_dim {
+        return Err(format!(
+            "{rotated} rotated dimensions per head is invalid: RoPE rotates an even number of \
+             dimensions, at least 2 and at most the head's {head_dim}"
+        ));
+    }
+    Err(format!(
+        "partial RoPE ({rotated} of the head's {head_dim} dimensions rotated) is not supported: \
+         htpkv rotates whole heads"
+    ))
+}
+
 /// The description of one Llama-family decoder (Llama 1–3, SmolLM, TinyLlama, Qwen2 with Q/K/V
 /// biases). Weight shapes follow from it; see [`crate::Tensor::shape`].
 #[derive(Debug, Clone, PartialEq)]

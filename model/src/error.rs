@@ -37,6 +37,28 @@ pub enum Error {
         found: Vec<usize>,
     },
 
+    /// A tensor of a model file disagrees with the description its metadata gives (missing, of
+    /// another shape, not accounted for), appears twice, or holds a NaN or infinite value.
+    #[error("{origin}: tensor {name} {reason}")]
+    BadTensor {
+        /// The file (a GGUF file, a safetensors shard, a model folder).
+        origin: String,
+        /// The tensor's name in the file.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// An error about what a model file holds (its description, its tokenizer), with the file.
+    #[error("{origin}")]
+    InFile {
+        /// The file (a GGUF file, a config.json, a tokenizer.json).
+        origin: String,
+        /// What is wrong with it.
+        #[source]
+        source: Box<Error>,
+    },
+
     /// A file could not be read whole (missing, over its size cap, ...); it names the file.
     #[error(transparent)]
     File(#[from] crate::fsio::FileError),
@@ -97,11 +119,23 @@ pub enum Error {
     },
 
     /// The chat template could not be compiled or rendered.
-    #[error("chat template")]
+    #[error("{origin}")]
     Template {
+        /// The template's source: `FILE: tokenizer.chat_template`, `FILE: chat_template`, or
+        /// `chat template` when unnamed.
+        origin: String,
         /// The template engine's error.
         #[source]
         source: minijinja::Error,
+    },
+
+    /// Rendering the chat template went past a limit: its work (fuel) or its output cap.
+    #[error("{origin}: {reason}")]
+    TemplateLimit {
+        /// The template's source, as for [`Error::Template`].
+        origin: String,
+        /// Which limit, with its value.
+        reason: String,
     },
 
     /// A token id is not below the vocabulary size.
@@ -147,6 +181,25 @@ pub enum Error {
 }
 
 impl Error {
+    /// The message followed by each cause's, `: `-separated (as the CLI prints an error).
+    pub fn with_causes(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            text += &format!(": {s}");
+            source = s.source();
+        }
+        text
+    }
+
+    /// `self` as an error about the file `origin` ([`Error::InFile`]).
+    pub(crate) fn in_file(self, origin: impl std::fmt::Display) -> Self {
+        Error::InFile {
+            origin: origin.to_string(),
+            source: Box::new(self),
+        }
+    }
+
     pub(crate) fn config(
         field: &'static str,
         value: impl ToString,

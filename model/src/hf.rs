@@ -11,6 +11,7 @@ use std::sync::Arc;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value as Json;
 
+use crate::weights::HeldTensor;
 use crate::{
     Error, LayerTensor, Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, Tensor,
     Weights,
@@ -53,10 +54,11 @@ pub fn hf_name(t: Tensor) -> String {
 }
 
 impl HfModel {
-    /// Reads `dir/config.json` and every `dir/*.safetensors`.
+    /// Reads `dir/config.json` and every `dir/*.safetensors`, after checking the shards' headers
+    /// against the description ([`check_folder`]); every weight must be finite.
     pub fn load(dir: &Path) -> Result<HfModel, Error> {
         let config = config_from_file(&dir.join("config.json"))?;
-        let files = safetensors_files(dir)?;
+        let files = check_folder(dir, &config)?;
         let mut weights = Weights::with_layers(config.n_layers);
         let mut wanted = Tensor::required(&config);
         for path in &files {
@@ -75,6 +77,96 @@ impl HfModel {
             weights: Arc::new(weights),
         })
     }
+}
+
+/// Largest safetensors header read (the safetensors crate's own limit).
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// The `(name, shape)` of each tensor of a safetensors file, from its header alone.
+fn shard_header(path: &Path) -> Result<Vec<(String, Vec<usize>)>, Error> {
+    use std::io::Read;
+    let origin = path.display().to_string();
+    let bad = |reason: String| Error::Safetensors {
+        origin: origin.clone(),
+        reason,
+    };
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut len = [0u8; 8];
+    match f.read_exact(&mut len) {
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(bad("shorter than the 8 bytes of its header length".into()));
+        }
+        other => other.map_err(io)?,
+    }
+    let n = u64::from_le_bytes(len);
+    if n > MAX_HEADER_BYTES {
+        return Err(bad(format!(
+            "header of {n} bytes (at most {MAX_HEADER_BYTES})"
+        )));
+    }
+    let mut text = Vec::new();
+    f.take(n).read_to_end(&mut text).map_err(io)?;
+    if text.len() as u64 != n {
+        return Err(bad(format!("header of {n} bytes, the file ends first")));
+    }
+    let json: serde_json::Map<String, Json> =
+        serde_json::from_slice(&text).map_err(|e| bad(format!("header: {e}")))?;
+    let mut out = Vec::new();
+    for (name, info) in json {
+        if name == "__metadata__" {
+            continue;
+        }
+        let shape: Option<Vec<usize>> = info["shape"].as_array().and_then(|dims| {
+            dims.iter()
+                .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+                .collect()
+        });
+        let shape = shape.ok_or_else(|| bad(format!("tensor {name} has no valid shape")))?;
+        out.push((name, shape));
+    }
+    Ok(out)
+}
+
+/// Checks the folder's shards against `config` from their headers: no tensor in two shards, and
+/// exactly the tensors the description needs, with their shapes
+/// ([`crate::weights::check_tensor_set`]). Returns the shards in name order.
+pub fn check_folder(dir: &Path, config: &LlamaConfig) -> Result<Vec<PathBuf>, Error> {
+    let files = safetensors_files(dir)?;
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    let mut headers = Vec::new();
+    for path in &files {
+        headers.push(shard_header(path)?);
+    }
+    let mut seen: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    let mut held = Vec::new();
+    for (file, header) in names.iter().zip(&headers) {
+        for (name, shape) in header {
+            if let Some(first) = seen.insert(name, file) {
+                return Err(Error::BadTensor {
+                    origin: first.to_owned(),
+                    name: name.clone(),
+                    reason: format!("is also in {file}: shards must not repeat a tensor"),
+                });
+            }
+            held.push(HeldTensor {
+                name,
+                shape: shape.clone(),
+                file,
+            });
+        }
+    }
+    let origin = dir.join("config.json").display().to_string();
+    crate::weights::check_tensor_set(config, &held, hf_name, &origin)?;
+    Ok(files)
+}
+
+/// True when `dir` holds at least one `*.safetensors` file.
+pub fn has_shards(dir: &Path) -> bool {
+    safetensors_files(dir).is_ok()
 }
 
 /// The folder's `*.safetensors` files in name order (at least one).
@@ -127,6 +219,7 @@ fn take_tensors(
                 view.dtype()
             ),
         })?;
+        crate::weights::check_finite(&path.display().to_string(), &name, &data)?;
         weights.set(t, data)?;
     }
     Ok(missing)
@@ -269,7 +362,18 @@ pub fn config_from_json(text: &str, origin: &str) -> Result<LlamaConfig, Error> 
         },
         layer_windows: layer_windows(&f, model_type)?,
     };
-    config.validate()?;
+    config.validate().map_err(|e| e.in_file(origin))?;
+    let factor = f.f32_or("partial_rotary_factor", 1.0)?;
+    if factor != 1.0 {
+        let rotated = (factor * config.head_dim as f32).round();
+        let rotated = if rotated.is_finite() && rotated >= 0.0 {
+            rotated as usize
+        } else {
+            0
+        };
+        crate::config::full_rope_only(rotated, config.head_dim)
+            .map_err(|why| f.err(format!("partial_rotary_factor = {factor}: {why}")))?;
+    }
     Ok(config)
 }
 

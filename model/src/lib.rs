@@ -69,7 +69,9 @@ mod tokenizer;
 mod weights;
 
 pub use chat::{ChatTemplate, Message};
-pub use config::{Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, limits};
+pub use config::{
+    Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, full_rope_only, limits,
+};
 pub use error::Error;
 pub use forward::{FloatModel, NoTap, Site, Tap};
 pub use load::{LoadedModel, ModelFormat, ModelText, describe, format_of, load, load_text};

@@ -51,7 +51,9 @@ pub fn format_of(path: &Path) -> Result<ModelFormat, Error> {
         path: path.to_path_buf(),
     };
     if path.is_dir() {
-        return match path.join("config.json").is_file() {
+        // Any entry named config.json makes it a Hugging Face folder, so a config.json that is
+        // not a readable file is reported as such (not as "no llama2.c model here").
+        return match path.join("config.json").symlink_metadata().is_ok() {
             true => Ok(ModelFormat::HfFolder),
             false => Err(unknown()),
         };
@@ -65,11 +67,20 @@ pub fn format_of(path: &Path) -> Result<ModelFormat, Error> {
     }
 }
 
-/// The description of the model at `path` without reading its weights (for budgets and plans).
+/// The description of the model at `path` without reading its weights (for budgets and plans),
+/// checked against the tensors its file or shards' headers list.
 pub fn describe(path: &Path) -> Result<LlamaConfig, Error> {
     match format_of(path)? {
         ModelFormat::Gguf => Ok(GgufModel::describe(path)?.0),
-        ModelFormat::HfFolder => config_from_file(&path.join("config.json")),
+        ModelFormat::HfFolder => {
+            let config = config_from_file(&path.join("config.json"))?;
+            // A config.json alone is budgeted on its description; shards, when there are any,
+            // must agree with it.
+            if crate::hf::has_shards(path) {
+                crate::hf::check_folder(path, &config)?;
+            }
+            Ok(config)
+        }
     }
 }
 
@@ -78,7 +89,7 @@ pub fn load(path: &Path) -> Result<LoadedModel, Error> {
     match format_of(path)? {
         ModelFormat::Gguf => {
             let m = GgufModel::load(path)?;
-            let (tokenizer, chat) = gguf_text(&m.file)?;
+            let (tokenizer, chat) = gguf_text(&m.file, path)?;
             Ok(LoadedModel {
                 config: m.config,
                 weights: m.weights,
@@ -105,10 +116,11 @@ pub fn load_text(path: &Path) -> Result<ModelText, Error> {
     let (config, (tokenizer, chat)) = match format_of(path)? {
         ModelFormat::Gguf => {
             let (config, file) = GgufModel::describe(path)?;
-            (config, gguf_text(&file)?)
+            (config, gguf_text(&file, path)?)
         }
         ModelFormat::HfFolder => {
             let config = config_from_file(&path.join("config.json"))?;
+            crate::hf::check_folder(path, &config)?;
             let text = hf_text(path, &config)?;
             (config, text)
         }
@@ -120,11 +132,12 @@ pub fn load_text(path: &Path) -> Result<ModelText, Error> {
     })
 }
 
-fn gguf_text(file: &GgufFile) -> Result<(HfTokenizer, Option<ChatTemplate>), Error> {
-    let tokenizer = HfTokenizer::from_gguf(file)?;
+fn gguf_text(file: &GgufFile, path: &Path) -> Result<(HfTokenizer, Option<ChatTemplate>), Error> {
+    let tokenizer = HfTokenizer::from_gguf(file).map_err(|e| e.in_file(path.display()))?;
     let has_template = file.get("tokenizer.chat_template").is_some();
+    let origin = format!("{}: tokenizer.chat_template", path.display());
     let chat = has_template
-        .then(|| ChatTemplate::from_gguf(file))
+        .then(|| ChatTemplate::from_gguf(file).map(|t| t.named(origin)))
         .transpose()?;
     Ok((tokenizer, chat))
 }

@@ -45,6 +45,8 @@ struct Model {
     declared: Option<(usize, usize)>,
     /// Where the binaries were named, for messages about them as a set.
     origin: String,
+    /// The bundle's `genie_config.json` and its `rope-dim`, checked against the heads' width.
+    rope_dim: Option<(PathBuf, usize)>,
 }
 
 fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
@@ -62,11 +64,26 @@ fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
             bos: b.bos,
             stops: b.eos,
             declared: Some((b.context, b.vocab)),
+            rope_dim: b.rope_dim.map(|d| (dir.join("genie_config.json"), d)),
         });
     }
     if args.compiled.is_empty() {
+        let given: Vec<&str> = [
+            (args.tokenizer.is_some(), "--tokenizer"),
+            (args.convention.is_some(), "--convention"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        let verb = if given.len() == 1 {
+            "describes"
+        } else {
+            "describe"
+        };
         anyhow::bail!(
-            "--convention and --tokenizer go with --compiled FILE… (or use --bundle DIR)"
+            "{} {verb} context binaries made by other tools: give them with --compiled FILE… \
+             (a Genie bundle, --bundle DIR, brings its own tokenizer)",
+            given.join(" and ")
         );
     }
     let tokenizer = args
@@ -85,6 +102,7 @@ fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
         stops: Vec::new(),
         declared: None,
         origin: "the --compiled context binaries".into(),
+        rope_dim: None,
     })
 }
 
@@ -96,10 +114,14 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
         max_handles,
     } = &checked.engine.backend
     else {
+        let m = model_of(args)?;
+        let what = match &args.bundle {
+            Some(dir) => format!("--bundle {}", dir.display()),
+            None => format!("{} context binaries", m.binaries.len()),
+        };
         anyhow::bail!(
-            "--bundle and --convention run context binaries through a QNN library: add --backend \
-             qnn --qnn-backend libQnnHtp.so (on a desktop, the reference library \
-             libhtpkv_ref_qnn.so)"
+            "{what} run through a QNN library: add --backend qnn --qnn-backend libQnnHtp.so (on \
+             a desktop, the reference library libhtpkv_ref_qnn.so)"
         );
     };
     let m = model_of(args)?;
@@ -129,6 +151,17 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
     let mut session = Session::with_contexts(qnn, checked.engine.strategy, allocator, m.rope)
         .map_err(htpkv::engine::EngineError::from)
         .with_context(|| format!("{} do not form one model", m.origin))?;
+    if let Some((config, rope_dim)) = &m.rope_dim {
+        // rope-dim is the width of the cos/sin tables: half the rotated dimensions of a head.
+        let head_dim = session.cache().spec().geometry.head_dim;
+        model::full_rope_only(2 * rope_dim, head_dim).map_err(|why| {
+            anyhow::anyhow!(
+                "{}: dialog.engine.model.positional-encoding.rope-dim = {rope_dim} (the cos/sin \
+                 table width, half the rotated dimensions): {why}",
+                config.display()
+            )
+        })?;
+    }
     let largest = *session.context_lengths().last().expect("a context");
     if let Some((context, vocab)) = m.declared
         && (largest != context || session.vocab_size() != vocab)
@@ -140,9 +173,13 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
             session.vocab_size()
         );
     }
+    let room = session.capacity();
+    let codec = htpkv::text::HfCodec::new(tok, Vec::new());
+    htpkv::session::check_text_fits(&codec, &args.prompt, room, bos.is_some())
+        .map_err(htpkv::engine::EngineError::from)?;
+    let tok = codec.tokenizer();
     let mut prompt: Vec<u32> = bos.into_iter().collect();
     prompt.extend(tok.encode(&args.prompt, false)?);
-    let room = session.capacity();
     if prompt.is_empty() || prompt.len() > room {
         anyhow::bail!(
             "the prompt has {} tokens; the context holds 1 to {room}",

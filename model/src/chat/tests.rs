@@ -35,7 +35,7 @@ fn raise_exception_and_syntax_errors_are_template_errors() {
         "{% if messages[0].role != 'system' %}{{ raise_exception('system first') }}{% endif %}";
     let t = ChatTemplate::new(src, "", "").unwrap();
     let err = t.render_chat(&msgs(), true).unwrap_err();
-    let Error::Template { source } = &err else {
+    let Error::Template { source, .. } = &err else {
         panic!("{err:?}")
     };
     assert!(source.to_string().contains("system first"), "{source}");
@@ -76,4 +76,50 @@ fn tokenizer_config_json_string_and_list_forms() {
     for p in [p, p2, p3] {
         std::fs::remove_file(p).unwrap();
     }
+}
+
+const NESTED_LOOP: &str =
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+
+#[test]
+fn a_template_that_loops_for_ever_runs_out_of_fuel_naming_its_source() {
+    let p = config_file("loop", serde_json::json!({"chat_template": NESTED_LOOP}));
+    let t = ChatTemplate::from_tokenizer_config(&p).unwrap();
+    let started = std::time::Instant::now();
+    let err = t.render_chat(&msgs(), true).unwrap_err();
+    assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
+    let msg = err.to_string();
+    assert!(matches!(err, Error::TemplateLimit { .. }), "{err:?}");
+    assert!(msg.contains(&p.display().to_string()), "{msg}");
+    assert!(
+        msg.contains("chat_template") && msg.contains("steps"),
+        "{msg}"
+    );
+    std::fs::remove_file(p).unwrap();
+}
+
+#[test]
+fn rendering_stops_at_the_output_cap() {
+    let src = "{% for i in range(1000) %}{{ messages[0].content }}{% endfor %}";
+    let t = ChatTemplate::new(src, "", "")
+        .unwrap()
+        .named("x.gguf: tokenizer.chat_template");
+    let long = [Message::new("user", &"y".repeat(1000))];
+    assert_eq!(
+        t.render_capped(&long, true, 1_000_000).unwrap().len(),
+        1_000_000
+    );
+    let err = t.render_capped(&long, true, 999_999).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("x.gguf: tokenizer.chat_template: "),
+        "{msg}"
+    );
+    assert!(msg.contains("exceeds 999999 bytes"), "{msg}");
+    // The cap is never above MAX_RENDERED_BYTES.
+    let many = [Message::new("user", &"y".repeat(MAX_RENDERED_BYTES / 999))];
+    assert!(matches!(
+        t.render_capped(&many, true, usize::MAX),
+        Err(Error::TemplateLimit { .. })
+    ));
 }

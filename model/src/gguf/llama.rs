@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::{GgufFile, Value};
+use crate::weights::HeldTensor;
 use crate::{
     Error, LayerTensor, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, Tensor, Weights,
 };
@@ -91,30 +92,41 @@ fn open(path: &Path) -> Result<(File, GgufFile), Error> {
     Ok((f, file))
 }
 
-/// Reads every tensor `config` needs from `r`, checking each shape.
+/// Checks that the file's tensors are exactly those `config` needs, with their shapes
+/// ([`crate::weights::check_tensor_set`]).
+pub fn check_tensors(file: &GgufFile, config: &LlamaConfig, origin: &str) -> Result<(), Error> {
+    let held: Vec<HeldTensor<'_>> = file
+        .tensors
+        .iter()
+        .map(|t| HeldTensor {
+            name: &t.name,
+            shape: t.shape(),
+            file: origin,
+        })
+        .collect();
+    crate::weights::check_tensor_set(config, &held, gguf_name, origin)
+}
+
+/// Reads every tensor `config` needs from `r`, after checking that the file holds exactly those
+/// ([`check_tensors`]); each must be finite.
 pub fn read_weights(
     file: &GgufFile,
     config: &LlamaConfig,
     r: &mut (impl Read + Seek),
     origin: &str,
 ) -> Result<Weights, Error> {
+    check_tensors(file, config, origin)?;
     let mut w = Weights::with_layers(config.n_layers);
     for t in Tensor::required(config) {
         let name = gguf_name(t);
         let info = file
             .tensor(&name)
             .ok_or(Error::MissingTensor { name: name.clone() })?;
-        if info.shape() != t.shape(config) {
-            return Err(Error::TensorShape {
-                name,
-                expected: t.shape(config),
-                found: info.shape(),
-            });
-        }
         let data = file.read_f32(r, info).map_err(|source| Error::Gguf {
             origin: origin.to_owned(),
             source,
         })?;
+        crate::weights::check_finite(origin, &name, &data)?;
         w.set(t, data)?;
     }
     Ok(w)
@@ -176,7 +188,8 @@ impl Meta<'_> {
     }
 }
 
-/// The model description from a GGUF header.
+/// The model description from a GGUF header, checked against the file's tensors
+/// ([`check_tensors`]).
 pub fn llama_config(file: &GgufFile, origin: &str) -> Result<LlamaConfig, Error> {
     let mut m = Meta {
         file,
@@ -211,7 +224,12 @@ pub fn llama_config(file: &GgufFile, origin: &str) -> Result<LlamaConfig, Error>
         special: special_tokens(&m)?,
         layer_windows: Vec::new(),
     };
-    config.validate()?;
+    config.validate().map_err(|e| e.in_file(origin))?;
+    if let Some(rope_dim) = m.usize("rope.dimension_count")? {
+        let key = format!("{}.rope.dimension_count", m.arch);
+        crate::full_rope_only(rope_dim, config.head_dim).map_err(|why| m.err(&key, why))?;
+    }
+    check_tensors(file, &config, origin)?;
     Ok(config)
 }
 

@@ -80,9 +80,11 @@ fn sliding_windows_come_from_layer_types_or_mistral() {
     ] {
         j["layer_types"] = types;
         j["sliding_window"] = window;
-        let err = config_from_json(&j.to_string(), "t")
-            .unwrap_err()
-            .to_string();
+        let err = config_from_json(&j.to_string(), "t").unwrap_err();
+        let err = match err {
+            Error::InFile { source, .. } => source.to_string(),
+            other => other.to_string(),
+        };
         assert!(err.contains(why), "{err}");
     }
 }
@@ -102,7 +104,8 @@ fn config_json_errors_name_the_field() {
         let err = config_from_json(&j.to_string(), "cfg.json").unwrap_err();
         let text = format!("{err}");
         let named = text.contains(key)
-            || matches!(&err, Error::InvalidConfig { field, .. } if *field == "n_kv_heads");
+            || matches!(&err, Error::InFile { origin, source } if origin == "cfg.json"
+                && matches!(**source, Error::InvalidConfig { field: "n_kv_heads", .. }));
         assert!(named, "{key}: {text}");
     }
     assert!(matches!(
@@ -203,7 +206,7 @@ fn missing_misshapen_and_unsupported_tensors_are_errors() {
     std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
     let err = HfModel::load(&dir).unwrap_err();
     assert!(
-        matches!(&err, Error::MissingTensor { name } if name.starts_with("model.layers.1.")),
+        matches!(&err, Error::BadTensor { name, .. } if name.starts_with("model.layers.1.")),
         "{err}"
     );
     // The second shard again, with one tensor of the wrong shape.
@@ -211,10 +214,7 @@ fn missing_misshapen_and_unsupported_tensors_are_errors() {
     j["intermediate_size"] = json!(20);
     std::fs::write(dir.join("config.json"), j.to_string()).unwrap();
     write_model(&dir, &c, &w, |_| Dtype::F32);
-    assert!(matches!(
-        HfModel::load(&dir),
-        Err(Error::TensorShape { .. })
-    ));
+    assert!(matches!(HfModel::load(&dir), Err(Error::BadTensor { .. })));
     std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
     // Same byte count as f32, but integers.
     write_model(&dir, &c, &w, |t| {
@@ -280,5 +280,116 @@ mod fuzz {
             check(&c, &bytes);
             check(&c, &bytes[..cut.index(bytes.len() + 1)]);
         }
+    }
+}
+
+/// Writes one extra shard `name` holding `tensors` (f32).
+fn write_shard(dir: &Path, name: &str, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
+    let bytes: Vec<Vec<u8>> = tensors.iter().map(|t| encode(&t.2, Dtype::F32)).collect();
+    let views: HashMap<String, TensorView<'_>> = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|(t, b)| {
+            let view = TensorView::new(Dtype::F32, t.1.clone(), b).unwrap();
+            (t.0.clone(), view)
+        })
+        .collect();
+    std::fs::write(dir.join(name), safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+#[test]
+fn a_layer_count_below_the_shards_layers_is_refused_naming_shard_and_tensor() {
+    let dir = temp_dir("fewer-layers");
+    let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
+    write_model(&dir, &c, &synthetic(&c, 41), |_| Dtype::F32);
+    let mut j = tiny_json();
+    j["num_hidden_layers"] = json!(1);
+    std::fs::write(dir.join("config.json"), j.to_string()).unwrap();
+    let shard = dir.join("model-00002-of-00002.safetensors");
+    for err in [
+        HfModel::load(&dir).unwrap_err(),
+        crate::load::describe(&dir).unwrap_err(),
+    ] {
+        let msg = err.to_string();
+        assert!(msg.starts_with(&shard.display().to_string()), "{msg}");
+        assert!(
+            msg.contains("tensor model.layers.1.") && msg.contains("not part"),
+            "{msg}"
+        );
+    }
+    // An unknown extra tensor is refused the same way.
+    std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
+    write_shard(
+        &dir,
+        "extra.safetensors",
+        &[("model.mystery".into(), vec![2], vec![0.0; 2])],
+    );
+    let msg = HfModel::load(&dir).unwrap_err().to_string();
+    assert!(
+        msg.contains("extra.safetensors: tensor model.mystery is not part"),
+        "{msg}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_tensor_in_two_shards_is_refused_naming_both() {
+    let dir = temp_dir("repeated");
+    std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
+    let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
+    let w = synthetic(&c, 42);
+    write_model(&dir, &c, &w, |_| Dtype::F32);
+    let norm = w.tensor(Tensor::OutputNorm).unwrap().to_vec();
+    write_shard(
+        &dir,
+        "model-00003-of-00003.safetensors",
+        &[("model.norm.weight".into(), vec![16], norm)],
+    );
+    let msg = HfModel::load(&dir).unwrap_err().to_string();
+    assert!(
+        msg.contains("model-00001-of-00002.safetensors: tensor model.norm.weight"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("is also in ") && msg.contains("model-00003-of-00003"),
+        "{msg}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_nan_weight_is_refused_when_read_naming_shard_and_tensor() {
+    let dir = temp_dir("nan");
+    std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
+    let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
+    let mut w = synthetic(&c, 43);
+    let mut up = w
+        .tensor(Tensor::Layer(1, LayerTensor::Up))
+        .unwrap()
+        .to_vec();
+    up[5] = f32::NAN;
+    w.set(Tensor::Layer(1, LayerTensor::Up), up).unwrap();
+    write_model(&dir, &c, &w, |_| Dtype::BF16);
+    let msg = HfModel::load(&dir).unwrap_err().to_string();
+    assert!(msg.contains("model-00002-of-00002.safetensors: tensor model.layers.1.mlp.up_proj.weight holds NaN at element 5"), "{msg}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue 21, finding 10: a `partial_rotary_factor` other than 1 is refused, naming the field.
+#[test]
+fn a_partial_rotary_factor_is_refused_naming_the_field() {
+    let mut j = tiny_json();
+    j["partial_rotary_factor"] = json!(1.0);
+    config_from_json(&j.to_string(), "cfg.json").unwrap();
+    for (factor, says) in [(0.5, "partial RoPE"), (0.0, "invalid"), (2.0, "invalid")] {
+        j["partial_rotary_factor"] = json!(factor);
+        let msg = config_from_json(&j.to_string(), "cfg.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.starts_with("bad model config cfg.json: partial_rotary_factor = "),
+            "{msg}"
+        );
+        assert!(msg.contains(says), "{msg}");
     }
 }

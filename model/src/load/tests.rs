@@ -128,3 +128,77 @@ fn hf_folder_files_are_capped_and_special_files_refused() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_gguf_template_that_never_ends_fails_naming_the_file() {
+    let dir = temp_dir("load-gguf-loop");
+    let c = tiny();
+    let mut g: Writer = tiny_gguf(&c, &synthetic(&c, 33));
+    g.kv.extend(
+        vocab_gguf("smollm")
+            .kv
+            .into_iter()
+            .filter(|kv| !kv.0.ends_with("_token_id")),
+    );
+    g.str(
+        "tokenizer.chat_template",
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    );
+    let path = dir.join("loop.gguf");
+    std::fs::write(&path, g.bytes()).unwrap();
+    let chat = load_text(&path).unwrap().chat.unwrap();
+    let err = chat
+        .render_chat(&[Message::new("user", "hi")], true)
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(&format!("{}: tokenizer.chat_template: ", path.display())),
+        "{msg}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue 21, finding 13: errors about what `--model F` holds name F.
+#[test]
+fn description_and_tokenizer_errors_name_the_model_file() {
+    let dir = temp_dir("load-names");
+    let c = tiny();
+    let chain = |e: Error| e.with_causes();
+    // A GGUF tokenizer the loader cannot build.
+    let mut g: Writer = tiny_gguf(&c, &synthetic(&c, 34));
+    g.kv.extend(
+        vocab_gguf("smollm")
+            .kv
+            .into_iter()
+            .filter(|kv| !kv.0.ends_with("_token_id") && kv.0 != "tokenizer.ggml.model"),
+    );
+    g.str("tokenizer.ggml.model", "bert");
+    let path = dir.join("bert.gguf");
+    std::fs::write(&path, g.bytes()).unwrap();
+    let msg = chain(load_text(&path).unwrap_err());
+    assert!(msg.starts_with(&path.display().to_string()), "{msg}");
+    assert!(
+        msg.contains("tokenizer.ggml.model") && msg.contains("bert"),
+        "{msg}"
+    );
+    // A description its own fields contradict.
+    let mut g: Writer = tiny_gguf(&c, &synthetic(&c, 35));
+    g.kv.retain(|kv| kv.0 != "llama.attention.head_count_kv");
+    g.u32("llama.attention.head_count_kv", 3);
+    std::fs::write(&path, g.bytes()).unwrap();
+    let msg = chain(describe(&path).unwrap_err());
+    assert!(msg.starts_with(&path.display().to_string()), "{msg}");
+    assert!(msg.contains("n_kv_heads"), "{msg}");
+    // A folder whose config.json is not a file is a Hugging Face folder with a bad config.json,
+    // not "no llama2.c model here".
+    let hf = dir.join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    std::fs::create_dir(hf.join("config.json")).unwrap();
+    assert_eq!(format_of(&hf).unwrap(), ModelFormat::HfFolder);
+    let msg = chain(describe(&hf).unwrap_err());
+    assert!(
+        msg.contains(&hf.join("config.json").display().to_string()),
+        "{msg}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -103,8 +103,12 @@ fn metadata_problems_name_the_key() {
         g.kv.retain(|kv| kv.0 != "llama.attention.head_count_kv");
         g.u32("llama.attention.head_count_kv", 3);
     });
+    let Error::InFile { origin, source } = bad_heads else {
+        panic!("{bad_heads:?}")
+    };
+    assert_eq!(origin, "test.gguf");
     assert!(matches!(
-        bad_heads,
+        *source,
         Error::InvalidConfig {
             field: "n_kv_heads",
             ..
@@ -120,7 +124,7 @@ fn missing_or_misshapen_tensors_are_errors() {
     g.tensors.retain(|t| t.0 != "blk.1.ffn_up.weight");
     let err = load(&g).unwrap_err();
     assert!(
-        matches!(&err, Error::MissingTensor { name } if name == "blk.1.ffn_up.weight"),
+        matches!(&err, Error::BadTensor { name, .. } if name == "blk.1.ffn_up.weight"),
         "{err}"
     );
     let mut g = tiny_gguf(&c, &w);
@@ -132,7 +136,100 @@ fn missing_or_misshapen_tensors_are_errors() {
     t.1 = vec![8, 16]; // transposed
     let err = load(&g).unwrap_err();
     assert!(
-        matches!(&err, Error::TensorShape { found, .. } if found == &[16, 8]),
+        err.to_string()
+            == "test.gguf: tensor blk.0.attn_k.weight has shape [16, 8], the description needs [8, 16]",
         "{err}"
     );
+}
+
+#[test]
+fn a_block_count_that_disagrees_with_the_tensors_is_refused_naming_file_and_tensor() {
+    let c = tiny();
+    let w = synthetic(&c, 25);
+    let with_blocks = |n: u32| {
+        let mut g = tiny_gguf(&c, &w);
+        for kv in &mut g.kv {
+            if kv.0 == "llama.block_count" {
+                kv.2 = n.to_le_bytes().to_vec();
+            }
+        }
+        let bytes = g.bytes();
+        GgufFile::read(Cursor::new(&bytes), bytes.len() as u64).unwrap()
+    };
+    // Fewer layers than the file holds: the description (what budgets see) is refused already.
+    let err = llama_config(&with_blocks(c.n_layers as u32 - 1), "test.gguf").unwrap_err();
+    let last = c.n_layers - 1;
+    assert!(
+        err.to_string()
+            .starts_with(&format!("test.gguf: tensor blk.{last}.")),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("is not part of the model"),
+        "{err}"
+    );
+    // More layers than it holds.
+    let err = llama_config(&with_blocks(1000), "test.gguf").unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(&format!("test.gguf: tensor blk.{}.", c.n_layers)),
+        "{msg}"
+    );
+    assert!(msg.ends_with("is missing"), "{msg}");
+    // An unknown tensor.
+    let mut g = tiny_gguf(&c, &w);
+    g.f32_tensor("blk.0.mystery.weight", &[2], &[0.0, 0.0]);
+    let msg = load(&g).unwrap_err().to_string();
+    assert!(
+        msg.starts_with("test.gguf: tensor blk.0.mystery.weight is not part"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_nan_weight_is_refused_when_read_naming_file_and_tensor() {
+    let c = tiny();
+    let mut w = synthetic(&c, 26);
+    let t = Tensor::Layer(0, LayerTensor::Down);
+    let mut down = w.tensor(t).unwrap().to_vec();
+    down[3] = f32::INFINITY;
+    w.set(t, down).unwrap();
+    let msg = load(&tiny_gguf(&c, &w)).unwrap_err().to_string();
+    assert_eq!(
+        msg,
+        "test.gguf: tensor blk.0.ffn_down.weight holds inf at element 3 (weights must be finite)"
+    );
+}
+
+/// Issue 21, finding 10: `rope.dimension_count` other than the head width is refused, naming the
+/// file and the key (htpkv rotates whole heads; partial RoPE is not supported).
+#[test]
+fn a_rope_dimension_count_other_than_the_head_width_is_refused() {
+    let c = tiny();
+    let w = synthetic(&c, 27);
+    let with_count = |n: u32| {
+        let mut g = tiny_gguf(&c, &w);
+        g.u32("llama.rope.dimension_count", n);
+        let bytes = g.bytes();
+        let file = GgufFile::read(Cursor::new(&bytes), bytes.len() as u64).unwrap();
+        llama_config(&file, "test.gguf")
+    };
+    assert_eq!(with_count(c.head_dim as u32).unwrap(), c);
+    let hd = c.head_dim as u32;
+    for (n, says) in [
+        (0, "invalid"),
+        (3, "invalid"),
+        (hd - 1, "invalid"),
+        (hd + 2, "invalid"),
+        (1 << 30, "invalid"),
+        (hd - 2, "partial RoPE"),
+    ] {
+        let err = with_count(n).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("test.gguf: metadata llama.rope.dimension_count: "),
+            "{n}: {msg}"
+        );
+        assert!(msg.contains(says), "{n}: {msg}");
+    }
 }
