@@ -178,4 +178,26 @@ fn an_ai_hub_split_that_cannot_be_made_is_refused() {
     );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("needs --convention aihub"), "{err}");
+    let o = common::htpkv(
+        &[
+            "compile",
+            "--contexts",
+            "32,64",
+            "--ar",
+            "1,8",
+            "--parts",
+            "2",
+            "--split",
+            "aihub",
+            "--convention",
+            "aihub",
+            "--tokenizer-json",
+            tok.to_str().unwrap(),
+            "--out",
+            dir.join("y").to_str().unwrap(),
+        ],
+        &dir.join("cache"),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("give --context, not --contexts"), "{err}");
 }
