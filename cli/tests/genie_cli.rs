@@ -153,3 +153,38 @@ fn genie_generates_the_f32_greedy_tokens_from_a_real_htp_bundle() {
     assert_eq!(tokens, STORIES_F32_GREEDY_40, "{doc}");
     assert_eq!(doc["step_ms"].as_array().unwrap().len(), 39, "{doc}");
 }
+
+/// Genie on a genuine context binary from `htpkv compile --target htp` (htpkv's convention, one
+/// graph `ar1_cl64`), under the bundle's genie_config.json: Genie reads it as far as the K/V
+/// tensors and refuses at `GenieDialog_create` (status −1) because K is laid out in rows
+/// (`past_key_0_0 [1, 1, 63, 8]`): Genie takes the K/V update (Scatter or Concat) from the last
+/// dimension of K, which must be the context (AI Hub's transposed K `[kv, 1, head_dim, c - n]`).
+#[test]
+fn genie_refuses_htp_binaries_whose_k_is_in_rows() {
+    let Some((libs, dir, config)) = setup("genie_refuses_htp_binaries_whose_k_is_in_rows", "htp")
+    else {
+        return;
+    };
+    let bundle = config.parent().unwrap();
+    let bin = bundle.join("stories_htp.bin");
+    let backend = libs.backend();
+    let mut args = vec!["compile", "--target", "htp", "--context", "64", "--ar", "1"];
+    args.extend(["--qnn-backend", backend.to_str().unwrap()]);
+    args.extend(["--out", bin.to_str().unwrap()]);
+    let o = common::htpkv(&args, &dir.join("cache"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut doc: Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    doc["dialog"]["engine"]["model"]["binary"]["ctx-bins"] = serde_json::json!(["stories_htp.bin"]);
+    std::fs::write(&config, doc.to_string()).unwrap();
+    let (o, doc) = from_bos(&libs, &dir, &config, "4");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(4), "{doc} {err}");
+    assert_eq!(doc["refused_by"], "GenieDialog_create", "{doc}");
+    assert!(
+        err.contains(
+            "Could not determine whether KV$ uses Scatter or Concat. KV$ has input dimension \
+             8.Expected CL=64 or CL - AR-n=63"
+        ),
+        "{err}"
+    );
+}
