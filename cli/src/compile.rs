@@ -278,8 +278,22 @@ fn check_contexts(args: &CompileArgs, config: &model::LlamaConfig) -> anyhow::Re
 /// Refuses a bad `--parts` (or `--ar` the executorch names cannot tell apart) before compiling,
 /// with the reason `CompiledModel::split` / `with_naming` would give.
 fn check_parts(args: &CompileArgs, n_layers: usize) -> anyhow::Result<()> {
+    let split = ref_backend::Split::from_name(&args.split).unwrap_or_default();
+    if split == ref_backend::Split::AiHub {
+        if args.convention != "aihub" {
+            bail!(
+                "--split aihub names the hidden state as AI Hub does: it needs --convention aihub"
+            );
+        }
+        if args.contexts.len() > 1 {
+            // The embedding-only part has no mask to tell its context length by: the runtime
+            // would take every length's part 1 for each context.
+            bail!("--split aihub writes one context length: give --context, not --contexts");
+        }
+    }
     if let Some(n) = args.parts {
-        ref_backend::Part::split(n_layers, n, args.convention == "aihub")
+        let naming = ref_backend::Naming::AiHub;
+        ref_backend::Part::split_as(n_layers, n, args.convention == "aihub", naming, split)
             .map_err(|reason| anyhow::anyhow!("--parts: {reason}"))?;
     }
     Ok(())
@@ -317,10 +331,8 @@ fn write_output(
     let stem = model_path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned());
+    // Checked by `check_parts` before compiling.
     let split = ref_backend::Split::from_name(&args.split).unwrap_or_default();
-    if split == ref_backend::Split::AiHub && args.convention != "aihub" {
-        bail!("--split aihub names the hidden state as AI Hub does: it needs --convention aihub");
-    }
     let spec = bundle::BundleSpec {
         parts: args.parts.unwrap_or(1),
         split,

@@ -4,62 +4,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use common::library;
 
 use serde_json::Value;
 
-fn library(file: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps.to_path_buf(), deps.join("..")]
-        .into_iter()
-        .map(|d| d.join(file))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{file} not built next to {}", exe.display()))
-}
-
-/// A word-level tokenizer.json of stories260K's pieces (enough for `--bundle`).
-fn tokenizer_json(dir: &Path) -> PathBuf {
-    let tok = llama2c::Tokenizer::load(&common::model_dir().join("tok512.bin"), 512).unwrap();
-    let mut vocab = serde_json::Map::new();
-    vocab.insert("<s>".into(), 1.into());
-    vocab.insert("</s>".into(), 2.into());
-    for id in 0..512u32 {
-        let piece = String::from_utf8_lossy(tok.piece(id).unwrap()).into_owned();
-        vocab.entry(piece).or_insert(id.into());
-    }
-    let json = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
-        "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
-    });
-    let path = dir.join("tokenizer-src.json");
-    std::fs::write(&path, json.to_string()).unwrap();
-    path
-}
-
 fn compile(dir: &Path, name: &str, parts: &str, split: &str) -> std::process::Output {
-    let tok = tokenizer_json(dir);
-    let out = dir.join(name);
-    let args = [
-        "compile",
-        "--context",
-        "64",
-        "--ar",
-        "1,8",
-        "--parts",
-        parts,
-        "--split",
-        split,
-        "--convention",
-        "aihub",
-        "--tokenizer-json",
-        tok.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    common::htpkv(&args, &dir.join("cache"))
+    common::compile_aihub(dir, name, &["--parts", parts, "--split", split])
 }
 
 fn inspect(file: &Path, lib: &str) -> Value {
@@ -161,21 +113,19 @@ fn an_ai_hub_split_that_cannot_be_made_is_refused() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(err.contains("2 layers per part fill only 3 parts"), "{err}");
-    let tok = tokenizer_json(&dir);
-    let o = common::htpkv(
-        &[
-            "compile",
-            "--parts",
-            "2",
-            "--split",
-            "aihub",
-            "--tokenizer-json",
-            tok.to_str().unwrap(),
-            "--out",
-            dir.join("x").to_str().unwrap(),
-        ],
-        &dir.join("cache"),
-    );
-    let err = String::from_utf8_lossy(&o.stderr);
+    let tok = common::stories_tokenizer_json(&dir);
+    let refused = |extra: &[&str]| {
+        let mut args = vec!["compile", "--ar", "1,8", "--parts", "2", "--split", "aihub"];
+        args.extend(extra);
+        args.extend(["--tokenizer-json", tok.to_str().unwrap()]);
+        let out = dir.join("refused");
+        args.extend(["--out", out.to_str().unwrap()]);
+        let o = common::htpkv(&args, &dir.join("cache"));
+        assert!(!o.status.success());
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = refused(&["--context", "64"]);
     assert!(err.contains("needs --convention aihub"), "{err}");
+    let err = refused(&["--contexts", "32,64", "--convention", "aihub"]);
+    assert!(err.contains("give --context, not --contexts"), "{err}");
 }

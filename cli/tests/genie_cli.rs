@@ -37,60 +37,25 @@ fn genie_run(libs: &QnnLibs, dir: &Path, args: &[&str]) -> (Output, Value) {
     (o, doc)
 }
 
-/// A SentencePiece-style tokenizer.json of stories260K's 512 pieces (byte fallback, no merges:
-/// enough for Genie to load; the tests feed token ids).
-fn tokenizer_json(dir: &Path) -> PathBuf {
-    let model = common::model_dir();
-    let tok = llama2c::Tokenizer::load(&model.join("tok512.bin"), 512).unwrap();
-    let mut vocab = serde_json::Map::new();
-    for id in 0..512u32 {
-        let piece = match id {
-            0 => "<unk>".to_string(),
-            1 => "<s>".to_string(),
-            2 => "</s>".to_string(),
-            3..=258 => format!("<0x{:02X}>", id - 3),
-            _ => String::from_utf8_lossy(tok.piece(id).unwrap()).replace(' ', "\u{2581}"),
-        };
-        vocab.entry(piece).or_insert(id.into());
-    }
-    let json = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"},
-        "pre_tokenizer": null, "post_processor": null,
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
-            {"type": "ByteFallback"}, {"type": "Fuse"}]},
-        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
-                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                  "fuse_unk": true, "byte_fallback": true, "vocab": vocab, "merges": []},
-    });
-    let path = dir.join("tokenizer-src.json");
-    std::fs::write(&path, json.to_string()).unwrap();
-    path
+/// `genie-run dialog CONFIG --tokens 1 --max-tokens MAX`: generation from BOS.
+fn from_bos(libs: &QnnLibs, dir: &Path, config: &Path, max: &str) -> (Output, Value) {
+    let config = config.to_str().unwrap();
+    genie_run(
+        libs,
+        dir,
+        &["dialog", config, "--tokens", "1", "--max-tokens", max],
+    )
 }
 
-/// `htpkv compile --parts 2 --convention aihub --context 64` of stories260K into `dir/bundle`.
-fn aihub_bundle(dir: &Path) -> PathBuf {
-    let tok = tokenizer_json(dir);
-    let out = dir.join("bundle");
-    let o = common::htpkv(
-        &[
-            "compile",
-            "--context",
-            "64",
-            "--parts",
-            "2",
-            "--convention",
-            "aihub",
-            "--tokenizer-json",
-            tok.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-        &dir.join("cache"),
-    );
+/// The fetched libraries and a fresh `htpkv compile --parts 2 --convention aihub` bundle of
+/// stories260K (`None` when the libraries are missing outside CI).
+fn setup(test: &str, name: &str) -> Option<(QnnLibs, PathBuf, PathBuf)> {
+    let libs = QnnLibs::fetched_for_test(test)?;
+    let dir = common::scratch("genie_cli", name);
+    let o = common::compile_aihub(&dir, "bundle", &["--parts", "2"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    out
+    let config = dir.join("bundle").join("genie_config.json");
+    Some((libs, dir, config))
 }
 
 /// The genie_config.json htpkv writes passes Genie's own schema (`GenieDialogConfig_createFromJson`
@@ -98,12 +63,9 @@ fn aihub_bundle(dir: &Path) -> PathBuf {
 /// is refused with status −8 and the schema's message, which names the first missing key.
 #[test]
 fn genie_accepts_the_bundle_config_and_refuses_the_old_shape() {
-    let Some(libs) = QnnLibs::fetched_for_test("genie_accepts_the_bundle_config") else {
+    let Some((libs, dir, config)) = setup("genie_accepts_the_bundle_config", "schema") else {
         return;
     };
-    let dir = common::scratch("genie_cli", "schema");
-    let bundle = aihub_bundle(&dir);
-    let config = bundle.join("genie_config.json");
     let (o, doc) = genie_run(&libs, &dir, &["check-config", config.to_str().unwrap()]);
     assert!(
         o.status.success(),
@@ -143,21 +105,11 @@ fn genie_accepts_the_bundle_config_and_refuses_the_old_shape() {
 /// the token comparison.
 #[test]
 fn genie_refuses_reference_format_binaries_at_dialog_create() {
-    let Some(libs) = QnnLibs::fetched_for_test("genie_refuses_reference_format_binaries") else {
+    let Some((libs, dir, config)) = setup("genie_refuses_reference_format_binaries", "refusal")
+    else {
         return;
     };
-    let dir = common::scratch("genie_cli", "refusal");
-    let bundle = aihub_bundle(&dir);
-    let config = bundle.join("genie_config.json");
-    let args = [
-        "dialog",
-        config.to_str().unwrap(),
-        "--tokens",
-        "1",
-        "--max-tokens",
-        "4",
-    ];
-    let (o, doc) = genie_run(&libs, &dir, &args);
+    let (o, doc) = from_bos(&libs, &dir, &config, "4");
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(4), "{doc} {err}");
     assert_eq!(doc["refused_by"], "GenieDialog_create", "{doc}");
@@ -179,7 +131,7 @@ fn genie_and_htpkv_give_the_same_tokens_from_htpkvs_own_htp_bundle() {
         return;
     };
     let dir = common::scratch("genie_cli", "peer");
-    let tok = tokenizer_json(&dir);
+    let tok = common::stories_tokenizer_json(&dir);
     let bundle = dir.join("bundle");
     let cache = dir.join("cache");
     let compile = [

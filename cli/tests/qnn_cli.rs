@@ -9,16 +9,9 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-/// A cdylib cargo built for this test run (dev-dependencies land in `target/<profile>/deps`).
-fn library(file: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps.to_path_buf(), deps.join("..")]
-        .into_iter()
-        .map(|d| d.join(file))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{file} not built next to {}", exe.display()))
-}
+mod common;
+
+use common::library;
 
 fn scratch() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("htpkv-qnn-cli-{}", std::process::id()));

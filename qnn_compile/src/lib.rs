@@ -42,7 +42,7 @@ pub enum CompileError {
         library: std::path::PathBuf,
         /// What the backend said.
         #[source]
-        source: QnnError,
+        source: Box<QnnError>,
     },
 }
 
@@ -106,7 +106,7 @@ pub fn compile(
         move |source| CompileError::Qnn {
             graph,
             library,
-            source,
+            source: Box::new(source),
         }
     };
     let backend = Backend::new(lib, None).map_err(qnn(""))?;

@@ -91,6 +91,28 @@ fn version(genie: &Genie) -> Value {
         .map_or(Value::Null, |(a, b, c)| json!(format!("{a}.{b}.{c}")))
 }
 
+/// A result document: the configuration, the library, Genie's API version and `status`, then
+/// `fields` (an object).
+fn document(
+    config: &Path,
+    genie_path: &Path,
+    genie: &Genie,
+    status: Status,
+    fields: Value,
+) -> Value {
+    let mut doc = json!({
+        "config": config.display().to_string(),
+        "genie": genie_path.display().to_string(),
+        "genie_api": version(genie),
+        "status": status.0,
+        "status_name": status.name(),
+    });
+    if let (Some(d), Value::Object(f)) = (doc.as_object_mut(), fields) {
+        d.extend(f);
+    }
+    doc
+}
+
 fn print(out: Option<&Path>, doc: &Value) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(doc)? + "\n";
     match out {
@@ -119,17 +141,8 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 Err(GenieError::Status { status, .. }) => status,
                 Err(e) => return Err(e.into()),
             };
-            print(
-                out,
-                &json!({
-                    "config": config.display().to_string(),
-                    "genie": path.display().to_string(),
-                    "genie_api": version(&genie),
-                    "valid": !status.is_error(),
-                    "status": status.0,
-                    "status_name": status.name(),
-                }),
-            )?;
+            let fields = json!({"valid": !status.is_error()});
+            print(out, &document(&config, &path, &genie, status, fields))?;
             Ok(if status.is_error() {
                 std::process::ExitCode::from(3)
             } else {
@@ -179,17 +192,8 @@ fn dialog(
     // A refusal by Genie is a result (a document with the failing call and status, exit status
     // 4), not an error of genie-run.
     let refused = |call: &str, status: Status| -> anyhow::Result<std::process::ExitCode> {
-        print(
-            out,
-            &json!({
-                "config": config.display().to_string(),
-                "genie": genie_path.display().to_string(),
-                "genie_api": version(genie),
-                "refused_by": call,
-                "status": status.0,
-                "status_name": status.name(),
-            }),
-        )?;
+        let fields = json!({"refused_by": call});
+        print(out, &document(config, genie_path, genie, status, fields))?;
         Ok(std::process::ExitCode::from(4))
     };
     let cfg = match genie.dialog_config(&doc.to_string()) {
@@ -241,25 +245,18 @@ fn dialog(
     let step_ms: Vec<f64> = times.windows(2).map(|w| (w[1] - w[0]) * 1e3).collect();
     let mean_step_ms =
         (!step_ms.is_empty()).then(|| step_ms.iter().sum::<f64>() / step_ms.len() as f64);
-    print(
-        out,
-        &json!({
-            "config": config.display().to_string(),
-            "genie": genie_path.display().to_string(),
-            "genie_api": version(genie),
-            "status": status.0,
-            "status_name": status.name(),
-            "create_s": create_s,
-            "query_s": query_s,
-            "first_callback_s": times.first(),
-            "callbacks": codes.len(),
+    let fields = json!({
+        "create_s": create_s,
+        "query_s": query_s,
+        "first_callback_s": times.first(),
+        "callbacks": codes.len(),
         "outputs": times.len(),
-            "step_ms": step_ms,
-            "mean_step_ms": mean_step_ms,
-            "sentence_codes": codes,
-            "text": prompt.map(|_| out_text),
-            "tokens": tokens.map(|_| out_tokens),
-        }),
-    )?;
+        "step_ms": step_ms,
+        "mean_step_ms": mean_step_ms,
+        "sentence_codes": codes,
+        "text": prompt.map(|_| out_text),
+        "tokens": tokens.map(|_| out_tokens),
+    });
+    print(out, &document(config, genie_path, genie, status, fields))?;
     Ok(std::process::ExitCode::SUCCESS)
 }

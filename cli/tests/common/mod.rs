@@ -59,3 +59,67 @@ pub fn compile_args(dir: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
     v.extend(extra.iter().map(|a| a.to_string()));
     v
 }
+
+/// A SentencePiece-style tokenizer.json of stories260K's 512 pieces (byte fallback, no merges),
+/// written into `dir`: enough for a bundle that is fed token ids (Genie loads it; `--bundle`
+/// decodes with it).
+pub fn stories_tokenizer_json(dir: &Path) -> PathBuf {
+    let tok = llama2c::Tokenizer::load(&model_dir().join("tok512.bin"), 512).unwrap();
+    let mut vocab = serde_json::Map::new();
+    for id in 0..512u32 {
+        let piece = match id {
+            0 => "<unk>".to_string(),
+            1 => "<s>".to_string(),
+            2 => "</s>".to_string(),
+            3..=258 => format!("<0x{:02X}>", id - 3),
+            _ => String::from_utf8_lossy(tok.piece(id).unwrap()).replace(' ', "\u{2581}"),
+        };
+        vocab.entry(piece).or_insert(id.into());
+    }
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"},
+        "pre_tokenizer": null, "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"}]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
+                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": true, "byte_fallback": true, "vocab": vocab, "merges": []},
+    });
+    let path = dir.join("tokenizer-src.json");
+    std::fs::write(&path, json.to_string()).unwrap();
+    path
+}
+
+/// `htpkv compile --context 64 --ar 1,8 --convention aihub --tokenizer-json … --out dir/name`
+/// with `extra` options (`--parts N`, `--split S`, …), stories260K, compiled models cached in
+/// `dir/cache`.
+pub fn compile_aihub(dir: &Path, name: &str, extra: &[&str]) -> std::process::Output {
+    let tok = stories_tokenizer_json(dir);
+    let out = dir.join(name);
+    let mut args = vec![
+        "compile",
+        "--context",
+        "64",
+        "--ar",
+        "1,8",
+        "--convention",
+        "aihub",
+    ];
+    args.extend(extra);
+    args.extend(["--tokenizer-json", tok.to_str().unwrap()]);
+    args.extend(["--out", out.to_str().unwrap()]);
+    htpkv(&args, &dir.join("cache"))
+}
+
+/// A cdylib cargo built for this test run (dev-dependencies land in `target/<profile>/deps`).
+pub fn library(file: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps.to_path_buf(), deps.join("..")]
+        .into_iter()
+        .map(|d| d.join(file))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{file} not built next to {}", exe.display()))
+}
