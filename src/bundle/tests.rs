@@ -180,7 +180,7 @@ fn htpkv_bundles_read_the_same_before_and_after_the_genie_schema_fields() {
             x.bos,
             x.eos.clone(),
             bins,
-            x.rope.clone(),
+            x.rope,
             x.rope_dim,
         )
     };
