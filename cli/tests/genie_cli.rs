@@ -200,3 +200,29 @@ fn genie_and_htpkv_give_the_same_tokens_from_htpkvs_own_htp_bundle() {
         genie["mean_step_ms"].as_f64().unwrap()
     );
 }
+
+/// Issue 21 finding 1: `genie-run --out` had a writer of its own (`std::fs::write`): it replaced
+/// the configuration it had read, a FIFO or a device. It now goes through the one writer.
+#[test]
+fn genie_run_out_never_replaces_the_config() {
+    let Some(libs) = QnnLibs::fetched_for_test("genie_run_out_never_replaces_the_config") else {
+        return;
+    };
+    let dir = common::scratch("genie", "out-config");
+    let config = dir.join("genie_config.json");
+    std::fs::write(&config, b"{}").unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_genie-run"))
+        .arg("--genie")
+        .arg(libs.genie())
+        .arg("--out")
+        .arg(&config)
+        .arg("check-config")
+        .arg(&config)
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .expect("genie-run runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("it is one of this command's inputs"), "{err}");
+    assert_eq!(std::fs::read(&config).unwrap(), b"{}");
+}

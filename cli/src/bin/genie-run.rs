@@ -21,6 +21,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use genie_ffi::{Genie, GenieError, SentenceCode, Status};
+use model::fsio::{FileKind, read_text_capped, write_atomic_verified};
 use serde_json::{Value, json};
 
 #[derive(Debug, Parser)]
@@ -113,12 +114,17 @@ fn document(
     doc
 }
 
-fn print(out: Option<&Path>, doc: &Value) -> anyhow::Result<()> {
+/// Prints `doc`, or writes it to `out` with the one atomic writer (never over a special file or
+/// one of `inputs`).
+fn print(out: Option<&Path>, doc: &Value, inputs: &[&Path]) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(doc)? + "\n";
     match out {
-        Some(path) => {
-            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
-        }
+        Some(path) => Ok(write_atomic_verified(
+            path,
+            text.as_bytes(),
+            inputs,
+            &mut |_| Ok(()),
+        )?),
         None => {
             print!("{text}");
             Ok(())
@@ -134,15 +140,18 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
     let genie = Genie::load(&path)?;
     match cli.command {
         Command::CheckConfig { config } => {
-            let text = std::fs::read_to_string(&config)
-                .with_context(|| format!("reading {}", config.display()))?;
+            let text = read_text_capped(&config, FileKind::CONFIG)?;
             let status = match genie.dialog_config(&text) {
                 Ok(_) => Status::SUCCESS,
                 Err(GenieError::Status { status, .. }) => status,
                 Err(e) => return Err(e.into()),
             };
             let fields = json!({"valid": !status.is_error()});
-            print(out, &document(&config, &path, &genie, status, fields))?;
+            print(
+                out,
+                &document(&config, &path, &genie, status, fields),
+                &[&config, &path],
+            )?;
             Ok(if status.is_error() {
                 std::process::ExitCode::from(3)
             } else {
@@ -158,7 +167,9 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             &genie,
             out,
             &path,
-            &config,
+            // Absolute: `dialog` enters the configuration's folder, and the output may not
+            // replace it.
+            &std::path::absolute(&config)?,
             prompt.as_deref(),
             tokens.as_deref(),
             max_tokens,
@@ -175,8 +186,7 @@ fn dialog(
     tokens: Option<&[u32]>,
     max_tokens: Option<u32>,
 ) -> anyhow::Result<std::process::ExitCode> {
-    let text =
-        std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
+    let text = read_text_capped(config, FileKind::CONFIG)?;
     let mut doc: Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", config.display()))?;
     if let Some(n) = max_tokens {
@@ -193,7 +203,11 @@ fn dialog(
     // 4), not an error of genie-run.
     let refused = |call: &str, status: Status| -> anyhow::Result<std::process::ExitCode> {
         let fields = json!({"refused_by": call});
-        print(out, &document(config, genie_path, genie, status, fields))?;
+        print(
+            out,
+            &document(config, genie_path, genie, status, fields),
+            &[config, genie_path],
+        )?;
         Ok(std::process::ExitCode::from(4))
     };
     let cfg = match genie.dialog_config(&doc.to_string()) {
@@ -257,6 +271,10 @@ fn dialog(
         "text": prompt.map(|_| out_text),
         "tokens": tokens.map(|_| out_tokens),
     });
-    print(out, &document(config, genie_path, genie, status, fields))?;
+    print(
+        out,
+        &document(config, genie_path, genie, status, fields),
+        &[config, genie_path],
+    )?;
     Ok(std::process::ExitCode::SUCCESS)
 }
