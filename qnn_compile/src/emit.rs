@@ -80,32 +80,25 @@ impl Emitter {
         )
     }
 
-    /// A static u32 parameter tensor.
-    fn u32_param(&mut self, shape: &[u32], v: &[u32]) -> Result<String, QnnError> {
+    /// A static parameter tensor of `dtype` holding `v`.
+    fn param<T: bytemuck::Pod>(
+        &mut self,
+        dtype: u32,
+        shape: &[u32],
+        v: &[T],
+    ) -> Result<String, QnnError> {
         let name = self.fresh("param");
         let bytes: &[u8] = bytemuck::cast_slice(v);
-        self.create(
-            name.clone(),
-            TensorKind::Static,
-            b::QNN_DATATYPE_UINT_32,
-            shape,
-            Some(bytes),
-        )?;
+        self.create(name.clone(), TensorKind::Static, dtype, shape, Some(bytes))?;
         Ok(name)
     }
 
-    /// A static i32 parameter tensor.
+    fn u32_param(&mut self, shape: &[u32], v: &[u32]) -> Result<String, QnnError> {
+        self.param(b::QNN_DATATYPE_UINT_32, shape, v)
+    }
+
     fn i32_param(&mut self, shape: &[u32], v: &[i32]) -> Result<String, QnnError> {
-        let name = self.fresh("param");
-        let bytes: &[u8] = bytemuck::cast_slice(v);
-        self.create(
-            name.clone(),
-            TensorKind::Static,
-            b::QNN_DATATYPE_INT_32,
-            shape,
-            Some(bytes),
-        )?;
-        Ok(name)
+        self.param(b::QNN_DATATYPE_INT_32, shape, v)
     }
 
     /// Adds `op` with `inputs` and one f32 output of `shape`, named `out` (a graph output) or
