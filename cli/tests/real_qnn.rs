@@ -29,30 +29,36 @@ fn ok(out: std::process::Output) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// stories260K compiled once for the real HTP: context 64, AR-1 and AR-8.
-fn binary(htp: &Path) -> &'static PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let dir = scratch("real_qnn", "bin");
-        let out = dir.join("stories260K-htp.bin");
-        let (o, h) = (out.to_str().unwrap(), htp.to_str().unwrap());
-        let args = [
-            "compile",
-            "--target",
-            "htp",
-            "--qnn-backend",
-            h,
-            "--context",
-            "64",
-            "--ar",
-            "1,8",
-            "--out",
-            o,
-        ];
-        let text = ok(htpkv(&args, &dir));
-        assert!(text.contains("ar1_cl64, ar8_cl64"), "{text}");
-        out
-    })
+/// stories260K compiled once per K/V type for the real HTP: context 64, AR-1 and AR-8.
+fn binary(htp: &Path, kv: &str) -> PathBuf {
+    static BINS: OnceLock<std::sync::Mutex<Vec<(String, PathBuf)>>> = OnceLock::new();
+    let bins = BINS.get_or_init(Default::default);
+    let mut bins = bins.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, p)) = bins.iter().find(|(k, _)| k == kv) {
+        return p.clone();
+    }
+    let dir = scratch("real_qnn", &format!("bin-{kv}"));
+    let out = dir.join(format!("stories260K-htp-{kv}.bin"));
+    let (o, h) = (out.to_str().unwrap(), htp.to_str().unwrap());
+    let args = [
+        "compile",
+        "--target",
+        "htp",
+        "--qnn-backend",
+        h,
+        "--context",
+        "64",
+        "--ar",
+        "1,8",
+        "--kv-dtype",
+        kv,
+        "--out",
+        o,
+    ];
+    let text = ok(htpkv(&args, &dir));
+    assert!(text.contains("ar1_cl64, ar8_cl64"), "{text}");
+    bins.push((kv.to_string(), out.clone()));
+    out
 }
 
 fn generate(extra: &[&str], cache: &Path) -> Value {
@@ -61,8 +67,8 @@ fn generate(extra: &[&str], cache: &Path) -> Value {
     serde_json::from_str(&ok(htpkv(&args, cache))).unwrap()
 }
 
-fn qnn_run(htp: &Path, system: &Path, update: &str) -> Value {
-    let bin = binary(htp);
+fn qnn_run(htp: &Path, system: &Path, kv: &str, update: &str) -> Value {
+    let bin = binary(htp, kv);
     let args = [
         "--backend",
         "qnn",
@@ -75,7 +81,7 @@ fn qnn_run(htp: &Path, system: &Path, update: &str) -> Value {
         "--update",
         update,
     ];
-    generate(&args, &scratch("real_qnn", update))
+    generate(&args, &scratch("real_qnn", &format!("{kv}-{update}")))
 }
 
 /// The real system library lists both graphs with htpkv's tensor names and f32 K/V.
@@ -84,7 +90,7 @@ fn the_real_system_library_lists_every_graph_htpkv_compiled() {
     let Some((htp, system)) = libs("real_qnn::inspect") else {
         return;
     };
-    let bin = binary(&htp);
+    let bin = binary(&htp, "f32");
     let out = htpkv(
         &[
             "inspect",
@@ -106,32 +112,36 @@ fn the_real_system_library_lists_every_graph_htpkv_compiled() {
 }
 
 /// The four KV strategies feed the real backend the same windows: the same tokens, and the greedy
-/// text of the float executor with the same f32 weights (HTP computes in fp16: a divergence would
-/// show here first).
+/// text of the reference executor with the same f32 weights and K/V type (HTP computes in fp16: a
+/// divergence would show here first). With u8 K/V the binary's K/V tensors carry htpkv's calibrated
+/// encodings, the ones the reference executor uses: the KV manager copies bytes, never requantizes.
 #[test]
 fn every_strategy_gives_the_reference_tokens_on_the_real_backend() {
     let Some((htp, system)) = libs("real_qnn::strategies") else {
         return;
     };
-    let reference = generate(
-        &[
-            "--context",
-            "64",
-            "--ar",
-            "1,8",
-            "--weights",
-            "f32",
-            "--kv-dtype",
-            "f32",
-        ],
-        &scratch("real_qnn", "reference"),
-    );
-    for update in ["shift", "conveyor", "smart_mask", "naive"] {
-        let run = qnn_run(&htp, &system, update);
-        assert_eq!(run["backend"], "qnn");
-        assert_eq!(
-            run["tokens"], reference["tokens"],
-            "{update}: {run}\nreference: {reference}"
+    for kv in ["f32", "u8"] {
+        let reference = generate(
+            &[
+                "--context",
+                "64",
+                "--ar",
+                "1,8",
+                "--weights",
+                "f32",
+                "--kv-dtype",
+                kv,
+            ],
+            &scratch("real_qnn", &format!("reference-{kv}")),
         );
+        for update in ["shift", "conveyor", "smart_mask", "naive"] {
+            let run = qnn_run(&htp, &system, kv, update);
+            assert_eq!(run["backend"], "qnn");
+            assert_eq!(run["kv_dtype"], kv, "{run}");
+            assert_eq!(
+                run["tokens"], reference["tokens"],
+                "{kv} {update}: {run}\nreference: {reference}"
+            );
+        }
     }
 }

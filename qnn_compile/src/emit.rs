@@ -5,6 +5,26 @@
 use qnn_ffi::bindings as b;
 use qnn_ffi::{GraphBuilder, NewTensor, Param, QnnError, Quantization, Scalar, TensorKind};
 
+/// A per-tensor fixed-point encoding: raw QNN data type, `real = (q + offset) * scale`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fixed {
+    /// Raw `Qnn_DataType_t` (`UFIXED_POINT_8`, `UFIXED_POINT_16`).
+    pub dtype: u32,
+    /// Scale (> 0).
+    pub scale: f32,
+    /// Offset (= -zero point).
+    pub offset: i32,
+}
+
+impl Fixed {
+    fn quantization(self) -> Quantization {
+        Quantization::PerTensor {
+            scale: self.scale,
+            offset: self.offset,
+        }
+    }
+}
+
 /// A value of the graph: a tensor name and its shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Val {
@@ -66,6 +86,55 @@ impl Emitter {
     /// A graph input.
     pub fn input(&mut self, name: &str, dtype: u32, shape: &[u32]) -> Result<Val, QnnError> {
         self.create(name.into(), TensorKind::Input, dtype, shape, None)
+    }
+
+    /// A fixed-point graph input of `enc`, dequantized (`Dequantize`) into a float value.
+    pub fn input_dequantized(
+        &mut self,
+        name: &str,
+        enc: Fixed,
+        shape: &[u32],
+    ) -> Result<Val, QnnError> {
+        self.g.tensor(NewTensor {
+            name: name.into(),
+            kind: TensorKind::Input,
+            dtype: enc.dtype,
+            shape: shape.to_vec(),
+            quant: enc.quantization(),
+            data: None,
+        })?;
+        let v = Val {
+            name: name.into(),
+            shape: shape.to_vec(),
+        };
+        self.op("Dequantize", &[], &[&v], shape, None)
+    }
+
+    /// `a` quantized to `enc` (`Quantize`): a graph output named `out`, or a native tensor.
+    pub fn quantize(&mut self, a: &Val, enc: Fixed, out: Option<&str>) -> Result<Val, QnnError> {
+        let (name, kind) = match out {
+            Some(n) => (n.to_string(), TensorKind::Output),
+            None => (self.fresh("Quantize"), TensorKind::Native),
+        };
+        self.g.tensor(NewTensor {
+            name: name.clone(),
+            kind,
+            dtype: enc.dtype,
+            shape: a.shape.clone(),
+            quant: enc.quantization(),
+            data: None,
+        })?;
+        let node = format!("{name}_op");
+        self.g.node(&node, "Quantize", &[], &[&a.name], &[&name])?;
+        Ok(Val {
+            name,
+            shape: a.shape.clone(),
+        })
+    }
+
+    /// A fixed-point value read back as float (`Dequantize`).
+    pub fn dequantize(&mut self, a: &Val) -> Result<Val, QnnError> {
+        self.op("Dequantize", &[], &[a], &a.shape.clone(), None)
     }
 
     /// A static f32 tensor.

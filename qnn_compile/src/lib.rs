@@ -19,7 +19,8 @@ mod emit;
 pub mod llama;
 
 use emit::Emitter;
-pub use llama::Naming;
+pub use emit::Fixed;
+pub use llama::{KvEncodings, Naming};
 use model::{LlamaConfig, WeightSource};
 pub use qnn_ffi::HtpTarget;
 use qnn_ffi::{
@@ -47,7 +48,7 @@ pub enum CompileError {
 }
 
 /// What to compile.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct HtpOptions {
     /// Context length S.
     pub context: usize,
@@ -57,6 +58,8 @@ pub struct HtpOptions {
     pub target: HtpTarget,
     /// The graphs' IO convention.
     pub naming: Naming,
+    /// Fixed-point K/V encodings (htpkv's convention), or f32 K/V.
+    pub kv: KvEncodings,
 }
 
 /// The graph name of AR-`n` at context `s`: `ar{n}_cl{s}` (htpkv), or AI Hub's
@@ -84,6 +87,19 @@ fn check(c: &LlamaConfig, o: &HtpOptions) -> Result<(), CompileError> {
             "context {} is longer than the model's {}",
             o.context, c.context_length
         ));
+    }
+    if let Some(kv) = &o.kv {
+        if o.naming != Naming::Htpkv {
+            return bad("fixed-point K/V are lowered in htpkv's convention only (for now)".into());
+        }
+        if kv.len() != c.n_layers * c.n_kv_heads {
+            return bad(format!(
+                "{} K/V encodings for {} layers x {} KV heads",
+                kv.len(),
+                c.n_layers,
+                c.n_kv_heads
+            ));
+        }
     }
     if c.layer_windows.iter().any(Option::is_some) {
         return bad("per-layer attention windows are not lowered to QNN yet".into());
@@ -124,7 +140,7 @@ pub fn compile(
             context: o.context,
             naming: o.naming,
         };
-        let e = llama::emit_step(c, w, Emitter::new(g), step).map_err(qnn(&name))?;
+        let e = llama::emit_step(c, w, Emitter::new(g), step, &o.kv).map_err(qnn(&name))?;
         e.into_graph().finalize().map_err(qnn(&name))?;
         progress(&name, i + 1, o.ar.len());
     }

@@ -12,7 +12,7 @@
 //! head `h / kv_mul` with the additive mask, the output projection and residual, the SwiGLU FFN
 //! and residual, the final RMSNorm and the classifier (the embedding when tied).
 
-use crate::emit::{Emitter, Val};
+use crate::emit::{Emitter, Fixed, Val};
 use model::ops::Rope;
 use model::{LayerTensor as L, LlamaConfig, RopePairing, Tensor, WeightSource};
 use qnn_ffi::QnnError;
@@ -42,6 +42,10 @@ pub struct Step {
     pub naming: Naming,
 }
 
+/// Fixed-point K/V: the encoding of each (layer, KV head), `[l * n_kv_heads + h]`, keys then
+/// values; `None`: f32 K/V.
+pub type KvEncodings = Option<Vec<(Fixed, Fixed)>>;
+
 /// A layer's per-layer past K/V inputs (AI Hub's convention only).
 struct LayerKv {
     past: Option<(Val, Val)>,
@@ -54,6 +58,7 @@ struct Lowering<'a> {
     n: u32,
     past: u32,
     naming: Naming,
+    kv: &'a KvEncodings,
 }
 
 fn u(v: usize) -> u32 {
@@ -130,14 +135,36 @@ impl Lowering<'_> {
         self.e.slice(x, 1, u(h) * d, u(h + 1) * d)
     }
 
-    /// Past rows of a K/V input `[1, 1, S-n, D]` followed by the step's new rows `[n, D]`.
-    fn window(&mut self, name: &str, new: &Val) -> Result<Val, QnnError> {
+    /// Past rows of a K/V input `[1, 1, S-n, D]` (dequantized from `enc`) followed by the
+    /// step's new rows `[n, D]`.
+    fn window(&mut self, name: &str, new: &Val, enc: Option<Fixed>) -> Result<Val, QnnError> {
         let d = u(self.c.head_dim);
-        let past = self
-            .e
-            .input(name, b::QNN_DATATYPE_FLOAT_32, &[1, 1, self.past, d])?;
+        let shape = [1, 1, self.past, d];
+        let past = match enc {
+            Some(enc) => self.e.input_dequantized(name, enc, &shape)?,
+            None => self.e.input(name, b::QNN_DATATYPE_FLOAT_32, &shape)?,
+        };
         let past = self.e.reshape(&past, &[self.past, d], None)?;
         self.e.concat(&[&past, new], 0)
+    }
+
+    /// The encodings of (layer, KV head), keys and values.
+    fn kv_encoding(&self, l: usize, h: usize) -> Option<(Fixed, Fixed)> {
+        self.kv.as_ref().map(|v| v[l * self.c.n_kv_heads + h])
+    }
+
+    /// The step's new rows `[n, D]` as output `name` `[1, 1, n, D]` in `enc` (or f32), and as the
+    /// queries of this step see them: read back from `enc`, so AR-n equals n AR-1 steps.
+    fn new_rows(&mut self, rows: &Val, name: &str, enc: Option<Fixed>) -> Result<Val, QnnError> {
+        let (n, d) = (self.n, u(self.c.head_dim));
+        let Some(enc) = enc else {
+            self.e.reshape(rows, &[1, 1, n, d], Some(name))?;
+            return Ok(rows.clone());
+        };
+        let shaped = self.e.reshape(rows, &[1, 1, n, d], None)?;
+        self.e.quantize(&shaped, enc, Some(name))?;
+        let q = self.e.quantize(rows, enc, None)?;
+        self.e.dequantize(&q)
     }
 
     /// Head `h` of a per-layer K/V input (`[H, 1, a, b]`) as `[a, b]`.
@@ -156,15 +183,13 @@ impl Lowering<'_> {
         vh: &Val,
         layer: &LayerKv,
     ) -> Result<(Val, bool, Val), QnnError> {
-        let (n, d) = (self.n, u(self.c.head_dim));
         match self.naming {
             Naming::Htpkv => {
-                self.e
-                    .reshape(kh, &[1, 1, n, d], Some(&format!("new_key_{l}_{h}")))?;
-                self.e
-                    .reshape(vh, &[1, 1, n, d], Some(&format!("new_value_{l}_{h}")))?;
-                let keys = self.window(&format!("past_key_{l}_{h}"), kh)?;
-                let values = self.window(&format!("past_value_{l}_{h}"), vh)?;
+                let (ke, ve) = self.kv_encoding(l, h).unzip();
+                let kh = self.new_rows(kh, &format!("new_key_{l}_{h}"), ke)?;
+                let vh = self.new_rows(vh, &format!("new_value_{l}_{h}"), ve)?;
+                let keys = self.window(&format!("past_key_{l}_{h}"), &kh, ke)?;
+                let values = self.window(&format!("past_value_{l}_{h}"), &vh, ve)?;
                 Ok((keys, false, values))
             }
             Naming::AiHub => {
@@ -367,6 +392,7 @@ pub fn emit_step(
     w: &dyn WeightSource,
     e: Emitter,
     step: Step,
+    kv: &KvEncodings,
 ) -> Result<Emitter, QnnError> {
     let mut lw = Lowering {
         c,
@@ -375,6 +401,7 @@ pub fn emit_step(
         n: u(step.n),
         past: u(step.context - step.n),
         naming: step.naming,
+        kv,
     };
     lw.emit(step)?;
     Ok(lw.e)

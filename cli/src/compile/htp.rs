@@ -8,9 +8,11 @@ use anyhow::{Context, bail};
 use htpkv::engine::{DEFAULT_MAX_CONTEXT, OpenedModel};
 use model::fsio::AtomicDir;
 use model::fsio::{FileKind, check_output, read_capped, write_atomic_verified};
-use qnn_compile::{HtpOptions, HtpTarget, Naming, graph_name};
+use qnn_compile::{Fixed, HtpOptions, HtpTarget, KvEncodings, Naming, graph_name};
+use qnn_ffi::dtype_to_qnn;
 use qnn_ffi::{QnnLibrary, QnnSystemLibrary, SystemContext};
 use quant::DataType;
+use quant::Encoding;
 use ref_backend::WeightType;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -18,8 +20,11 @@ use std::time::Instant;
 /// Options of the reference target that the HTP lowering does not take (yet), refused by name.
 fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
     let mut bad = Vec::new();
-    if args.kv_dtype.is_some_and(|d| d != DataType::F32) {
-        bad.push("--kv-dtype (the HTP lowering's K/V are f32)");
+    if args.kv_dtype == Some(DataType::F16) {
+        bad.push("--kv-dtype f16 (u8, u16 or f32)");
+    }
+    if args.kv_dtype.is_some_and(|d| d != DataType::F32) && args.convention == "aihub" {
+        bad.push("--kv-dtype u8/u16 with --convention aihub (fixed-point K/V: htpkv's convention)");
     }
     if args.weights.is_some_and(|w| w != WeightType::F32) {
         bad.push("--weights (the HTP lowering's weights are f32, run in fp16)");
@@ -110,8 +115,13 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
             arch: args.htp_arch,
         },
         naming,
+        kv: None,
     };
     let started = Instant::now();
+    let opts = HtpOptions {
+        kv: kv_encodings(args, &opened, context)?,
+        ..opts
+    };
     let binary = opened.with_weights(|w| {
         qnn_compile::compile(&lib, &opened.config, w, &opts, &mut |g, done, total| {
             eprintln!(
@@ -176,4 +186,41 @@ fn write_bundle(
     out.write("genie_config.json", text.as_bytes())?;
     out.commit()?;
     Ok(args.out.join(name))
+}
+
+/// With `--kv-dtype u8|u16`: htpkv's calibrated K/V encodings, one per (layer, KV head) shared by
+/// the past and new tensors, exactly as the reference executor and the KV manager use them
+/// (calibration by the f32 forward over the built-in prompts, as `compile` does).
+fn kv_encodings(
+    args: &CompileArgs,
+    opened: &OpenedModel,
+    context: usize,
+) -> anyhow::Result<KvEncodings> {
+    let dtype = match args.kv_dtype {
+        Some(d @ (DataType::U8 | DataType::U16)) => d,
+        _ => return Ok(None),
+    };
+    let mut opts = super::compile_options(args, context);
+    opts.weights = WeightType::F32;
+    let calibration = htpkv::engine::calibration_sequences(&*opened.codec, &opened.chat)?;
+    eprintln!("calibrating the {dtype} K/V encodings ...");
+    let model = opened.compile(&opts, &calibration, &mut |_| {})?;
+    let c = &opened.config;
+    let fixed = |l: usize, h: usize, value: bool| -> anyhow::Result<Fixed> {
+        match model.kv_spec(l, h, value).map(|s| (s.dtype, &s.encoding)) {
+            Some((d, Encoding::PerTensor(so))) => Ok(Fixed {
+                dtype: dtype_to_qnn(d),
+                scale: so.scale,
+                offset: so.offset,
+            }),
+            other => anyhow::bail!("layer {l} head {h}: no per-tensor K/V encoding ({other:?})"),
+        }
+    };
+    let mut v = Vec::with_capacity(c.n_layers * c.n_kv_heads);
+    for l in 0..c.n_layers {
+        for h in 0..c.n_kv_heads {
+            v.push((fixed(l, h, false)?, fixed(l, h, true)?));
+        }
+    }
+    Ok(Some(v))
 }
