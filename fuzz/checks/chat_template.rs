@@ -32,12 +32,14 @@ pub fn check(data: &[u8]) {
             }
             Err(_) => {}
         }
-        let again = template.render_capped(&messages, generation_prompt, CAP);
-        assert_eq!(
-            first.as_ref().ok(),
-            again.as_ref().ok(),
-            "rendering is not deterministic"
-        );
+        if let Ok(text) = &first {
+            let again = template.render_capped(&messages, generation_prompt, CAP);
+            assert_eq!(
+                Some(text),
+                again.as_ref().ok(),
+                "rendering is not deterministic"
+            );
+        }
     }
     const { assert!(CAP < MAX_RENDERED_BYTES) };
 }

@@ -41,8 +41,8 @@ impl Message {
 
 /// Steps of minijinja's VM one rendering may take (its "fuel"). A real chat template renders a
 /// turn in a few hundred steps, so this allows conversations of thousands of turns while a
-/// template that loops for ever (or for 10^10 steps) fails within about a second.
-pub const TEMPLATE_FUEL: u64 = 20_000_000;
+/// template that loops for ever (or for 10^10 steps) fails within a tenth of a second (release).
+pub const TEMPLATE_FUEL: u64 = 2_000_000;
 
 /// The most a rendering may write, in bytes, whatever cap the caller asks for.
 pub const MAX_RENDERED_BYTES: usize = 4 << 20;
