@@ -220,33 +220,22 @@ impl Emitter {
         self.op("ElementWiseMultiply", &[], &[a, b], &s, None)
     }
 
-    /// `a / b` (broadcasting).
-    pub fn div(&mut self, a: &Val, b: &Val) -> Result<Val, QnnError> {
-        let s = Self::broadcast(&a.shape, &b.shape);
-        self.op("ElementWiseDivide", &[], &[a, b], &s, None)
-    }
-
-    /// Element-wise square root.
-    pub fn sqrt(&mut self, a: &Val) -> Result<Val, QnnError> {
-        self.op("ElementWiseSquareRoot", &[], &[a], &a.shape.clone(), None)
-    }
-
     /// Logistic sigmoid.
     pub fn sigmoid(&mut self, a: &Val) -> Result<Val, QnnError> {
         self.op("Sigmoid", &[], &[a], &a.shape.clone(), None)
     }
 
-    /// Mean over the last axis, kept as size 1.
-    pub fn mean_last(&mut self, a: &Val) -> Result<Val, QnnError> {
-        let last = a.shape.len() as u32 - 1;
+    /// RMSNorm over the last axis with weights `gamma` (`[channels]`): QNN's `RmsNorm`, which
+    /// keeps the sum of squares out of fp16's range limit (a composed `mean(x * x)` overflows
+    /// at |x| > 256 in fp16, as SmolLM2's residual stream does).
+    pub fn rmsnorm(&mut self, x: &Val, gamma: &Val, eps: f32) -> Result<Val, QnnError> {
+        let last = x.shape.len() as u32 - 1;
         let axes = self.u32_param(&[1], &[last])?;
-        let mut s = a.shape.clone();
-        s[last as usize] = 1;
         let params = [
+            Param::Scalar("epsilon", Scalar::F32(eps)),
             Param::Tensor("axes", axes),
-            Param::Scalar("keep_dims", Scalar::Bool(true)),
         ];
-        self.op("ReduceMean", &params, &[a], &s, None)
+        self.op("RmsNorm", &params, &[x, gamma], &x.shape.clone(), None)
     }
 
     /// Softmax over the last axis.

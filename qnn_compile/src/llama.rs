@@ -83,16 +83,17 @@ impl Lowering<'_> {
         self.e.constant("c", &[1], &[v])
     }
 
-    /// `w * x / sqrt(mean(x^2) + eps)` per row of `x [n, dim]`.
+    /// `w * x / sqrt(mean(x^2) + eps)` per row of `x [n, dim]` (`RmsNorm`, weights `[dim]`).
     fn rmsnorm(&mut self, x: &Val, weight: Tensor) -> Result<Val, QnnError> {
-        let sq = self.e.mul(x, x)?;
-        let ms = self.e.mean_last(&sq)?;
-        let eps = self.scalar(self.c.rms_eps)?;
-        let ms = self.e.add(&ms, &eps)?;
-        let rms = self.e.sqrt(&ms)?;
-        let xn = self.e.div(x, &rms)?;
-        let w = self.weight(weight)?;
-        self.e.mul(&xn, &w)
+        let data = self
+            .w
+            .tensor(weight)
+            .ok_or_else(|| QnnError::InvalidTensor {
+                tensor: weight.to_string(),
+                reason: "missing from the weights".into(),
+            })?;
+        let gamma = self.e.constant("norm", &[u(data.len())], data)?;
+        self.e.rmsnorm(x, &gamma, self.c.rms_eps)
     }
 
     fn linear(&mut self, x: &Val, w: Tensor, bias: Option<Tensor>) -> Result<Val, QnnError> {
