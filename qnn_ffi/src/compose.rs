@@ -365,9 +365,15 @@ impl GraphBuilder {
             shape: t.shape,
             quant: t.quant,
         };
+        if t.data.is_some() != (t.kind == TensorKind::Static) {
+            return Err(QnnError::InvalidTensor {
+                tensor: info.name,
+                reason: "static tensors, and only they, carry data".into(),
+            });
+        }
         if let Some(data) = t.data {
             let need = info.required_bytes()?;
-            if data.len() != need || t.kind != TensorKind::Static {
+            if data.len() != need {
                 return Err(QnnError::TensorSize {
                     tensor: info.name,
                     found: data.len(),
