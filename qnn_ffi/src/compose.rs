@@ -67,6 +67,12 @@ struct ConfigList<C, T> {
     pointers: Vec<*const C>,
 }
 
+impl<C, T> std::fmt::Debug for ConfigList<C, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ConfigList({} entries)", self.configs.len())
+    }
+}
+
 impl<C, T> ConfigList<C, T> {
     fn new(custom: Vec<T>, wrap: impl Fn(*mut T) -> C) -> Self {
         let mut custom: Vec<Box<T>> = custom.into_iter().map(Box::new).collect();
@@ -296,6 +302,12 @@ pub struct GraphBuilder {
     handle: b::Qnn_GraphHandle_t,
     name: String,
     tensors: HashMap<String, OwnedRawTensor>,
+    /// Copies of static tensors' data, alive until the graph is finalized: the HTP backend reads
+    /// them after `tensorCreateGraphTensor` returns (a parameter tensor built on the stack and
+    /// freed after the call crashed `graphAddNode` inside `libQnnHtp.so`).
+    static_data: Vec<Vec<u8>>,
+    /// The graph's configs, kept alive for the same reason.
+    _configs: ConfigList<b::QnnGraph_Config_t, b::QnnHtpGraph_CustomConfig_t>,
 }
 
 fn c_string(s: &str, what: &str) -> Result<CString, QnnError> {
@@ -331,6 +343,8 @@ impl GraphBuilder {
             handle,
             name: name.to_string(),
             tensors: HashMap::new(),
+            static_data: Vec::new(),
+            _configs: list,
         })
     }
 
@@ -349,7 +363,7 @@ impl GraphBuilder {
         self.tensors.get(name).map(|t| t.dims())
     }
 
-    /// Creates a tensor (`tensorCreateGraphTensor`); static data is copied by the backend.
+    /// Creates a tensor (`tensorCreateGraphTensor`); static data is copied into the builder.
     pub fn tensor(&mut self, t: NewTensor<'_>) -> Result<(), QnnError> {
         if self.tensors.contains_key(&t.name) {
             return Err(QnnError::InvalidTensor {
@@ -382,8 +396,14 @@ impl GraphBuilder {
             }
         }
         let mut owned = OwnedRawTensor::new(&info)?;
-        let mut raw = match t.data {
-            Some(d) => owned.raw_with_client_buffer(d.as_ptr().cast_mut(), d.len() as u32),
+        // QNN may read static data after this call (until the graph is finalized): it lives in
+        // the builder.
+        let kept = t.data.map(|d| {
+            self.static_data.push(d.to_vec());
+            self.static_data.last_mut().expect("just pushed")
+        });
+        let mut raw = match kept {
+            Some(d) => owned.raw_with_client_buffer(d.as_mut_ptr(), d.len() as u32),
             None => owned.raw_with_client_buffer(std::ptr::null_mut(), 0),
         };
         let lib = self.context.backend().library();
