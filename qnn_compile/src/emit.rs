@@ -41,6 +41,30 @@ pub struct Emitter {
     next: usize,
 }
 
+/// A tensor's element type: raw `Qnn_DataType_t` and encoding.
+#[derive(Debug, Clone)]
+struct Elem {
+    dtype: u32,
+    quant: Quantization,
+}
+
+impl Elem {
+    /// A plain (unquantized) element type: float, or integer ids and parameters.
+    fn plain(dtype: u32) -> Elem {
+        Elem {
+            dtype,
+            quant: Quantization::None,
+        }
+    }
+
+    fn fixed(enc: Fixed) -> Elem {
+        Elem {
+            dtype: enc.dtype,
+            quant: enc.quantization(),
+        }
+    }
+}
+
 fn f32_bytes(v: &[f32]) -> &[u8] {
     bytemuck::cast_slice(v)
 }
@@ -65,16 +89,16 @@ impl Emitter {
         &mut self,
         name: String,
         kind: TensorKind,
-        dtype: u32,
+        elem: Elem,
         shape: &[u32],
         data: Option<&[u8]>,
     ) -> Result<Val, QnnError> {
         self.g.tensor(NewTensor {
             name: name.clone(),
             kind,
-            dtype,
+            dtype: elem.dtype,
             shape: shape.to_vec(),
-            quant: Quantization::None,
+            quant: elem.quant,
             data,
         })?;
         Ok(Val {
@@ -85,7 +109,13 @@ impl Emitter {
 
     /// A graph input.
     pub fn input(&mut self, name: &str, dtype: u32, shape: &[u32]) -> Result<Val, QnnError> {
-        self.create(name.into(), TensorKind::Input, dtype, shape, None)
+        self.create(
+            name.into(),
+            TensorKind::Input,
+            Elem::plain(dtype),
+            shape,
+            None,
+        )
     }
 
     /// A fixed-point graph input of `enc`, dequantized (`Dequantize`) into a float value.
@@ -95,41 +125,20 @@ impl Emitter {
         enc: Fixed,
         shape: &[u32],
     ) -> Result<Val, QnnError> {
-        self.g.tensor(NewTensor {
-            name: name.into(),
-            kind: TensorKind::Input,
-            dtype: enc.dtype,
-            shape: shape.to_vec(),
-            quant: enc.quantization(),
-            data: None,
-        })?;
-        let v = Val {
-            name: name.into(),
-            shape: shape.to_vec(),
-        };
-        self.op("Dequantize", &[], &[&v], shape, None)
+        let v = self.create(
+            name.into(),
+            TensorKind::Input,
+            Elem::fixed(enc),
+            shape,
+            None,
+        )?;
+        self.dequantize(&v)
     }
 
     /// `a` quantized to `enc` (`Quantize`): a graph output named `out`, or a native tensor.
     pub fn quantize(&mut self, a: &Val, enc: Fixed, out: Option<&str>) -> Result<Val, QnnError> {
-        let (name, kind) = match out {
-            Some(n) => (n.to_string(), TensorKind::Output),
-            None => (self.fresh("Quantize"), TensorKind::Native),
-        };
-        self.g.tensor(NewTensor {
-            name: name.clone(),
-            kind,
-            dtype: enc.dtype,
-            shape: a.shape.clone(),
-            quant: enc.quantization(),
-            data: None,
-        })?;
-        let node = format!("{name}_op");
-        self.g.node(&node, "Quantize", &[], &[&a.name], &[&name])?;
-        Ok(Val {
-            name,
-            shape: a.shape.clone(),
-        })
+        let shape = a.shape.clone();
+        self.op_to("Quantize", &[], &[a], (&shape, Elem::fixed(enc)), out)
     }
 
     /// A fixed-point value read back as float (`Dequantize`).
@@ -140,13 +149,8 @@ impl Emitter {
     /// A static f32 tensor.
     pub fn constant(&mut self, what: &str, shape: &[u32], v: &[f32]) -> Result<Val, QnnError> {
         let name = self.fresh(what);
-        self.create(
-            name,
-            TensorKind::Static,
-            b::QNN_DATATYPE_FLOAT_32,
-            shape,
-            Some(f32_bytes(v)),
-        )
+        let elem = Elem::plain(b::QNN_DATATYPE_FLOAT_32);
+        self.create(name, TensorKind::Static, elem, shape, Some(f32_bytes(v)))
     }
 
     /// A static parameter tensor of `dtype` holding `v`.
@@ -158,7 +162,8 @@ impl Emitter {
     ) -> Result<String, QnnError> {
         let name = self.fresh("param");
         let bytes: &[u8] = bytemuck::cast_slice(v);
-        self.create(name.clone(), TensorKind::Static, dtype, shape, Some(bytes))?;
+        let elem = Elem::plain(dtype);
+        self.create(name.clone(), TensorKind::Static, elem, shape, Some(bytes))?;
         Ok(name)
     }
 
@@ -180,11 +185,24 @@ impl Emitter {
         shape: &[u32],
         out: Option<&str>,
     ) -> Result<Val, QnnError> {
+        let f32 = Elem::plain(b::QNN_DATATYPE_FLOAT_32);
+        self.op_to(op, params, inputs, (shape, f32), out)
+    }
+
+    /// [`Self::op`] with an output of any shape and element type.
+    fn op_to(
+        &mut self,
+        op: &str,
+        params: &[Param<'_>],
+        inputs: &[&Val],
+        (shape, elem): (&[u32], Elem),
+        out: Option<&str>,
+    ) -> Result<Val, QnnError> {
         let (name, kind) = match out {
             Some(n) => (n.to_string(), TensorKind::Output),
             None => (self.fresh(op), TensorKind::Native),
         };
-        let v = self.create(name, kind, b::QNN_DATATYPE_FLOAT_32, shape, None)?;
+        let v = self.create(name, kind, elem, shape, None)?;
         let node = format!("{}_op", v.name);
         let ins: Vec<&str> = inputs.iter().map(|v| v.name.as_str()).collect();
         self.g.node(&node, op, params, &ins, &[&v.name])?;

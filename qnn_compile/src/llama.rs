@@ -65,12 +65,16 @@ fn u(v: usize) -> u32 {
     v as u32
 }
 
-impl Lowering<'_> {
-    fn weight(&mut self, t: Tensor) -> Result<Val, QnnError> {
-        let data = self.w.tensor(t).ok_or_else(|| QnnError::InvalidTensor {
+impl<'a> Lowering<'a> {
+    fn data(&self, t: Tensor) -> Result<&'a [f32], QnnError> {
+        self.w.tensor(t).ok_or_else(|| QnnError::InvalidTensor {
             tensor: t.to_string(),
             reason: "missing from the weights".into(),
-        })?;
+        })
+    }
+
+    fn weight(&mut self, t: Tensor) -> Result<Val, QnnError> {
+        let data = self.data(t)?;
         // Vectors (norm weights, biases) as one row [1, len], to broadcast over rows.
         let mut shape: Vec<u32> = t.shape(self.c).into_iter().map(u).collect();
         if shape.len() == 1 {
@@ -85,13 +89,7 @@ impl Lowering<'_> {
 
     /// `w * x / sqrt(mean(x^2) + eps)` per row of `x [n, dim]` (`RmsNorm`, weights `[dim]`).
     fn rmsnorm(&mut self, x: &Val, weight: Tensor) -> Result<Val, QnnError> {
-        let data = self
-            .w
-            .tensor(weight)
-            .ok_or_else(|| QnnError::InvalidTensor {
-                tensor: weight.to_string(),
-                reason: "missing from the weights".into(),
-            })?;
+        let data = self.data(weight)?;
         let gamma = self.e.constant("norm", &[u(data.len())], data)?;
         self.e.rmsnorm(x, &gamma, self.c.rms_eps)
     }
