@@ -6,14 +6,15 @@
 //! KL(f32 ‖ HTP). Also reports the time per execute.
 //!
 //! `cargo run --release --example htp_accuracy -- --compiled FILE [--tokens 256] [--update NAME]
-//! [--qnn-backend PATH] [--qnn-system PATH] [--json]` (libraries default to the ones
-//! `scripts/fetch-qnn.sh` fetched). The binary must hold an AR-1 graph with a context longer than
-//! `--tokens`; stories260K (the embedded model) is the model.
+//! [--qnn-backend PATH] [--qnn-system PATH] [--json]` (libraries default as for `htpkv generate`:
+//! `$HTPKV_QNN_BACKEND`/`$HTPKV_QNN_SYSTEM`, else the ones `scripts/fetch-qnn.sh` fetched). The
+//! binary must hold an AR-1 graph with a context longer than `--tokens`; stories260K (the embedded
+//! model) is the model.
 
 use anyhow::{Context, bail};
-use htpkv::engine::{EngineOptions, OpenedModel};
+use htpkv::engine::EngineOptions;
 use htpkv::qnn::QnnBackend;
-use htpkv::qnn_libs::QnnLibs;
+use htpkv::qnn_libs;
 use htpkv::qnn_memory::QnnMemory;
 use htpkv::session::Session;
 use std::path::PathBuf;
@@ -30,9 +31,7 @@ struct Args {
 
 fn parse() -> anyhow::Result<Args> {
     let (mut compiled, mut tokens, mut update, mut json) = (None, 256, "smart_mask".into(), false);
-    let libs = QnnLibs::fetched();
-    let mut backend = libs.as_ref().map(QnnLibs::backend);
-    let mut system = libs.as_ref().map(QnnLibs::system);
+    let (mut backend, mut system) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().with_context(|| format!("{a} needs a value"));
@@ -47,12 +46,14 @@ fn parse() -> anyhow::Result<Args> {
         }
     }
     let fetch = "run scripts/fetch-qnn.sh or pass --qnn-backend/--qnn-system";
+    let backend = qnn_libs::backend_library(backend.as_deref()).context(fetch)?;
+    let system = qnn_libs::system_library(system.as_deref(), &backend).context(fetch)?;
     Ok(Args {
         compiled: compiled.context("--compiled FILE is required")?,
         tokens,
         update,
-        backend: backend.context(fetch)?,
-        system: system.context(fetch)?,
+        backend,
+        system,
         json,
     })
 }
@@ -75,11 +76,11 @@ fn argmax(x: &[f32]) -> usize {
 
 fn main() -> anyhow::Result<()> {
     let a = parse()?;
-    let opened = OpenedModel::open(None)?;
-    let prompt = opened.codec.encode("Once upon a time", true);
     let files = llama2c::ModelFiles::discover(None)?;
     let ckpt = std::sync::Arc::new(llama2c::Checkpoint::load(&files.checkpoint)?);
-    let config = opened.config.clone();
+    let tokenizer = llama2c::Tokenizer::load(&files.tokenizer, ckpt.config.vocab_size)?;
+    let prompt = tokenizer.encode("Once upon a time", true, false);
+    let config = llama2c::llama_config(&ckpt.config);
     let mut f = model::FloatModel::new(config.clone(), ckpt, config.context_length)?;
     let (mut float_logits, mut tokens) = (Vec::new(), prompt.clone());
     for pos in 0..a.tokens {
@@ -106,7 +107,7 @@ fn main() -> anyhow::Result<()> {
     let per_step = started.elapsed().as_secs_f64() / a.tokens as f64;
     let n = a.tokens as f64;
     let doc = serde_json::json!({
-        "model": opened.path,
+        "model": files.checkpoint,
         "compiled": a.compiled,
         "backend": a.backend,
         "tokens": a.tokens,

@@ -96,6 +96,26 @@ impl QnnLibs {
     }
 }
 
+/// The QNN backend library a command uses: `explicit` (its `--qnn-backend`), else
+/// `$HTPKV_QNN_BACKEND`, else the fetched `libQnnHtp.so`; `None` when there is none.
+pub fn backend_library(explicit: Option<&Path>) -> Option<PathBuf> {
+    qnn_ffi::resolve_path(explicit, qnn_ffi::ENV_BACKEND, "backend")
+        .ok()
+        .or_else(|| QnnLibs::fetched().map(|l| l.backend()))
+}
+
+/// The QNN system library to go with `backend`: `explicit` (its `--qnn-system`), else
+/// `$HTPKV_QNN_SYSTEM`, else the fetched `libQnnSystem.so` when `backend` is the fetched
+/// `libQnnHtp.so`; `None` leaves the choice to the caller (e.g. the backend library itself).
+pub fn system_library(explicit: Option<&Path>, backend: &Path) -> Option<PathBuf> {
+    qnn_ffi::resolve_path(explicit, qnn_ffi::ENV_SYSTEM, "system")
+        .ok()
+        .or_else(|| {
+            let libs = QnnLibs::fetched()?;
+            libs.is_backend(backend).then(|| libs.system())
+        })
+}
+
 /// `${XDG_CACHE_HOME:-$HOME/.cache}/htpkv/qnn-2.51`, as the script computes it.
 fn default_root() -> Option<PathBuf> {
     let cache = match std::env::var_os("XDG_CACHE_HOME") {

@@ -197,31 +197,15 @@ fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
         ),
         "reference" => BackendChoice::Reference,
         "qnn" => {
-            let env = |k: &str| {
-                std::env::var_os(k)
-                    .filter(|v| !v.is_empty())
-                    .map(PathBuf::from)
-            };
-            let fetched = htpkv::qnn_libs::QnnLibs::fetched();
-            let backend_lib = args
-                .qnn_backend
-                .clone()
-                .or_else(|| env("HTPKV_QNN_BACKEND"))
-                .or_else(|| fetched.as_ref().map(|l| l.backend()))
+            let backend_lib = htpkv::qnn_libs::backend_library(args.qnn_backend.as_deref())
                 .with_context(|| {
                     format!(
                         "--backend qnn needs --qnn-backend PATH or $HTPKV_QNN_BACKEND (or {})",
                         htpkv::qnn_libs::FETCH_QNN
                     )
                 })?;
-            let system_lib = args
-                .qnn_system
-                .clone()
-                .or_else(|| env("HTPKV_QNN_SYSTEM"))
-                .or_else(|| {
-                    let libs = fetched.as_ref()?;
-                    libs.is_backend(&backend_lib).then(|| libs.system())
-                });
+            let system_lib =
+                htpkv::qnn_libs::system_library(args.qnn_system.as_deref(), &backend_lib);
             BackendChoice::Qnn {
                 backend_lib,
                 system_lib,

@@ -52,14 +52,10 @@ fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
 
 /// The backend library: `--qnn-backend`, `$HTPKV_QNN_BACKEND`, or the fetched one.
 fn backend_path(args: &CompileArgs) -> anyhow::Result<PathBuf> {
-    args.qnn_backend
-        .clone()
-        .or_else(|| std::env::var_os("HTPKV_QNN_BACKEND").map(PathBuf::from))
-        .or_else(|| htpkv::qnn_libs::QnnLibs::fetched().map(|l| l.backend()))
-        .context(
-            "--target htp needs Qualcomm's libQnnHtp.so: run scripts/fetch-qnn.sh, or pass \
+    htpkv::qnn_libs::backend_library(args.qnn_backend.as_deref()).context(
+        "--target htp needs Qualcomm's libQnnHtp.so: run scripts/fetch-qnn.sh, or pass \
              --qnn-backend PATH (or set $HTPKV_QNN_BACKEND)",
-        )
+    )
 }
 
 /// Checks that `file` is a context binary the system library beside `backend` lists with every
