@@ -124,13 +124,21 @@ fn genie_refuses_reference_format_binaries_at_dialog_create() {
 /// Genie bundle whose binary Qualcomm's `libQnnHtp.so` composed and prepared; `htpkv generate
 /// --bundle` (htpkv's KV manager) and Genie 1.21 (`GenieDialog_tokenQuery`, its own KV handling) run
 /// it on the same backend from the same prompt ids and must give the same greedy tokens. Both
-/// runtimes' time per decode step is printed (the README's figures come from this test).
+/// runtimes' time per decode step is printed (the README's figures come from this test). Float
+/// weights, and W8A16 (`--weights i8`: u16 activations and per-channel i8 weights in every matrix
+/// product): Genie runs htpkv's quantized graphs as they are.
 #[test]
 fn genie_and_htpkv_give_the_same_tokens_from_htpkvs_own_htp_bundle() {
     let Some(libs) = QnnLibs::fetched_for_test("genie_and_htpkv_same_tokens") else {
         return;
     };
-    let dir = common::scratch("genie_cli", "peer");
+    for weights in ["f32", "i8"] {
+        same_tokens_from_one_bundle(&libs, weights);
+    }
+}
+
+fn same_tokens_from_one_bundle(libs: &QnnLibs, weights: &str) {
+    let dir = common::scratch("genie_cli", &format!("peer-{weights}"));
     let tok = common::stories_tokenizer_json(&dir);
     let bundle = dir.join("bundle");
     let cache = dir.join("cache");
@@ -144,6 +152,8 @@ fn genie_and_htpkv_give_the_same_tokens_from_htpkvs_own_htp_bundle() {
         "64",
         "--ar",
         "1",
+        "--weights",
+        weights,
         "--tokenizer-json",
         tok.to_str().unwrap(),
         "--out",
@@ -180,7 +190,7 @@ fn genie_and_htpkv_give_the_same_tokens_from_htpkvs_own_htp_bundle() {
         "--max-tokens",
         "32",
     ];
-    let (o, genie) = genie_run(&libs, &dir, &args);
+    let (o, genie) = genie_run(libs, &dir, &args);
     assert!(
         o.status.success(),
         "{genie} {}",
@@ -192,11 +202,11 @@ fn genie_and_htpkv_give_the_same_tokens_from_htpkvs_own_htp_bundle() {
     assert_eq!(
         theirs[..steps],
         ours_tokens[..],
-        "genie: {genie}\nhtpkv: {ours}"
+        "{weights} weights: genie: {genie}\nhtpkv: {ours}"
     );
     let htpkv_ms = 1e3 / ours["decode_tokens_per_second"].as_f64().unwrap();
     eprintln!(
-        "decode step on libQnnHtp.so (emulated), context 64: htpkv {htpkv_ms:.1} ms, Genie {:.1} ms",
+        "decode step on libQnnHtp.so (emulated), context 64, {weights} weights: htpkv {htpkv_ms:.1} ms, Genie {:.1} ms",
         genie["mean_step_ms"].as_f64().unwrap()
     );
 }

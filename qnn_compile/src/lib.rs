@@ -8,15 +8,20 @@
 //! preparation) and returns the context binary. `htpkv generate --backend qnn --compiled FILE` then
 //! runs it with htpkv's KV manager feeding the K/V tensors.
 //!
-//! This first lowering is **float**: f32 inputs and outputs (K/V in f32, the mask additive in f32),
-//! f32 weights as static tensors, and HTP computing in fp16 ([`Precision::Fp16`]). The quantized
-//! lowering (u16 activations, per-channel i8 weights, the KV manager's u8/u16 encodings on the K/V
-//! tensors) is the next step.
+//! Precision: the graphs' inputs and outputs are f32 (the mask additive in f32), HTP computes in
+//! fp16 ([`Precision::Fp16`]) between the quantized pieces, and two things are quantized with
+//! htpkv's own calibrated encodings:
+//! * K/V ([`KvEncodings`]): u8/u16 inputs and outputs in exactly the encodings the KV manager
+//!   holds, past and new rows of a head sharing one (no requantization);
+//! * weights ([`W8A16`]): every matrix product reads u16 activations and the reference
+//!   executor's per-channel i8 weights and writes u16 ([`w8a16`]); or f32 weights.
 
 #![forbid(unsafe_code)]
 
-mod emit;
+pub mod calibrate;
+pub mod emit;
 pub mod llama;
+pub mod w8a16;
 
 use emit::Emitter;
 pub use emit::Fixed;
@@ -27,6 +32,7 @@ use qnn_ffi::{
     Backend, Context, Device, GraphBuilder, GraphOptions, Precision, QnnError, QnnLibrary,
 };
 use std::sync::Arc;
+pub use w8a16::{W8A16, W8Matrix};
 
 /// Errors of [`compile`].
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +66,8 @@ pub struct HtpOptions {
     pub naming: Naming,
     /// Fixed-point K/V encodings (htpkv's convention), or f32 K/V.
     pub kv: KvEncodings,
+    /// W8A16 matrix products ([`w8a16`]), or float weights.
+    pub weights: Option<Arc<W8A16>>,
 }
 
 /// The graph name of AR-`n` at context `s`: `ar{n}_cl{s}` (htpkv), or AI Hub's
@@ -140,7 +148,8 @@ pub fn compile(
             context: o.context,
             naming: o.naming,
         };
-        let e = llama::emit_step(c, w, Emitter::new(g), step, &o.kv).map_err(qnn(&name))?;
+        let w8 = o.weights.as_deref();
+        let e = llama::emit_step(c, w, Emitter::new(g), step, &o.kv, w8).map_err(qnn(&name))?;
         e.into_graph().finalize().map_err(qnn(&name))?;
         progress(&name, i + 1, o.ar.len());
     }

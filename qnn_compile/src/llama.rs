@@ -13,6 +13,7 @@
 //! and residual, the final RMSNorm and the classifier (the embedding when tied).
 
 use crate::emit::{Emitter, Fixed, Val};
+use crate::w8a16::W8A16;
 use model::ops::Rope;
 use model::{LayerTensor as L, LlamaConfig, RopePairing, Tensor, WeightSource};
 use qnn_ffi::QnnError;
@@ -59,6 +60,7 @@ struct Lowering<'a> {
     past: u32,
     naming: Naming,
     kv: &'a KvEncodings,
+    w8: Option<&'a W8A16>,
 }
 
 fn u(v: usize) -> u32 {
@@ -95,8 +97,19 @@ impl<'a> Lowering<'a> {
     }
 
     fn linear(&mut self, x: &Val, w: Tensor, bias: Option<Tensor>) -> Result<Val, QnnError> {
-        let wv = self.weight(w)?;
-        let y = self.e.fully_connected(x, &wv)?;
+        let y = match self.w8 {
+            Some(w8) => {
+                let m = w8.matrices.get(&w).ok_or_else(|| QnnError::InvalidTensor {
+                    tensor: w.to_string(),
+                    reason: "missing from the i8 weights".into(),
+                })?;
+                self.e.fully_connected_w8(x, m)?
+            }
+            None => {
+                let wv = self.weight(w)?;
+                self.e.fully_connected(x, &wv)?
+            }
+        };
         match bias {
             Some(bt) if self.c.qkv_bias => {
                 let bv = self.weight(bt)?;
@@ -365,7 +378,13 @@ impl<'a> Lowering<'a> {
             .input("attention_mask", b::QNN_DATATYPE_FLOAT_32, &[1, 1, n, s])?;
         let mask = self.e.reshape(&mask, &[n, s], None)?;
         let cs = self.rope_rows(step.context)?;
-        let emb = self.weight(Tensor::TokenEmbedding)?;
+        let emb = match self.w8 {
+            Some(w8) => {
+                let shape = [u(c.vocab_size), u(c.dim)];
+                self.e.constant("embedding", &shape, &w8.embedding)?
+            }
+            None => self.weight(Tensor::TokenEmbedding)?,
+        };
         let x = self.e.gather_rows(&emb, &ids)?;
         let mut x = self.e.reshape(&x, &[n, u(c.dim)], None)?;
         for l in 0..c.n_layers {
@@ -385,13 +404,15 @@ impl<'a> Lowering<'a> {
     }
 }
 
-/// Emits the AR-`step.n` graph of model `c` with weights `w` into `e` (see the module docs).
+/// Emits the AR-`step.n` graph of model `c` with weights `w` into `e` (see the module docs); with
+/// `w8`, every matrix product is W8A16 ([`crate::w8a16`]).
 pub fn emit_step(
     c: &LlamaConfig,
     w: &dyn WeightSource,
     e: Emitter,
     step: Step,
     kv: &KvEncodings,
+    w8: Option<&W8A16>,
 ) -> Result<Emitter, QnnError> {
     let mut lw = Lowering {
         c,
@@ -401,6 +422,7 @@ pub fn emit_step(
         past: u(step.context - step.n),
         naming: step.naming,
         kv,
+        w8,
     };
     lw.emit(step)?;
     Ok(lw.e)
