@@ -10,7 +10,9 @@ use model::fsio::AtomicDir;
 use model::fsio::{FileKind, check_output, read_capped, write_atomic_verified};
 use model::{LayerTensor, LlamaConfig, Tensor, WeightSource};
 use qnn_compile::w8a16::{output_encoding, u16_from_i16};
-use qnn_compile::{Fixed, HtpOptions, HtpTarget, KvEncodings, Naming, W8A16, W8Matrix, graph_name};
+use qnn_compile::{
+    Fixed, HtpOptions, HtpTarget, KvEncodings, Naming, PartSpec, W8A16, W8Matrix, graph_name,
+};
 use qnn_ffi::dtype_to_qnn;
 use qnn_ffi::{QnnLibrary, QnnSystemLibrary, SystemContext};
 use quant::DataType;
@@ -26,14 +28,14 @@ fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
     if args.kv_dtype == Some(DataType::F16) {
         bad.push("--kv-dtype f16 (u8, u16 or f32)");
     }
-    if args.kv_dtype.is_some_and(|d| d != DataType::F32) && args.convention == "aihub" {
-        bad.push("--kv-dtype u8/u16 with --convention aihub (fixed-point K/V: htpkv's convention)");
-    }
     if args.weights.is_some_and(|w| w == WeightType::F16) {
         bad.push("--weights f16 (f32, run in fp16, or i8: W8A16)");
     }
-    if args.parts.is_some_and(|p| p != 1) || !args.contexts.is_empty() {
-        bad.push("--parts/--contexts (one binary, one context length)");
+    if args.parts.is_some_and(|p| p != 1) && args.convention != "aihub" {
+        bad.push("--parts without --convention aihub (parts are AI Hub bundles)");
+    }
+    if !args.contexts.is_empty() {
+        bad.push("--contexts (one context length)");
     }
     if args.convention == "executorch" {
         bad.push("--convention executorch (htpkv or aihub)");
@@ -116,83 +118,119 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         naming,
         kv: None,
         weights: None,
+        parts: parts(args, opened.config.n_layers)?,
     };
     let started = Instant::now();
     let reference = calibrated(args, &opened, context)?;
     let opts = HtpOptions {
-        kv: kv_encodings(reference.as_ref(), &opened.config)?,
+        kv: kv_encodings(reference.as_ref(), &opened.config, naming)?,
         ..opts
     };
-    let binary = opened.with_weights(|w| -> anyhow::Result<Vec<u8>> {
+    let binaries = opened.with_weights(|w| -> anyhow::Result<Vec<Vec<u8>>> {
         let opts = HtpOptions {
             weights: w8a16(reference.as_ref(), &opened.config, w, context)?.map(Arc::new),
-            ..opts
+            ..opts.clone()
         };
-        let binary =
+        let binaries =
             qnn_compile::compile(&lib, &opened.config, w, &opts, &mut |g, done, total| {
                 eprintln!(
                     "prepared graph {g} ({done}/{total}) in {:.1?}",
                     started.elapsed()
                 )
             })?;
-        Ok(binary)
+        Ok(binaries)
     })??;
-    let names: Vec<String> = (args.ar.iter())
-        .map(|&n| graph_name(naming, n, context))
-        .collect();
+    let names = |p: &PartSpec| -> Vec<String> {
+        (args.ar.iter())
+            .map(|&n| graph_name(naming, n, context, p))
+            .collect()
+    };
     let written = match &tokenizer {
         None => {
-            write_atomic_verified(&args.out, &binary, &inputs, &mut |tmp| {
+            let names = names(&opts.parts[0]);
+            write_atomic_verified(&args.out, &binaries[0], &inputs, &mut |tmp| {
                 verify(&backend, tmp, &names).map_err(Into::into)
             })?;
-            args.out.clone()
+            vec![args.out.clone()]
         }
-        Some(tok) => write_bundle(
-            args,
-            &opened,
-            context,
-            (&binary, tok),
-            &inputs,
-            &mut |tmp| verify(&backend, tmp, &names),
-        )?,
+        Some(tok) => {
+            let files: Vec<_> = binaries.iter().zip(&opts.parts).collect();
+            write_bundle(
+                args,
+                &opened,
+                context,
+                (&files, tok),
+                &inputs,
+                &mut |tmp, p| verify(&backend, tmp, &names(p)),
+            )?
+        }
     };
+    let all: Vec<String> = opts.parts.iter().flat_map(names).collect();
     crate::output::to_stdout(|out| {
+        let bytes: usize = binaries.iter().map(Vec::len).sum();
+        let files: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
         writeln!(
             out,
-            "wrote {} ({} bytes) in {:.2?}: a QNN context binary from {} with graphs {}",
-            written.display(),
-            binary.len(),
+            "wrote {} ({bytes} bytes) in {:.2?}: QNN context binaries from {} with graphs {}",
+            files.join(", "),
             started.elapsed(),
             backend.display(),
-            names.join(", ")
+            all.join(", ")
         )
     })
 }
 
-/// The Genie bundle of one part in `args.out`, written whole (a temporary directory renamed into
-/// place); the binary is verified before it counts. Returns the binary's path.
+/// The parts `--parts N [--split aihub|balanced]` cut the model into (AI Hub's convention), or the
+/// whole model.
+fn parts(args: &CompileArgs, n_layers: usize) -> anyhow::Result<Vec<PartSpec>> {
+    let Some(count) = args.parts else {
+        return Ok(vec![PartSpec::whole(n_layers)]);
+    };
+    let split = ref_backend::Split::from_name(&args.split).unwrap_or_default();
+    let parts =
+        ref_backend::Part::split_as(n_layers, count, true, ref_backend::Naming::AiHub, split)
+            .map_err(|reason| anyhow::anyhow!("--parts: {reason}"))?;
+    Ok(parts
+        .iter()
+        .map(|p| PartSpec {
+            index: p.index,
+            count: p.count,
+            layers: p.layers.clone(),
+            hidden_in: (!p.is_first()).then(|| p.hidden_in_name()),
+            hidden_out: (!p.is_last()).then(|| p.hidden_out_name()),
+        })
+        .collect())
+}
+
+/// The Genie bundle of `binaries` (one per part, with the part) in `args.out`, written whole (a
+/// temporary directory renamed into place); each binary is verified before it counts. Returns
+/// the binaries' paths.
 fn write_bundle(
     args: &CompileArgs,
     opened: &OpenedModel,
     context: usize,
-    (binary, tokenizer): (&[u8], &[u8]),
+    (binaries, tokenizer): (&[(&Vec<u8>, &PartSpec)], &[u8]),
     inputs: &[&Path],
-    verify: &mut dyn FnMut(&Path) -> Result<(), String>,
-) -> anyhow::Result<PathBuf> {
+    verify: &mut dyn FnMut(&Path, &PartSpec) -> Result<(), String>,
+) -> anyhow::Result<Vec<PathBuf>> {
     let stem = opened
         .path
         .file_stem()
         .map_or("model".into(), |s| s.to_string_lossy());
-    let name = format!("{stem}_part_1_of_1.bin");
     let out = AtomicDir::create(&args.out, inputs)?;
-    out.write(&name, binary)?;
-    verify(&out.path_of(&name)).map_err(|e| anyhow::anyhow!("verifying {name}: {e}"))?;
+    let mut names = Vec::with_capacity(binaries.len());
+    for (binary, part) in binaries {
+        let name = format!("{stem}_part_{}_of_{}.bin", part.index + 1, part.count);
+        out.write(&name, binary)?;
+        verify(&out.path_of(&name), part).map_err(|e| anyhow::anyhow!("verifying {name}: {e}"))?;
+        names.push(name);
+    }
     out.write("tokenizer.json", tokenizer)?;
-    let config = genie_config(&opened.config, context, std::slice::from_ref(&name));
+    let config = genie_config(&opened.config, context, &names);
     let text = serde_json::to_string_pretty(&config)?;
     out.write("genie_config.json", text.as_bytes())?;
     out.commit()?;
-    Ok(args.out.join(name))
+    Ok(names.iter().map(|n| args.out.join(n)).collect())
 }
 
 /// The reference executor's options when something must be calibrated (`--kv-dtype u8|u16`
@@ -231,21 +269,39 @@ fn calibrated(
     Ok(Some(opened.compile(&opts, &calibration, &mut |_| {})?))
 }
 
-/// With fixed-point K/V: the calibrated K/V encodings, one per (layer, KV head) shared by the
-/// past and new tensors, exactly as the reference executor and the KV manager use them.
-fn kv_encodings(model: Option<&CompiledModel>, c: &LlamaConfig) -> anyhow::Result<KvEncodings> {
+/// With fixed-point K/V: the calibrated K/V encodings, shared by the past and new tensors: one
+/// per (layer, KV head) in htpkv's convention, exactly as the reference executor and the KV
+/// manager use them; in AI Hub's, whose K/V tensors hold a whole layer, one per layer covering
+/// the union of its heads' calibrated ranges (QNN's activations take one encoding per tensor).
+fn kv_encodings(
+    model: Option<&CompiledModel>,
+    c: &LlamaConfig,
+    naming: Naming,
+) -> anyhow::Result<KvEncodings> {
     let Some(model) = model.filter(|m| m.options().kv_dtype != DataType::F32) else {
         return Ok(None);
     };
-    let fixed = |l: usize, h: usize, value: bool| -> anyhow::Result<Fixed> {
+    let spec = |l: usize, h: usize, value: bool| -> anyhow::Result<(DataType, ScaleOffset)> {
         match model.kv_spec(l, h, value).map(|s| (s.dtype, &s.encoding)) {
-            Some((d, Encoding::PerTensor(so))) => Ok(Fixed {
-                dtype: dtype_to_qnn(d),
-                scale: so.scale,
-                offset: so.offset,
-            }),
+            Some((d, Encoding::PerTensor(so))) => Ok((d, *so)),
             other => anyhow::bail!("layer {l} head {h}: no per-tensor K/V encoding ({other:?})"),
         }
+    };
+    let fixed = |l: usize, h: usize, value: bool| -> anyhow::Result<Fixed> {
+        let (dtype, so) = match naming {
+            Naming::Htpkv => spec(l, h, value)?,
+            Naming::AiHub => {
+                let heads: Vec<_> = (0..c.n_kv_heads)
+                    .map(|h| spec(l, h, value))
+                    .collect::<anyhow::Result<_>>()?;
+                layer_encoding(&heads)?
+            }
+        };
+        Ok(Fixed {
+            dtype: dtype_to_qnn(dtype),
+            scale: so.scale,
+            offset: so.offset,
+        })
     };
     let mut v = Vec::with_capacity(c.n_layers * c.n_kv_heads);
     for l in 0..c.n_layers {
@@ -254,6 +310,18 @@ fn kv_encodings(model: Option<&CompiledModel>, c: &LlamaConfig) -> anyhow::Resul
         }
     }
     Ok(Some(v))
+}
+
+/// One encoding of `heads`' type whose range covers each head's (asymmetric, as calibrated).
+fn layer_encoding(heads: &[(DataType, ScaleOffset)]) -> anyhow::Result<(DataType, ScaleOffset)> {
+    let dtype = heads[0].0;
+    let (qmin, qmax) = dtype.integer_range().context("a float K/V type")?;
+    let (lo, hi) = heads.iter().fold((0f32, 0f32), |(lo, hi), (_, so)| {
+        let real = |q: i32| (q + so.offset) as f32 * so.scale;
+        (lo.min(real(qmin)), hi.max(real(qmax)))
+    });
+    let so = ScaleOffset::from_range(lo, hi, dtype, quant::Symmetry::Asymmetric)?;
+    Ok((dtype, so))
 }
 
 /// With `--weights i8`: the reference executor's i8 matrices and matrix input encodings, and
