@@ -266,7 +266,10 @@ fn calibrated(
         opts.kv_dtype,
         opts.weights.name()
     );
-    Ok(Some(opened.compile(&opts, &calibration, &mut |_| {})?))
+    let started = Instant::now();
+    let model = opened.compile(&opts, &calibration, &mut |_| {})?;
+    eprintln!("calibrated in {:.1?}", started.elapsed());
+    Ok(Some(model))
 }
 
 /// With fixed-point K/V: the calibrated K/V encodings, shared by the past and new tensors: one
@@ -335,7 +338,9 @@ fn w8a16(
     let Some(model) = model.filter(|m| m.options().weights == WeightType::I8) else {
         return Ok(None);
     };
+    let started = Instant::now();
     let ranges = qnn_compile::calibrate::linear_ranges(c, w, model.calibration(), context)?;
+    eprintln!("matrix output ranges in {:.1?}", started.elapsed());
     let mut out = W8A16::default();
     for (t, input) in w8_products(model, c) {
         let m = model
