@@ -2,29 +2,10 @@
 //! tensor with a known shape, and each method adds one QNN operation (`qti.aisw` op definitions)
 //! and returns its output.
 
+use crate::encoding::Fixed;
 use crate::w8a16::W8Matrix;
 use qnn_ffi::bindings as b;
 use qnn_ffi::{GraphBuilder, NewTensor, Param, QnnError, Quantization, Scalar, TensorKind};
-
-/// A per-tensor fixed-point encoding: raw QNN data type, `real = (q + offset) * scale`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Fixed {
-    /// Raw `Qnn_DataType_t` (`UFIXED_POINT_8`, `UFIXED_POINT_16`).
-    pub dtype: u32,
-    /// Scale (> 0).
-    pub scale: f32,
-    /// Offset (= -zero point).
-    pub offset: i32,
-}
-
-impl Fixed {
-    fn quantization(self) -> Quantization {
-        Quantization::PerTensor {
-            scale: self.scale,
-            offset: self.offset,
-        }
-    }
-}
 
 /// A value of the graph: a tensor name and its shape.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,11 +20,12 @@
 
 pub mod calibrate;
 pub mod emit;
+mod encoding;
 pub mod llama;
 pub mod w8a16;
 
 use emit::Emitter;
-pub use emit::Fixed;
+pub use encoding::Fixed;
 pub use llama::{KvEncodings, Naming, PartSpec};
 use model::{LlamaConfig, WeightSource};
 pub use qnn_ffi::HtpTarget;

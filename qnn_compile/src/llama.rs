@@ -12,7 +12,8 @@
 //! head `h / kv_mul` with the additive mask, the output projection and residual, the SwiGLU FFN
 //! and residual, the final RMSNorm and the classifier (the embedding when tied).
 
-use crate::emit::{Emitter, Fixed, Val};
+use crate::emit::{Emitter, Val};
+use crate::encoding::Fixed;
 use crate::w8a16::W8A16;
 use model::ops::Rope;
 use model::{LayerTensor as L, LlamaConfig, RopePairing, Tensor, WeightSource};

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use model::Tensor;
 
-use crate::emit::Fixed;
+use crate::encoding::Fixed;
 
 /// One i8 matrix with the encodings of its product's input and output.
 #[derive(Debug, Clone, PartialEq)]

@@ -5,7 +5,8 @@
 //! (`real = (q + offset) * scale`).
 
 use htpkv::qnn_libs::QnnLibs;
-use qnn_compile::emit::{Emitter, Fixed};
+use qnn_compile::Fixed;
+use qnn_compile::emit::Emitter;
 use qnn_compile::w8a16::{W8Matrix, output_encoding};
 use qnn_ffi::bindings as b;
 use qnn_ffi::{
