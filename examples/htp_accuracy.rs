@@ -77,18 +77,6 @@ fn parse() -> anyhow::Result<Args> {
     })
 }
 
-fn log_softmax(x: &[f32]) -> Vec<f64> {
-    let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let z = x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
-    x.iter().map(|&v| v as f64 - z).collect()
-}
-
-/// KL(p ‖ q) of two logit rows.
-fn kl(p: &[f32], q: &[f32]) -> f64 {
-    let (lp, lq) = (log_softmax(p), log_softmax(q));
-    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
-}
-
 fn argmax(x: &[f32]) -> usize {
     model::ops::argmax(x)
 }
@@ -112,7 +100,7 @@ fn score<B: Backend>(
     for (pos, reference) in float.iter().enumerate() {
         let got = session.decode(tokens[pos])?;
         agree += usize::from(argmax(got) == argmax(reference));
-        let d = kl(reference, got);
+        let d = model::ops::kl_logits(reference, got);
         kl_sum += d;
         max_kl = max_kl.max(d);
     }

@@ -14,6 +14,78 @@ use std::path::{Path, PathBuf};
 mod beams;
 mod foreign;
 
+/// Which model runs, and where: the options `generate`, `chat` and `eval` share.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The model: a llama2.c directory, a GGUF file or a Hugging Face folder (config.json,
+    /// safetensors, tokenizer.json); else $HTPKV_MODEL_DIR, ./models/stories260K,
+    /// ../shared/models/stories260K.
+    #[arg(long = "model", visible_alias = "model-dir", value_name = "PATH")]
+    pub model_dir: Option<PathBuf>,
+    /// A compiled model file to run instead of compiling; with --backend qnn, one or more context
+    /// binaries made by any tool (the parts of a split model: repeat the option or separate the
+    /// files with commas), read under --convention.
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Append)]
+    pub compiled: Vec<PathBuf>,
+    /// Run a Genie bundle (genie_config.json, the context binaries it lists, tokenizer.json) with
+    /// --backend qnn; no checkpoint or weights are needed.
+    #[arg(long, value_name = "DIR", conflicts_with = "compiled")]
+    pub bundle: Option<PathBuf>,
+    /// IO convention of the context binaries: htpkv, aihub, executorch, or a YAML file [default:
+    /// detected from the graph and tensor names].
+    #[arg(long, value_name = "NAME|FILE")]
+    pub convention: Option<String>,
+    /// tokenizer.json of context binaries made by other tools (with --compiled).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// RoPE base of binaries that take cos/sin tables (with --compiled; a bundle gives its own).
+    #[arg(long)]
+    pub rope_theta: Option<f32>,
+    /// KV cache element type: u8, u16, f16, f32 [default: u16]. With --compiled: taken from the
+    /// file; given, it must match the file.
+    #[arg(long)]
+    pub kv_dtype: Option<String>,
+    /// Weight type: i8, f16, f32 [default: i8]. With --compiled: taken from the file; given, it
+    /// must match the file.
+    #[arg(long)]
+    pub weights: Option<String>,
+    /// KV update strategy: shift, conveyor, smart_mask, naive (default: shift on the reference
+    /// backend, smart_mask with --backend qnn, where sliding windows cost a memory handle per step).
+    #[arg(long)]
+    pub update: Option<String>,
+    /// Context length S (default: the model's). With --compiled: taken from the file; given, it
+    /// must match the file.
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// AR variants of the compiled graphs, e.g. 1,32 [default: 1,32]. With --compiled: taken from
+    /// the file; given, they must match the file.
+    #[arg(long, value_delimiter = ',')]
+    pub ar: Option<Vec<usize>>,
+    /// Backend: reference (in process) or qnn (a QNN backend library).
+    #[arg(long, default_value = "reference")]
+    pub backend: String,
+    /// QNN backend library (e.g. libQnnHtp.so, or the reference backend's libhtpkv_ref_qnn.so);
+    /// else $HTPKV_QNN_BACKEND, else the libQnnHtp.so of scripts/fetch-qnn.sh when fetched.
+    #[arg(long)]
+    pub qnn_backend: Option<PathBuf>,
+    /// QNN system library; else $HTPKV_QNN_SYSTEM, else the fetched libQnnSystem.so when the backend
+    /// is the fetched libQnnHtp.so, else the backend library.
+    #[arg(long)]
+    pub qnn_system: Option<PathBuf>,
+    /// How K/V memory reaches the QNN library: auto, shared-buffer, client, host.
+    #[arg(long, default_value = "auto")]
+    pub qnn_memory: String,
+    /// Most QNN memory handles alive at once; least recently used ones are deregistered.
+    #[arg(long, default_value_t = htpkv::qnn_memory::DEFAULT_MAX_HANDLES)]
+    pub qnn_max_handles: usize,
+    /// Sliding attention window W on the listed layers (e.g. `0,2,4:16`; repeat for other
+    /// windows) of a model without its own, applied when the model is compiled (not with
+    /// --compiled: the file has its own).
+    #[arg(long, value_name = "LAYERS:W", conflicts_with = "compiled",
+          value_parser = |s: &str| s.parse::<LayerWindows>())]
+    pub layer_window: Vec<LayerWindows>,
+}
+
 /// Arguments of `htpkv generate`.
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
@@ -21,11 +93,9 @@ pub struct GenerateArgs {
     /// generated text.
     #[arg(default_value = "")]
     pub prompt: String,
-    /// The model: a llama2.c directory, a GGUF file or a Hugging Face folder (config.json,
-    /// safetensors, tokenizer.json); else $HTPKV_MODEL_DIR, ./models/stories260K,
-    /// ../shared/models/stories260K.
-    #[arg(long = "model", visible_alias = "model-dir", value_name = "PATH")]
-    model_dir: Option<PathBuf>,
+    /// Which model runs, and where.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Answer one chat question: the model's chat template renders it (with --system) and the
     /// answer stops at the model's stop tokens. Without a template (llama2.c models) each turn is
     /// a `<role>: <text>` line (the plain fallback).
@@ -34,25 +104,6 @@ pub struct GenerateArgs {
     /// System message of --chat and `htpkv chat`.
     #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
-    /// A compiled model file to run instead of compiling; with --backend qnn, one or more context
-    /// binaries made by any tool (the parts of a split model: repeat the option or separate the
-    /// files with commas), read under --convention.
-    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Append)]
-    compiled: Vec<PathBuf>,
-    /// Run a Genie bundle (genie_config.json, the context binaries it lists, tokenizer.json) with
-    /// --backend qnn; no checkpoint or weights are needed.
-    #[arg(long, value_name = "DIR", conflicts_with = "compiled")]
-    bundle: Option<PathBuf>,
-    /// IO convention of the context binaries: htpkv, aihub, executorch, or a YAML file [default:
-    /// detected from the graph and tensor names].
-    #[arg(long, value_name = "NAME|FILE")]
-    convention: Option<String>,
-    /// tokenizer.json of context binaries made by other tools (with --compiled).
-    #[arg(long, value_name = "FILE")]
-    tokenizer: Option<PathBuf>,
-    /// RoPE base of binaries that take cos/sin tables (with --compiled; a bundle gives its own).
-    #[arg(long)]
-    rope_theta: Option<f32>,
     /// Tokens to generate at most.
     #[arg(long, default_value_t = 256)]
     steps: usize,
@@ -65,43 +116,6 @@ pub struct GenerateArgs {
     /// Random seed (with temperature > 0).
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// KV cache element type: u8, u16, f16, f32 [default: u16]. With --compiled: taken from the
-    /// file; given, it must match the file.
-    #[arg(long)]
-    kv_dtype: Option<String>,
-    /// Weight type: i8, f16, f32 [default: i8]. With --compiled: taken from the file; given, it
-    /// must match the file.
-    #[arg(long)]
-    weights: Option<String>,
-    /// KV update strategy: shift, conveyor, smart_mask, naive (default: shift on the reference
-    /// backend, smart_mask with --backend qnn, where sliding windows cost a memory handle per step).
-    #[arg(long)]
-    update: Option<String>,
-    /// Context length S (default: the model's). With --compiled: taken from the file; given, it
-    /// must match the file.
-    #[arg(long)]
-    context: Option<usize>,
-    /// AR variants of the compiled graphs, e.g. 1,32 [default: 1,32]. With --compiled: taken from
-    /// the file; given, they must match the file.
-    #[arg(long, value_delimiter = ',')]
-    ar: Option<Vec<usize>>,
-    /// Backend: reference (in process) or qnn (a QNN backend library).
-    #[arg(long, default_value = "reference")]
-    backend: String,
-    /// QNN backend library (e.g. libQnnHtp.so, or the reference backend's libhtpkv_ref_qnn.so);
-    /// else $HTPKV_QNN_BACKEND, else the libQnnHtp.so of scripts/fetch-qnn.sh when fetched.
-    #[arg(long)]
-    qnn_backend: Option<PathBuf>,
-    /// QNN system library; else $HTPKV_QNN_SYSTEM, else the fetched libQnnSystem.so when the backend
-    /// is the fetched libQnnHtp.so, else the backend library.
-    #[arg(long)]
-    qnn_system: Option<PathBuf>,
-    /// How K/V memory reaches the QNN library: auto, shared-buffer, client, host.
-    #[arg(long, default_value = "auto")]
-    qnn_memory: String,
-    /// Most QNN memory handles alive at once; least recently used ones are deregistered.
-    #[arg(long, default_value_t = htpkv::qnn_memory::DEFAULT_MAX_HANDLES)]
-    qnn_max_handles: usize,
     /// Print speed, KV counters and peak memory to stderr.
     #[arg(long)]
     pub stats: bool,
@@ -135,12 +149,6 @@ pub struct GenerateArgs {
     /// Length penalty alpha of --beams: a beam scores sum(logprob) / len^alpha.
     #[arg(long, value_name = "ALPHA", default_value_t = 1.0, requires = "beams")]
     length_penalty: f32,
-    /// Sliding attention window W on the listed layers (e.g. `0,2,4:16`; repeat for other
-    /// windows) of a model without its own, applied when the model is compiled (not with
-    /// --compiled: the file has its own).
-    #[arg(long, value_name = "LAYERS:W", conflicts_with = "compiled",
-          value_parser = |s: &str| s.parse::<LayerWindows>())]
-    layer_window: Vec<LayerWindows>,
     /// N independent samples sharing one prompt prefill (sample i uses seed --seed + i).
     #[arg(long, value_name = "N", conflicts_with_all = ["chat", "save", "resume"],
           value_parser = beam_count)]
@@ -180,6 +188,13 @@ impl Ran {
     }
 }
 
+/// The options of [`RunArgs`], parsed and checked before any work.
+pub struct RunChecked {
+    pub engine: EngineOptions,
+    kv_dtype: Option<DataType>,
+    weights: Option<WeightType>,
+}
+
 /// Every option, parsed and checked before any work (loading, compiling).
 pub struct Checked {
     pub engine: EngineOptions,
@@ -188,16 +203,21 @@ pub struct Checked {
     weights: Option<WeightType>,
 }
 
-fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
-    let backend = match args.backend.as_str() {
+/// The options of [`RunArgs`], parsed and checked; `ar_default` turns the default AR variants
+/// into the command's (`--beams` adds an AR-B variant).
+pub fn check_run(
+    run: &RunArgs,
+    ar_default: impl FnOnce(Vec<usize>) -> Vec<usize>,
+) -> anyhow::Result<RunChecked> {
+    let backend = match run.backend.as_str() {
         // The reference backend runs in process: QNN memory options would be ignored silently.
-        "reference" if args.qnn_memory != "auto" => anyhow::bail!(
+        "reference" if run.qnn_memory != "auto" => anyhow::bail!(
             "--qnn-memory {} applies only to --backend qnn (the reference backend runs in process)",
-            args.qnn_memory
+            run.qnn_memory
         ),
         "reference" => BackendChoice::Reference,
         "qnn" => {
-            let backend_lib = htpkv::qnn_libs::backend_library(args.qnn_backend.as_deref())
+            let backend_lib = htpkv::qnn_libs::backend_library(run.qnn_backend.as_deref())
                 .with_context(|| {
                     format!(
                         "--backend qnn needs --qnn-backend PATH or $HTPKV_QNN_BACKEND (or {})",
@@ -205,51 +225,59 @@ fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
                     )
                 })?;
             let system_lib =
-                htpkv::qnn_libs::system_library(args.qnn_system.as_deref(), &backend_lib);
+                htpkv::qnn_libs::system_library(run.qnn_system.as_deref(), &backend_lib);
             BackendChoice::Qnn {
                 backend_lib,
                 system_lib,
-                memory: args
+                memory: run
                     .qnn_memory
                     .parse()
                     .map_err(|e: String| anyhow::anyhow!("--qnn-memory: {e}"))?,
-                max_handles: args.qnn_max_handles,
+                max_handles: run.qnn_max_handles,
             }
         }
         other => anyhow::bail!("unknown backend `{other}` (expected reference or qnn)"),
     };
-    let kv_dtype = args
+    let kv_dtype = run
         .kv_dtype
         .as_deref()
         .map(|s| s.parse::<DataType>())
         .transpose()
         .map_err(|e| anyhow::anyhow!("--kv-dtype: {e}"))?;
-    let weights = args
+    let weights = run
         .weights
         .as_deref()
         .map(|s| s.parse::<WeightType>())
         .transpose()
         .map_err(|e| anyhow::anyhow!("--weights: {e}"))?;
-    let strategy = match &args.update {
+    let strategy = match &run.update {
         Some(name) => EngineOptions::parse_strategy(name)?,
         None => EngineOptions::default_strategy(&backend),
     };
     let defaults = EngineOptions::default();
     let engine = EngineOptions {
-        model_dir: args.model_dir.clone(),
-        compiled: args.compiled.first().cloned(),
+        model_dir: run.model_dir.clone(),
+        compiled: run.compiled.first().cloned(),
         backend,
         strategy,
         kv_dtype: kv_dtype.unwrap_or(defaults.kv_dtype),
         weights: weights.map_or(defaults.weights, |w| w.name().to_owned()),
-        context: args.context,
-        ar: args.ar.clone().unwrap_or_else(|| {
-            let ar = args.context.map_or(defaults.ar, htpkv::config::default_ar);
-            beams::default_ar(args, ar)
+        context: run.context,
+        ar: run.ar.clone().unwrap_or_else(|| {
+            ar_default(run.context.map_or(defaults.ar, htpkv::config::default_ar))
         }),
         cache_dir: None,
-        layer_windows: args.layer_window.clone(),
+        layer_windows: run.layer_window.clone(),
     };
+    Ok(RunChecked {
+        engine,
+        kv_dtype,
+        weights,
+    })
+}
+
+fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
+    let run = check_run(&args.run, |ar| beams::default_ar(args, ar))?;
     let generate = GenerateOptions {
         max_tokens: args.steps,
         sampler: SamplerOptions {
@@ -260,40 +288,44 @@ fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
     };
     Sampler::new(generate.sampler)?;
     Ok(Checked {
-        engine,
+        engine: run.engine,
         generate,
-        kv_dtype,
-        weights,
+        kv_dtype: run.kv_dtype,
+        weights: run.weights,
     })
 }
 
 /// With --compiled, the file decides; an option given explicitly must agree with it.
-fn check_against_file(args: &GenerateArgs, c: &Checked, ran: &Ran) -> anyhow::Result<()> {
-    let Some(file) = args.compiled.first() else {
+fn check_against_file(
+    run: &RunArgs,
+    (kv_dtype, weights): (Option<DataType>, Option<WeightType>),
+    ran: &Ran,
+) -> anyhow::Result<()> {
+    let Some(file) = run.compiled.first() else {
         return Ok(());
     };
     let file = file.display();
     let mut conflicts = Vec::new();
-    if let Some(s) = args.context.filter(|&s| s != ran.context) {
+    if let Some(s) = run.context.filter(|&s| s != ran.context) {
         conflicts.push(format!(
             "--context {s}, but the file's context is {}",
             ran.context
         ));
     }
-    if let Some(ar) = args.ar.as_ref().filter(|&ar| *ar != ran.ar) {
+    if let Some(ar) = run.ar.as_ref().filter(|&ar| *ar != ran.ar) {
         conflicts.push(format!(
             "--ar {}, but the file's AR variants are {}",
             join(ar),
             join(&ran.ar)
         ));
     }
-    if let Some(kv) = c.kv_dtype.filter(|&kv| kv != ran.kv_dtype) {
+    if let Some(kv) = kv_dtype.filter(|&kv| kv != ran.kv_dtype) {
         conflicts.push(format!(
             "--kv-dtype {kv}, but the file's KV dtype is {}",
             ran.kv_dtype
         ));
     }
-    if let Some(w) = c.weights {
+    if let Some(w) = weights {
         match ran.weights {
             Some(f) if f != w => conflicts.push(format!(
                 "--weights {}, but the file's weights are {}",
@@ -304,7 +336,7 @@ fn check_against_file(args: &GenerateArgs, c: &Checked, ran: &Ran) -> anyhow::Re
             None => conflicts.push(format!(
                 "--weights {}, but the {} backend does not tell the file's weight type",
                 w.name(),
-                args.backend
+                run.backend
             )),
         }
     }
@@ -325,10 +357,24 @@ fn join(v: &[usize]) -> String {
 /// against them.
 pub fn open_engine(args: &GenerateArgs) -> anyhow::Result<(Engine, Checked, Ran)> {
     let checked = check_args(args)?;
-    let quiet = args.json;
+    let (engine, ran) = open_checked(
+        &args.run,
+        (&checked.engine, checked.kv_dtype, checked.weights),
+        args.json,
+    )?;
+    Ok((engine, checked, ran))
+}
+
+/// Opens the engine of checked [`RunArgs`] (progress lines unless `quiet`, compile progress as
+/// bars on a terminal) and checks a `--compiled` file against the options given.
+pub fn open_checked(
+    run: &RunArgs,
+    (options, kv_dtype, weights): (&EngineOptions, Option<DataType>, Option<WeightType>),
+    quiet: bool,
+) -> anyhow::Result<(Engine, Ran)> {
     let mut bars = crate::progress::StageBars::default();
     let engine = Engine::open_with(
-        &checked.engine,
+        options,
         &mut |line| {
             if !quiet {
                 eprintln!("{line}");
@@ -339,8 +385,17 @@ pub fn open_engine(args: &GenerateArgs) -> anyhow::Result<(Engine, Checked, Ran)
     bars.finish();
     let engine = engine?;
     let ran = Ran::of(&engine);
-    check_against_file(args, &checked, &ran)?;
-    Ok((engine, checked, ran))
+    check_against_file(run, (kv_dtype, weights), &ran)?;
+    Ok((engine, ran))
+}
+
+/// [`open_checked`] for [`RunChecked`] options.
+pub fn open_run(run: &RunArgs, checked: &RunChecked, quiet: bool) -> anyhow::Result<(Engine, Ran)> {
+    open_checked(
+        run,
+        (&checked.engine, checked.kv_dtype, checked.weights),
+        quiet,
+    )
 }
 
 /// Peak resident memory of this process in bytes (`VmHWM` of /proc/self/status); `None` where
@@ -386,9 +441,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     }
     if let Some(path) = &args.save {
         // Refused before any work: a device, FIFO, symlink, directory or a named input.
-        let named = [&args.model_dir, &args.tokenizer, &args.bundle];
+        let named = [&args.run.model_dir, &args.run.tokenizer, &args.run.bundle];
         let inputs: Vec<&Path> = (named.into_iter().flatten())
-            .chain(&args.compiled)
+            .chain(&args.run.compiled)
             .map(PathBuf::as_path)
             .collect();
         check_output(path, &inputs).context("--save")?;

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod budget;
 mod chat;
 mod compile;
+mod eval;
 mod generate;
 mod inspect;
 mod output;
@@ -34,6 +35,9 @@ enum Command {
     Chat(Box<generate::GenerateArgs>),
     /// List the graphs and IO tensors of a context binary through a QNN system library.
     Inspect(inspect::InspectArgs),
+    /// Score a text teacher-forced against the f32 model: top-1 agreement, KL, perplexity. Takes
+    /// generate's model and backend options.
+    Eval(Box<eval::EvalArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -45,6 +49,7 @@ fn main() -> std::process::ExitCode {
         Command::Generate(args) => generate::run(*args),
         Command::Chat(args) => chat::run(*args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Eval(args) => eval::run(*args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

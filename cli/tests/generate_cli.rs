@@ -295,3 +295,77 @@ fn generate_slides_past_the_context_and_resumes_across_slides() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown overflow policy `sideways`"));
 }
+
+fn eval(extra: &[&str], cache: &std::path::Path) -> serde_json::Value {
+    let dir = model_dir();
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../ref_backend/examples/data/declaration.txt"
+    );
+    let mut args = vec![
+        "eval",
+        "--model",
+        dir.to_str().unwrap(),
+        "--text",
+        file,
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    serde_json::from_str(&text(&htpkv(&args, cache))).unwrap()
+}
+
+/// `htpkv eval` scores a text against the f32 model: the reference executor with f32 weights and
+/// K/V is the f32 forward's own arithmetic, so a correct alignment of positions gives KL 0 and
+/// full agreement exactly (an off-by-one would not); the default quantized run is close but not
+/// equal, and both perplexities are finite and alike.
+#[test]
+fn eval_scores_a_text_against_the_f32_model() {
+    let cache = scratch("eval");
+    let exact = eval(
+        &["--tokens", "64", "--weights", "f32", "--kv-dtype", "f32"],
+        &cache,
+    );
+    assert_eq!(exact["positions"], 64, "{exact}");
+    assert_eq!(exact["mean_kl"], 0.0, "{exact}");
+    assert_eq!(exact["top1_agreement"], 1.0, "{exact}");
+    assert_eq!(exact["perplexity"], exact["f32_perplexity"], "{exact}");
+    let q = eval(
+        &["--tokens", "64", "--weights", "i8", "--kv-dtype", "u8"],
+        &cache,
+    );
+    let (kl, top1) = (
+        q["mean_kl"].as_f64().unwrap(),
+        q["top1_agreement"].as_f64().unwrap(),
+    );
+    assert!(kl > 0.0 && kl < 0.05, "{q}");
+    assert!((0.8..1.0).contains(&top1), "{q}");
+    let (p, pf) = (
+        q["perplexity"].as_f64().unwrap(),
+        q["f32_perplexity"].as_f64().unwrap(),
+    );
+    assert!(p.is_finite() && (p / pf - 1.0).abs() < 0.2, "{q}");
+}
+
+/// A text that cannot be scored is refused naming the file; a device is refused unread.
+#[test]
+fn eval_refuses_texts_it_cannot_score() {
+    let cache = scratch("eval-bad");
+    let empty = cache.join("empty.txt");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::write(&empty, "").unwrap();
+    let dir = model_dir();
+    for (file, expected) in [
+        (empty.to_str().unwrap(), "at least 2 are needed"),
+        ("/dev/zero", "/dev/zero"),
+    ] {
+        let o = htpkv(
+            &["eval", "--model", dir.to_str().unwrap(), "--text", file],
+            &cache,
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(expected),
+            "{file}: {err}"
+        );
+    }
+}

@@ -23,6 +23,7 @@
 //! | tokenizer (llama2.c `.bin`, `tokenizer.json`; [`FileKind::TOKENIZER`]) | 64 MiB | the largest `tokenizer.json` we know (Gemma 3) is 33 MB |
 //! | Hugging Face JSON (`config.json`, `tokenizer_config.json`; [`FileKind::HF_JSON`]) | 16 MiB | chat templates and added tokens live here |
 //! | calibration prompts ([`FileKind::PROMPTS`]) | 16 MiB | |
+//! | texts to score ([`FileKind::TEXT`]) | 16 MiB | |
 //! | YAML or JSON config (`budget`/`plan` configs, conventions, `genie_config.json`; [`FileKind::CONFIG`]) | 1 MiB | |
 //! | session file | what a session of the loaded model can hold | computed from the model |
 //!
@@ -66,6 +67,8 @@ impl FileKind {
     pub const CONTEXT_BINARY: FileKind = FileKind::new("context binary", 4 << 30);
     /// A calibration prompt file (one prompt per line).
     pub const PROMPTS: FileKind = FileKind::new("calibration prompt file", 16 << 20);
+    /// A text to score (`htpkv eval --text`).
+    pub const TEXT: FileKind = FileKind::new("text", 16 << 20);
     /// A YAML or JSON config (model configs, conventions, `genie_config.json`).
     pub const CONFIG: FileKind = FileKind::new("config", 1 << 20);
     /// A Hugging Face folder's `config.json` or `tokenizer_config.json`.

@@ -325,6 +325,26 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
+/// `ln Σ exp(x)` in f64, stable for large logits.
+pub fn log_sum_exp(x: &[f32]) -> f64 {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    m + x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln()
+}
+
+/// KL(p ‖ q) in nats of the softmax distributions of two logit vectors of one length: how far a
+/// quantized or emulated run's next-token distribution (`q`) is from the f32 model's (`p`).
+pub fn kl_logits(p_logits: &[f32], q_logits: &[f32]) -> f64 {
+    let (lp, lq) = (log_sum_exp(p_logits), log_sum_exp(q_logits));
+    p_logits
+        .iter()
+        .zip(q_logits)
+        .map(|(&a, &b)| {
+            let (la, lb) = (a as f64 - lp, b as f64 - lq);
+            la.exp() * (la - lb)
+        })
+        .sum()
+}
+
 /// Index of the largest element (the first one on ties; NaNs are never chosen unless all are
 /// NaN). Returns 0 for an empty slice.
 pub fn argmax(x: &[f32]) -> usize {

@@ -28,10 +28,10 @@ const EOS_NAMES: [&str; 5] = [
 
 /// True when the options ask for binaries made by other tools.
 pub(super) fn wanted(args: &GenerateArgs) -> bool {
-    args.bundle.is_some()
-        || args.convention.is_some()
-        || args.tokenizer.is_some()
-        || args.compiled.len() > 1
+    args.run.bundle.is_some()
+        || args.run.convention.is_some()
+        || args.run.tokenizer.is_some()
+        || args.run.compiled.len() > 1
 }
 
 /// What a run needs besides the QNN libraries.
@@ -50,7 +50,7 @@ struct Model {
 }
 
 fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
-    if let Some(dir) = &args.bundle {
+    if let Some(dir) = &args.run.bundle {
         let b = Bundle::open(dir)?;
         let origin = format!(
             "the context binaries listed in `dialog.engine.model.binary.ctx-bins` of {}",
@@ -67,10 +67,10 @@ fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
             rope_dim: b.rope_dim.map(|d| (dir.join("genie_config.json"), d)),
         });
     }
-    if args.compiled.is_empty() {
+    if args.run.compiled.is_empty() {
         let given: Vec<&str> = [
-            (args.tokenizer.is_some(), "--tokenizer"),
-            (args.convention.is_some(), "--convention"),
+            (args.run.tokenizer.is_some(), "--tokenizer"),
+            (args.run.convention.is_some(), "--convention"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
@@ -87,13 +87,14 @@ fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
         );
     }
     let tokenizer = args
+        .run
         .tokenizer
         .clone()
         .context("context binaries made by other tools need --tokenizer tokenizer.json")?;
     Ok(Model {
-        binaries: args.compiled.clone(),
+        binaries: args.run.compiled.clone(),
         tokenizer,
-        rope: args.rope_theta.map(|theta| RopeConfig {
+        rope: args.run.rope_theta.map(|theta| RopeConfig {
             theta,
             scaling: None,
             pairing: RopePairing::HalfSplit,
@@ -115,7 +116,7 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
     } = &checked.engine.backend
     else {
         let m = model_of(args)?;
-        let what = match &args.bundle {
+        let what = match &args.run.bundle {
             Some(dir) => format!("--bundle {}", dir.display()),
             None => format!("{} context binaries", m.binaries.len()),
         };
@@ -126,6 +127,7 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
     };
     let m = model_of(args)?;
     let convention = args
+        .run
         .convention
         .as_deref()
         .map(Convention::named_or_file)
@@ -134,7 +136,7 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
     let tok = HfTokenizer::from_file(&m.tokenizer, None)?;
     let mut stops = m.stops.clone();
     let mut bos = m.bos;
-    if args.bundle.is_none() {
+    if args.run.bundle.is_none() {
         stops.extend(EOS_NAMES.iter().filter_map(|n| tok.token_to_id(n)));
         bos = BOS_NAMES.iter().find_map(|n| tok.token_to_id(n));
     }

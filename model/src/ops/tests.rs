@@ -213,3 +213,14 @@ fn silu_and_argmax() {
     assert_eq!(argmax(&[f32::NAN, 2.0]), 1);
     assert_eq!(argmax(&[]), 0);
 }
+
+#[test]
+fn kl_of_logits_is_zero_for_equal_distributions_and_matches_a_hand_value() {
+    use super::kl_logits;
+    // A shift of every logit leaves the distribution unchanged.
+    assert!(kl_logits(&[1.0, 2.0, 3.0], &[11.0, 12.0, 13.0]).abs() < 1e-12);
+    // p = (1/2, 1/2), q = (1/4, 3/4): KL = 1/2 ln 2 + 1/2 ln(2/3).
+    let q = [0.0f32, 3f32.ln()];
+    let want = 0.5 * 2f64.ln() + 0.5 * (2.0f64 / 3.0).ln();
+    assert!((kl_logits(&[0.0, 0.0], &q) - want).abs() < 1e-7);
+}

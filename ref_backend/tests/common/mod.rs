@@ -246,23 +246,7 @@ pub fn argmax(x: &[f32]) -> usize {
     llama2c::argmax(x)
 }
 
-/// KL(p || q) of the softmax distributions of two logit vectors (nats).
-pub fn kl_logits(p_logits: &[f32], q_logits: &[f32]) -> f64 {
-    let lse = |x: &[f32]| {
-        let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        m + x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln()
-    };
-    let (lp, lq) = (lse(p_logits), lse(q_logits));
-    p_logits
-        .iter()
-        .zip(q_logits)
-        .map(|(&a, &b)| {
-            let la = a as f64 - lp;
-            let lb = b as f64 - lq;
-            la.exp() * (la - lb)
-        })
-        .sum()
-}
+pub use model::ops::kl_logits;
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());

@@ -1,0 +1,157 @@
+//! `htpkv eval --text FILE`: how close a compiled model runs to the f32 model on a user's text.
+//!
+//! The text's first `--tokens` tokens (BOS first) are fed one by one (AR-1, teacher-forced)
+//! through the session `generate` would open (any source and backend: `--model`, `--compiled`,
+//! `--backend reference|qnn`), and through the f32 forward of the same model (`model`'s
+//! `FloatModel`, the oracle); at each position the two next-token distributions are compared:
+//! top-1 agreement, mean and largest KL(f32 ‖ run), and both runs' perplexity of the text.
+
+use crate::generate::{RunArgs, check_run, open_run};
+use anyhow::Context;
+use htpkv::engine::OpenedModel;
+use htpkv::session::TextCodec;
+use model::FloatModel;
+use model::fsio::{FileKind, read_capped};
+use model::ops::{argmax, kl_logits, log_sum_exp};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Arguments of `htpkv eval`.
+#[derive(Debug, clap::Args)]
+pub struct EvalArgs {
+    /// The text to score (UTF-8); its first --tokens tokens are scored.
+    #[arg(long, value_name = "FILE")]
+    text: PathBuf,
+    /// Positions to score (at most the context; fewer when the text is shorter).
+    #[arg(long, default_value_t = 256)]
+    tokens: usize,
+    /// One JSON document on stdout instead of a line.
+    #[arg(long)]
+    json: bool,
+    /// Which model runs, and where.
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// What the comparison found.
+#[derive(Debug, Default)]
+struct Score {
+    positions: usize,
+    agree: usize,
+    kl_sum: f64,
+    kl_max: f64,
+    /// Negative log-likelihoods of the text's next tokens, summed (run, f32).
+    nll: (f64, f64),
+}
+
+impl Score {
+    fn add(&mut self, float: &[f32], run: &[f32], next: Option<u32>) {
+        self.positions += 1;
+        self.agree += usize::from(argmax(float) == argmax(run));
+        let kl = kl_logits(float, run);
+        self.kl_sum += kl;
+        self.kl_max = self.kl_max.max(kl);
+        if let Some(t) = next {
+            let nll = |l: &[f32]| log_sum_exp(l) - f64::from(l[t as usize]);
+            self.nll.0 += nll(run);
+            self.nll.1 += nll(float);
+        }
+    }
+
+    fn perplexity(&self, nll: f64) -> f64 {
+        (nll / self.positions.saturating_sub(1).max(1) as f64).exp()
+    }
+}
+
+/// The text's first `n` tokens, BOS first: only a prefix long enough for them reaches the
+/// tokenizer when it bounds the bytes of a token.
+fn tokens_of(codec: &dyn TextCodec, text: &str, n: usize) -> Vec<u32> {
+    let text = match codec.bytes_per_token() {
+        Some(b) => {
+            let mut end = text.len().min(n.saturating_mul(b));
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            &text[..end]
+        }
+        None => text,
+    };
+    let mut ids = codec.encode(text, true);
+    ids.truncate(n);
+    ids
+}
+
+pub fn run(args: EvalArgs) -> anyhow::Result<()> {
+    if args.run.bundle.is_some() {
+        anyhow::bail!(
+            "eval --bundle: not yet (a bundle carries no weights for the f32 oracle); use --compiled \
+             FILE --model PATH"
+        );
+    }
+    let bytes = read_capped(&args.text, FileKind::TEXT)?;
+    let text = String::from_utf8(bytes)
+        .with_context(|| format!("--text {} is not UTF-8", args.text.display()))?;
+    let checked = check_run(&args.run, |ar| ar)?;
+    let (mut engine, _) = open_run(&args.run, &checked, args.json)?;
+    let n = args.tokens.min(engine.capacity());
+    let tokens = tokens_of(engine.tokenizer(), &text, n + 1);
+    anyhow::ensure!(
+        tokens.len() >= 2,
+        "--text {} gives {} token(s): at least 2 are needed to score one prediction",
+        args.text.display(),
+        tokens.len()
+    );
+    let opened = OpenedModel::open(args.run.model_dir.as_deref())?;
+    let started = Instant::now();
+    let score = opened.with_weights(|w| -> anyhow::Result<Score> {
+        let context = tokens.len().min(opened.config.context_length);
+        let mut float = FloatModel::new(opened.config.clone(), Arc::new(w), context)?;
+        let mut score = Score::default();
+        let scored = tokens.len().min(n);
+        for (pos, &t) in tokens[..scored].iter().enumerate() {
+            let run = engine
+                .session_mut()
+                .decode(t)
+                .map_err(htpkv::engine::EngineError::from)?;
+            let f = float.forward(t, pos)?;
+            score.add(f, run, tokens.get(pos + 1).copied());
+        }
+        Ok(score)
+    })??;
+    report(&args, &score, started.elapsed().as_secs_f64())
+}
+
+fn report(args: &EvalArgs, s: &Score, seconds: f64) -> anyhow::Result<()> {
+    let n = s.positions as f64;
+    let doc = serde_json::json!({
+        "text": args.text,
+        "positions": s.positions,
+        "top1_agreement": s.agree as f64 / n,
+        "mean_kl": s.kl_sum / n,
+        "max_kl": s.kl_max,
+        "perplexity": s.perplexity(s.nll.0),
+        "f32_perplexity": s.perplexity(s.nll.1),
+        "seconds_per_position": seconds / n,
+    });
+    crate::output::to_stdout(|out| {
+        if args.json {
+            return writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&doc).unwrap_or_default()
+            );
+        }
+        writeln!(
+            out,
+            "{} positions of {}: top-1 agreement {:.2}% with the f32 model, mean KL {:.3e} (max {:.3e}), perplexity {:.3} (f32 {:.3})",
+            s.positions,
+            args.text.display(),
+            100.0 * s.agree as f64 / n,
+            s.kl_sum / n,
+            s.kl_max,
+            s.perplexity(s.nll.0),
+            s.perplexity(s.nll.1),
+        )
+    })
+}
