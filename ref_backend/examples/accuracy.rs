@@ -29,7 +29,8 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{Harness, argmax, kl_logits};
+use common::{Harness, argmax};
+use model::ops::kl_logits;
 use model::{FloatModel, LoadedModel, Message, Site, Tap, WeightSource};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType, compile};

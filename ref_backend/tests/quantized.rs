@@ -7,8 +7,9 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Harness, kl_logits};
+use common::Harness;
 use llama2c::{FloatModel, Tokenizer};
+use model::ops::kl_logits;
 use quant::DataType;
 use ref_backend::{CompileOptions, WeightType};
 

@@ -246,8 +246,6 @@ pub fn argmax(x: &[f32]) -> usize {
     llama2c::argmax(x)
 }
 
-pub use model::ops::kl_logits;
-
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
