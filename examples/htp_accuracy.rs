@@ -76,11 +76,11 @@ fn argmax(x: &[f32]) -> usize {
 
 fn main() -> anyhow::Result<()> {
     let a = parse()?;
-    let files = llama2c::ModelFiles::discover(None)?;
-    let ckpt = std::sync::Arc::new(llama2c::Checkpoint::load(&files.checkpoint)?);
-    let tokenizer = llama2c::Tokenizer::load(&files.tokenizer, ckpt.config.vocab_size)?;
+    let files = model::llama2c::ModelFiles::discover(None)?;
+    let ckpt = std::sync::Arc::new(model::llama2c::Checkpoint::load(&files.checkpoint)?);
+    let tokenizer = model::llama2c::Tokenizer::load(&files.tokenizer, ckpt.config.vocab_size)?;
     let prompt = tokenizer.encode("Once upon a time", true, false);
-    let config = llama2c::llama_config(&ckpt.config);
+    let config = model::llama2c::llama_config(&ckpt.config);
     let mut f = model::FloatModel::new(config.clone(), ckpt, config.context_length)?;
     let (mut float_logits, mut tokens) = (Vec::new(), prompt.clone());
     for pos in 0..a.tokens {

@@ -1099,7 +1099,7 @@ impl Utf8Stream {
     }
 }
 
-/// Tokenizer operations generation needs (implemented for `llama2c::Tokenizer` here and for Hugging
+/// Tokenizer operations generation needs (implemented for `model::llama2c::Tokenizer` here and for Hugging
 /// Face tokenizers in [`crate::text`]).
 pub trait TextCodec {
     /// Token ids of `text`, with BOS first when `bos`.
@@ -1119,15 +1119,15 @@ pub trait TextCodec {
     }
 }
 
-impl TextCodec for llama2c::Tokenizer {
+impl TextCodec for model::llama2c::Tokenizer {
     fn encode(&self, text: &str, bos: bool) -> Vec<u32> {
-        llama2c::Tokenizer::encode(self, text, bos, false)
+        model::llama2c::Tokenizer::encode(self, text, bos, false)
     }
     fn decode_piece(&self, prev: u32, token: u32) -> Vec<u8> {
-        llama2c::Tokenizer::decode_piece(self, prev, token)
+        model::llama2c::Tokenizer::decode_piece(self, prev, token)
     }
     fn bytes_per_token(&self) -> Option<usize> {
-        llama2c::Tokenizer::max_piece_bytes(self)
+        model::llama2c::Tokenizer::max_piece_bytes(self)
     }
 }
 

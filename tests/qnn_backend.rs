@@ -32,7 +32,7 @@ fn options(
     backend: BackendChoice,
     cache: &std::path::Path,
 ) -> Option<EngineOptions> {
-    if llama2c::ModelFiles::discover(None).is_err() {
+    if model::llama2c::ModelFiles::discover(None).is_err() {
         eprintln!("SKIPPED: the stories260K model is absent (set HTPKV_MODEL_DIR)");
         return None;
     }
@@ -126,7 +126,7 @@ fn qnn_logits_equal_in_process_logits_and_handles_are_cached() {
         let b = remote.prefill(&prompt).unwrap().to_vec();
         assert_eq!(a, b);
         for _ in 0..40 {
-            let t = llama2c::argmax(local.last_logits()) as u32;
+            let t = model::ops::argmax(local.last_logits()) as u32;
             let a = local.decode(t).unwrap().to_vec();
             let b = remote.decode(t).unwrap().to_vec();
             assert!(

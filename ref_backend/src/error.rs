@@ -5,7 +5,7 @@
 pub enum FormatError {
     /// Reading or writing the file failed, it is too large, or the output path was refused.
     #[error(transparent)]
-    File(#[from] llama2c::fsio::FileError),
+    File(#[from] model::fsio::FileError),
     /// The data ends before a field that must be there.
     #[error(
         "{origin}: truncated compiled model: expected {expected} byte(s) of {what} at offset {offset}, but only {available} remain"

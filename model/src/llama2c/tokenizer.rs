@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::ModelError;
-use ::model::fsio::{FileKind, read_capped};
+use super::ModelError;
+use crate::fsio::{FileKind, read_capped};
 
 /// A loaded vocabulary with scores and a piece → id lookup.
 #[derive(Debug, Clone)]

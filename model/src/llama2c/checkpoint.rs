@@ -10,9 +10,9 @@
 
 use std::path::Path;
 
-use crate::ModelError;
-use crate::files::sha256;
-use ::model::fsio::{CappedFile, FileKind};
+use super::ModelError;
+use super::files::sha256;
+use crate::fsio::{CappedFile, FileKind};
 
 /// Size of the checkpoint header in bytes (7 × i32).
 pub const HEADER_BYTES: usize = 28;
@@ -271,7 +271,7 @@ impl Weights {
         self.rms_att.len() / self.rms_final.len().max(1)
     }
     /// Embedding row of `token` (`dim` floats). Panics if `token >= vocab_size` (callers such as
-    /// [`crate::FloatModel::forward`] range-check ids first).
+    /// [`super::FloatModel::forward`] range-check ids first).
     pub fn embedding(&self, token: usize) -> &[f32] {
         let d = self.rms_final.len();
         &self.token_embedding[token * d..(token + 1) * d]
@@ -367,7 +367,7 @@ impl Checkpoint {
     /// SHA-256 (lower-case hex) of the checkpoint's bytes: of the file for a loaded checkpoint
     /// (what `sha256sum` prints), of [`Checkpoint::to_bytes`] for one built from parts.
     pub fn sha256_hex(&self) -> String {
-        crate::files::hex(&self.sha256)
+        super::files::hex(&self.sha256)
     }
 
     /// [`Self::sha256_hex`] as bytes.
