@@ -452,7 +452,10 @@ fn forced(model: Arc<CompiledModel>, forced: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>
     for &t in forced {
         logits.push(s.decode(t).unwrap().to_vec());
     }
-    let top = logits.iter().map(|l| model::ops::argmax(l) as u32).collect();
+    let top = logits
+        .iter()
+        .map(|l| model::ops::argmax(l) as u32)
+        .collect();
     (top, logits)
 }
 

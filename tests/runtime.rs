@@ -68,7 +68,11 @@ fn f32_path_matches_the_float_reference_for_256_tokens() {
             worst = worst.max((a - b).abs());
         }
         let next = model::ops::argmax(&reference) as u32;
-        assert_eq!(next, model::ops::argmax(&logits) as u32, "token {pos} differs");
+        assert_eq!(
+            next,
+            model::ops::argmax(&logits) as u32,
+            "token {pos} differs"
+        );
         if next == 1 || next == 2 {
             break;
         }

@@ -5,8 +5,8 @@
 //! and every strategy that serves windows gives bit-identical logits.
 
 use htpkv::kv_manager::{CacheSpec, Geometry, HostAllocator, KvCache, Plan, Strategy, TensorKind};
-use model::llama2c::{Checkpoint, ModelFiles};
 use model::forward::{Activations, Input, Kernels, NoTap, Output, Pass, Positions, run};
+use model::llama2c::{Checkpoint, ModelFiles};
 use model::ops::{Rope, attend, matmul};
 use model::{FloatModel, LlamaConfig, Tensor, WeightSource};
 use std::sync::Arc;
@@ -181,8 +181,12 @@ fn windowed_layers_through_the_cache_match_the_float_oracle_for_every_strategy()
     let want: Vec<Vec<f32>> = (tokens.iter().enumerate())
         .map(|(p, &t)| oracle.forward(t, p).unwrap().to_vec())
         .collect();
-    let mut global =
-        FloatModel::new(model::llama2c::llama_config(&ckpt.config), Arc::clone(&ckpt), 64).unwrap();
+    let mut global = FloatModel::new(
+        model::llama2c::llama_config(&ckpt.config),
+        Arc::clone(&ckpt),
+        64,
+    )
+    .unwrap();
     let last = tokens.len() - 1;
     for (p, &t) in tokens[..last].iter().enumerate() {
         global.forward(t, p).unwrap();

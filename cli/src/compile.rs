@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use htpkv::engine::{DEFAULT_MAX_CONTEXT, LayerWindows, OpenedModel, apply_layer_windows};
-use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use model::fsio::{FileKind, check_output, open_regular, read_capped};
+use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::DataType;
 use ref_backend::{
     CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS, Granularity, KLayout,
