@@ -10,8 +10,8 @@ use crate::session::{
 };
 use crate::text::{ChatFormat, HfCodec};
 use kv_manager::{HostAllocator, RegionAllocator, Reserve, Strategy};
-use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use model::fsio::{FileKind, read_capped};
+use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use model::{LlamaConfig, Message, WeightSource};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType};
@@ -124,9 +124,6 @@ pub enum EngineError {
     /// A GGUF file or Hugging Face folder that cannot be used (the message names it).
     #[error(transparent)]
     ModelFile(#[from] model::Error),
-    /// The graphs do not fit the IO convention, or none could be chosen.
-    #[error(transparent)]
-    Convention(#[from] crate::convention::ConventionError),
     #[error("compiling the model")]
     Compile(#[from] ref_backend::CompileError),
     /// The compiled model file cannot be used (its message names the file).
@@ -159,17 +156,9 @@ pub enum EngineError {
     /// A file that could not be read or written (it names the file; see `model::fsio`).
     #[error(transparent)]
     File(#[from] model::fsio::FileError),
-    #[error("QNN backend: {0}")]
-    Qnn(String),
-    /// QNN could not read or load one context binary: the path says which of the parts.
-    #[error("QNN cannot {what} the context binary {}", path.display())]
-    QnnBinary {
-        /// `read` (binary info) or `load` (context creation).
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: Box<qnn_ffi::QnnError>,
-    },
+    /// The QNN backend could not open the compiled model's context binary.
+    #[error(transparent)]
+    Qnn(#[from] crate::qnn::QnnOpenError),
     #[error("budget: {0}")]
     Budget(String),
 }
@@ -182,37 +171,19 @@ impl From<SamplerError> for EngineError {
 
 impl EngineError {
     /// A short, stable name of the error's kind (`model_not_found`, `bad_model`, `compile`,
-    /// `bad_option`, `context_full`, `kv`, `backend`, `io`, `qnn`, `budget`).
+    /// `bad_option`, `context_full`, `kv`, `backend`, `io`, `qnn`, `budget`). A wrapped error
+    /// names its own kind.
     pub fn kind(&self) -> &'static str {
         match self {
-            EngineError::Model(model::llama2c::ModelError::ModelNotFound { .. }) => "model_not_found",
-            EngineError::Model(model::llama2c::ModelError::File(_)) => "io",
-            EngineError::Model(_) => "bad_model",
-            EngineError::ModelFile(model::Error::Io { .. } | model::Error::File(_)) => "io",
-            EngineError::ModelFile(_) => "bad_model",
-            EngineError::Compile(_) => "compile",
-            EngineError::Format(ref_backend::FormatError::File(_)) => "io",
-            EngineError::Format(_) => "bad_model",
+            EngineError::Model(e) => e.kind(),
+            EngineError::ModelFile(e) => e.kind(),
+            EngineError::Compile(e) => e.kind(),
+            EngineError::Format(e) => e.kind(),
             EngineError::CheckpointMismatch { .. } => "bad_model",
-            EngineError::Session(SessionError::Kv(kv_manager::KvError::ContextFull { .. })) => {
-                "context_full"
-            }
-            EngineError::Session(SessionError::Kv(_)) => "kv",
-            EngineError::Session(SessionError::Beam(kv_manager::BeamError::BeamCount {
-                ..
-            })) => "bad_option",
-            EngineError::Session(SessionError::Beam(_)) => "kv",
-            EngineError::Session(SessionError::Backend(_)) => "backend",
-            EngineError::Session(SessionError::Sampler(_)) => "bad_option",
-            EngineError::Session(SessionError::Input(_)) => "bad_option",
-            EngineError::Session(SessionError::PromptTooLong { .. }) => "context_full",
-            EngineError::Session(SessionError::Token { .. }) => "bad_option",
-            EngineError::Session(SessionError::Graphs(_) | SessionError::Encode(_)) => "bad_model",
+            EngineError::Session(e) => e.kind(),
             EngineError::BadOption(_) => "bad_option",
             EngineError::Io { .. } | EngineError::File(_) => "io",
-            EngineError::Qnn(_) | EngineError::QnnBinary { .. } | EngineError::Convention(_) => {
-                "qnn"
-            }
+            EngineError::Qnn(e) => e.kind(),
             EngineError::Budget(_) => "budget",
         }
     }

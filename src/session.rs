@@ -60,6 +60,25 @@ pub enum SessionError {
     },
 }
 
+impl SessionError {
+    /// The error's kind (`context_full`, `kv`, `bad_option`, `backend`, `bad_model`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SessionError::Kv(KvError::ContextFull { .. }) | SessionError::PromptTooLong { .. } => {
+                "context_full"
+            }
+            SessionError::Kv(_) => "kv",
+            SessionError::Beam(kv_manager::BeamError::BeamCount { .. }) => "bad_option",
+            SessionError::Beam(_) => "kv",
+            SessionError::Backend(_) => "backend",
+            SessionError::Sampler(_) | SessionError::Input(_) | SessionError::Token { .. } => {
+                "bad_option"
+            }
+            SessionError::Graphs(_) | SessionError::Encode(_) => "bad_model",
+        }
+    }
+}
+
 /// Where the bytes of one graph input come from.
 #[derive(Debug, Clone)]
 enum Feed {

@@ -166,7 +166,11 @@ fn bad_qnn_paths_give_typed_errors() {
         };
         let err = Engine::open(&opts, &mut |_| {}).unwrap_err();
         assert_eq!(err.kind(), "qnn");
-        assert!(err.to_string().contains(needle), "{err}");
+        // The QNN error is the typed source, printed after the message (as the CLI prints it).
+        let source = std::error::Error::source(&err).expect("the QNN error is the source");
+        assert!(source.is::<qnn_ffi::QnnError>(), "{source:?}");
+        let printed = format!("{err}: {source}");
+        assert!(printed.contains(needle), "{printed}");
     }
 }
 

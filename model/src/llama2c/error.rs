@@ -140,6 +140,18 @@ pub enum ModelError {
     },
 }
 
+impl ModelError {
+    /// The error's kind: `model_not_found` when no model directory was found, `io` when a file
+    /// could not be read, `bad_model` otherwise.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ModelError::ModelNotFound { .. } => "model_not_found",
+            ModelError::File(_) => "io",
+            _ => "bad_model",
+        }
+    }
+}
+
 fn not_found_message(tried: &[(PathBuf, String)]) -> String {
     use std::fmt::Write as _;
     let mut s = String::from("no llama2.c model directory found; tried:\n");
