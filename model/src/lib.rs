@@ -31,6 +31,8 @@
 //! - Hostile files give typed errors ([`Error`], [`gguf::GgufError`]): every count, length,
 //!   dimension product, offset and size in a GGUF header is checked against the file before
 //!   anything is allocated for it; metadata takes a small multiple of the bytes it came from.
+//!   Hand-parsed formats (GGUF here, compiled models and saved sessions elsewhere) read their
+//!   fields through the one bounded little-endian reader, [`le::LeReader`].
 //! - Unsupported features are errors, never a silently different model: other architectures,
 //!   RoPE scaling other than `llama3` (GGUF's `rope_freqs` tensors included), tensor types
 //!   outside the list above, pre-tokenizers other than `gpt2`, `smollm`/`starcoder`,
@@ -55,6 +57,8 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod chat;
 mod config;
 pub mod encdec;
@@ -64,6 +68,7 @@ pub mod forward;
 pub mod fsio;
 pub mod gguf;
 pub mod hf;
+pub mod le;
 pub mod llama2c;
 mod load;
 pub mod ops;
