@@ -91,7 +91,9 @@ pub use compile::{CompiledModel, Progress, Stage, compile};
 pub use error::{CompileError, ExecError, FormatError};
 pub use exec::{Graph, mask_value_bytes};
 pub use format::{FORMAT_VERSION, WINDOWS_FORMAT_VERSION};
-pub use model::{ActSite, MASK_OFFSET, MASK_SCALE, MASKED_AT_OR_BELOW, graph_name, mask_encoding};
+pub use model::{
+    ActSite, I8Matrix, MASK_OFFSET, MASK_SCALE, MASKED_AT_OR_BELOW, graph_name, mask_encoding,
+};
 pub use options::{
     CALIBRATION_VERSION, CompileOptions, DEFAULT_CALIBRATION_CHATS, DEFAULT_CALIBRATION_PROMPTS,
     DEFAULT_CALIBRATION_TOKENS, MAX_CALIBRATION_TOKENS,
