@@ -16,7 +16,7 @@ use anyhow::{Context, bail};
 use htpkv::reference::ReferenceBackend;
 use htpkv::session::Session;
 use kv_manager::{HostAllocator, Strategy};
-use llama2c::{Checkpoint, FloatModel, ModelFiles, Tokenizer};
+use model::llama2c::{Checkpoint, FloatModel, ModelFiles, Tokenizer};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -90,7 +90,7 @@ fn model_bench(run: &ModelRun, kv: &str, weights: &str) -> anyhow::Result<serde_
     // The compiled model is never written, so the fingerprint only labels it: the file's
     // SHA-256, or zeros for a safetensors folder.
     let fingerprint = if run.path.is_file() {
-        llama2c::sha256(&std::fs::read(&run.path)?)
+        model::llama2c::sha256(&std::fs::read(&run.path)?)
     } else {
         [0; 32]
     };
@@ -144,11 +144,11 @@ fn model_bench(run: &ModelRun, kv: &str, weights: &str) -> anyhow::Result<serde_
         &HostAllocator::default(),
     )?;
     let start = Instant::now();
-    let mut next = llama2c::argmax(session.prefill(&prompt)?) as u32;
+    let mut next = model::ops::argmax(session.prefill(&prompt)?) as u32;
     let prefill_s = start.elapsed().as_secs_f64();
     let start = Instant::now();
     for _ in 0..run.tokens {
-        next = llama2c::argmax(session.decode(next)?) as u32;
+        next = model::ops::argmax(session.decode(next)?) as u32;
     }
     let decode_s = start.elapsed().as_secs_f64();
     Ok(serde_json::json!({
@@ -177,7 +177,7 @@ fn stories_bench(tokens: usize, kv: &str, weights: &str) -> anyhow::Result<serde
         weights: weights.clone(),
         ..Default::default()
     };
-    let config = llama2c::llama_config(&ckpt.config);
+    let config = model::llama2c::llama_config(&ckpt.config);
     let opts = htpkv::engine::compile_options(&options, &config)?;
     let calibration =
         htpkv::engine::calibration_sequences(&tok, &htpkv::text::ChatFormat::new(None))?;
@@ -197,7 +197,7 @@ fn stories_bench(tokens: usize, kv: &str, weights: &str) -> anyhow::Result<serde
     let start = Instant::now();
     for pos in 0..tokens {
         let logits = float.forward(sequence[pos], pos)?;
-        let next = llama2c::argmax(logits) as u32;
+        let next = model::ops::argmax(logits) as u32;
         sequence.push(if next == 1 || next == 2 { 300 } else { next });
     }
     let float_s = start.elapsed().as_secs_f64();

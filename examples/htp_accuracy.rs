@@ -116,8 +116,8 @@ fn score<B: Backend>(
 /// The reference executor compiled with `weights` and `kv` at `context`, calibrated as `compile`
 /// does.
 fn reference(
-    ckpt: &std::sync::Arc<llama2c::Checkpoint>,
-    tokenizer: &llama2c::Tokenizer,
+    ckpt: &std::sync::Arc<model::llama2c::Checkpoint>,
+    tokenizer: &model::llama2c::Tokenizer,
     weights: &str,
     kv: &str,
     context: usize,
@@ -129,7 +129,7 @@ fn reference(
         ar: vec![1],
         ..Default::default()
     };
-    let config = llama2c::llama_config(&ckpt.config);
+    let config = model::llama2c::llama_config(&ckpt.config);
     let opts = htpkv::engine::compile_options(&options, &config)?;
     let calibration =
         htpkv::engine::calibration_sequences(tokenizer, &htpkv::text::ChatFormat::new(None))?;
@@ -146,11 +146,11 @@ fn reference(
 
 fn main() -> anyhow::Result<()> {
     let a = parse()?;
-    let files = llama2c::ModelFiles::discover(None)?;
-    let ckpt = std::sync::Arc::new(llama2c::Checkpoint::load(&files.checkpoint)?);
-    let tokenizer = llama2c::Tokenizer::load(&files.tokenizer, ckpt.config.vocab_size)?;
+    let files = model::llama2c::ModelFiles::discover(None)?;
+    let ckpt = std::sync::Arc::new(model::llama2c::Checkpoint::load(&files.checkpoint)?);
+    let tokenizer = model::llama2c::Tokenizer::load(&files.tokenizer, ckpt.config.vocab_size)?;
     let prompt = tokenizer.encode("Once upon a time", true, false);
-    let config = llama2c::llama_config(&ckpt.config);
+    let config = model::llama2c::llama_config(&ckpt.config);
     let mut f = model::FloatModel::new(config.clone(), ckpt.clone(), config.context_length)?;
     let (mut float_logits, mut tokens) = (Vec::new(), prompt.clone());
     for pos in 0..a.tokens {

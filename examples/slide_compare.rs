@@ -98,7 +98,7 @@ fn open(args: &Args, overflow: Overflow) -> anyhow::Result<Engine> {
 }
 
 fn argmax(logits: &[f32]) -> u32 {
-    llama2c::argmax(logits) as u32
+    model::ops::argmax(logits) as u32
 }
 
 fn main() -> anyhow::Result<()> {

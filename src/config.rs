@@ -51,7 +51,7 @@ pub enum ConfigError {
     /// The file could not be read (missing, a directory, over the 1 MiB config cap — so
     /// `/dev/zero` stops at the cap —, an I/O error); the error names the file.
     #[error(transparent)]
-    File(#[from] llama2c::fsio::FileError),
+    File(#[from] model::fsio::FileError),
     /// The file is not UTF-8 text.
     #[error("{}: the config is not UTF-8 text", .path.display())]
     NotText { path: PathBuf },
@@ -501,7 +501,7 @@ impl Config {
     /// Reads, parses and validates a config file.
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
         let path = path.as_ref();
-        let bytes = llama2c::fsio::read_capped(path, llama2c::fsio::FileKind::CONFIG)?;
+        let bytes = model::fsio::read_capped(path, model::fsio::FileKind::CONFIG)?;
         let text = String::from_utf8(bytes).map_err(|_| ConfigError::NotText {
             path: path.to_path_buf(),
         })?;

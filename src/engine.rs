@@ -10,8 +10,8 @@ use crate::session::{
 };
 use crate::text::{ChatFormat, HfCodec};
 use kv_manager::{HostAllocator, RegionAllocator, Reserve, Strategy};
-use llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use model::fsio::{FileKind, read_capped};
+use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use model::{LlamaConfig, Message, WeightSource};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType};
@@ -120,13 +120,10 @@ impl EngineOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(transparent)]
-    Model(#[from] llama2c::ModelError),
+    Model(#[from] model::llama2c::ModelError),
     /// A GGUF file or Hugging Face folder that cannot be used (the message names it).
     #[error(transparent)]
     ModelFile(#[from] model::Error),
-    /// The graphs do not fit the IO convention, or none could be chosen.
-    #[error(transparent)]
-    Convention(#[from] crate::convention::ConventionError),
     #[error("compiling the model")]
     Compile(#[from] ref_backend::CompileError),
     /// The compiled model file cannot be used (its message names the file).
@@ -158,18 +155,10 @@ pub enum EngineError {
     },
     /// A file that could not be read or written (it names the file; see `model::fsio`).
     #[error(transparent)]
-    File(#[from] llama2c::fsio::FileError),
-    #[error("QNN backend: {0}")]
-    Qnn(String),
-    /// QNN could not read or load one context binary: the path says which of the parts.
-    #[error("QNN cannot {what} the context binary {}", path.display())]
-    QnnBinary {
-        /// `read` (binary info) or `load` (context creation).
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: Box<qnn_ffi::QnnError>,
-    },
+    File(#[from] model::fsio::FileError),
+    /// The QNN backend could not open the compiled model's context binary.
+    #[error(transparent)]
+    Qnn(#[from] crate::qnn::QnnOpenError),
     #[error("budget: {0}")]
     Budget(String),
 }
@@ -182,37 +171,19 @@ impl From<SamplerError> for EngineError {
 
 impl EngineError {
     /// A short, stable name of the error's kind (`model_not_found`, `bad_model`, `compile`,
-    /// `bad_option`, `context_full`, `kv`, `backend`, `io`, `qnn`, `budget`).
+    /// `bad_option`, `context_full`, `kv`, `backend`, `io`, `qnn`, `budget`). A wrapped error
+    /// names its own kind.
     pub fn kind(&self) -> &'static str {
         match self {
-            EngineError::Model(llama2c::ModelError::ModelNotFound { .. }) => "model_not_found",
-            EngineError::Model(llama2c::ModelError::File(_)) => "io",
-            EngineError::Model(_) => "bad_model",
-            EngineError::ModelFile(model::Error::Io { .. } | model::Error::File(_)) => "io",
-            EngineError::ModelFile(_) => "bad_model",
-            EngineError::Compile(_) => "compile",
-            EngineError::Format(ref_backend::FormatError::File(_)) => "io",
-            EngineError::Format(_) => "bad_model",
+            EngineError::Model(e) => e.kind(),
+            EngineError::ModelFile(e) => e.kind(),
+            EngineError::Compile(e) => e.kind(),
+            EngineError::Format(e) => e.kind(),
             EngineError::CheckpointMismatch { .. } => "bad_model",
-            EngineError::Session(SessionError::Kv(kv_manager::KvError::ContextFull { .. })) => {
-                "context_full"
-            }
-            EngineError::Session(SessionError::Kv(_)) => "kv",
-            EngineError::Session(SessionError::Beam(kv_manager::BeamError::BeamCount {
-                ..
-            })) => "bad_option",
-            EngineError::Session(SessionError::Beam(_)) => "kv",
-            EngineError::Session(SessionError::Backend(_)) => "backend",
-            EngineError::Session(SessionError::Sampler(_)) => "bad_option",
-            EngineError::Session(SessionError::Input(_)) => "bad_option",
-            EngineError::Session(SessionError::PromptTooLong { .. }) => "context_full",
-            EngineError::Session(SessionError::Token { .. }) => "bad_option",
-            EngineError::Session(SessionError::Graphs(_) | SessionError::Encode(_)) => "bad_model",
+            EngineError::Session(e) => e.kind(),
             EngineError::BadOption(_) => "bad_option",
             EngineError::Io { .. } | EngineError::File(_) => "io",
-            EngineError::Qnn(_) | EngineError::QnnBinary { .. } | EngineError::Convention(_) => {
-                "qnn"
-            }
+            EngineError::Qnn(e) => e.kind(),
             EngineError::Budget(_) => "budget",
         }
     }
@@ -358,7 +329,7 @@ impl OpenedModel {
         let tokenizer = Tokenizer::load(&files.tokenizer, checkpoint.config.vocab_size)?;
         Ok(OpenedModel {
             path: files.checkpoint.clone(),
-            config: llama2c::llama_config(&checkpoint.config),
+            config: model::llama2c::llama_config(&checkpoint.config),
             fingerprint: checkpoint.sha256(),
             vocab: tokenizer.vocab_size(),
             codec: Box::new(tokenizer),
@@ -385,7 +356,7 @@ impl OpenedModel {
 
     /// Lower-case hex of [`OpenedModel::fingerprint`].
     pub fn fingerprint_hex(&self) -> String {
-        llama2c::hex(&self.fingerprint)
+        model::llama2c::hex(&self.fingerprint)
     }
 
     /// Runs `f` on the model's weights (loading a GGUF or Hugging Face model's weights first).
@@ -426,15 +397,15 @@ impl OpenedModel {
 fn fingerprint(path: &Path) -> Result<[u8; 32], EngineError> {
     let files = model_files(path)?;
     if path.is_file() {
-        return Ok(llama2c::sha256(&read_capped(path, FileKind::GGUF)?));
+        return Ok(model::llama2c::sha256(&read_capped(path, FileKind::GGUF)?));
     }
     let mut all = Vec::new();
     for (file, kind) in files {
         let name = file.file_name().unwrap_or_default();
         all.extend_from_slice(name.as_encoded_bytes());
-        all.extend_from_slice(&llama2c::sha256(&read_capped(&file, kind)?));
+        all.extend_from_slice(&model::llama2c::sha256(&read_capped(&file, kind)?));
     }
-    Ok(llama2c::sha256(&all))
+    Ok(model::llama2c::sha256(&all))
 }
 
 /// The files of the model at `path` (a GGUF file, or a Hugging Face folder's `config.json`,
@@ -546,7 +517,7 @@ fn windows_key(config: &LlamaConfig) -> String {
     let text: Vec<String> = (config.layer_windows.iter())
         .map(|w| w.map_or("-".into(), |w| w.to_string()))
         .collect();
-    let digest = llama2c::hex(&llama2c::sha256(text.join(",").as_bytes()));
+    let digest = model::llama2c::hex(&model::llama2c::sha256(text.join(",").as_bytes()));
     format!("-w{}", &digest[..16])
 }
 

@@ -37,6 +37,7 @@ use crate::backend::{Backend, GraphDesc};
 use crate::session::{Generation, Session, SessionError, StopReason};
 use kv_manager::{KvError, KvSnapshot, RowShape};
 use model::fsio::{FileError, FileKind, read_capped, write_atomic_verified};
+use model::le::{LeReader, ReadError};
 use quant::{DataType, Encoding, QuantSpec, ScaleOffset};
 use ref_backend::crc32;
 use std::path::{Path, PathBuf};
@@ -101,6 +102,15 @@ pub enum PersistError {
 }
 
 impl PersistError {
+    /// The error's kind: `io` when the file could not be read or written, `bad_session` when it
+    /// holds no session this one can take.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PersistError::File(_) => "io",
+            _ => "bad_session",
+        }
+    }
+
     /// What is wrong with the file: the `problem` of [`PersistError::Invalid`], else `self`.
     pub fn problem(&self) -> &PersistError {
         match self {
@@ -337,7 +347,7 @@ fn decode(data: &[u8]) -> Result<SavedSession, PersistError> {
 /// all global): a sliding layer's buffers hold only their last `min(len, W - 1)` rows, as
 /// [`kv_manager::KvCache::export_rows`] saves them.
 fn decode_windowed(data: &[u8], windows: &[Option<usize>]) -> Result<SavedSession, PersistError> {
-    let mut r = Reader { data, pos: 0 };
+    let mut r = Reader::new(data);
     let magic = r.take(8, "magic")?;
     if magic != MAGIC {
         return Err(PersistError::Magic {
@@ -354,7 +364,7 @@ fn decode_windowed(data: &[u8], windows: &[Option<usize>]) -> Result<SavedSessio
             "reserved header field is {reserved:#x}, not 0"
         )));
     }
-    let payload_len = u64::from_le_bytes(r.take(8, "payload length")?.try_into().expect("8"));
+    let payload_len = r.u64("payload length")?;
     let stored = r.u32("checksum")?;
     let fingerprint = r.u32("fingerprint")?;
     r.check(payload_len, "payload")?;
@@ -369,10 +379,10 @@ fn decode_windowed(data: &[u8], windows: &[Option<usize>]) -> Result<SavedSessio
         return Err(PersistError::Checksum { stored, computed });
     }
     let (snapshot, tokens, position_offset, logits) = read_payload(&mut r, version, windows)?;
-    if r.pos != data.len() {
+    let left = r.0.remaining();
+    if left != 0 {
         return Err(PersistError::Malformed(format!(
-            "the payload has {} bytes after the last row",
-            data.len() - r.pos
+            "the payload has {left} bytes after the last row"
         )));
     }
     Ok(SavedSession {
@@ -524,41 +534,33 @@ fn dtype_from(code: u8) -> Result<DataType, PersistError> {
         .ok_or_else(|| PersistError::Malformed(format!("unknown data type code {code}")))
 }
 
-/// Reads little-endian fields, checking every size against the bytes left before using it.
-struct Reader<'a> {
-    data: &'a [u8],
-    pos: usize,
-}
+/// Reads little-endian fields ([`model::le::LeReader`]), each failure a
+/// [`PersistError::Truncated`] naming the field.
+struct Reader<'a>(LeReader<&'a [u8]>);
 
 impl<'a> Reader<'a> {
+    fn new(data: &'a [u8]) -> Self {
+        Reader(LeReader::from_slice(data))
+    }
+
     fn check(&self, needed: u64, field: &'static str) -> Result<(), PersistError> {
-        let available = self.data.len() - self.pos;
-        if needed > available as u64 {
-            return Err(PersistError::Truncated {
-                field,
-                offset: self.pos,
-                needed,
-                available,
-            });
-        }
-        Ok(())
+        self.0.need(needed, field).map_err(truncated(field))
     }
 
     fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], PersistError> {
-        self.check(n as u64, field)?;
-        let out = &self.data[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(out)
+        self.0.take(n, field).map_err(truncated(field))
     }
 
     fn u8(&mut self, field: &'static str) -> Result<u8, PersistError> {
-        Ok(self.take(1, field)?[0])
+        self.0.u8(field).map_err(truncated(field))
     }
 
     fn u32(&mut self, field: &'static str) -> Result<u32, PersistError> {
-        Ok(u32::from_le_bytes(
-            self.take(4, field)?.try_into().expect("4 bytes"),
-        ))
+        self.0.u32(field).map_err(truncated(field))
+    }
+
+    fn u64(&mut self, field: &'static str) -> Result<u64, PersistError> {
+        self.0.u64(field).map_err(truncated(field))
     }
 
     /// A u32 count of `elem` -byte items that must fit in the bytes left.
@@ -566,6 +568,24 @@ impl<'a> Reader<'a> {
         let n = self.u32(field)?;
         self.check(u64::from(n) * elem, field)?;
         Ok(n as usize)
+    }
+}
+
+/// A short read of `field` as the session file's error (a slice reader has no other failure).
+fn truncated(field: &'static str) -> impl FnOnce(ReadError) -> PersistError {
+    move |e| match e {
+        ReadError::Short {
+            offset,
+            needed,
+            available,
+            ..
+        } => PersistError::Truncated {
+            field,
+            offset: offset as usize,
+            needed,
+            available: available as usize,
+        },
+        other => PersistError::Malformed(other.to_string()),
     }
 }
 

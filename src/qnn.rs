@@ -13,26 +13,60 @@ use crate::backend::{
     Backend, BackendError, GraphDesc, InputBuffer, IoTensor, MemoryReport, OutputBuffer, PartOf,
 };
 use crate::convention::{self, Assigned, Convention, ConventionError, GraphNames};
-use crate::engine::EngineError;
 use crate::qnn_memory::{MemoryUse, QnnMemory};
 use kv_manager::RegionAllocator;
-use model::fsio::{FileKind, read_capped};
+use model::fsio::{FileError, FileKind, read_capped};
 use qnn_ffi::{
-    ClientBuffer, Context, Device, Graph, LogLevel, MemDescriptor, MemHandleCache, QnnLibrary,
-    QnnSystemLibrary, Quantization, RpcMemAllocator, SystemContext, TensorData, TensorInfo,
-    qnn_dtype_name,
+    ClientBuffer, Context, Device, Graph, LogLevel, MemDescriptor, MemHandleCache, QnnError,
+    QnnLibrary, QnnSystemLibrary, Quantization, RpcMemAllocator, SystemContext, TensorData,
+    TensorInfo, qnn_dtype_name,
 };
 use quant::{DataType, Encoding, QuantSpec, ScaleOffset};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-fn qnn_err(e: qnn_ffi::QnnError) -> EngineError {
-    EngineError::Qnn(e.to_string())
+/// Why context binaries could not be opened as a QNN backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QnnOpenError {
+    /// A QNN call failed: loading a library, creating the backend, the device or a graph handle.
+    #[error("QNN backend")]
+    Qnn(#[source] QnnError),
+    /// QNN could not read or load one context binary: the path says which of the parts.
+    #[error("QNN cannot {what} the context binary {}", path.display())]
+    Binary {
+        /// `read` (binary info) or `load` (context creation).
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: Box<QnnError>,
+    },
+    /// The graphs do not describe a model the runtime can run (the message names the graph or
+    /// tensor), or no binary was given.
+    #[error("QNN backend: {0}")]
+    Graphs(String),
+    /// The graphs do not fit the IO convention, or none could be chosen.
+    #[error(transparent)]
+    Convention(#[from] ConventionError),
+    /// A context binary could not be read (it names the file; see `model::fsio`).
+    #[error(transparent)]
+    File(#[from] FileError),
+}
+
+impl QnnOpenError {
+    /// The error's kind in the engine's vocabulary: `io` for a file that cannot be read, `qnn`
+    /// otherwise.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            QnnOpenError::File(_) => "io",
+            _ => "qnn",
+        }
+    }
 }
 
 /// A QNN error about one context binary, naming it.
-fn binary_err(what: &'static str, path: &Path) -> impl FnOnce(qnn_ffi::QnnError) -> EngineError {
-    move |source| EngineError::QnnBinary {
+fn binary_err(what: &'static str, path: &Path) -> impl FnOnce(QnnError) -> QnnOpenError {
+    move |source| QnnOpenError::Binary {
         what,
         path: path.to_path_buf(),
         source: Box::new(source),
@@ -41,7 +75,7 @@ fn binary_err(what: &'static str, path: &Path) -> impl FnOnce(qnn_ffi::QnnError)
 
 /// A backend error whose cause is a QNN error: the message says what was being done, the cause is
 /// the source (printed once by reports).
-fn backend_err_from(what: &str, e: qnn_ffi::QnnError) -> BackendError {
+fn backend_err_from(what: &str, e: QnnError) -> BackendError {
     BackendError {
         backend: "qnn",
         message: what.to_string(),
@@ -168,7 +202,7 @@ pub fn io_tensor(t: &TensorInfo, assigned: Assigned) -> Result<IoTensor, String>
 pub fn graph_desc(
     g: &qnn_ffi::GraphInfo,
     convention: &Convention,
-) -> Result<GraphDesc, EngineError> {
+) -> Result<GraphDesc, QnnOpenError> {
     let (ins, outs) =
         convention.assign(&g.name, &tensor_names(&g.inputs), &tensor_names(&g.outputs))?;
     let name = convention.graph_name(&g.name)?;
@@ -177,7 +211,7 @@ pub fn graph_desc(
             .zip(roles)
             .map(|(t, a)| io_tensor(t, a))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(EngineError::Qnn)
+            .map_err(QnnOpenError::Graphs)
     };
     let desc = GraphDesc {
         name: g.name.clone(),
@@ -191,7 +225,7 @@ pub fn graph_desc(
     };
     // A part without a mask (AI Hub's part 1, the embedding alone) gives no context length.
     let check = |what: &str, named: Option<usize>, found: Option<usize>| match named {
-        Some(n) if found.is_some_and(|f| f != n) => Err(EngineError::Qnn(format!(
+        Some(n) if found.is_some_and(|f| f != n) => Err(QnnOpenError::Graphs(format!(
             "graph `{}`: the name says {what} {n} but its tensors give {found:?}",
             g.name
         ))),
@@ -266,7 +300,7 @@ impl QnnBackend {
         binary_path: &Path,
         memory: QnnMemory,
         max_handles: usize,
-    ) -> Result<QnnBackend, EngineError> {
+    ) -> Result<QnnBackend, QnnOpenError> {
         let options = QnnOpenOptions {
             memory,
             max_handles,
@@ -283,11 +317,11 @@ impl QnnBackend {
         system_lib: Option<&Path>,
         binary_paths: &[&Path],
         options: &QnnOpenOptions,
-    ) -> Result<QnnBackend, EngineError> {
+    ) -> Result<QnnBackend, QnnOpenError> {
         if binary_paths.is_empty() {
-            return Err(EngineError::Qnn("no context binary given".into()));
+            return Err(QnnOpenError::Graphs("no context binary given".into()));
         }
-        let lib = QnnLibrary::load(backend_lib).map_err(qnn_err)?;
+        let lib = QnnLibrary::load(backend_lib).map_err(QnnOpenError::Qnn)?;
         let reference = lib
             .provider()
             .name
@@ -296,12 +330,13 @@ impl QnnBackend {
         let rpcmem = RpcMemAllocator::new().ok();
         let probe_host = options.memory == QnnMemory::Auto;
         let memory = MemoryUse::resolve(options.memory, reference, rpcmem.is_some());
-        let system = QnnSystemLibrary::load(system_lib.unwrap_or(backend_lib)).map_err(qnn_err)?;
+        let system =
+            QnnSystemLibrary::load(system_lib.unwrap_or(backend_lib)).map_err(QnnOpenError::Qnn)?;
         let mut binaries = Vec::new();
         let mut infos = Vec::new();
         for path in binary_paths {
             let binary = read_capped(path, FileKind::CONTEXT_BINARY)?;
-            let mut ctx = SystemContext::new(&system).map_err(qnn_err)?;
+            let mut ctx = SystemContext::new(&system).map_err(QnnOpenError::Qnn)?;
             let info = ctx.binary_info(&binary).map_err(binary_err("read", path))?;
             infos.push(info.graphs);
             binaries.push(binary);
@@ -309,8 +344,8 @@ impl QnnBackend {
         let all: Vec<qnn_ffi::GraphInfo> = infos.iter().flatten().cloned().collect();
         let convention = convention_for(&all, options.convention.as_ref())?;
         let log = qnn_ffi::Log::new(&lib, LogLevel::Warn).ok();
-        let backend = qnn_ffi::Backend::new(&lib, log.as_ref()).map_err(qnn_err)?;
-        let device = Device::new(&backend).map_err(qnn_err)?;
+        let backend = qnn_ffi::Backend::new(&lib, log.as_ref()).map_err(QnnOpenError::Qnn)?;
+        let device = Device::new(&backend).map_err(QnnOpenError::Qnn)?;
         let mut found = Vec::new();
         let mut contexts = Vec::new();
         for (index, (binary, graphs)) in binaries.iter().zip(infos).enumerate() {
@@ -320,7 +355,7 @@ impl QnnBackend {
                 let desc = graph_desc(&info, &convention)?;
                 let graph = context
                     .graph(&info.name, info.inputs, info.outputs)
-                    .map_err(qnn_err)?;
+                    .map_err(QnnOpenError::Qnn)?;
                 found.push((desc, graph, index));
             }
             contexts.push(context);

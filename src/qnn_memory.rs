@@ -136,105 +136,101 @@ impl RegionAllocator for RpcRegionAllocator {
 
 /// Shared memory from a Linux `memfd`, mapped here and by the backend through its fd: the
 /// desktop stand-in for an rpcmem dma-buf, so the fd + offset registration path runs without a
-/// device.
+/// device. On other systems allocation fails with a message saying so.
 #[derive(Debug, Clone, Copy)]
 pub struct MemfdAllocator;
 
-mod sys {
-    use std::ffi::{c_char, c_void};
-    pub const PROT_READ: i32 = 1;
-    pub const PROT_WRITE: i32 = 2;
-    pub const MAP_SHARED: i32 = 1;
-    pub const MFD_CLOEXEC: u32 = 1;
-    unsafe extern "C" {
-        pub fn memfd_create(name: *const c_char, flags: u32) -> i32;
-        pub fn ftruncate(fd: i32, len: i64) -> i32;
-        pub fn close(fd: i32) -> i32;
-        pub fn mmap(
-            a: *mut c_void,
-            len: usize,
-            prot: i32,
-            flags: i32,
-            fd: i32,
-            off: i64,
-        ) -> *mut c_void;
-        pub fn munmap(a: *mut c_void, len: usize) -> i32;
-    }
-}
+#[cfg(any(target_os = "linux", target_os = "android"))]
+mod memfd {
+    use super::MemfdAllocator;
+    use kv_manager::{KvError, RegionAllocator, RegionMemory};
 
-#[derive(Debug)]
-struct MemfdRegion {
-    ptr: *mut u8,
-    len: usize,
-    fd: i32,
-}
-
-// SAFETY: the mapping is exclusively owned by this value; unmapping from another thread is sound.
-unsafe impl Send for MemfdRegion {}
-
-// SAFETY: a fresh shared mapping of `len` bytes of a new memfd (zero-filled by the kernel, page
-// aligned), owned by this value and unmapped only when it drops.
-unsafe impl RegionMemory for MemfdRegion {
-    fn as_ptr(&self) -> *mut u8 {
-        self.ptr
+    #[derive(Debug)]
+    struct MemfdRegion {
+        ptr: *mut u8,
+        len: usize,
+        fd: i32,
     }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn fd(&self) -> Option<i32> {
-        Some(self.fd)
-    }
-}
 
-impl Drop for MemfdRegion {
-    fn drop(&mut self) {
-        // SAFETY: mapped and opened by `MemfdAllocator::allocate`, released exactly once.
-        unsafe {
-            sys::munmap(self.ptr.cast(), self.len);
-            sys::close(self.fd);
+    // SAFETY: the mapping is exclusively owned by this value; unmapping from another thread is
+    // sound.
+    unsafe impl Send for MemfdRegion {}
+
+    // SAFETY: a fresh shared mapping of `len` bytes of a new memfd (zero-filled by the kernel, page
+    // aligned), owned by this value and unmapped only when it drops.
+    unsafe impl RegionMemory for MemfdRegion {
+        fn as_ptr(&self) -> *mut u8 {
+            self.ptr
+        }
+        fn len(&self) -> usize {
+            self.len
+        }
+        fn fd(&self) -> Option<i32> {
+            Some(self.fd)
+        }
+    }
+
+    impl Drop for MemfdRegion {
+        fn drop(&mut self) {
+            // SAFETY: mapped and opened by `MemfdAllocator::allocate`, released exactly once.
+            unsafe {
+                libc::munmap(self.ptr.cast(), self.len);
+                libc::close(self.fd);
+            }
+        }
+    }
+
+    impl RegionAllocator for MemfdAllocator {
+        fn allocate(&self, bytes: usize, align: usize) -> Result<Box<dyn RegionMemory>, KvError> {
+            let fail = |reason: String| KvError::Allocation {
+                bytes,
+                align,
+                reason,
+            };
+            let len = bytes.max(1);
+            if align > 4096 {
+                return Err(fail(format!(
+                    "memfd mappings are page aligned, not {align}"
+                )));
+            }
+            let size = libc::off_t::try_from(len).map_err(|_| fail("size exceeds off_t".into()))?;
+            // SAFETY: plain system calls on a file descriptor this function owns; every failure is
+            // checked and releases what was acquired.
+            unsafe {
+                let fd = libc::memfd_create(c"htpkv-kv-region".as_ptr(), libc::MFD_CLOEXEC);
+                if fd < 0 {
+                    return Err(fail(std::io::Error::last_os_error().to_string()));
+                }
+                if libc::ftruncate(fd, size) != 0 {
+                    let e = std::io::Error::last_os_error();
+                    libc::close(fd);
+                    return Err(fail(e.to_string()));
+                }
+                let prot = libc::PROT_READ | libc::PROT_WRITE;
+                let p = libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0);
+                if p == libc::MAP_FAILED || p.is_null() {
+                    let e = std::io::Error::last_os_error();
+                    libc::close(fd);
+                    return Err(fail(e.to_string()));
+                }
+                Ok(Box::new(MemfdRegion {
+                    ptr: p.cast(),
+                    len,
+                    fd,
+                }))
+            }
         }
     }
 }
 
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
 impl RegionAllocator for MemfdAllocator {
     fn allocate(&self, bytes: usize, align: usize) -> Result<Box<dyn RegionMemory>, KvError> {
-        let fail = |reason: String| KvError::Allocation {
+        Err(KvError::Allocation {
             bytes,
             align,
-            reason,
-        };
-        let len = bytes.max(1);
-        if align > 4096 {
-            return Err(fail(format!(
-                "memfd mappings are page aligned, not {align}"
-            )));
-        }
-        let size = i64::try_from(len).map_err(|_| fail("size exceeds i64".into()))?;
-        // SAFETY: plain system calls on a file descriptor this function owns; every failure is
-        // checked and releases what was acquired.
-        unsafe {
-            let fd = sys::memfd_create(c"htpkv-kv-region".as_ptr(), sys::MFD_CLOEXEC);
-            if fd < 0 {
-                return Err(fail(std::io::Error::last_os_error().to_string()));
-            }
-            if sys::ftruncate(fd, size) != 0 {
-                let e = std::io::Error::last_os_error();
-                sys::close(fd);
-                return Err(fail(e.to_string()));
-            }
-            let prot = sys::PROT_READ | sys::PROT_WRITE;
-            let p = sys::mmap(std::ptr::null_mut(), len, prot, sys::MAP_SHARED, fd, 0);
-            if p as isize == -1 || p.is_null() {
-                let e = std::io::Error::last_os_error();
-                sys::close(fd);
-                return Err(fail(e.to_string()));
-            }
-            Ok(Box::new(MemfdRegion {
-                ptr: p.cast(),
-                len,
-                fd,
-            }))
-        }
+            reason: "memfd shared memory needs Linux".into(),
+        })
     }
 }
 
@@ -263,6 +259,7 @@ mod tests {
         assert!("dma".parse::<QnnMemory>().is_err());
     }
 
+    #[cfg(any(target_os = "linux", target_os = "android"))]
     #[test]
     fn memfd_region_is_zeroed_shared_memory_with_an_fd() {
         let region = MemfdAllocator.allocate(10_000, 64).unwrap();

@@ -60,6 +60,25 @@ pub enum SessionError {
     },
 }
 
+impl SessionError {
+    /// The error's kind (`context_full`, `kv`, `bad_option`, `backend`, `bad_model`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SessionError::Kv(KvError::ContextFull { .. }) | SessionError::PromptTooLong { .. } => {
+                "context_full"
+            }
+            SessionError::Kv(_) => "kv",
+            SessionError::Beam(kv_manager::BeamError::BeamCount { .. }) => "bad_option",
+            SessionError::Beam(_) => "kv",
+            SessionError::Backend(_) => "backend",
+            SessionError::Sampler(_) | SessionError::Input(_) | SessionError::Token { .. } => {
+                "bad_option"
+            }
+            SessionError::Graphs(_) | SessionError::Encode(_) => "bad_model",
+        }
+    }
+}
+
 /// Where the bytes of one graph input come from.
 #[derive(Debug, Clone)]
 enum Feed {
@@ -1099,7 +1118,7 @@ impl Utf8Stream {
     }
 }
 
-/// Tokenizer operations generation needs (implemented for `llama2c::Tokenizer` here and for Hugging
+/// Tokenizer operations generation needs (implemented for `model::llama2c::Tokenizer` here and for Hugging
 /// Face tokenizers in [`crate::text`]).
 pub trait TextCodec {
     /// Token ids of `text`, with BOS first when `bos`.
@@ -1119,15 +1138,15 @@ pub trait TextCodec {
     }
 }
 
-impl TextCodec for llama2c::Tokenizer {
+impl TextCodec for model::llama2c::Tokenizer {
     fn encode(&self, text: &str, bos: bool) -> Vec<u32> {
-        llama2c::Tokenizer::encode(self, text, bos, false)
+        model::llama2c::Tokenizer::encode(self, text, bos, false)
     }
     fn decode_piece(&self, prev: u32, token: u32) -> Vec<u8> {
-        llama2c::Tokenizer::decode_piece(self, prev, token)
+        model::llama2c::Tokenizer::decode_piece(self, prev, token)
     }
     fn bytes_per_token(&self) -> Option<usize> {
-        llama2c::Tokenizer::max_piece_bytes(self)
+        model::llama2c::Tokenizer::max_piece_bytes(self)
     }
 }
 

@@ -9,7 +9,7 @@ use common::{STRATEGIES, session};
 use htpkv::sampler::{Sampler, SamplerOptions, length_penalized, top_logprobs};
 use htpkv::session::{BOS, Beam, BeamOptions, EOS, StopReason};
 use kv_manager::Strategy;
-use llama2c::{Checkpoint, ModelFiles, Tokenizer};
+use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use ref_backend::CompiledModel;
 use std::sync::Arc;
 

@@ -135,7 +135,7 @@ fn calibration_stops_a_template_at_its_output_cap_and_fuel() {
     let huge = "{% for i in range(100000) %}{% for m in messages %}{{ m.content }}{% endfor %}\
                 {% endfor %}";
     let never = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
-    let tok = llama2c::Tokenizer::load(
+    let tok = model::llama2c::Tokenizer::load(
         &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/stories260K/tok512.bin"),
         512,
     )

@@ -6,7 +6,7 @@ mod common;
 use htpkv::reference::ReferenceBackend;
 use htpkv::session::{Overflow, Session, SlidePositions};
 use kv_manager::{HostAllocator, Strategy};
-use llama2c::{Checkpoint, ModelFiles, Tokenizer};
+use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use ref_backend::CompiledModel;
 use std::sync::Arc;
 
@@ -44,7 +44,7 @@ fn session(
         &HostAllocator::default(),
     )
     .expect("session");
-    s.set_rope(&llama2c::llama_config(&ckpt.config).rope);
+    s.set_rope(&model::llama2c::llama_config(&ckpt.config).rope);
     s
 }
 
@@ -80,7 +80,7 @@ fn a_cache_hit_gives_bit_identical_logits_to_a_cold_run() {
         let mut warm = session(&compiled, &ckpt, strategy);
         warm.prefill(&first).unwrap();
         for _ in 0..5 {
-            let t = llama2c::argmax(warm.last_logits()) as u32;
+            let t = model::ops::argmax(warm.last_logits()) as u32;
             warm.decode(t).unwrap();
         }
         let prefilled = warm.stats().prefill_tokens;
@@ -103,7 +103,7 @@ fn a_cache_hit_gives_bit_identical_logits_to_a_cold_run() {
         let want_short = bits(cold_short.prefill(short).unwrap());
         assert_eq!(bits(warm.prefill_reusing(short).unwrap()), want_short);
         // Both sessions continue identically.
-        let t = llama2c::argmax(warm.last_logits()) as u32;
+        let t = model::ops::argmax(warm.last_logits()) as u32;
         assert_eq!(
             bits(warm.decode(t).unwrap()),
             bits(cold_short.decode(t).unwrap())
@@ -115,7 +115,7 @@ fn a_cache_hit_gives_bit_identical_logits_to_a_cold_run() {
 fn run_long(s: &mut Session<ReferenceBackend>, prompt: &[u32], steps: usize) -> Vec<Vec<u32>> {
     let mut out = vec![bits(s.prefill(prompt).unwrap())];
     for _ in 0..steps {
-        let t = llama2c::argmax(s.last_logits()) as u32;
+        let t = model::ops::argmax(s.last_logits()) as u32;
         let t = if t == 1 || t == 2 { 300 } else { t };
         out.push(bits(s.decode(t).unwrap()));
         assert!(s.len() <= s.capacity());
@@ -255,7 +255,7 @@ fn stop_refuses_bad_policies_and_a_slid_session_resumes() {
         b.restore(&path).unwrap();
         assert_eq!(b.cache().position_offset(), a.cache().position_offset());
         for _ in 0..40 {
-            let t = llama2c::argmax(a.last_logits()) as u32;
+            let t = model::ops::argmax(a.last_logits()) as u32;
             assert_eq!(bits(a.decode(t).unwrap()), bits(b.decode(t).unwrap()));
         }
     }

@@ -12,7 +12,7 @@ use htpkv::backend::{
 use htpkv::reference::ReferenceBackend;
 use htpkv::session::{Session, SessionError};
 use kv_manager::{HostAllocator, Strategy};
-use llama2c::{Checkpoint, ModelFiles, Tokenizer};
+use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::{DataType, Encoding, QuantSpec, ScaleOffset};
 use ref_backend::CompiledModel;
 use std::sync::Arc;
@@ -269,12 +269,12 @@ fn a_two_part_model_gives_the_whole_models_logits() {
         let a = through_u16(whole.prefill(&prompt).unwrap());
         let b = parts.prefill(&prompt).unwrap().to_vec();
         assert_eq!(a, b, "{strategy:?}: prefill logits");
-        let mut token = llama2c::argmax(&b) as u32;
+        let mut token = model::ops::argmax(&b) as u32;
         for step in 0..40 {
             let a = through_u16(whole.decode(token).unwrap());
             let b = parts.decode(token).unwrap().to_vec();
             assert_eq!(a, b, "{strategy:?}: decode step {step}");
-            token = llama2c::argmax(&b) as u32;
+            token = model::ops::argmax(&b) as u32;
         }
         assert_eq!(parts.tokens(), whole.tokens());
     }
@@ -383,7 +383,7 @@ fn moving_to_larger_context_lengths_keeps_the_logits_bit_for_bit() {
         let b = moving.prefill(&prompt).unwrap().to_vec();
         assert_eq!(a, b, "{strategy:?}: prefill logits");
         assert_eq!(moving.context(), 24);
-        let mut token = llama2c::argmax(&b) as u32;
+        let mut token = model::ops::argmax(&b) as u32;
         let mut seen = vec![24];
         for step in 0..50 {
             let a = straight.decode(token).unwrap().to_vec();
@@ -392,7 +392,7 @@ fn moving_to_larger_context_lengths_keeps_the_logits_bit_for_bit() {
             if seen.last() != Some(&moving.context()) {
                 seen.push(moving.context());
             }
-            token = llama2c::argmax(&b) as u32;
+            token = model::ops::argmax(&b) as u32;
         }
         assert_eq!(moving.tokens(), straight.tokens());
         assert_eq!(seen, [24, 40, 64], "{strategy:?}");
@@ -452,7 +452,10 @@ fn forced(model: Arc<CompiledModel>, forced: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>
     for &t in forced {
         logits.push(s.decode(t).unwrap().to_vec());
     }
-    let top = logits.iter().map(|l| llama2c::argmax(l) as u32).collect();
+    let top = logits
+        .iter()
+        .map(|l| model::ops::argmax(l) as u32)
+        .collect();
     (top, logits)
 }
 

@@ -32,7 +32,7 @@ fn options(
     backend: BackendChoice,
     cache: &std::path::Path,
 ) -> Option<EngineOptions> {
-    if llama2c::ModelFiles::discover(None).is_err() {
+    if model::llama2c::ModelFiles::discover(None).is_err() {
         eprintln!("SKIPPED: the stories260K model is absent (set HTPKV_MODEL_DIR)");
         return None;
     }
@@ -126,7 +126,7 @@ fn qnn_logits_equal_in_process_logits_and_handles_are_cached() {
         let b = remote.prefill(&prompt).unwrap().to_vec();
         assert_eq!(a, b);
         for _ in 0..40 {
-            let t = llama2c::argmax(local.last_logits()) as u32;
+            let t = model::ops::argmax(local.last_logits()) as u32;
             let a = local.decode(t).unwrap().to_vec();
             let b = remote.decode(t).unwrap().to_vec();
             assert!(
@@ -166,7 +166,11 @@ fn bad_qnn_paths_give_typed_errors() {
         };
         let err = Engine::open(&opts, &mut |_| {}).unwrap_err();
         assert_eq!(err.kind(), "qnn");
-        assert!(err.to_string().contains(needle), "{err}");
+        // The QNN error is the typed source, printed after the message (as the CLI prints it).
+        let source = std::error::Error::source(&err).expect("the QNN error is the source");
+        assert!(source.is::<qnn_ffi::QnnError>(), "{source:?}");
+        let printed = format!("{err}: {source}");
+        assert!(printed.contains(needle), "{printed}");
     }
 }
 

@@ -8,7 +8,7 @@ use htpkv::backend::Backend;
 use htpkv::reference::ReferenceBackend;
 use htpkv::session::Session;
 use kv_manager::Strategy;
-use llama2c::{Checkpoint, FloatModel, ModelFiles, Tokenizer};
+use model::llama2c::{Checkpoint, FloatModel, ModelFiles, Tokenizer};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType};
 use std::sync::Arc;
@@ -47,7 +47,7 @@ fn compile(
 
 /// Compiles a llama2.c checkpoint (its description, weights and SHA-256).
 fn compile_ckpt(ckpt: &Checkpoint, prompts: &[Vec<u32>], opts: &CompileOptions) -> CompiledModel {
-    let c = llama2c::llama_config(&ckpt.config);
+    let c = model::llama2c::llama_config(&ckpt.config);
     ref_backend::compile(&c, ckpt, prompts, opts, ckpt.sha256(), &mut |_| {}).expect("compiles")
 }
 
@@ -67,8 +67,12 @@ fn f32_path_matches_the_float_reference_for_256_tokens() {
         for (a, b) in reference.iter().zip(&logits) {
             worst = worst.max((a - b).abs());
         }
-        let next = llama2c::argmax(&reference) as u32;
-        assert_eq!(next, llama2c::argmax(&logits) as u32, "token {pos} differs");
+        let next = model::ops::argmax(&reference) as u32;
+        assert_eq!(
+            next,
+            model::ops::argmax(&logits) as u32,
+            "token {pos} differs"
+        );
         if next == 1 || next == 2 {
             break;
         }
@@ -101,14 +105,14 @@ fn prefill_with_ar32_equals_ar1_all_the_way() {
         stepwise.decode(t).expect("decode");
     }
     let mut worst = 0.0f32;
-    let mut token = llama2c::argmax(chunked.last_logits()) as u32;
+    let mut token = model::ops::argmax(chunked.last_logits()) as u32;
     for _ in 0..64 {
         for (a, b) in chunked.last_logits().iter().zip(stepwise.last_logits()) {
             worst = worst.max((a - b).abs());
         }
         chunked.decode(token).unwrap();
         stepwise.decode(token).unwrap();
-        token = llama2c::argmax(chunked.last_logits()) as u32;
+        token = model::ops::argmax(chunked.last_logits()) as u32;
     }
     assert!(worst <= 1e-4, "max logit difference {worst}");
 }
@@ -139,7 +143,7 @@ fn all_strategies_give_bit_identical_logits() {
                 s.rollback(back).unwrap();
                 s.decode(5).unwrap();
             }
-            let t = llama2c::argmax(s.last_logits()) as u32;
+            let t = model::ops::argmax(s.last_logits()) as u32;
             let t = if t == 1 || t == 2 { 300 } else { t };
             steps.push(s.decode(t).unwrap().iter().map(|x| x.to_bits()).collect());
         }
@@ -199,7 +203,7 @@ fn greedy_logits(s: &mut Session<ReferenceBackend>, steps: usize) -> Vec<Vec<u32
     let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let mut out = vec![bits(s.last_logits())];
     for _ in 0..steps {
-        let token = llama2c::argmax(s.last_logits()) as u32;
+        let token = model::ops::argmax(s.last_logits()) as u32;
         out.push(bits(s.decode(token).expect("decode")));
     }
     out

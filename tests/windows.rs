@@ -5,8 +5,8 @@
 //! and every strategy that serves windows gives bit-identical logits.
 
 use htpkv::kv_manager::{CacheSpec, Geometry, HostAllocator, KvCache, Plan, Strategy, TensorKind};
-use llama2c::{Checkpoint, ModelFiles};
 use model::forward::{Activations, Input, Kernels, NoTap, Output, Pass, Positions, run};
+use model::llama2c::{Checkpoint, ModelFiles};
 use model::ops::{Rope, attend, matmul};
 use model::{FloatModel, LlamaConfig, Tensor, WeightSource};
 use std::sync::Arc;
@@ -165,7 +165,7 @@ fn windowed_layers_through_the_cache_match_the_float_oracle_for_every_strategy()
     };
     let ckpt = Checkpoint::load(&files.checkpoint).unwrap();
     // Window 16 on layers 0, 2 and 4 at context 64: 60 tokens, so the windows bite.
-    let config = llama2c::llama_config(&ckpt.config).with_layer_windows(&[0, 2, 4], 16);
+    let config = model::llama2c::llama_config(&ckpt.config).with_layer_windows(&[0, 2, 4], 16);
     let geometry = Geometry::new(
         config.n_layers,
         config.n_kv_heads,
@@ -181,8 +181,12 @@ fn windowed_layers_through_the_cache_match_the_float_oracle_for_every_strategy()
     let want: Vec<Vec<f32>> = (tokens.iter().enumerate())
         .map(|(p, &t)| oracle.forward(t, p).unwrap().to_vec())
         .collect();
-    let mut global =
-        FloatModel::new(llama2c::llama_config(&ckpt.config), Arc::clone(&ckpt), 64).unwrap();
+    let mut global = FloatModel::new(
+        model::llama2c::llama_config(&ckpt.config),
+        Arc::clone(&ckpt),
+        64,
+    )
+    .unwrap();
     let last = tokens.len() - 1;
     for (p, &t) in tokens[..last].iter().enumerate() {
         global.forward(t, p).unwrap();
@@ -222,7 +226,7 @@ mod quantized {
     use crate::common;
     use htpkv::reference::ReferenceBackend;
     use htpkv::session::Session;
-    use llama2c::Tokenizer;
+    use model::llama2c::Tokenizer;
     use quant::DataType;
     use ref_backend::{CompileOptions, CompiledModel, WeightType};
 
@@ -343,7 +347,7 @@ mod quantized {
         };
         let ckpt = Arc::new(Checkpoint::load(&files.checkpoint).unwrap());
         let tok = Tokenizer::load(&files.tokenizer, ckpt.config.vocab_size).unwrap();
-        let plain = llama2c::llama_config(&ckpt.config);
+        let plain = model::llama2c::llama_config(&ckpt.config);
         let config = plain.clone().with_layer_windows(&[0, 2, 4], 16);
         let (tokens, want) = greedy_float(&config, &ckpt);
         let (plain_tokens, plain_want) = greedy_float(&plain, &ckpt);

@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use htpkv::engine::{DEFAULT_MAX_CONTEXT, LayerWindows, OpenedModel, apply_layer_windows};
-use llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use model::fsio::{FileKind, check_output, open_regular, read_capped};
+use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::DataType;
 use ref_backend::{
     CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS, Granularity, KLayout,
@@ -437,7 +437,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         .or(args.contexts.iter().max().copied())
         .unwrap_or(ckpt.config.seq_len);
     check_parts(&args, ckpt.config.n_layers)?;
-    let mut config = llama2c::llama_config(&ckpt.config);
+    let mut config = model::llama2c::llama_config(&ckpt.config);
     apply_layer_windows(&mut config, &args.layer_window)?;
     check_contexts(&args, &config)?;
     htpkv::engine::check_geometry(&config, context, &args.ar, args.kv_dtype())?;

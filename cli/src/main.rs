@@ -1,5 +1,7 @@
 //! The `htpkv` command line.
 
+#![forbid(unsafe_code)]
+
 use clap::{Parser, Subcommand};
 
 mod budget;

@@ -271,7 +271,7 @@ fn a_cache_entry_from_another_checkpoint_is_recompiled() {
     assert_eq!(entries.len(), 1);
     // Another checkpoint whose cache name is given the first one's entry.
     let (other, ckpt) = altered_model(&dir, &work);
-    let digest = llama2c::sha256_hex(&ckpt);
+    let digest = model::llama2c::sha256_hex(&ckpt);
     let name = entries[0]
         .file_name()
         .unwrap()

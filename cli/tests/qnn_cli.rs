@@ -378,7 +378,7 @@ fn bundle(name: &str, eos: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(compiled(), dir.join("stories_1_of_1.bin")).unwrap();
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/stories260K/tok512.bin");
-    let tok = llama2c::Tokenizer::load(&model, 512).unwrap();
+    let tok = model::llama2c::Tokenizer::load(&model, 512).unwrap();
     let mut vocab = serde_json::Map::new();
     // llama2.c spells BOS and EOS with newlines around them; name them as tokenizer.json files do.
     vocab.insert("<s>".into(), 1.into());

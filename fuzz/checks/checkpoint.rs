@@ -1,8 +1,8 @@
-//! Fuzz check of the llama2.c checkpoint parser (`llama2c::Checkpoint::from_bytes`): no panic,
+//! Fuzz check of the llama2.c checkpoint parser (`model::llama2c::Checkpoint::from_bytes`): no panic,
 //! and a checkpoint that parses has exactly the size its header implies and re-parses from its
 //! own serialization to the same weights (bit for bit).
 
-use llama2c::Checkpoint;
+use model::llama2c::Checkpoint;
 
 pub fn check(data: &[u8]) {
     if let Ok(ckpt) = Checkpoint::from_bytes(data, "fuzz") {

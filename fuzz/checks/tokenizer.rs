@@ -3,7 +3,7 @@
 //! bytes without panicking, never below its own lower bound on the token count, and decoding
 //! inverts encoding.
 
-use llama2c::Tokenizer;
+use model::llama2c::Tokenizer;
 
 pub fn check(data: &[u8]) {
     if data.len() < 2 {

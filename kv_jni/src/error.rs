@@ -84,11 +84,7 @@ impl From<EngineError> for GlueError {
 
 impl From<htpkv::persist::PersistError> for GlueError {
     fn from(err: htpkv::persist::PersistError) -> GlueError {
-        let kind = match err {
-            htpkv::persist::PersistError::File(_) => "io",
-            _ => KIND_BAD_SESSION,
-        };
-        GlueError::new(kind, describe(&err))
+        GlueError::new(err.kind(), describe(&err))
     }
 }
 

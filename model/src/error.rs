@@ -181,6 +181,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// The error's kind: `io` when a file or folder could not be read, `bad_model` when what was
+    /// read cannot be used.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Io { .. } | Error::File(_) => "io",
+            _ => "bad_model",
+        }
+    }
+
     /// The message followed by each cause's, `: `-separated (as the CLI prints an error).
     pub fn with_causes(&self) -> String {
         let mut text = self.to_string();

@@ -84,37 +84,29 @@ const MAX_HEADER_BYTES: u64 = 100_000_000;
 
 /// The `(name, shape)` of each tensor of a safetensors file, from its header alone.
 fn shard_header(path: &Path) -> Result<Vec<(String, Vec<usize>)>, Error> {
-    use std::io::Read;
     let origin = path.display().to_string();
     let bad = |reason: String| Error::Safetensors {
         origin: origin.clone(),
         reason,
     };
-    let io = |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
+    let mut f = crate::fsio::CappedFile::open(path, crate::fsio::FileKind::SAFETENSORS)?;
+    let mut bytes = Vec::new();
+    f.read_up_to(&mut bytes, 8)?;
+    let Ok(len) = <[u8; 8]>::try_from(bytes.as_slice()) else {
+        return Err(bad("shorter than the 8 bytes of its header length".into()));
     };
-    let mut f = std::fs::File::open(path).map_err(io)?;
-    let mut len = [0u8; 8];
-    match f.read_exact(&mut len) {
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            return Err(bad("shorter than the 8 bytes of its header length".into()));
-        }
-        other => other.map_err(io)?,
-    }
     let n = u64::from_le_bytes(len);
     if n > MAX_HEADER_BYTES {
         return Err(bad(format!(
             "header of {n} bytes (at most {MAX_HEADER_BYTES})"
         )));
     }
-    let mut text = Vec::new();
-    f.take(n).read_to_end(&mut text).map_err(io)?;
-    if text.len() as u64 != n {
+    f.read_up_to(&mut bytes, 8 + n)?;
+    if bytes.len() as u64 != 8 + n {
         return Err(bad(format!("header of {n} bytes, the file ends first")));
     }
     let json: serde_json::Map<String, Json> =
-        serde_json::from_slice(&text).map_err(|e| bad(format!("header: {e}")))?;
+        serde_json::from_slice(&bytes[8..]).map_err(|e| bad(format!("header: {e}")))?;
     let mut out = Vec::new();
     for (name, info) in json {
         if name == "__metadata__" {

@@ -8,11 +8,12 @@
 //!   divisibility; every loader calls it.
 //! - Weights: [`Tensor`] names each tensor and gives its shape from the description (one
 //!   place); the forward reads them through [`WeightSource`] (owned [`Weights`], or a
-//!   llama2.c checkpoint in the `llama2c` crate, without a copy).
+//!   llama2.c checkpoint, [`llama2c::Checkpoint`], without a copy).
 //! - Loaders: [`gguf`] (GGUF v2/v3; `llama` and `qwen2`; F32, F16, BF16, Q4_0, Q4_1, Q8_0,
 //!   Q4_K, Q6_K dequantized to f32 on load) and [`hf`] (`config.json` + safetensors shards in
 //!   f32/f16/bf16). GGUF stores Q/K with adjacent RoPE pairs (llama.cpp's converter permutes
-//!   them), HF with half-split pairs; the description records which.
+//!   them), HF with half-split pairs; the description records which. [`llama2c`] reads llama2.c
+//!   checkpoints and tokenizers (the stories models of the tests).
 //! - [`forward`]: the Llama forward pass, written once ([`forward::run`]): a layer range, token
 //!   or hidden-state input, RoPE from position ids or cos/sin tables, hidden-state or logits
 //!   output; implementations supply [`forward::Kernels`] (the float model here, the quantized
@@ -30,6 +31,8 @@
 //! - Hostile files give typed errors ([`Error`], [`gguf::GgufError`]): every count, length,
 //!   dimension product, offset and size in a GGUF header is checked against the file before
 //!   anything is allocated for it; metadata takes a small multiple of the bytes it came from.
+//!   Hand-parsed formats (GGUF here, compiled models and saved sessions elsewhere) read their
+//!   fields through the one bounded little-endian reader, [`le::LeReader`].
 //! - Unsupported features are errors, never a silently different model: other architectures,
 //!   RoPE scaling other than `llama3` (GGUF's `rope_freqs` tensors included), tensor types
 //!   outside the list above, pre-tokenizers other than `gpt2`, `smollm`/`starcoder`,
@@ -54,6 +57,8 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod chat;
 mod config;
 pub mod encdec;
@@ -63,6 +68,8 @@ pub mod forward;
 pub mod fsio;
 pub mod gguf;
 pub mod hf;
+pub mod le;
+pub mod llama2c;
 mod load;
 pub mod ops;
 mod tokenizer;

@@ -1,4 +1,4 @@
-//! Replays the `chat_template`, `gguf_model` and `hf_folder` fuzz corpora (see the README's
+//! Replays the `chat_template`, `checkpoint`, `gguf_model`, `hf_folder` and `tokenizer` fuzz corpora (see the README's
 //! "Fuzzing") through their checks, and pins what the seeds of issue 21 must give: the valid
 //! models load, each disagreement between description and tensors is refused.
 
@@ -7,12 +7,16 @@ use std::path::PathBuf;
 
 #[path = "../../fuzz/checks/chat_template.rs"]
 mod chat_template;
+#[path = "../../fuzz/checks/checkpoint.rs"]
+mod checkpoint;
 #[path = "../../fuzz/checks/gguf_model.rs"]
 mod gguf_model;
 #[path = "../../fuzz/checks/hf_folder.rs"]
 mod hf_folder;
 #[path = "../../fuzz/checks/replay.rs"]
 mod replay;
+#[path = "../../fuzz/checks/tokenizer.rs"]
+mod tokenizer;
 
 fn seed(target: &str, name: &str) -> Vec<u8> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -25,6 +29,16 @@ fn seed(target: &str, name: &str) -> Vec<u8> {
 #[test]
 fn chat_template_corpus() {
     replay::replay("chat_template", chat_template::check);
+}
+
+#[test]
+fn checkpoint_corpus() {
+    replay::replay("checkpoint", checkpoint::check);
+}
+
+#[test]
+fn tokenizer_corpus() {
+    replay::replay("tokenizer", tokenizer::check);
 }
 
 #[test]

@@ -49,6 +49,8 @@
 //! assert_eq!(dequantize::<u8>(quantize::<u8>(0.0, so), so), 0.0);
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod array;
 mod bytes;
 mod fixed;

@@ -187,12 +187,12 @@ fn fingerprint(path: &std::path::Path) -> Result<[u8; 32], Error> {
             .collect::<Result<_, _>>()?;
         files.sort();
         for f in files.iter().filter(|f| f.is_file()) {
-            bytes.extend(llama2c::sha256(&std::fs::read(f)?));
+            bytes.extend(model::llama2c::sha256(&std::fs::read(f)?));
         }
     } else {
         bytes = std::fs::read(path)?;
     }
-    Ok(llama2c::sha256(&bytes))
+    Ok(model::llama2c::sha256(&bytes))
 }
 
 /// The float model's logits after each of `tokens[..len - 1]`; `tap` sees the pass.

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use llama2c::ModelFiles;
+use model::llama2c::ModelFiles;
 use quant::DataType;
 use ref_backend::{CompileOptions, TensorRole, WeightType, compile, mask_value_bytes};
 
@@ -23,7 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|p| tok.encode(p, true, false))
             .collect();
         let t = Instant::now();
-        let c = llama2c::llama_config(&ckpt.config);
+        let c = model::llama2c::llama_config(&ckpt.config);
         let model = compile(&c, &ckpt, &prompts, &o, ckpt.sha256(), &mut |_| {})?;
         let compile_time = t.elapsed();
         for g in model.graphs() {

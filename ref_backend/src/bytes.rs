@@ -1,6 +1,8 @@
-//! Little-endian writer/reader with offset-aware errors, CRC-32 and FNV-1a.
+//! Little-endian writer, the compiled-model file's reader over [`model::le::LeReader`] (errors
+//! with the file's offsets), CRC-32 and FNV-1a.
 
 use crate::error::FormatError;
+use model::le::{LeReader, ReadError};
 
 /// CRC-32 (IEEE 802.3 polynomial, reflected, as zlib/PNG use) lookup table.
 const CRC_TABLE: [u32; 256] = {
@@ -92,12 +94,11 @@ impl Writer {
     }
 }
 
-/// Reads little-endian fields; every error names the field, its offset (from the start of
-/// the file) and how many bytes were expected and available.
+/// Reads little-endian fields ([`model::le::LeReader`]); every error names the field, its offset
+/// (from the start of the file) and how many bytes were expected and available.
 #[derive(Debug)]
 pub(crate) struct Reader<'a> {
-    data: &'a [u8],
-    pos: usize,
+    le: LeReader<&'a [u8]>,
     /// Offset of `data[0]` in the file.
     base: u64,
     pub(crate) origin: &'a str,
@@ -106,8 +107,7 @@ pub(crate) struct Reader<'a> {
 impl<'a> Reader<'a> {
     pub(crate) fn new(data: &'a [u8], base: u64, origin: &'a str) -> Self {
         Reader {
-            data,
-            pos: 0,
+            le: LeReader::from_slice(data),
             base,
             origin,
         }
@@ -115,54 +115,60 @@ impl<'a> Reader<'a> {
 
     /// File offset of the next byte.
     pub(crate) fn offset(&self) -> u64 {
-        self.base + self.pos as u64
+        self.base + self.le.position()
     }
 
     pub(crate) fn remaining(&self) -> usize {
-        self.data.len() - self.pos
+        self.le.rest().len()
     }
 
     /// True when the next bytes are `prefix` (nothing is consumed).
     pub(crate) fn starts_with(&self, prefix: &[u8]) -> bool {
-        self.data[self.pos..].starts_with(prefix)
+        self.le.rest().starts_with(prefix)
+    }
+
+    /// A short read as this file's [`FormatError::Truncated`] (a slice reader has no other
+    /// failure).
+    fn truncated(&self, e: ReadError) -> FormatError {
+        match e {
+            ReadError::Short {
+                what,
+                offset,
+                needed,
+                available,
+            } => FormatError::Truncated {
+                origin: self.origin.to_string(),
+                what,
+                offset: self.base + offset,
+                expected: needed,
+                available,
+            },
+            other => self.corrupt_at(self.offset(), other.to_string()),
+        }
     }
 
     pub(crate) fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], FormatError> {
-        if self.remaining() < n {
-            return Err(FormatError::Truncated {
-                origin: self.origin.to_string(),
-                what: what.to_string(),
-                offset: self.offset(),
-                expected: n as u64,
-                available: self.remaining() as u64,
-            });
-        }
-        let s = &self.data[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
+        self.le.take(n, what).map_err(|e| self.truncated(e))
     }
 
     pub(crate) fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], FormatError> {
-        let s = self.take(N, what)?;
-        let mut a = [0u8; N];
-        a.copy_from_slice(s);
-        Ok(a)
+        self.le.array(what).map_err(|e| self.truncated(e))
     }
 
     pub(crate) fn u8(&mut self, what: &str) -> Result<u8, FormatError> {
-        Ok(self.array::<1>(what)?[0])
+        self.le.u8(what).map_err(|e| self.truncated(e))
     }
     pub(crate) fn u32(&mut self, what: &str) -> Result<u32, FormatError> {
-        Ok(u32::from_le_bytes(self.array(what)?))
+        self.le.u32(what).map_err(|e| self.truncated(e))
     }
     pub(crate) fn i32(&mut self, what: &str) -> Result<i32, FormatError> {
-        Ok(i32::from_le_bytes(self.array(what)?))
+        self.le.i32(what).map_err(|e| self.truncated(e))
     }
     pub(crate) fn u64(&mut self, what: &str) -> Result<u64, FormatError> {
-        Ok(u64::from_le_bytes(self.array(what)?))
+        self.le.u64(what).map_err(|e| self.truncated(e))
     }
     pub(crate) fn f32(&mut self, what: &str) -> Result<f32, FormatError> {
-        Ok(f32::from_le_bytes(self.array(what)?))
+        self.le.f32(what).map_err(|e| self.truncated(e))
     }
 
     /// A length/count stored as u64, checked against `max` (so a damaged length cannot ask for

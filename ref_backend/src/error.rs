@@ -5,7 +5,7 @@
 pub enum FormatError {
     /// Reading or writing the file failed, it is too large, or the output path was refused.
     #[error(transparent)]
-    File(#[from] llama2c::fsio::FileError),
+    File(#[from] model::fsio::FileError),
     /// The data ends before a field that must be there.
     #[error(
         "{origin}: truncated compiled model: expected {expected} byte(s) of {what} at offset {offset}, but only {available} remain"
@@ -76,6 +76,17 @@ pub enum FormatError {
     },
 }
 
+impl FormatError {
+    /// The error's kind: `io` when the file could not be read or written, `bad_model` when its
+    /// contents cannot be used.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FormatError::File(_) => "io",
+            _ => "bad_model",
+        }
+    }
+}
+
 /// Errors of [`crate::compile`]. Each message says what failed; the cause, if any, is the
 /// `source` (printed after it by a `{:#}` report), never repeated in the message.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +115,13 @@ pub enum CompileError {
         #[source]
         source: quant::QuantError,
     },
+}
+
+impl CompileError {
+    /// The error's kind: always `compile`.
+    pub fn kind(&self) -> &'static str {
+        "compile"
+    }
 }
 
 /// Errors of [`crate::Graph::execute`].

@@ -203,7 +203,7 @@ impl Matrix {
 
     /// `out = W[row0 .. row0 + out.len()] · x` (one token: [`Matrix::matmul`] with `n = 1`).
     ///
-    /// Float matrices: f32 dot products (`llama2c::matmul`, the float model's kernel).
+    /// Float matrices: f32 dot products (`model::ops::matmul`, the float model's kernel).
     /// i8 matrices: `x` is quantized to i16 with `act` (static encoding; `qbuf` is scratch of
     /// at least `x.len()`), each row is accumulated in integers (i32 partial sums over at most
     /// [`I32_CHUNK`] products, which cannot overflow, summed in i64; see
@@ -222,7 +222,7 @@ impl Matrix {
         match self {
             Matrix::Float { cols, w, .. } => {
                 let w = &w[row0 * cols..(row0 + out.len()) * cols];
-                llama2c::matmul(out, x, w);
+                model::ops::matmul(out, x, w);
             }
             Matrix::I8 { .. } => self.matmul_i8(row0, out, x, act, qbuf),
         }

@@ -53,12 +53,12 @@ fn encoding(o: &MinMaxObserver, dtype: DataType) -> ScaleOffset {
 #[test]
 fn lockstep_calibration_equals_one_sequence_at_a_time() {
     let ckpt = common::synthetic(true);
-    let plain = llama2c::llama_config(&ckpt.config);
+    let plain = model::llama2c::llama_config(&ckpt.config);
     lockstep_equals_one_at_a_time(&ckpt, plain.clone());
     lockstep_equals_one_at_a_time(&ckpt, plain.with_layer_windows(&[0], 4));
 }
 
-fn lockstep_equals_one_at_a_time(ckpt: &llama2c::Checkpoint, c: LlamaConfig) {
+fn lockstep_equals_one_at_a_time(ckpt: &model::llama2c::Checkpoint, c: LlamaConfig) {
     // Different lengths: some are continued greedily, one is cut at the limit.
     let prompts: Vec<Vec<u32>> = vec![
         vec![1, 5, 9],

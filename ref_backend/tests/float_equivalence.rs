@@ -1,4 +1,4 @@
-//! f32 weights + f32 KV: the graphs must reproduce llama2c::FloatModel, and an AR-32 prefill
+//! f32 weights + f32 KV: the graphs must reproduce model::llama2c::FloatModel, and an AR-32 prefill
 //! must equal AR-1 steps (also for quantized models, where the K/V round trip through the
 //! KV encoding makes them agree).
 
@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{Harness, max_abs_diff};
-use llama2c::{Checkpoint, FloatModel, Tokenizer};
+use model::llama2c::{Checkpoint, FloatModel, Tokenizer};
 use quant::DataType;
 use ref_backend::{CompileOptions, Granularity, KLayout, WeightType};
 

@@ -247,7 +247,7 @@ fn the_file_records_the_model_and_calibration_it_was_compiled_from() {
     let back = CompiledModel::from_bytes(&m.to_bytes(), "mem").unwrap();
     assert_eq!(back.model_sha256_hex(), ckpt.sha256_hex());
     assert_eq!(back.calibration(), &common::synthetic_prompts(64)[..]);
-    assert_eq!(back.config(), &llama2c::llama_config(&ckpt.config));
+    assert_eq!(back.config(), &model::llama2c::llama_config(&ckpt.config));
     let other = common::synthetic(false);
     assert_ne!(other.sha256_hex(), ckpt.sha256_hex());
 }
@@ -305,7 +305,7 @@ fn options_the_file_cannot_hold_are_refused_before_compiling() {
     let mut o = CompileOptions::new(32, vec![1, 4]);
     o.calibration_tokens = ref_backend::MAX_CALIBRATION_TOKENS + 1;
     let mut calls = 0;
-    let c = llama2c::llama_config(&ckpt.config);
+    let c = model::llama2c::llama_config(&ckpt.config);
     let prompts = common::synthetic_prompts(64);
     let e = compile(&c, &ckpt, &prompts, &o, ckpt.sha256(), &mut |_| calls += 1).unwrap_err();
     assert_eq!(

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use common::Harness;
-use llama2c::{FloatModel, Tokenizer};
+use model::llama2c::{FloatModel, Tokenizer};
 use model::ops::kl_logits;
 use quant::DataType;
 use ref_backend::{CompileOptions, WeightType};

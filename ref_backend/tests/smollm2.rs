@@ -18,7 +18,7 @@ use ref_backend::{CompileOptions, WeightType, compile};
 
 fn smollm2(test: &str) -> Option<(GgufModel, [u8; 32])> {
     let path = model::fetched::smollm2_gguf(test)?;
-    let sha = llama2c::sha256(&std::fs::read(&path).expect("model file reads"));
+    let sha = model::llama2c::sha256(&std::fs::read(&path).expect("model file reads"));
     Some((GgufModel::load(&path).expect("SmolLM2 loads"), sha))
 }
 

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{Harness, max_abs_diff};
-use llama2c::Checkpoint;
+use model::llama2c::Checkpoint;
 use model::{FloatModel, LlamaConfig};
 use quant::DataType;
 use ref_backend::format::{FORMAT_VERSION, WINDOWS_FORMAT_VERSION};
@@ -19,7 +19,7 @@ const WINDOW: usize = 8;
 
 /// The synthetic model with window 8 on layer 0 (layer 1 global).
 fn windowed(ckpt: &Checkpoint) -> LlamaConfig {
-    llama2c::llama_config(&ckpt.config).with_layer_windows(&[0], WINDOW)
+    model::llama2c::llama_config(&ckpt.config).with_layer_windows(&[0], WINDOW)
 }
 
 fn options(kv: DataType, weights: WeightType) -> CompileOptions {
@@ -110,7 +110,7 @@ fn f32_windowed_graphs_match_the_windowed_float_model() {
     let model = compile(&ckpt, &config, &options(DataType::F32, WeightType::F32)).unwrap();
     let tokens = tokens();
     let want = oracle(&ckpt, &config, &tokens);
-    let global = oracle(&ckpt, &llama2c::llama_config(&ckpt.config), &tokens);
+    let global = oracle(&ckpt, &model::llama2c::llama_config(&ckpt.config), &tokens);
     assert!(
         max_abs_diff(&want[29], &global[29]) > 1e-3,
         "the window must change the logits for the test to mean anything"
@@ -131,7 +131,7 @@ fn quantized_windowed_graphs_stay_close_to_the_windowed_float_model() {
     let config = windowed(&ckpt);
     let tokens = tokens();
     let want = oracle(&ckpt, &config, &tokens);
-    let global = oracle(&ckpt, &llama2c::llama_config(&ckpt.config), &tokens);
+    let global = oracle(&ckpt, &model::llama2c::llama_config(&ckpt.config), &tokens);
     let worst = |got: &[Vec<f32>], want: &[Vec<f32>]| {
         (got.iter().zip(want))
             .map(|(g, w)| max_abs_diff(g, w))
@@ -159,7 +159,7 @@ fn quantized_windowed_graphs_stay_close_to_the_windowed_float_model() {
 #[test]
 fn windows_the_graphs_cannot_take_are_refused_and_long_ones_are_global() {
     let ckpt = common::synthetic(true);
-    let base = llama2c::llama_config(&ckpt.config);
+    let base = model::llama2c::llama_config(&ckpt.config);
     let o = options(DataType::U16, WeightType::I8);
     // Shorter than the largest AR variant, or longer than S - max(ar) + 1 = 29 but shorter than
     // the context: it would change the answer, but no cache can serve it.
@@ -207,7 +207,7 @@ fn the_file_records_the_windows_and_refuses_a_damaged_windows_section() {
     // A model without windows keeps version 3 (older builds read it).
     let plain = compile(
         &ckpt,
-        &llama2c::llama_config(&ckpt.config),
+        &model::llama2c::llama_config(&ckpt.config),
         &options(DataType::U16, WeightType::I8),
     )
     .unwrap();

@@ -104,7 +104,7 @@ mod tests {
 
     #[test]
     fn windows_are_set_once_per_layer_inside_the_model() {
-        let mut c = llama2c::llama_config(&llama2c::Config {
+        let mut c = model::llama2c::llama_config(&model::llama2c::Config {
             dim: 32,
             hidden_dim: 48,
             n_layers: 2,

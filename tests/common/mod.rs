@@ -5,7 +5,7 @@ use htpkv::reference::ReferenceBackend;
 use htpkv::session::Session;
 use htpkv::text::ChatFormat;
 use kv_manager::{HostAllocator, Strategy};
-use llama2c::{Checkpoint, Tokenizer};
+use model::llama2c::{Checkpoint, Tokenizer};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType};
 use std::sync::Arc;
@@ -21,7 +21,12 @@ pub fn compile_u8(
     let mut opts = CompileOptions::new(context, ar.to_vec());
     opts.kv_dtype = DataType::U8;
     opts.weights = WeightType::I8;
-    compile(ckpt, tok, &llama2c::llama_config(&ckpt.config), &opts)
+    compile(
+        ckpt,
+        tok,
+        &model::llama2c::llama_config(&ckpt.config),
+        &opts,
+    )
 }
 
 /// stories260K described by `config` (its own, or with windows set) compiled with `opts`,

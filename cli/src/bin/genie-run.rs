@@ -15,6 +15,8 @@
 //! `--out FILE` writes the JSON document there instead of stdout: the QNN libraries print to
 //! stdout themselves (through C's buffered stdio, flushed at exit, after the document).
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 

@@ -64,7 +64,7 @@ pub fn compile_args(dir: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
 /// written into `dir`: enough for a bundle that is fed token ids (Genie loads it; `--bundle`
 /// decodes with it).
 pub fn stories_tokenizer_json(dir: &Path) -> PathBuf {
-    let tok = llama2c::Tokenizer::load(&model_dir().join("tok512.bin"), 512).unwrap();
+    let tok = model::llama2c::Tokenizer::load(&model_dir().join("tok512.bin"), 512).unwrap();
     let mut vocab = serde_json::Map::new();
     for id in 0..512u32 {
         let piece = match id {

@@ -77,14 +77,10 @@ impl GgufModel {
     }
 }
 
-/// Opens `path` and parses its header.
+/// Opens `path` (a regular file under the GGUF cap, [`crate::fsio::open_regular`]) and parses its
+/// header.
 fn open(path: &Path) -> Result<(File, GgufFile), Error> {
-    let io = |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut f = File::open(path).map_err(io)?;
-    let len = f.metadata().map_err(io)?.len();
+    let (mut f, len) = crate::fsio::open_regular(path, crate::fsio::FileKind::GGUF)?;
     let file = GgufFile::read(BufReader::new(&mut f), len).map_err(|source| Error::Gguf {
         origin: path.display().to_string(),
         source,

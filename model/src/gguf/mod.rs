@@ -11,7 +11,10 @@ mod types;
 mod value;
 
 use std::collections::HashSet;
+use std::fmt::Display;
 use std::io::{Read, Seek, SeekFrom};
+
+use crate::le::{LeReader, ReadError};
 
 pub use llama::{GgufModel, gguf_name, llama_config, read_weights};
 pub use types::{GgmlType, dequantize};
@@ -152,74 +155,37 @@ pub struct GgufFile {
     pub data_offset: u64,
 }
 
-/// A reader that knows how many bytes remain and refuses to allocate past them.
-struct Bounded<R> {
-    r: R,
-    pos: u64,
-    len: u64,
+impl From<ReadError> for GgufError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Short {
+                what,
+                needed,
+                available,
+                ..
+            } => GgufError::Truncated {
+                what,
+                need: needed,
+                available,
+            },
+            ReadError::Io { source, .. } => GgufError::Io(source),
+        }
+    }
 }
 
-impl<R: Read> Bounded<R> {
-    fn remaining(&self) -> u64 {
-        self.len.saturating_sub(self.pos)
-    }
-
-    /// Fails unless `n` more bytes remain.
-    fn need(&self, n: u64, what: impl FnOnce() -> String) -> Result<(), GgufError> {
-        let available = self.remaining();
-        if n > available {
-            return Err(GgufError::Truncated {
-                what: what(),
-                need: n,
-                available,
-            });
-        }
-        Ok(())
-    }
-
-    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], GgufError> {
-        self.need(N as u64, || what.to_owned())?;
-        let mut b = [0u8; N];
-        self.r.read_exact(&mut b)?;
-        self.pos += N as u64;
-        Ok(b)
-    }
-
-    fn u32(&mut self, what: &str) -> Result<u32, GgufError> {
-        Ok(u32::from_le_bytes(self.array(what)?))
-    }
-
-    fn u64(&mut self, what: &str) -> Result<u64, GgufError> {
-        Ok(u64::from_le_bytes(self.array(what)?))
-    }
-
-    fn bytes(&mut self, n: u64, what: impl FnOnce() -> String) -> Result<Vec<u8>, GgufError> {
-        self.need(n, what)?;
-        let mut v = vec![0u8; n as usize];
-        self.r.read_exact(&mut v)?;
-        self.pos += n;
-        Ok(v)
-    }
-
-    fn string(&mut self, what: impl Fn() -> String) -> Result<String, GgufError> {
-        let n = self.u64(&what())?;
-        let b = self.bytes(n, &what)?;
-        String::from_utf8(b).map_err(|_| GgufError::BadUtf8 { what: what() })
-    }
-
-    fn skip_to(&mut self, target: u64) -> Result<(), GgufError> {
-        let n = target - self.pos;
-        self.need(n, || "alignment padding".to_owned())?;
-        std::io::copy(&mut (&mut self.r).take(n), &mut std::io::sink())?;
-        self.pos = target;
-        Ok(())
-    }
+/// A GGUF string: a u64 byte length, then UTF-8.
+fn read_string<R: Read>(b: &mut LeReader<R>, what: impl Display) -> Result<String, GgufError> {
+    let n = b.u64(&what)?;
+    let bytes = b.bytes(n, &what)?;
+    String::from_utf8(bytes).map_err(|_| GgufError::BadUtf8 {
+        what: what.to_string(),
+    })
 }
 
 impl GgufFile {
     /// Parses the header of a GGUF file of `len` bytes from its start.
     pub fn read(r: impl Read, len: u64) -> Result<GgufFile, GgufError> {
-        let mut b = Bounded { r, pos: 0, len };
+        let mut b = LeReader::new(r, len);
         let magic = b.array::<4>("magic")?;
         if &magic != b"GGUF" {
             return Err(GgufError::BadMagic(magic));
@@ -241,8 +207,8 @@ impl GgufFile {
             }
             tensors.push(t);
         }
-        let data_offset = b.pos.div_ceil(alignment) * alignment;
-        b.skip_to(data_offset.min(len))?;
+        let data_offset = b.position().div_ceil(alignment) * alignment;
+        b.skip(data_offset.min(len) - b.position(), "alignment padding")?;
         let file = GgufFile {
             version,
             metadata,
@@ -330,12 +296,12 @@ fn bad_data(t: &TensorInfo, reason: String) -> GgufError {
     }
 }
 
-fn read_metadata<R: Read>(b: &mut Bounded<R>, n: u64) -> Result<Vec<(String, Value)>, GgufError> {
+fn read_metadata<R: Read>(b: &mut LeReader<R>, n: u64) -> Result<Vec<(String, Value)>, GgufError> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     for i in 0..n {
-        let key = b.string(|| format!("metadata key {i}"))?;
-        let ty = b.u32(&format!("metadata {key} type"))?;
+        let key = read_string(b, format_args!("metadata key {i}"))?;
+        let ty = b.u32(format_args!("metadata {key} type"))?;
         let v = value::read_value(b, &key, ty, 0)?;
         if !seen.insert(key.clone()) {
             return Err(GgufError::Duplicate(format!("metadata key {key}")));
@@ -357,9 +323,9 @@ fn alignment_of(metadata: &[(String, Value)]) -> Result<u64, GgufError> {
     }
 }
 
-fn read_tensor_info<R: Read>(b: &mut Bounded<R>, i: u64) -> Result<TensorInfo, GgufError> {
-    let name = b.string(|| format!("tensor {i} name"))?;
-    let n_dims = b.u32(&format!("tensor {name} dimension count"))?;
+fn read_tensor_info<R: Read>(b: &mut LeReader<R>, i: u64) -> Result<TensorInfo, GgufError> {
+    let name = read_string(b, format_args!("tensor {i} name"))?;
+    let n_dims = b.u32(format_args!("tensor {name} dimension count"))?;
     let bad = |dims: &[u64], reason: String| GgufError::BadDims {
         name: name.clone(),
         dims: dims.to_vec(),
@@ -373,10 +339,10 @@ fn read_tensor_info<R: Read>(b: &mut Bounded<R>, i: u64) -> Result<TensorInfo, G
     }
     let mut dims = Vec::with_capacity(n_dims as usize);
     for d in 0..n_dims {
-        dims.push(b.u64(&format!("tensor {name} dimension {d}"))?);
+        dims.push(b.u64(format_args!("tensor {name} dimension {d}"))?);
     }
-    let ty_id = b.u32(&format!("tensor {name} type"))?;
-    let offset = b.u64(&format!("tensor {name} offset"))?;
+    let ty_id = b.u32(format_args!("tensor {name} type"))?;
+    let offset = b.u64(format_args!("tensor {name} offset"))?;
     let ty = GgmlType::from_id(ty_id).ok_or_else(|| GgufError::UnknownTensorType {
         name: name.clone(),
         ty: ty_id,

@@ -324,3 +324,16 @@ mod fuzz {
         }
     }
 }
+
+#[test]
+fn a_path_that_is_no_regular_file_is_refused_by_the_capped_reader() {
+    let dir = std::env::temp_dir();
+    let err = GgufModel::describe(&dir).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            crate::Error::File(crate::fsio::FileError::IsDirectory { .. })
+        ),
+        "{err:?}"
+    );
+}

@@ -2,7 +2,8 @@
 
 use std::io::Read;
 
-use super::{Bounded, GgufError, MAX_ARRAY_DEPTH};
+use super::{GgufError, MAX_ARRAY_DEPTH, read_string};
+use crate::le::LeReader;
 
 /// One metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,26 +75,26 @@ fn min_size(ty: u32) -> u64 {
 }
 
 pub(super) fn read_value<R: Read>(
-    b: &mut Bounded<R>,
+    b: &mut LeReader<R>,
     key: &str,
     ty: u32,
     depth: usize,
 ) -> Result<Value, GgufError> {
-    let what = || format!("metadata {key}");
+    let what = format_args!("metadata {key}");
     Ok(match ty {
-        0 => Value::U8(b.array::<1>(&what())?[0]),
-        1 => Value::I8(b.array::<1>(&what())?[0] as i8),
-        2 => Value::U16(u16::from_le_bytes(b.array(&what())?)),
-        3 => Value::I16(i16::from_le_bytes(b.array(&what())?)),
-        4 => Value::U32(b.u32(&what())?),
-        5 => Value::I32(i32::from_le_bytes(b.array(&what())?)),
-        6 => Value::F32(f32::from_le_bytes(b.array(&what())?)),
-        7 => Value::Bool(b.array::<1>(&what())?[0] != 0),
-        8 => Value::String(b.string(what)?),
+        0 => Value::U8(b.array::<1>(what)?[0]),
+        1 => Value::I8(b.array::<1>(what)?[0] as i8),
+        2 => Value::U16(u16::from_le_bytes(b.array(what)?)),
+        3 => Value::I16(i16::from_le_bytes(b.array(what)?)),
+        4 => Value::U32(b.u32(what)?),
+        5 => Value::I32(i32::from_le_bytes(b.array(what)?)),
+        6 => Value::F32(f32::from_le_bytes(b.array(what)?)),
+        7 => Value::Bool(b.array::<1>(what)?[0] != 0),
+        8 => Value::String(read_string(b, what)?),
         9 => Value::Array(read_array(b, key, depth)?),
-        10 => Value::U64(b.u64(&what())?),
-        11 => Value::I64(i64::from_le_bytes(b.array(&what())?)),
-        12 => Value::F64(f64::from_le_bytes(b.array(&what())?)),
+        10 => Value::U64(b.u64(what)?),
+        11 => Value::I64(i64::from_le_bytes(b.array(what)?)),
+        12 => Value::F64(f64::from_le_bytes(b.array(what)?)),
         ty => {
             let key = key.to_owned();
             return Err(GgufError::UnknownValueType { key, ty });
@@ -101,15 +102,15 @@ pub(super) fn read_value<R: Read>(
     })
 }
 
-fn read_array<R: Read>(b: &mut Bounded<R>, key: &str, depth: usize) -> Result<Array, GgufError> {
+fn read_array<R: Read>(b: &mut LeReader<R>, key: &str, depth: usize) -> Result<Array, GgufError> {
     if depth >= MAX_ARRAY_DEPTH {
         return Err(GgufError::TooDeep {
             key: key.to_owned(),
         });
     }
-    let ty = b.u32(&format!("metadata {key} element type"))?;
-    let n = b.u64(&format!("metadata {key} length"))?;
-    let what = || format!("metadata {key}: {n} elements of type {ty}");
+    let ty = b.u32(format_args!("metadata {key} element type"))?;
+    let n = b.u64(format_args!("metadata {key} length"))?;
+    let what = format_args!("metadata {key}: {n} elements of type {ty}");
     b.need(n.saturating_mul(min_size(ty)), what)?;
     // `n` elements of at least `min_size` bytes each remain, so `n` fits in memory.
     let n = n as usize;
@@ -119,7 +120,7 @@ fn read_array<R: Read>(b: &mut Bounded<R>, key: &str, depth: usize) -> Result<Ar
     }
     match ty {
         8 => (0..n)
-            .map(|i| b.string(|| format!("metadata {key}[{i}]")))
+            .map(|i| read_string(b, format_args!("metadata {key}[{i}]")))
             .collect::<Result<_, _>>()
             .map(Array::String),
         9 => (0..n)

@@ -393,3 +393,17 @@ fn a_partial_rotary_factor_is_refused_naming_the_field() {
         assert!(msg.contains(says), "{msg}");
     }
 }
+
+#[test]
+fn a_shard_that_is_no_regular_file_is_refused_by_the_capped_reader() {
+    let dir = temp_dir("dir-shard");
+    let shard = dir.join("model.safetensors");
+    std::fs::create_dir(&shard).unwrap();
+    let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
+    let err = check_folder(&dir, &c).unwrap_err();
+    assert!(
+        matches!(err, Error::File(crate::fsio::FileError::IsDirectory { .. })),
+        "{err:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -248,7 +248,7 @@ mod tests {
     /// and decoded element by element, for every (query row, query head) of a GQA layer.
     #[test]
     fn parallel_attention_equals_attend_over_the_visible_rows() {
-        let c = llama2c::llama_config(&llama2c::Config {
+        let c = model::llama2c::llama_config(&model::llama2c::Config {
             dim: 256,
             hidden_dim: 64,
             n_layers: 1,

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use llama2c::{Checkpoint, Config, ModelFiles, Tokenizer};
+use model::llama2c::{Checkpoint, Config, ModelFiles, Tokenizer};
 use ref_backend::{CompileError, CompileOptions, CompiledModel, Graph, TensorRole};
 
 /// The stories260K model and tokenizer, or `None` (with a message) when absent.
@@ -63,7 +63,7 @@ pub fn compile_ckpt(
     prompts: &[Vec<u32>],
     o: &CompileOptions,
 ) -> Result<CompiledModel, CompileError> {
-    let c = llama2c::llama_config(&ckpt.config);
+    let c = model::llama2c::llama_config(&ckpt.config);
     ref_backend::compile(&c, ckpt, prompts, o, ckpt.sha256(), &mut |_| {})
 }
 
@@ -243,7 +243,7 @@ pub fn mask_dtype(graph: &Graph) -> quant::DataType {
 }
 
 pub fn argmax(x: &[f32]) -> usize {
-    llama2c::argmax(x)
+    model::ops::argmax(x)
 }
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

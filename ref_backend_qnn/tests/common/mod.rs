@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use llama2c::{Checkpoint, ModelFiles, Tokenizer};
+use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use ref_backend::{CompileOptions, CompiledModel, compile};
 
 /// Path of a shared library cargo built for this test run. Cargo builds this package's cdylib
@@ -51,7 +51,7 @@ pub fn compiled(ckpt: &Checkpoint, tok: &Tokenizer, s: usize) -> (CompiledModel,
     let mut o = CompileOptions::new(s, vec![1]);
     o.calibration_tokens = 12;
     let prompts = [tok.encode("Once upon a time", true, false)];
-    let c = llama2c::llama_config(&ckpt.config);
+    let c = model::llama2c::llama_config(&ckpt.config);
     let model = compile(&c, ckpt, &prompts, &o, ckpt.sha256(), &mut |_| {}).expect("compile");
     let bytes = model.to_bytes();
     (model, bytes)

@@ -2,11 +2,11 @@
 //! vocabulary and scores, presented as GGUF metadata, must encode and decode like llama2.c's
 //! own tokenizer.
 
-mod common;
+use crate::common;
 
 use ::model::HfTokenizer;
 use ::model::gguf::{Array, GgufFile, Value};
-use llama2c::Tokenizer;
+use model::llama2c::Tokenizer;
 
 /// GGUF `tokenizer.ggml.*` metadata for a llama2.c tokenizer: spaces back to `▁`, BOS/EOS
 /// as `<s>`/`</s>`, types unknown (2), control (3), byte (6) and normal (1).

@@ -10,9 +10,10 @@
 
 use std::path::Path;
 
-use crate::ModelError;
-use crate::files::sha256;
-use ::model::fsio::{CappedFile, FileKind};
+use super::ModelError;
+use super::files::sha256;
+use crate::fsio::{CappedFile, FileKind};
+use crate::le::LeReader;
 
 /// Size of the checkpoint header in bytes (7 × i32).
 pub const HEADER_BYTES: usize = 28;
@@ -73,22 +74,15 @@ impl Config {
 
     /// Parses and validates the 28-byte header. `origin` labels errors.
     pub fn from_header(bytes: &[u8], origin: &str) -> Result<Config, ModelError> {
-        if bytes.len() < HEADER_BYTES {
-            return Err(ModelError::Truncated {
+        let mut r = LeReader::from_slice(bytes);
+        let mut f = [0i32; 7];
+        for v in &mut f {
+            *v = r.i32("header").map_err(|_| ModelError::Truncated {
                 origin: origin.to_owned(),
                 what: "header".to_owned(),
                 expected: HEADER_BYTES as u64,
                 found: bytes.len() as u64,
-            });
-        }
-        let mut f = [0i32; 7];
-        for (i, v) in f.iter_mut().enumerate() {
-            *v = i32::from_le_bytes([
-                bytes[4 * i],
-                bytes[4 * i + 1],
-                bytes[4 * i + 2],
-                bytes[4 * i + 3],
-            ]);
+            })?;
         }
         let bad = |field: &'static str, value: i32, reason: String| ModelError::BadHeader {
             origin: origin.to_owned(),
@@ -271,7 +265,7 @@ impl Weights {
         self.rms_att.len() / self.rms_final.len().max(1)
     }
     /// Embedding row of `token` (`dim` floats). Panics if `token >= vocab_size` (callers such as
-    /// [`crate::FloatModel::forward`] range-check ids first).
+    /// [`super::FloatModel::forward`] range-check ids first).
     pub fn embedding(&self, token: usize) -> &[f32] {
         let d = self.rms_final.len();
         &self.token_embedding[token * d..(token + 1) * d]
@@ -367,7 +361,7 @@ impl Checkpoint {
     /// SHA-256 (lower-case hex) of the checkpoint's bytes: of the file for a loaded checkpoint
     /// (what `sha256sum` prints), of [`Checkpoint::to_bytes`] for one built from parts.
     pub fn sha256_hex(&self) -> String {
-        crate::files::hex(&self.sha256)
+        super::files::hex(&self.sha256)
     }
 
     /// [`Self::sha256_hex`] as bytes.
@@ -383,26 +377,23 @@ impl Checkpoint {
     pub fn from_bytes(bytes: &[u8], origin: &str) -> Result<Checkpoint, ModelError> {
         let config = Config::from_header(bytes, origin)?;
         let found = bytes.len() as u64;
-        let mut offset = HEADER_BYTES as u64;
+        let mut r = LeReader::from_slice(&bytes[HEADER_BYTES..]);
         let mut parts: Vec<(&'static str, &[u8])> = Vec::new();
         for (name, n) in config.sections() {
-            let end = offset + n as u64 * 4;
-            if end > found {
-                return Err(ModelError::Truncated {
+            let part = r
+                .take(n.saturating_mul(4), name)
+                .map_err(|_| ModelError::Truncated {
                     origin: origin.to_owned(),
                     what: format!("section {name}"),
                     expected: config.file_bytes(),
                     found,
-                });
-            }
-            // Both bounds are <= bytes.len(), so they fit in usize.
-            parts.push((name, &bytes[offset as usize..end as usize]));
-            offset = end;
+                })?;
+            parts.push((name, part));
         }
-        if offset != found {
+        if r.remaining() != 0 {
             return Err(ModelError::TrailingBytes {
                 origin: origin.to_owned(),
-                expected: offset,
+                expected: HEADER_BYTES as u64 + r.position(),
                 found,
             });
         }

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::{Checkpoint, ModelError, Tokenizer};
+use super::{Checkpoint, ModelError, Tokenizer};
 
 /// Checkpoint file name of the upstream stories260K model.
 pub const CHECKPOINT_NAME: &str = "stories260K.bin";

@@ -1,15 +1,20 @@
-//! The f32 reference forward pass over a llama2.c checkpoint: [`model::FloatModel`] with the
+//! The f32 reference forward pass over a llama2.c checkpoint: [`crate::FloatModel`] with the
 //! checkpoint as its weights and llama2.c's description (RMSNorm epsilon 1e-5, RoPE theta 10000
 //! with adjacent pairs, BOS 1, EOS 2).
 
 use std::sync::Arc;
 
-use ::model::{
+use crate::{
     LayerTensor, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, Tensor, WeightSource,
 };
 
-use crate::ops::{RMS_EPS, ROPE_THETA};
-use crate::{Checkpoint, Config, ModelError, Tokenizer};
+use super::{Checkpoint, Config, ModelError, Tokenizer};
+
+/// RMSNorm epsilon used by llama2.c models.
+pub const RMS_EPS: f32 = 1e-5;
+
+/// RoPE base frequency used by llama2.c models.
+pub const ROPE_THETA: f32 = 10000.0;
 
 /// The model description of a llama2.c checkpoint with this header.
 pub fn llama_config(c: &Config) -> LlamaConfig {
@@ -81,12 +86,12 @@ impl WeightSource for Checkpoint {
 /// overwrites it and truncates the cache there (rollback).
 #[derive(Debug, Clone)]
 pub struct FloatModel {
-    inner: ::model::FloatModel<Checkpoint>,
+    inner: crate::FloatModel<Checkpoint>,
 }
 
-fn weight_error(e: ::model::Error) -> ModelError {
+fn weight_error(e: crate::Error) -> ModelError {
     let (expected, found) = match &e {
-        ::model::Error::TensorShape {
+        crate::Error::TensorShape {
             expected, found, ..
         } => (expected.iter().product(), found.iter().product()),
         _ => (0, 0),
@@ -98,16 +103,16 @@ fn weight_error(e: ::model::Error) -> ModelError {
     }
 }
 
-fn step_error(e: ::model::Error) -> ModelError {
+fn step_error(e: crate::Error) -> ModelError {
     match e {
-        ::model::Error::TokenOutOfRange { token, vocab_size } => {
+        crate::Error::TokenOutOfRange { token, vocab_size } => {
             ModelError::TokenOutOfRange { token, vocab_size }
         }
-        ::model::Error::PositionOutOfRange { pos, context } => ModelError::PositionOutOfRange {
+        crate::Error::PositionOutOfRange { pos, context } => ModelError::PositionOutOfRange {
             pos,
             seq_len: context,
         },
-        ::model::Error::PositionGap { pos, filled } => ModelError::PositionGap { pos, filled },
+        crate::Error::PositionGap { pos, filled } => ModelError::PositionGap { pos, filled },
         other => weight_error(other),
     }
 }
@@ -126,7 +131,7 @@ impl FloatModel {
     pub fn try_new(ckpt: Arc<Checkpoint>) -> Result<Self, ModelError> {
         let desc = llama_config(&ckpt.config);
         let context = ckpt.config.seq_len;
-        let inner = ::model::FloatModel::new(desc, ckpt, context).map_err(weight_error)?;
+        let inner = crate::FloatModel::new(desc, ckpt, context).map_err(weight_error)?;
         Ok(FloatModel { inner })
     }
 
@@ -141,7 +146,7 @@ impl FloatModel {
     }
 
     /// The general forward this model runs on.
-    pub fn float_model(&self) -> &::model::FloatModel<Checkpoint> {
+    pub fn float_model(&self) -> &crate::FloatModel<Checkpoint> {
         &self.inner
     }
 
@@ -184,7 +189,7 @@ impl FloatModel {
         &mut self,
         token: u32,
         pos: usize,
-        tap: &mut dyn ::model::Tap,
+        tap: &mut dyn crate::Tap,
     ) -> Result<&[f32], ModelError> {
         self.inner
             .forward_tapped(token, pos, tap)

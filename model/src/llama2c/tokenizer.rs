@@ -9,8 +9,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::ModelError;
-use ::model::fsio::{FileKind, read_capped};
+use super::ModelError;
+use crate::fsio::{FileKind, read_capped};
+use crate::le::{LeReader, ReadError};
 
 /// A loaded vocabulary with scores and a piece → id lookup.
 #[derive(Debug, Clone)]
@@ -72,6 +73,20 @@ impl Ord for Candidate {
 }
 
 /// Parses `<0xNN>` into the byte `NN`.
+/// How many whole tokenizer entries (score, length, bytes) `rest` holds from its start, to report
+/// the real size of a tokenizer with more entries than the vocabulary.
+fn whole_entries(rest: &[u8]) -> usize {
+    let mut r = LeReader::from_slice(rest);
+    let mut n = 0;
+    while let (Ok(_), Ok(len)) = (r.f32(""), r.i32("")) {
+        if len < 0 || r.take(len as usize, "").is_err() {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
 fn byte_piece(piece: &[u8]) -> Option<u8> {
     if piece.len() == 6 && piece.starts_with(b"<0x") && piece[5] == b'>' {
         let hex = std::str::from_utf8(&piece[3..5]).ok()?;
@@ -107,18 +122,28 @@ impl Tokenizer {
         vocab_size: usize,
         origin: &str,
     ) -> Result<Tokenizer, ModelError> {
-        let truncated = |what: String, expected: usize| ModelError::Truncated {
-            origin: origin.to_owned(),
-            what,
-            expected: expected as u64,
-            found: bytes.len() as u64,
+        // Offsets count from the start of `bytes`, so a short read's end is the size needed.
+        let truncated = |e: ReadError| match e {
+            ReadError::Short {
+                what,
+                offset,
+                needed,
+                available,
+            } => ModelError::Truncated {
+                origin: origin.to_owned(),
+                what,
+                expected: offset + needed,
+                found: offset + available,
+            },
+            // A slice reader has no other failure.
+            other => ModelError::BadTokenizer {
+                origin: origin.to_owned(),
+                index: 0,
+                reason: other.to_string(),
+            },
         };
-        let read4 = |off: usize| -> Option<[u8; 4]> {
-            bytes.get(off..off + 4).map(|s| [s[0], s[1], s[2], s[3]])
-        };
-        let max_len = i32::from_le_bytes(
-            read4(0).ok_or_else(|| truncated("max_token_length".to_owned(), 4))?,
-        );
+        let mut r = LeReader::from_slice(bytes);
+        let max_len = r.i32("max_token_length").map_err(truncated)?;
         if max_len < 0 {
             return Err(ModelError::BadTokenizer {
                 origin: origin.to_owned(),
@@ -126,25 +151,22 @@ impl Tokenizer {
                 reason: format!("max_token_length is negative ({max_len})"),
             });
         }
-        let mut off = 4usize;
         let mut pieces = Vec::with_capacity(vocab_size);
         let mut scores = Vec::with_capacity(vocab_size);
         for id in 0..vocab_size {
-            if off == bytes.len() {
+            if r.remaining() == 0 {
                 return Err(ModelError::VocabMismatch {
                     origin: origin.to_owned(),
                     expected: vocab_size,
                     found: id,
                 });
             }
-            let score = f32::from_le_bytes(
-                read4(off)
-                    .ok_or_else(|| truncated(format!("tokenizer entry {id} (score)"), off + 4))?,
-            );
-            let len = i32::from_le_bytes(
-                read4(off + 4)
-                    .ok_or_else(|| truncated(format!("tokenizer entry {id} (length)"), off + 8))?,
-            );
+            let score = r
+                .f32(format_args!("tokenizer entry {id} (score)"))
+                .map_err(truncated)?;
+            let len = r
+                .i32(format_args!("tokenizer entry {id} (length)"))
+                .map_err(truncated)?;
             if score.is_nan() {
                 return Err(ModelError::BadTokenizer {
                     origin: origin.to_owned(),
@@ -159,31 +181,20 @@ impl Tokenizer {
                     reason: format!("negative byte length {len}"),
                 });
             }
-            let start = off + 8;
-            let end = start + len as usize;
-            let piece = bytes
-                .get(start..end)
-                .ok_or_else(|| truncated(format!("tokenizer entry {id} ({len} bytes)"), end))?;
+            let piece = r
+                .take(
+                    len as usize,
+                    format_args!("tokenizer entry {id} ({len} bytes)"),
+                )
+                .map_err(truncated)?;
             pieces.push(piece.to_vec());
             scores.push(score);
-            off = end;
         }
-        if off != bytes.len() {
-            // Count how many further entries the remainder holds, to report the real size.
-            let mut extra = 0usize;
-            let mut o = off;
-            while let (Some(_), Some(l)) = (read4(o), read4(o + 4)) {
-                let l = i32::from_le_bytes(l);
-                if l < 0 || o + 8 + l as usize > bytes.len() {
-                    break;
-                }
-                o += 8 + l as usize;
-                extra += 1;
-            }
+        if r.remaining() != 0 {
             return Err(ModelError::VocabMismatch {
                 origin: origin.to_owned(),
                 expected: vocab_size,
-                found: vocab_size + extra.max(1),
+                found: vocab_size + whole_entries(r.rest()).max(1),
             });
         }
         Ok(Tokenizer::from_pieces(pieces, scores, max_len as usize))

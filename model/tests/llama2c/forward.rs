@@ -1,11 +1,11 @@
 //! The float forward pass: the known-good greedy story, an independent f64 re-computation
 //! without a KV cache, and error handling.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
-use llama2c::{Checkpoint, Config, FloatModel, ModelError, Tokenizer};
+use model::llama2c::{Checkpoint, Config, FloatModel, ModelError, Tokenizer};
 
 const KNOWN_GOOD: &str =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
@@ -28,7 +28,7 @@ fn greedy_story_from_bos_matches_known_output() {
     let mut generated = vec![token];
     for pos in 0..256 {
         let logits = model.forward(token, pos).unwrap();
-        let next = llama2c::argmax(logits) as u32;
+        let next = model::ops::argmax(logits) as u32;
         if next == Tokenizer::BOS || next == Tokenizer::EOS {
             break;
         }
@@ -239,6 +239,6 @@ fn forward_rejects_bad_inputs_and_supports_rollback() {
     assert_eq!(m.cached_len(), 2);
     let out = m.generate_greedy(&[1, 7, 3], 3).unwrap();
     if out.len() == 4 {
-        assert_eq!(out[3] as usize, llama2c::argmax(m.logits()));
+        assert_eq!(out[3] as usize, model::ops::argmax(m.logits()));
     }
 }

@@ -3,7 +3,7 @@
 //! half-split layout) must give the llama2.c forward's logits through `model::hf` and the
 //! half-split RoPE.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use ::model::hf::{HfModel, hf_name};
 use ::model::{Tensor, WeightSource};
-use llama2c::{Checkpoint, FloatModel, Tokenizer};
+use model::llama2c::{Checkpoint, FloatModel, Tokenizer};
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 
@@ -28,7 +28,7 @@ fn to_half_split(w: &[f32], head_dim: usize, row_len: usize) -> Vec<f32> {
 
 fn write_hf(dir: &Path, ck: &Checkpoint, permute: bool) {
     let c = ck.config;
-    let desc = llama2c::llama_config(&c);
+    let desc = model::llama2c::llama_config(&c);
     let config = serde_json::json!({
         "model_type": "llama", "hidden_size": c.dim, "num_attention_heads": c.n_heads,
         "num_key_value_heads": c.n_kv_heads, "num_hidden_layers": c.n_layers,

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use llama2c::ModelFiles;
+use model::llama2c::ModelFiles;
 
 /// `<workspace root>/../shared/models/stories260K`, derived from this crate's manifest dir.
 pub fn shared_model_dir() -> PathBuf {

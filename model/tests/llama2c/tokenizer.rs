@@ -1,8 +1,8 @@
 //! Tokenizer tests against the real tok512.bin (skipped when absent).
 
-mod common;
+use crate::common;
 
-use llama2c::{ModelError, TOK512_BYTES, TOK512_SHA256, Tokenizer, sha256_hex};
+use model::llama2c::{ModelError, TOK512_BYTES, TOK512_SHA256, Tokenizer, sha256_hex};
 
 fn real(test: &str) -> Option<(Vec<u8>, Tokenizer)> {
     let files = common::model_files(test)?;

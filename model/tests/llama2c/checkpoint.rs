@@ -1,8 +1,8 @@
 //! Checkpoint loading and validation against the real stories260K file (skipped when absent).
 
-mod common;
+use crate::common;
 
-use llama2c::{
+use model::llama2c::{
     Checkpoint, HEADER_BYTES, ModelError, STORIES260K_BYTES, STORIES260K_SHA256, sha256_hex,
 };
 
@@ -186,7 +186,7 @@ fn load_reports_path_in_errors() {
     let missing = std::env::temp_dir().join("htpkv-llama2c-definitely-missing.bin");
     assert!(matches!(
         Checkpoint::load(&missing),
-        Err(ModelError::File(llama2c::fsio::FileError::Io { ref path, op: "open", .. })) if *path == missing
+        Err(ModelError::File(model::fsio::FileError::Io { ref path, op: "open", .. })) if *path == missing
     ));
 }
 
@@ -201,7 +201,7 @@ fn dev_zero_fails_fast_as_checkpoint_and_tokenizer() {
         e.to_string(),
         "checkpoint /dev/zero is a character device, not a regular file"
     );
-    let e = llama2c::Tokenizer::load(zero, 512).unwrap_err();
+    let e = model::llama2c::Tokenizer::load(zero, 512).unwrap_err();
     assert_eq!(
         e.to_string(),
         "tokenizer /dev/zero is a character device, not a regular file"
@@ -279,12 +279,12 @@ fn a_loaded_checkpoint_knows_the_sha256_of_its_file() {
         return;
     };
     let ckpt = Checkpoint::load(&files.checkpoint).unwrap();
-    assert_eq!(ckpt.sha256_hex(), llama2c::STORIES260K_SHA256);
+    assert_eq!(ckpt.sha256_hex(), model::llama2c::STORIES260K_SHA256);
     // Built from parts, it is the digest of its serialization.
     let rebuilt = Checkpoint::new(ckpt.config, ckpt.weights.clone()).unwrap();
     assert_eq!(
         rebuilt.sha256_hex(),
-        llama2c::sha256_hex(&rebuilt.to_bytes())
+        model::llama2c::sha256_hex(&rebuilt.to_bytes())
     );
     assert!(rebuilt == ckpt);
 }

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong reading llama2.c files or running the float model.
 ///
-/// `origin` fields name where bytes came from: a file path for [`crate::Checkpoint::load`] and
-/// [`crate::Tokenizer::load`], or the caller-supplied label for the `from_bytes` constructors.
+/// `origin` fields name where bytes came from: a file path for [`super::Checkpoint::load`] and
+/// [`super::Tokenizer::load`], or the caller-supplied label for the `from_bytes` constructors.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ModelError {
@@ -121,7 +121,7 @@ pub enum ModelError {
         filled: usize,
     },
 
-    /// Weights handed to [`crate::Checkpoint::new`] do not match the config.
+    /// Weights handed to [`super::Checkpoint::new`] do not match the config.
     #[error("weight tensor {tensor} has {found} elements, expected {expected} for this config")]
     WeightShape {
         /// Field name of the tensor.
@@ -140,6 +140,18 @@ pub enum ModelError {
     },
 }
 
+impl ModelError {
+    /// The error's kind: `model_not_found` when no model directory was found, `io` when a file
+    /// could not be read, `bad_model` otherwise.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ModelError::ModelNotFound { .. } => "model_not_found",
+            ModelError::File(_) => "io",
+            _ => "bad_model",
+        }
+    }
+}
+
 fn not_found_message(tried: &[(PathBuf, String)]) -> String {
     use std::fmt::Write as _;
     let mut s = String::from("no llama2.c model directory found; tried:\n");
@@ -153,12 +165,12 @@ fn not_found_message(tried: &[(PathBuf, String)]) -> String {
          tinyllamas release on Hugging Face (repository karpathy/tinyllamas): \
          stories260K/{ckpt} ({ckpt_size} bytes, sha256 {ckpt_sha}) and \
          stories260K/{tok} ({tok_size} bytes, sha256 {tok_sha}).",
-        ckpt = crate::files::CHECKPOINT_NAME,
-        tok = crate::files::TOKENIZER_NAME,
-        ckpt_size = crate::files::STORIES260K_BYTES,
-        ckpt_sha = crate::files::STORIES260K_SHA256,
-        tok_size = crate::files::TOK512_BYTES,
-        tok_sha = crate::files::TOK512_SHA256,
+        ckpt = super::files::CHECKPOINT_NAME,
+        tok = super::files::TOKENIZER_NAME,
+        ckpt_size = super::files::STORIES260K_BYTES,
+        ckpt_sha = super::files::STORIES260K_SHA256,
+        tok_size = super::files::TOK512_BYTES,
+        tok_sha = super::files::TOK512_SHA256,
     );
     s
 }
