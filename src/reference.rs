@@ -3,35 +3,8 @@
 use crate::backend::{
     Backend, BackendError, GraphDesc, InputBuffer, IoRole, IoTensor, OutputBuffer,
 };
-use ref_backend::{CompiledModel, TensorDesc, TensorRole};
+use ref_backend::CompiledModel;
 use std::sync::Arc;
-
-/// Converts a reference-backend tensor description into the runtime's.
-pub fn io_tensor(t: &TensorDesc) -> IoTensor {
-    let role = match t.role {
-        TensorRole::InputIds => IoRole::InputIds,
-        TensorRole::Positions => IoRole::Positions,
-        TensorRole::Mask => IoRole::Mask,
-        TensorRole::PastKey => IoRole::PastKey,
-        TensorRole::PastValue => IoRole::PastValue,
-        TensorRole::NewKey => IoRole::NewKey,
-        TensorRole::NewValue => IoRole::NewValue,
-        TensorRole::Logits => IoRole::Logits,
-        TensorRole::RopeCos => IoRole::RopeCos,
-        TensorRole::RopeSin => IoRole::RopeSin,
-        TensorRole::HiddenIn => IoRole::HiddenIn,
-        TensorRole::HiddenOut => IoRole::HiddenOut,
-    };
-    IoTensor {
-        name: t.name.clone(),
-        role,
-        layer: t.layer.map(|l| l as usize),
-        head: t.head.map(|h| h as usize),
-        shape: t.shape.clone(),
-        dtype: t.dtype,
-        quant: t.quant_spec(),
-    }
-}
 
 /// Graph descriptions of a compiled model.
 pub fn graph_descs(model: &CompiledModel) -> Vec<GraphDesc> {
@@ -40,8 +13,8 @@ pub fn graph_descs(model: &CompiledModel) -> Vec<GraphDesc> {
         .iter()
         .map(|g| GraphDesc {
             name: g.name().to_string(),
-            inputs: g.inputs().iter().map(io_tensor).collect(),
-            outputs: g.outputs().iter().map(io_tensor).collect(),
+            inputs: g.inputs().to_vec(),
+            outputs: g.outputs().to_vec(),
             part: Default::default(),
             mask: Default::default(),
         })
@@ -100,8 +73,7 @@ impl Backend for ReferenceBackend {
 }
 
 /// The runtime's role of an encoder-decoder graph tensor, from its name.
-fn encdec_role(name: &str) -> Option<(IoRole, Option<kv_manager::KvTensor>)> {
-    use kv_manager::{KvIo, KvTensor, TensorKind};
+fn encdec_role(name: &str) -> Option<(IoRole, Option<graph_io::KvTensor>)> {
     let fixed = match name {
         "source_ids" => Some(IoRole::SourceIds),
         "input_ids" => Some(IoRole::InputIds),
@@ -113,16 +85,8 @@ fn encdec_role(name: &str) -> Option<(IoRole, Option<kv_manager::KvTensor>)> {
     if let Some(role) = fixed {
         return Some((role, None));
     }
-    let t = KvTensor::parse(name)?;
-    let role = match (t.io, t.kind) {
-        (KvIo::Past, TensorKind::Key) => IoRole::PastKey,
-        (KvIo::Past, TensorKind::Value) => IoRole::PastValue,
-        (KvIo::New, TensorKind::Key) => IoRole::NewKey,
-        (KvIo::New, TensorKind::Value) => IoRole::NewValue,
-        (KvIo::Cross, TensorKind::Key) => IoRole::CrossKey,
-        (KvIo::Cross, TensorKind::Value) => IoRole::CrossValue,
-    };
-    Some((role, Some(t)))
+    let t = graph_io::KvTensor::parse(name)?;
+    Some((IoRole::kv(t.io, t.kind), Some(t)))
 }
 
 fn encdec_tensor(t: &ref_backend::encdec::GraphTensor) -> Result<IoTensor, BackendError> {

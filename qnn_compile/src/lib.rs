@@ -62,16 +62,16 @@ pub struct HtpOptions {
     pub kv: KvEncodings,
 }
 
-/// The graph name of AR-`n` at context `s`: `ar{n}_cl{s}` (htpkv), or AI Hub's
-/// `{token|prompt}_ar{n}_cl{s}_1_of_1` (one part).
+/// The graph name of AR-`n` at context `s`, written by the naming's convention: `ar{n}_cl{s}`
+/// (htpkv), or AI Hub's `{token|prompt}_ar{n}_cl{s}_1_of_1` (one part).
 pub fn graph_name(naming: Naming, n: usize, s: usize) -> String {
-    match naming {
-        Naming::Htpkv => format!("ar{n}_cl{s}"),
-        Naming::AiHub => {
-            let phase = if n > 1 { "prompt" } else { "token" };
-            format!("{phase}_ar{n}_cl{s}_1_of_1")
-        }
-    }
+    let name = naming
+        .convention()
+        .name_graph(n, s, graph_io::PartOf::default());
+    // Every preset has a well-formed graph pattern.
+    name.ok()
+        .flatten()
+        .unwrap_or_else(|| format!("ar{n}_cl{s}"))
 }
 
 fn check(c: &LlamaConfig, o: &HtpOptions) -> Result<(), CompileError> {
@@ -87,6 +87,9 @@ fn check(c: &LlamaConfig, o: &HtpOptions) -> Result<(), CompileError> {
             "context {} is longer than the model's {}",
             o.context, c.context_length
         ));
+    }
+    if o.naming == Naming::ExecuTorch {
+        return bad("the executorch convention is not lowered to QNN operations".into());
     }
     if let Some(kv) = &o.kv {
         if o.naming != Naming::Htpkv {

@@ -13,22 +13,39 @@
 //! and residual, the final RMSNorm and the classifier (the embedding when tied).
 
 use crate::emit::{Emitter, Fixed, Val};
+use graph_io::{IoRole, KvIo, KvTensor, TensorKind};
 use model::ops::Rope;
 use model::{LayerTensor as L, LlamaConfig, RopePairing, Tensor, WeightSource};
 use qnn_ffi::QnnError;
 use qnn_ffi::bindings as b;
 
-/// The IO convention of the graphs (tensor names, K/V granularity and layout, positions).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Naming {
-    /// htpkv's own (see the module docs): per-head K/V rows, position ids.
-    #[default]
-    Htpkv,
-    /// Qualcomm AI Hub's (what Genie runs): `position_ids_cos`/`position_ids_sin` `[1, 1, n, D/2]`
-    /// inputs the runtime computes, per-layer K/V `past_key_{l}_in [H, 1, D, S-n]` (keys
-    /// transposed), `past_value_{l}_in [H, 1, S-n, D]`, outputs `past_key_{l}_out [H, 1, D, n]`,
-    /// `past_value_{l}_out [H, 1, n, D]`.
-    AiHub,
+/// The IO convention of the graphs (tensor names, K/V granularity and layout, positions):
+/// [`Preset::Htpkv`] (see the module docs: per-head K/V rows, position ids) or [`Preset::AiHub`]
+/// (what Genie runs: `position_ids_cos`/`position_ids_sin` `[1, 1, n, D/2]` inputs the runtime
+/// computes, per-layer K/V `past_key_{l}_in [H, 1, D, S-n]` (keys transposed),
+/// `past_value_{l}_in [H, 1, S-n, D]`, outputs `past_key_{l}_out [H, 1, D, n]`,
+/// `past_value_{l}_out [H, 1, n, D]`). ExecuTorch's is refused before lowering.
+pub use graph_io::Preset as Naming;
+
+/// The name of a K/V tensor (`head` per head) under `naming`, written by its convention.
+fn kv_name(
+    naming: Naming,
+    io: KvIo,
+    kind: TensorKind,
+    layer: usize,
+    head: Option<usize>,
+) -> String {
+    let t = KvTensor {
+        io,
+        kind,
+        layer,
+        head,
+    };
+    let name = naming
+        .tensor_names()
+        .tensor_name(IoRole::kv(io, kind), Some(layer), head);
+    // Both lowered conventions name per-layer and per-head K/V.
+    name.ok().flatten().unwrap_or_else(|| t.name())
 }
 
 /// What the emitter needs of one AR variant.
@@ -183,12 +200,28 @@ impl<'a> Lowering<'a> {
         layer: &LayerKv,
     ) -> Result<(Val, bool, Val), QnnError> {
         match self.naming {
-            Naming::Htpkv => {
+            Naming::Htpkv | Naming::ExecuTorch => {
                 let (ke, ve) = self.kv_encoding(l, h).unzip();
-                let kh = self.new_rows(kh, &format!("new_key_{l}_{h}"), ke)?;
-                let vh = self.new_rows(vh, &format!("new_value_{l}_{h}"), ve)?;
-                let keys = self.window(&format!("past_key_{l}_{h}"), &kh, ke)?;
-                let values = self.window(&format!("past_value_{l}_{h}"), &vh, ve)?;
+                let kh = self.new_rows(
+                    kh,
+                    &kv_name(self.naming, KvIo::New, TensorKind::Key, l, Some(h)),
+                    ke,
+                )?;
+                let vh = self.new_rows(
+                    vh,
+                    &kv_name(self.naming, KvIo::New, TensorKind::Value, l, Some(h)),
+                    ve,
+                )?;
+                let keys = self.window(
+                    &kv_name(self.naming, KvIo::Past, TensorKind::Key, l, Some(h)),
+                    &kh,
+                    ke,
+                )?;
+                let values = self.window(
+                    &kv_name(self.naming, KvIo::Past, TensorKind::Value, l, Some(h)),
+                    &vh,
+                    ve,
+                )?;
                 Ok((keys, false, values))
             }
             Naming::AiHub => {
@@ -220,10 +253,16 @@ impl<'a> Lowering<'a> {
         }
         let k = self.e.concat(&kt.iter().collect::<Vec<_>>(), 0)?;
         let v = self.e.concat(&vr.iter().collect::<Vec<_>>(), 0)?;
-        self.e
-            .reshape(&k, &[h, 1, d, n], Some(&format!("past_key_{l}_out")))?;
-        self.e
-            .reshape(&v, &[h, 1, n, d], Some(&format!("past_value_{l}_out")))?;
+        self.e.reshape(
+            &k,
+            &[h, 1, d, n],
+            Some(&kv_name(self.naming, KvIo::New, TensorKind::Key, l, None)),
+        )?;
+        self.e.reshape(
+            &v,
+            &[h, 1, n, d],
+            Some(&kv_name(self.naming, KvIo::New, TensorKind::Value, l, None)),
+        )?;
         Ok(())
     }
 
@@ -234,12 +273,16 @@ impl<'a> Lowering<'a> {
         }
         let (h, d, p) = (u(self.c.n_kv_heads), u(self.c.head_dim), self.past);
         let f = b::QNN_DATATYPE_FLOAT_32;
-        let pk = self
-            .e
-            .input(&format!("past_key_{l}_in"), f, &[h, 1, d, p])?;
-        let pv = self
-            .e
-            .input(&format!("past_value_{l}_in"), f, &[h, 1, p, d])?;
+        let pk = self.e.input(
+            &kv_name(self.naming, KvIo::Past, TensorKind::Key, l, None),
+            f,
+            &[h, 1, d, p],
+        )?;
+        let pv = self.e.input(
+            &kv_name(self.naming, KvIo::Past, TensorKind::Value, l, None),
+            f,
+            &[h, 1, p, d],
+        )?;
         Ok(LayerKv {
             past: Some((pk, pv)),
         })

@@ -27,7 +27,18 @@ use model::ops::{Rope, attend};
 use model::{NoTap, Tensor, WeightSource};
 use quant::{DataType, Encoding, QuantSpec, ScaleOffset, Symmetry};
 
+use graph_io::{KvIo, KvTensor, TensorKind};
+
 use crate::{CompileError, ExecError};
+
+/// K or V of a buffer.
+fn kind_of(value: bool) -> TensorKind {
+    if value {
+        TensorKind::Value
+    } else {
+        TensorKind::Key
+    }
+}
 
 /// What to compile.
 #[derive(Debug, Clone, PartialEq)]
@@ -201,8 +212,8 @@ fn for_each_cross_row(d: &model::LlamaConfig, kv: &CrossKv, mut f: impl FnMut(us
     for l in 0..d.n_layers {
         let (keys, values) = kv.layer(l);
         for h in 0..d.n_kv_heads {
-            for (kind, data) in [keys, values].into_iter().enumerate() {
-                let b = (l * d.n_kv_heads + h) * 2 + kind;
+            for (value, data) in [(false, keys), (true, values)] {
+                let b = graph_io::buffer_index(l, h, kind_of(value), d.n_kv_heads);
                 for t in 0..kv.rows {
                     f(b, &data[t * kvd + h * hd..t * kvd + (h + 1) * hd]);
                 }
@@ -225,16 +236,23 @@ impl EncDecCompiled {
     /// The encoding of cross buffer (layer, head, K|V).
     pub fn cross_encoding(&self, layer: usize, head: usize, value: bool) -> &QuantSpec {
         let h = self.config.decoder.n_kv_heads;
-        &self.cross[(layer * h + head) * 2 + usize::from(value)]
+        &self.cross[graph_io::buffer_index(layer, head, kind_of(value), h)]
     }
 
-    fn kv_names(&self, prefix: &str) -> Vec<(String, usize, usize, bool)> {
+    /// The per-head K/V tensors of side `io`, in buffer order: (name, layer, head, is V).
+    fn kv_names(&self, io: KvIo) -> Vec<(String, usize, usize, bool)> {
         let d = &self.config.decoder;
         let mut out = Vec::new();
         for l in 0..d.n_layers {
             for h in 0..d.n_kv_heads {
-                for (kind, value) in [("key", false), ("value", true)] {
-                    out.push((format!("{prefix}_{kind}_{l}_{h}"), l, h, value));
+                for value in [false, true] {
+                    let t = KvTensor {
+                        io,
+                        kind: kind_of(value),
+                        layer: l,
+                        head: Some(h),
+                    };
+                    out.push((t.name(), l, h, value));
                 }
             }
         }
@@ -243,7 +261,7 @@ impl EncDecCompiled {
 
     fn cross_tensors(&self) -> Vec<GraphTensor> {
         let (e, hd) = (self.config.source_len, self.config.decoder.head_dim);
-        self.kv_names("cross")
+        self.kv_names(KvIo::Cross)
             .into_iter()
             .map(|(name, l, h, v)| {
                 let q = self.cross_encoding(l, h, v).clone();
@@ -264,8 +282,8 @@ impl EncDecCompiled {
 
     fn describe_decoder(&self, n: usize) -> EncDecGraph {
         let (s, d) = (self.context, &self.config.decoder);
-        let kv = |prefix: &str, rows: usize| -> Vec<GraphTensor> {
-            self.kv_names(prefix)
+        let kv = |io: KvIo, rows: usize| -> Vec<GraphTensor> {
+            self.kv_names(io)
                 .into_iter()
                 .map(|(name, ..)| tensor(name, vec![1, 1, rows, d.head_dim], Some(f32_spec())))
                 .collect()
@@ -275,14 +293,14 @@ impl EncDecCompiled {
             tensor("positions".into(), vec![1, n], None),
             tensor("attention_mask".into(), vec![1, 1, n, s], Some(f32_spec())),
         ];
-        inputs.extend(kv("past", s - n));
+        inputs.extend(kv(KvIo::Past, s - n));
         inputs.extend(self.cross_tensors());
         let mut outputs = vec![tensor(
             "logits".into(),
             vec![1, n, d.vocab_size],
             Some(f32_spec()),
         )];
-        outputs.extend(kv("new", n));
+        outputs.extend(kv(KvIo::New, n));
         EncDecGraph {
             name: format!("ar{n}_cl{s}"),
             ar: Some(n),

@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use qnn_ffi::bindings as b;
 use qnn_ffi::{OwnedRawTensor, Quantization, TensorInfo, TensorType, dtype_to_qnn, qnn_dtype_size};
-use ref_backend::{CompiledModel, Naming, TensorDesc, TensorRole};
+use ref_backend::{CompiledModel, IoRole, IoTensor, Preset};
 
 /// Backend id reported by the provider and in binary info ("HTKV").
 pub const BACKEND_ID: u32 = 0x4854_4B56;
@@ -526,8 +526,8 @@ unsafe fn resolve(
     s: &State,
     context: usize,
     t: *const b::Qnn_Tensor_t,
-    desc: &TensorDesc,
-    naming: Naming,
+    desc: &IoTensor,
+    naming: Preset,
 ) -> Result<Bound, (Rc, String)> {
     let bad = |msg: String| Err((code(b::QNN_GRAPH_ERROR_INVALID_TENSOR), msg));
     // SAFETY: caller's contract.
@@ -702,11 +702,11 @@ unsafe extern "C" fn graph_execute(
         }
         // ExecuTorch's mask, converted; it must outlive the execution below.
         let mut converted: Vec<u8>;
-        if naming == Naming::ExecuTorch {
+        if naming == Preset::ExecuTorch {
             let mask = exec
                 .inputs()
                 .iter()
-                .position(|d| d.role == TensorRole::Mask && d.dtype == quant::DataType::U16);
+                .position(|d| d.role == IoRole::Mask && d.dtype == quant::DataType::U16);
             if let Some(m) = mask {
                 // SAFETY: the caller's mask buffer is valid for its (checked) length during the call.
                 let bytes = unsafe { std::slice::from_raw_parts(ins[m].ptr, ins[m].len) };
@@ -1004,15 +1004,15 @@ unsafe extern "C" fn error_get_message(handle: u64, out: *mut *const c_char) -> 
 
 /// The QNN description of a compiled tensor (what the system provider reports) under `naming`.
 pub fn tensor_info(
-    desc: &TensorDesc,
+    desc: &IoTensor,
     id: u32,
     tensor_type: TensorType,
-    naming: Naming,
+    naming: Preset,
 ) -> TensorInfo {
-    let executorch_mask = naming == Naming::ExecuTorch
-        && desc.role == TensorRole::Mask
+    let executorch_mask = naming == Preset::ExecuTorch
+        && desc.role == IoRole::Mask
         && desc.dtype == quant::DataType::U16;
-    let quant = match &desc.encoding {
+    let quant = match &desc.encoding() {
         // ExecuTorch's mask is a 0..1 multiplier quantized to u16 (65535 attend, 0 masked).
         _ if executorch_mask => Quantization::PerTensor {
             scale: 1.0 / 65535.0,
@@ -1052,7 +1052,7 @@ pub const LAYOUT_ENV: &str = "HTPKV_REF_QNN_LAYOUT";
 pub const STRICT_ENV: &str = "HTPKV_REF_QNN_STRICT";
 
 /// Environment variable overriding how the library presents graphs and tensors. Unset, each model
-/// is presented by the naming its file records ([`ref_backend::Naming`]: `htpkv compile
+/// is presented by the naming its file records ([`ref_backend::Preset`]: `htpkv compile
 /// --convention htpkv|aihub|executorch`); set, every model is presented one way, so that the
 /// runtime's conventions are exercised on binaries compiled otherwise (a test device, not a
 /// setting for users):
@@ -1068,10 +1068,10 @@ pub const STRICT_ENV: &str = "HTPKV_REF_QNN_STRICT";
 pub const NAMES_ENV: &str = "HTPKV_REF_QNN_NAMES";
 
 /// How graph `g` is presented: the naming its file records, unless [`NAMES_ENV`] overrides it.
-pub fn presented(g: &ref_backend::Graph) -> Naming {
+pub fn presented(g: &ref_backend::Graph) -> Preset {
     std::env::var(NAMES_ENV)
         .ok()
-        .and_then(|v| Naming::from_name(&v))
+        .and_then(|v| v.parse::<Preset>().ok())
         .unwrap_or(g.part().naming)
 }
 
@@ -1086,47 +1086,29 @@ pub fn reported_graph_name(g: &ref_backend::Graph) -> String {
     part.graph_name(g.ar(), g.context())
 }
 
-fn is_kv(role: TensorRole) -> bool {
-    matches!(
-        role,
-        TensorRole::PastKey | TensorRole::PastValue | TensorRole::NewKey | TensorRole::NewValue
-    )
-}
-
-/// The name tensor `desc` is reported under `naming`.
-pub fn reported_tensor_name(desc: &TensorDesc, naming: Naming) -> String {
+/// The name tensor `desc` is reported under `naming`: htpkv's as the file has it; AI Hub's written
+/// by its convention (a sliding window's mask keeps its name in every convention, and a tensor the
+/// convention has no name for, the hidden state, keeps the file's); ExecuTorch's prefixed so that
+/// no convention knows them (its IO is found by index).
+pub fn reported_tensor_name(desc: &IoTensor, naming: Preset) -> String {
     match naming {
-        Naming::Htpkv => return desc.name.clone(),
-        Naming::ExecuTorch => return format!("et_{}", desc.name),
-        Naming::AiHub => {}
+        Preset::Htpkv => return desc.name.clone(),
+        Preset::ExecuTorch => return format!("et_{}", desc.name),
+        Preset::AiHub => {}
     }
-    let kv = |what: &str, dir: &str| {
-        let layer = desc.layer.unwrap_or(0);
-        match desc.head {
-            Some(h) => format!("past_{what}_{layer}_h{h}_{dir}"),
-            None => format!("past_{what}_{layer}_{dir}"),
-        }
-    };
-    match desc.role {
-        TensorRole::Positions => "position_ids".into(),
-        TensorRole::PastKey => kv("key", "in"),
-        TensorRole::PastValue => kv("value", "in"),
-        TensorRole::NewKey => kv("key", "out"),
-        TensorRole::NewValue => kv("value", "out"),
-        TensorRole::RopeCos => "position_ids_cos".into(),
-        TensorRole::RopeSin => "position_ids_sin".into(),
-        TensorRole::InputIds
-        | TensorRole::Mask
-        | TensorRole::Logits
-        | TensorRole::HiddenIn
-        | TensorRole::HiddenOut => desc.name.clone(),
+    if desc.role == IoRole::Mask {
+        return desc.name.clone();
     }
+    let name = naming
+        .convention()
+        .tensor_name(desc.role, desc.layer, desc.head);
+    name.ok().flatten().unwrap_or_else(|| desc.name.clone())
 }
 
 /// The dims tensor `desc` is reported with: ExecuTorch's K/V put the heads second.
-pub fn reported_shape(desc: &TensorDesc, naming: Naming) -> Vec<usize> {
+pub fn reported_shape(desc: &IoTensor, naming: Preset) -> Vec<usize> {
     let mut shape = desc.shape.clone();
-    if naming == Naming::ExecuTorch && is_kv(desc.role) && shape.len() == 4 {
+    if naming == Preset::ExecuTorch && desc.role.is_kv() && shape.len() == 4 {
         shape.swap(0, 1);
     }
     shape
@@ -1134,17 +1116,17 @@ pub fn reported_shape(desc: &TensorDesc, naming: Naming) -> Vec<usize> {
 
 /// The graph's tensor indices in the order they are reported (ExecuTorch's index order; else as
 /// the model lists them).
-pub fn reported_order(descs: &[TensorDesc], naming: Naming) -> Vec<usize> {
+pub fn reported_order(descs: &[IoTensor], naming: Preset) -> Vec<usize> {
     let mut order: Vec<usize> = (0..descs.len()).collect();
-    if naming == Naming::ExecuTorch {
-        let rank = |r: TensorRole| match r {
-            TensorRole::InputIds | TensorRole::Logits | TensorRole::HiddenIn => 0,
-            TensorRole::HiddenOut => 0,
-            TensorRole::Mask | TensorRole::NewKey => 1,
-            TensorRole::Positions | TensorRole::RopeCos | TensorRole::RopeSin => 2,
-            TensorRole::NewValue => 2,
-            TensorRole::PastKey => 3,
-            TensorRole::PastValue => 4,
+    if naming == Preset::ExecuTorch {
+        let rank = |r: IoRole| match r {
+            IoRole::InputIds | IoRole::Embeddings | IoRole::SourceIds => 0,
+            IoRole::Logits | IoRole::HiddenIn | IoRole::HiddenOut => 0,
+            IoRole::Mask | IoRole::NewKey => 1,
+            IoRole::Positions | IoRole::RopeCos | IoRole::RopeSin => 2,
+            IoRole::NewValue => 2,
+            IoRole::PastKey | IoRole::CrossKey => 3,
+            IoRole::PastValue | IoRole::CrossValue => 4,
         };
         order.sort_by_key(|&i| (rank(descs[i].role), descs[i].layer, descs[i].head));
     }
@@ -1153,8 +1135,8 @@ pub fn reported_order(descs: &[TensorDesc], naming: Naming) -> Vec<usize> {
 
 /// ExecuTorch's u16 mask (65535 attend, 0 masked; reported with scale 1/65535 and offset 0) in
 /// the executor's additive encoding (the zero point where visible, 0 where masked).
-fn additive_from_attend_max(desc: &TensorDesc, bytes: &[u8]) -> Option<Vec<u8>> {
-    let quant::Encoding::PerTensor(so) = &desc.encoding else {
+fn additive_from_attend_max(desc: &IoTensor, bytes: &[u8]) -> Option<Vec<u8>> {
+    let Some(quant::Encoding::PerTensor(so)) = desc.quant.as_ref().map(|q| &q.encoding) else {
         return None;
     };
     let visible = u16::try_from(-so.offset).ok()?.to_le_bytes();
@@ -1199,11 +1181,11 @@ impl Layout {
 
 /// The raw tensors of one graph's inputs or outputs, numbered from `*id`.
 fn raw_tensors(
-    descs: &[TensorDesc],
+    descs: &[IoTensor],
     id: &mut u32,
     tensor_type: TensorType,
     layout: Layout,
-    naming: Naming,
+    naming: Preset,
 ) -> Option<Vec<OwnedRawTensor>> {
     reported_order(descs, naming)
         .into_iter()

@@ -23,7 +23,7 @@ fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
     if args.kv_dtype == Some(DataType::F16) {
         bad.push("--kv-dtype f16 (u8, u16 or f32)");
     }
-    if args.kv_dtype.is_some_and(|d| d != DataType::F32) && args.convention == "aihub" {
+    if args.kv_dtype.is_some_and(|d| d != DataType::F32) && args.convention == Naming::AiHub {
         bad.push("--kv-dtype u8/u16 with --convention aihub (fixed-point K/V: htpkv's convention)");
     }
     if args.weights.is_some_and(|w| w != WeightType::F32) {
@@ -32,7 +32,7 @@ fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
     if args.parts.is_some_and(|p| p != 1) || !args.contexts.is_empty() {
         bad.push("--parts/--contexts (one binary, one context length)");
     }
-    if args.convention == "executorch" {
+    if args.convention == Naming::ExecuTorch {
         bad.push("--convention executorch (htpkv or aihub)");
     }
     if args.kv_zero_point.is_some() || !args.layer_window.is_empty() {
@@ -41,7 +41,7 @@ fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
     if args.calibration_prompts.is_some() {
         bad.push("--calibration-prompts (a float graph needs no calibration)");
     }
-    if args.tokenizer_json.is_some() && args.convention != "aihub" {
+    if args.tokenizer_json.is_some() && args.convention != Naming::AiHub {
         bad.push("--tokenizer-json (for an aihub bundle)");
     }
     if bad.is_empty() {
@@ -83,17 +83,14 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let mut inputs: Vec<&Path> = opened.inputs.iter().map(PathBuf::as_path).collect();
     inputs.extend(args.tokenizer.as_deref());
     inputs.extend(args.tokenizer_json.as_deref());
-    let naming = match args.convention.as_str() {
-        "aihub" => Naming::AiHub,
-        _ => Naming::Htpkv,
-    };
+    let naming = args.convention;
     // Refused before any work; checked again when written.
     let tokenizer = match naming {
         Naming::AiHub => {
             check_bundle_out(&args.out, &inputs)?;
             Some(super::bundle_tokenizer(args, &opened.path)?)
         }
-        Naming::Htpkv => {
+        Naming::Htpkv | Naming::ExecuTorch => {
             check_output(&args.out, &inputs)?;
             None
         }
