@@ -1,8 +1,6 @@
 //! The in-process reference backend: `ref_backend`'s CPU executor behind the [`Backend`] trait.
 
-use crate::backend::{
-    Backend, BackendError, GraphDesc, InputBuffer, IoRole, IoTensor, OutputBuffer,
-};
+use crate::backend::{Backend, BackendError, GraphDesc, InputBuffer, OutputBuffer};
 use ref_backend::CompiledModel;
 use std::sync::Arc;
 
@@ -72,40 +70,6 @@ impl Backend for ReferenceBackend {
     }
 }
 
-/// The runtime's role of an encoder-decoder graph tensor, from its name.
-fn encdec_role(name: &str) -> Option<(IoRole, Option<graph_io::KvTensor>)> {
-    let fixed = match name {
-        "source_ids" => Some(IoRole::SourceIds),
-        "input_ids" => Some(IoRole::InputIds),
-        "positions" => Some(IoRole::Positions),
-        "attention_mask" => Some(IoRole::Mask),
-        "logits" => Some(IoRole::Logits),
-        _ => None,
-    };
-    if let Some(role) = fixed {
-        return Some((role, None));
-    }
-    let t = graph_io::KvTensor::parse(name)?;
-    Some((IoRole::kv(t.io, t.kind), Some(t)))
-}
-
-fn encdec_tensor(t: &ref_backend::encdec::GraphTensor) -> Result<IoTensor, BackendError> {
-    let (role, kv) = encdec_role(&t.name).ok_or_else(|| BackendError {
-        backend: "reference",
-        message: format!("encoder-decoder tensor `{}` has no known role", t.name),
-        source: None,
-    })?;
-    Ok(IoTensor {
-        name: t.name.clone(),
-        role,
-        layer: kv.map(|k| k.layer),
-        head: kv.and_then(|k| k.head),
-        shape: t.shape.clone(),
-        dtype: t.dtype,
-        quant: t.quant.clone(),
-    })
-}
-
 /// The reference executor of an encoder-decoder model ([`ref_backend::encdec`]) in this process:
 /// its encoder graph and decoder graphs, for [`crate::Session::encode`] and the usual steps.
 #[derive(Debug, Clone)]
@@ -115,27 +79,20 @@ pub struct EncDecReference {
 }
 
 impl EncDecReference {
-    /// Wraps a compiled encoder-decoder model.
-    pub fn new(model: Arc<ref_backend::encdec::EncDecCompiled>) -> Result<Self, BackendError> {
-        let mut graphs = Vec::new();
-        for g in model.graphs() {
-            graphs.push(GraphDesc {
+    /// Wraps a compiled encoder-decoder model (its graphs come described with their roles).
+    pub fn new(model: Arc<ref_backend::encdec::EncDecCompiled>) -> Self {
+        let graphs = model
+            .graphs()
+            .iter()
+            .map(|g| GraphDesc {
                 name: g.name.clone(),
-                inputs: g
-                    .inputs
-                    .iter()
-                    .map(encdec_tensor)
-                    .collect::<Result<_, _>>()?,
-                outputs: g
-                    .outputs
-                    .iter()
-                    .map(encdec_tensor)
-                    .collect::<Result<_, _>>()?,
+                inputs: g.inputs.clone(),
+                outputs: g.outputs.clone(),
                 part: Default::default(),
                 mask: Default::default(),
-            });
-        }
-        Ok(EncDecReference { model, graphs })
+            })
+            .collect();
+        EncDecReference { model, graphs }
     }
 }
 
