@@ -2,8 +2,9 @@
 //! buffer-index rule) and the names of the attention masks.
 //!
 //! This is the home of these rules. `kv_manager` holds an identical copy of [`KvTensor`],
-//! [`mask_name`] and [`parse_mask_name`] until it depends on this crate (it then re-exports them
-//! and its `Geometry::buffer_index` calls [`buffer_index`]).
+//! [`mask_name`] and [`parse_mask_name`] until it depends on this crate (it then re-exports them,
+//! its `Geometry::buffer_index` / `buffer_coords` call [`buffer_index`] / [`buffer_coords`], and
+//! its per-layer buffer ranges are [`layer_buffers`]).
 
 /// Key or value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -128,6 +129,23 @@ pub fn buffer_index(layer: usize, head: usize, kind: TensorKind, kv_heads: usize
     .position(kv_heads)
 }
 
+/// (layer, head, kind) of a buffer index ([`buffer_index`]'s inverse).
+pub fn buffer_coords(buffer: usize, kv_heads: usize) -> (usize, usize, TensorKind) {
+    let kind = if buffer.is_multiple_of(2) {
+        TensorKind::Key
+    } else {
+        TensorKind::Value
+    };
+    let unit = buffer / 2;
+    (unit / kv_heads, unit % kv_heads, kind)
+}
+
+/// The buffer indices of layer `layer`'s K and V, every head: consecutive, K then V per head.
+pub fn layer_buffers(layer: usize, kv_heads: usize) -> std::ops::Range<usize> {
+    buffer_index(layer, 0, TensorKind::Key, kv_heads)
+        ..buffer_index(layer + 1, 0, TensorKind::Key, kv_heads)
+}
+
 /// The name of the attention mask input for layers of attention window `window`:
 /// `attention_mask` for global layers (`None`, the `[n, S]` mask) and `attention_mask_w{W}` for
 /// the sliding layers of window W (the `[n, W - 1 + n]` mask over their `W - 1` past rows and the
@@ -173,6 +191,12 @@ mod tests {
             buffer_index(2, 1, TensorKind::Value, 4),
             (2 * 4 + 1) * 2 + 1
         );
+        for b in 0..2 * 3 * 4 {
+            let (l, h, kind) = buffer_coords(b, 4);
+            assert_eq!(buffer_index(l, h, kind, 4), b);
+            assert!(layer_buffers(l, 4).contains(&b));
+        }
+        assert_eq!(layer_buffers(2, 4), 16..24);
         assert_eq!(parse_mask_name(&mask_name(Some(7))), Some(Some(7)));
         assert_eq!(parse_mask_name("attention_mask_w"), None);
     }

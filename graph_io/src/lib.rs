@@ -29,6 +29,9 @@ pub use convention::{
     IndexedRole, IoRules, NameTable, role_label,
 };
 pub use conventions::{Preset, detect};
-pub use kv::{KvIo, KvTensor, TensorKind, buffer_index, mask_name, parse_mask_name};
+pub use kv::{
+    KvIo, KvTensor, TensorKind, buffer_coords, buffer_index, layer_buffers, mask_name,
+    parse_mask_name,
+};
 pub use role::IoRole;
 pub use tensor::{GraphDesc, IoTensor, MaskEncoding, PartOf};
