@@ -5,7 +5,7 @@
 //! files and encodes the inputs some conventions add (an attend-max mask, RoPE tables).
 
 pub use graph_io::{
-    Assigned, Convention, ConventionError, GraphName, GraphNames, IndexOrder, IndexedRole, IoRules,
+    Assigned, Convention, ConventionError, GraphName, GraphNames, IndexOrder, IoRules,
     MaskEncoding, NameTable, Preset, detect, role_label,
 };
 use std::path::Path;

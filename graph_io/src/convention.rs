@@ -55,25 +55,6 @@ pub enum ConventionError {
     },
 }
 
-/// The role of one entry of an index-ordered IO list.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum IndexedRole {
-    Tokens,
-    Embeddings,
-    Mask,
-    Positions,
-    RopeCos,
-    RopeSin,
-    Logits,
-    Hidden,
-    /// One entry per layer, layers 0..L−1 in order (L is what the tensor count leaves).
-    PastKeys,
-    PastValues,
-    NewKeys,
-    NewValues,
-}
-
 /// Tensor names per role; each a list of patterns with `{layer}` and `{head}` fields (digits).
 /// Reading tries every pattern; writing uses the first whose fields fit (`{head}` or not).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -103,12 +84,64 @@ pub struct NameTable {
     pub new_value: Vec<String>,
 }
 
-/// Tensor roles by position in the graph's input and output lists.
+/// Tensor roles by position in the graph's input and output lists. A K/V role stands for one
+/// entry per layer, layers 0..L−1 in order (L is what the tensor count leaves). In YAML the
+/// entries are named as in [`INDEX_ENTRIES`].
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IndexOrder {
-    pub inputs: Vec<IndexedRole>,
-    pub outputs: Vec<IndexedRole>,
+    #[serde(deserialize_with = "input_entries")]
+    pub inputs: Vec<IoRole>,
+    #[serde(deserialize_with = "output_entries")]
+    pub outputs: Vec<IoRole>,
+}
+
+/// The YAML names of index-order entries and their roles as an input and as an output (`hidden`
+/// is the hidden state from the previous part or for the next; the plural K/V names are the
+/// per-layer groups).
+pub const INDEX_ENTRIES: [(&str, IoRole, IoRole); 12] = [
+    ("tokens", IoRole::InputIds, IoRole::InputIds),
+    ("embeddings", IoRole::Embeddings, IoRole::Embeddings),
+    ("mask", IoRole::Mask, IoRole::Mask),
+    ("positions", IoRole::Positions, IoRole::Positions),
+    ("rope_cos", IoRole::RopeCos, IoRole::RopeCos),
+    ("rope_sin", IoRole::RopeSin, IoRole::RopeSin),
+    ("logits", IoRole::Logits, IoRole::Logits),
+    ("hidden", IoRole::HiddenIn, IoRole::HiddenOut),
+    ("past_keys", IoRole::PastKey, IoRole::PastKey),
+    ("past_values", IoRole::PastValue, IoRole::PastValue),
+    ("new_keys", IoRole::NewKey, IoRole::NewKey),
+    ("new_values", IoRole::NewValue, IoRole::NewValue),
+];
+
+fn input_entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<IoRole>, D::Error> {
+    index_entries(d, true)
+}
+
+fn output_entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<IoRole>, D::Error> {
+    index_entries(d, false)
+}
+
+fn index_entries<'de, D: serde::Deserializer<'de>>(
+    d: D,
+    input: bool,
+) -> Result<Vec<IoRole>, D::Error> {
+    let names = Vec::<String>::deserialize(d)?;
+    names
+        .iter()
+        .map(|name| {
+            let entry = INDEX_ENTRIES.iter().find(|(n, ..)| n == name);
+            entry
+                .map(|&(_, i, o)| if input { i } else { o })
+                .ok_or_else(|| {
+                    let known: Vec<&str> = INDEX_ENTRIES.iter().map(|(n, ..)| *n).collect();
+                    serde::de::Error::custom(format!(
+                        "unknown IO entry `{name}`, expected one of {}",
+                        known.join(", ")
+                    ))
+                })
+        })
+        .collect()
 }
 
 /// How tensors are recognised: by name or by position.
@@ -421,11 +454,11 @@ impl Convention {
     fn assign_index(
         &self,
         graph: &str,
-        order: &[IndexedRole],
+        order: &[IoRole],
         count: usize,
         input: bool,
     ) -> Result<Vec<Assigned>, ConventionError> {
-        let groups = order.iter().filter(|r| r.per_layer()).count();
+        let groups = order.iter().filter(|r| r.is_kv()).count();
         let singles = order.len() - groups;
         let side = if input { "inputs" } else { "outputs" };
         let layers = match (count.checked_sub(singles), groups) {
@@ -442,11 +475,11 @@ impl Convention {
             }
         };
         let mut out = Vec::with_capacity(count);
-        for r in order {
-            let role = r.role(input).ok_or_else(|| {
-                self.graph_err(graph, format!("{r:?} cannot be one of the {side}"))
-            })?;
-            if r.per_layer() {
+        for &role in order {
+            if role.is_input() != input {
+                return Err(self.graph_err(graph, format!("{role:?} cannot be one of the {side}")));
+            }
+            if role.is_kv() {
                 out.extend((0..layers).map(|l| Assigned {
                     role,
                     layer: Some(l),
@@ -478,38 +511,6 @@ fn plain(role: IoRole) -> Assigned {
 /// The fields a tensor pattern of `role` may have.
 fn fields_of(role: IoRole) -> &'static [Field] {
     if role.is_kv() { KV_FIELDS } else { &[] }
-}
-
-impl IndexedRole {
-    fn per_layer(self) -> bool {
-        matches!(
-            self,
-            IndexedRole::PastKeys
-                | IndexedRole::PastValues
-                | IndexedRole::NewKeys
-                | IndexedRole::NewValues
-        )
-    }
-
-    /// The role on the given side, `None` when the entry belongs to the other side.
-    fn role(self, input: bool) -> Option<IoRole> {
-        let role = match self {
-            IndexedRole::Tokens => IoRole::InputIds,
-            IndexedRole::Embeddings => IoRole::Embeddings,
-            IndexedRole::Mask => IoRole::Mask,
-            IndexedRole::Positions => IoRole::Positions,
-            IndexedRole::RopeCos => IoRole::RopeCos,
-            IndexedRole::RopeSin => IoRole::RopeSin,
-            IndexedRole::PastKeys => IoRole::PastKey,
-            IndexedRole::PastValues => IoRole::PastValue,
-            IndexedRole::Logits => IoRole::Logits,
-            IndexedRole::NewKeys => IoRole::NewKey,
-            IndexedRole::NewValues => IoRole::NewValue,
-            IndexedRole::Hidden if input => IoRole::HiddenIn,
-            IndexedRole::Hidden => IoRole::HiddenOut,
-        };
-        (role.is_input() == input).then_some(role)
-    }
 }
 
 impl NameTable {

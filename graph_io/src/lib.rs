@@ -25,8 +25,8 @@ mod role;
 mod tensor;
 
 pub use convention::{
-    Assigned, Convention, ConventionError, GraphName, GraphNames, GraphNaming, IndexOrder,
-    IndexedRole, IoRules, NameTable, role_label,
+    Assigned, Convention, ConventionError, GraphName, GraphNames, GraphNaming, INDEX_ENTRIES,
+    IndexOrder, IoRules, NameTable, role_label,
 };
 pub use conventions::{Preset, detect};
 pub use kv::{

@@ -2,7 +2,8 @@
 //! by position (tokens, mask, positions, then past K and past V per layer; logits, then new K and
 //! new V per layer), a multiplicative mask at the type's extremes.
 
-use crate::convention::{Convention, GraphNaming, IndexOrder, IndexedRole, IoRules, names};
+use crate::convention::{Convention, GraphNaming, IndexOrder, IoRules, names};
+use crate::role::IoRole;
 use crate::tensor::MaskEncoding;
 
 pub(crate) fn convention() -> Convention {
@@ -11,17 +12,13 @@ pub(crate) fn convention() -> Convention {
         graphs: names(&["{phase}_forward"]),
         io: IoRules::ByIndex(IndexOrder {
             inputs: vec![
-                IndexedRole::Tokens,
-                IndexedRole::Mask,
-                IndexedRole::Positions,
-                IndexedRole::PastKeys,
-                IndexedRole::PastValues,
+                IoRole::InputIds,
+                IoRole::Mask,
+                IoRole::Positions,
+                IoRole::PastKey,
+                IoRole::PastValue,
             ],
-            outputs: vec![
-                IndexedRole::Logits,
-                IndexedRole::NewKeys,
-                IndexedRole::NewValues,
-            ],
+            outputs: vec![IoRole::Logits, IoRole::NewKey, IoRole::NewValue],
         }),
         mask: MaskEncoding::AttendMax,
         graph_naming: GraphNaming {

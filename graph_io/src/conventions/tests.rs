@@ -344,3 +344,30 @@ fn a_new_convention_is_one_file_and_one_arm() {
         None
     );
 }
+
+/// Index-order entries in YAML: `hidden` takes its side's role, an unknown entry is refused and an
+/// entry of the other side is an error of the graph.
+#[test]
+fn yaml_index_orders_name_their_entries() {
+    let yaml = "name: pos\ngraphs: ['{phase}_forward']\nio:\n  by_index:\n    inputs: [hidden, mask, past_keys]\n    outputs: [hidden, new_keys]\n";
+    let c = Convention::from_yaml(yaml, "pos.yaml").unwrap();
+    let (ins, outs) = c
+        .assign("kv_forward", &["h", "m", "k0", "k1"], &["h", "n0", "n1"])
+        .unwrap();
+    assert_eq!(ins[0].role, IoRole::HiddenIn);
+    assert_eq!(ins[3], a(IoRole::PastKey, Some(1), None));
+    assert_eq!(outs[0].role, IoRole::HiddenOut);
+    let bad = yaml.replace("[hidden, mask, past_keys]", "[hidden, masks]");
+    let err = Convention::from_yaml(&bad, "pos.yaml").unwrap_err();
+    let source = std::error::Error::source(&err).unwrap().to_string();
+    assert!(source.contains("masks"), "{source}");
+    let wrong_side = yaml.replace("[hidden, new_keys]", "[logits, mask]");
+    let c = Convention::from_yaml(&wrong_side, "pos.yaml").unwrap();
+    let err = c
+        .assign("kv_forward", &["h", "m"], &["l", "m"])
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("cannot be one of the outputs"),
+        "{err}"
+    );
+}

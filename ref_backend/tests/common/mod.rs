@@ -167,7 +167,7 @@ impl Harness {
                     let valid = self.len.min(w);
                     let l = desc.layer.expect("KV tensor has a layer");
                     let heads: Vec<usize> = match desc.head {
-                        Some(h) => vec![h as usize],
+                        Some(h) => vec![h],
                         None => (0..desc.shape[0]).collect(),
                     };
                     for (slot, &h) in heads.iter().enumerate() {
@@ -214,7 +214,7 @@ impl Harness {
                     let transposed = !value && self.transposed;
                     let l = desc.layer.expect("KV tensor has a layer");
                     let heads: Vec<usize> = match desc.head {
-                        Some(h) => vec![h as usize],
+                        Some(h) => vec![h],
                         None => (0..desc.shape[0]).collect(),
                     };
                     for (slot, &h) in heads.iter().enumerate() {
