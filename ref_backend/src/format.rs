@@ -1040,17 +1040,15 @@ fn non_finite(s: &Reader<'_>, name: &str, index: usize, offset: u64, value: f32)
     }
 }
 
-/// The byte a file records its naming as (stable: 0 htpkv, 1 aihub, 2 executorch).
-const fn naming_code(naming: Preset) -> u8 {
-    match naming {
-        Preset::Htpkv => 0,
-        Preset::AiHub => 1,
-        Preset::ExecuTorch => 2,
-    }
+/// The byte a file records its naming as: its position in [`Preset::ALL`] (stable, new presets
+/// are appended: 0 htpkv, 1 aihub, 2 executorch).
+fn naming_code(naming: Preset) -> u8 {
+    let at = Preset::ALL.iter().position(|&p| p == naming);
+    at.and_then(|i| u8::try_from(i).ok()).unwrap_or(u8::MAX)
 }
 
 fn naming_from_code(code: u8) -> Option<Preset> {
-    Preset::ALL.into_iter().find(|&n| naming_code(n) == code)
+    Preset::ALL.get(usize::from(code)).copied()
 }
 
 fn write_desc(w: &mut Writer, t: &IoTensor) {

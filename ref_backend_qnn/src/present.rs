@@ -1,6 +1,7 @@
 //! How graphs and tensors are presented to clients: under the naming the file records, or the
 //! one [`NAMES_ENV`] asks for (names, order, K/V dims and ExecuTorch's mask encoding).
 
+use graph_io::IoRules;
 use qnn_ffi::{Quantization, TensorInfo, TensorType, dtype_to_qnn};
 use ref_backend::{IoRole, IoTensor, Preset};
 
@@ -83,17 +84,17 @@ pub fn reported_graph_name(g: &ref_backend::Graph) -> String {
 /// convention has no name for, the hidden state, keeps the file's); ExecuTorch's prefixed so that
 /// no convention knows them (its IO is found by index).
 pub fn reported_tensor_name(desc: &IoTensor, naming: Preset) -> String {
-    match naming {
-        Preset::Htpkv => return desc.name.clone(),
-        Preset::ExecuTorch => return format!("et_{}", desc.name),
-        Preset::AiHub => {}
+    if naming == Preset::Htpkv {
+        return desc.name.clone();
+    }
+    let convention = naming.convention();
+    if matches!(convention.io, IoRules::ByIndex(_)) {
+        return format!("et_{}", desc.name);
     }
     if desc.role == IoRole::Mask {
         return desc.name.clone();
     }
-    let name = naming
-        .convention()
-        .tensor_name(desc.role, desc.layer, desc.head);
+    let name = convention.tensor_name(desc.role, desc.layer, desc.head);
     name.ok().flatten().unwrap_or_else(|| desc.name.clone())
 }
 

@@ -85,15 +85,13 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     inputs.extend(args.tokenizer_json.as_deref());
     let naming = args.convention;
     // Refused before any work; checked again when written.
-    let tokenizer = match naming {
-        Naming::AiHub => {
-            check_bundle_out(&args.out, &inputs)?;
-            Some(super::bundle_tokenizer(args, &opened.path)?)
-        }
-        Naming::Htpkv | Naming::ExecuTorch => {
-            check_output(&args.out, &inputs)?;
-            None
-        }
+    // An AI Hub compile writes a Genie bundle with its tokenizer; any other, one file.
+    let tokenizer = if naming == Naming::AiHub {
+        check_bundle_out(&args.out, &inputs)?;
+        Some(super::bundle_tokenizer(args, &opened.path)?)
+    } else {
+        check_output(&args.out, &inputs)?;
+        None
     };
     let context = args
         .context

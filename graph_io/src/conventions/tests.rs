@@ -303,6 +303,10 @@ fn presets_write_the_names_they_read() {
     let read = g.graph_name("token_ar1_cl64_2_of_2").unwrap();
     assert_eq!((read.part, read.parts, read.ar), (1, 2, Some(1)));
     assert_eq!("aihub".parse::<Preset>().unwrap(), Preset::AiHub);
+    for (i, p) in Preset::ALL.into_iter().enumerate() {
+        assert_eq!(p as usize, i, "Preset::ALL is in declaration order");
+        assert_eq!(p.name().parse::<Preset>().unwrap(), p);
+    }
     assert!("qualcomm".parse::<Preset>().is_err());
 }
 
