@@ -65,13 +65,7 @@ pub struct HtpOptions {
 /// The graph name of AR-`n` at context `s`, written by the naming's convention: `ar{n}_cl{s}`
 /// (htpkv), or AI Hub's `{token|prompt}_ar{n}_cl{s}_1_of_1` (one part).
 pub fn graph_name(naming: Naming, n: usize, s: usize) -> String {
-    let name = naming
-        .convention()
-        .name_graph(n, s, graph_io::PartOf::default());
-    // Every preset has a well-formed graph pattern.
-    name.ok()
-        .flatten()
-        .unwrap_or_else(|| format!("ar{n}_cl{s}"))
+    naming.graph_name(n, s, graph_io::PartOf::default())
 }
 
 fn check(c: &LlamaConfig, o: &HtpOptions) -> Result<(), CompileError> {

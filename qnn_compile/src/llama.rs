@@ -13,7 +13,7 @@
 //! and residual, the final RMSNorm and the classifier (the embedding when tied).
 
 use crate::emit::{Emitter, Fixed, Val};
-use graph_io::{IoRole, KvIo, KvTensor, TensorKind};
+use graph_io::{KvIo, KvTensor, TensorKind};
 use model::ops::Rope;
 use model::{LayerTensor as L, LlamaConfig, RopePairing, Tensor, WeightSource};
 use qnn_ffi::QnnError;
@@ -35,17 +35,12 @@ fn kv_name(
     layer: usize,
     head: Option<usize>,
 ) -> String {
-    let t = KvTensor {
+    naming.kv_name(&KvTensor {
         io,
         kind,
         layer,
         head,
-    };
-    let name = naming
-        .tensor_names()
-        .tensor_name(IoRole::kv(io, kind), Some(layer), head);
-    // Both lowered conventions name per-layer and per-head K/V.
-    name.ok().flatten().unwrap_or_else(|| t.name())
+    })
 }
 
 /// What the emitter needs of one AR variant.

@@ -620,7 +620,7 @@ impl ModelData {
                         };
                         let encoding = self.kv_encoding(l, head, kind == TensorKind::Value);
                         let desc = IoTensor {
-                            name: part.kv_name(&t),
+                            name: part.naming.kv_name(&t),
                             shape: match kind {
                                 TensorKind::Key => kshape(rows, lead),
                                 TensorKind::Value => vec![lead, 1, rows, d],

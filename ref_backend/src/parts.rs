@@ -21,7 +21,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use graph_io::{KvTensor, Preset};
+use graph_io::Preset;
 use quant::{DataType, Encoding, ScaleOffset, Symmetry};
 
 use crate::compile::CompiledModel;
@@ -272,22 +272,7 @@ impl Part {
             index: self.index,
             count: self.count,
         };
-        let name = self.naming.convention().name_graph(n, context, part);
-        // Every preset has a well-formed graph pattern.
-        name.ok()
-            .flatten()
-            .unwrap_or_else(|| crate::model::graph_name(n, context))
-    }
-
-    /// The name of a K/V tensor in this part's files ([`Preset::tensor_names`]).
-    pub(crate) fn kv_name(&self, t: &KvTensor) -> String {
-        let role = graph_io::IoRole::kv(t.io, t.kind);
-        let name = self
-            .naming
-            .tensor_names()
-            .tensor_name(role, Some(t.layer), t.head);
-        // Every preset that names tensors has per-layer and per-head K/V patterns.
-        name.ok().flatten().unwrap_or_else(|| t.name())
+        self.naming.graph_name(n, context, part)
     }
 }
 

@@ -95,7 +95,8 @@ pub fn reported_tensor_name(desc: &IoTensor, naming: Preset) -> String {
         return desc.name.clone();
     }
     let name = convention.tensor_name(desc.role, desc.layer, desc.head);
-    name.ok().flatten().unwrap_or_else(|| desc.name.clone())
+    name.expect("preset patterns are well-formed")
+        .unwrap_or_else(|| desc.name.clone())
 }
 
 /// The dims tensor `desc` is reported with: ExecuTorch's K/V put the heads second.

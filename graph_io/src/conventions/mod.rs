@@ -17,6 +17,9 @@
 use std::sync::OnceLock;
 
 use crate::convention::{Convention, ConventionError, GraphNames};
+use crate::kv::KvTensor;
+use crate::role::IoRole;
+use crate::tensor::PartOf;
 
 pub(crate) mod aihub;
 pub(crate) mod executorch;
@@ -69,6 +72,24 @@ impl Preset {
             crate::IoRules::ByName(_) => self.convention(),
             crate::IoRules::ByIndex(_) => Preset::Htpkv.convention(),
         }
+    }
+
+    /// The name of the AR-`n` graph of context `context` for `part`, written by the preset's graph
+    /// pattern ([`Convention::name_graph`]).
+    pub fn graph_name(self, n: usize, context: usize, part: PartOf) -> String {
+        let name = self.convention().name_graph(n, context, part);
+        // Every preset has a well-formed graph pattern of graph fields only (tested).
+        name.expect("preset patterns are well-formed")
+            .expect("every preset has a graph pattern")
+    }
+
+    /// The name of K/V tensor `t` in a compiled file of this preset ([`Preset::tensor_names`]);
+    /// a tensor its convention has no pattern for (cross K/V) keeps htpkv's name.
+    pub fn kv_name(self, t: &KvTensor) -> String {
+        let role = IoRole::kv(t.io, t.kind);
+        let name = self.tensor_names().tensor_name(role, Some(t.layer), t.head);
+        name.expect("preset patterns are well-formed")
+            .unwrap_or_else(|| t.name())
     }
 }
 

@@ -299,6 +299,28 @@ fn presets_write_the_names_they_read() {
     assert_eq!(graph(Preset::AiHub, 1, part(1, 2)), "token_ar1_cl64_2_of_2");
     assert_eq!(graph(Preset::ExecuTorch, 1, part(0, 1)), "kv_forward");
     assert_eq!(graph(Preset::ExecuTorch, 8, part(0, 1)), "prefill_forward");
+    // The compiler's entry points: every preset names graphs and K/V tensors; cross K/V, which no
+    // preset's table names, keep htpkv's names.
+    assert_eq!(
+        Preset::AiHub.graph_name(1, 64, part(1, 2)),
+        "token_ar1_cl64_2_of_2"
+    );
+    let t = KvTensor {
+        io: KvIo::Past,
+        kind: TensorKind::Value,
+        layer: 3,
+        head: None,
+    };
+    assert_eq!(Preset::AiHub.kv_name(&t), "past_value_3_in");
+    assert_eq!(Preset::ExecuTorch.kv_name(&t), "past_value_3");
+    let cross = KvTensor {
+        io: KvIo::Cross,
+        ..t
+    };
+    for p in Preset::ALL {
+        assert!(!p.graph_name(4, 64, part(0, 1)).is_empty());
+        assert_eq!(p.kv_name(&cross), "cross_value_3");
+    }
     let g = Preset::AiHub.convention();
     let read = g.graph_name("token_ar1_cl64_2_of_2").unwrap();
     assert_eq!((read.part, read.parts, read.ar), (1, 2, Some(1)));
