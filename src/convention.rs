@@ -19,12 +19,8 @@ pub fn named_or_file(spec: &str) -> Result<Convention, ConventionError> {
     if !path.exists() {
         return Err(ConventionError::UnknownPreset(spec.to_string()));
     }
-    let text = model::fsio::read_capped(path, model::fsio::FileKind::CONFIG).map_err(|e| {
-        ConventionError::Read {
-            path: path.display().to_string(),
-            source: Box::new(e),
-        }
-    })?;
+    let text = model::fsio::read_capped(path, model::fsio::FileKind::CONFIG)
+        .map_err(|e| ConventionError::Read(Box::new(e)))?;
     Convention::from_yaml(&String::from_utf8_lossy(&text), &path.display().to_string())
 }
 

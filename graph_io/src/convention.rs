@@ -19,13 +19,9 @@ use crate::tensor::{MaskEncoding, PartOf};
 /// tensors a convention cannot place.
 #[derive(Debug, thiserror::Error)]
 pub enum ConventionError {
-    /// The convention file could not be read.
-    #[error("reading convention file `{path}`")]
-    Read {
-        path: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    /// The convention file could not be read (the cause names the file).
+    #[error("reading convention file")]
+    Read(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The convention file is not a valid convention.
     #[error("convention file `{path}`")]
     Parse {
