@@ -13,7 +13,7 @@ use std::path::Path;
 /// A preset name, or else the path of a YAML convention file.
 pub fn named_or_file(spec: &str) -> Result<Convention, ConventionError> {
     if let Ok(preset) = spec.parse::<Preset>() {
-        return Ok(preset.convention().clone());
+        return Ok(preset.convention());
     }
     let path = Path::new(spec);
     if !path.exists() {

@@ -14,8 +14,6 @@
 //! the compiler cannot express refuses in `ref_backend::Part`). The test
 //! `a_new_convention_is_one_file_and_one_arm` shows one.
 
-use std::sync::OnceLock;
-
 use crate::convention::{Convention, ConventionError, GraphNames};
 use crate::kv::KvTensor;
 use crate::role::IoRole;
@@ -40,11 +38,13 @@ pub enum Preset {
 }
 
 impl Preset {
-    /// Every preset, in code order (the order detection tries them; a compiled file records its
-    /// naming as the position here, so new presets are appended).
+    /// Every preset, in declaration order (the order detection tries them; a compiled file records
+    /// its naming as the position here, so new presets are appended).
     pub const ALL: [Preset; 3] = [Preset::Htpkv, Preset::AiHub, Preset::ExecuTorch];
 
-    fn build(self) -> Convention {
+    /// The preset's convention. Built on each call, never kept in a static: the reference QNN
+    /// library links this crate, and heap memory a static of an unloaded library holds is lost.
+    pub fn convention(self) -> Convention {
         match self {
             Preset::Htpkv => htpkv::convention(),
             Preset::AiHub => aihub::convention(),
@@ -52,24 +52,17 @@ impl Preset {
         }
     }
 
-    /// The preset's convention (built once).
-    pub fn convention(self) -> &'static Convention {
-        static BUILT: OnceLock<Vec<Convention>> = OnceLock::new();
-        let all = BUILT.get_or_init(|| Preset::ALL.map(Preset::build).to_vec());
-        // `ALL` lists every preset in declaration order (checked by a test).
-        &all[self as usize]
-    }
-
     /// The convention name (`htpkv`, `aihub`, `executorch`).
-    pub fn name(self) -> &'static str {
-        &self.convention().name
+    pub fn name(self) -> String {
+        self.convention().name
     }
 
     /// The convention whose names a compiled file of this preset carries inside: ExecuTorch finds
     /// its IO by position, so its files keep htpkv's tensor names.
-    pub fn tensor_names(self) -> &'static Convention {
-        match self.convention().io {
-            crate::IoRules::ByName(_) => self.convention(),
+    pub fn tensor_names(self) -> Convention {
+        let c = self.convention();
+        match c.io {
+            crate::IoRules::ByName(_) => c,
             crate::IoRules::ByIndex(_) => Preset::Htpkv.convention(),
         }
     }
@@ -95,7 +88,7 @@ impl Preset {
 
 impl std::fmt::Display for Preset {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        f.write_str(&self.name())
     }
 }
 
@@ -112,7 +105,7 @@ impl std::str::FromStr for Preset {
 impl Convention {
     /// A built-in preset by name.
     pub fn preset(name: &str) -> Result<Convention, ConventionError> {
-        Ok(name.parse::<Preset>()?.convention().clone())
+        Ok(name.parse::<Preset>()?.convention())
     }
 }
 
@@ -122,7 +115,6 @@ pub fn detect(graphs: &[GraphNames<'_>]) -> Result<Convention, ConventionError> 
         .into_iter()
         .map(Preset::convention)
         .filter(|c| c.fits(graphs))
-        .cloned()
         .collect();
     let presets = || Preset::ALL.map(Preset::name).join(", ");
     match fitting.len() {
