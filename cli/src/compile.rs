@@ -53,7 +53,7 @@ pub struct CompileArgs {
     #[arg(long, value_name = "128", value_parser = parse_kv_zero_point)]
     kv_zero_point: Option<u32>,
     /// Weight type: i8 (W8A16), f16 or f32.
-    /// [default: i8; with --target htp the weights are f32, run in fp16]
+    /// [default: i8; with --target htp f32 (run in fp16), or i8 for W8A16 on HTP]
     #[arg(long, value_parser = parse_from_str::<WeightType>)]
     weights: Option<WeightType>,
     /// Key layout: rows or transposed.
@@ -172,13 +172,7 @@ fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<
     check_parts(args, opened.config.n_layers)?;
     check_contexts(args, &opened.config)?;
     htpkv::engine::check_geometry(&opened.config, context, &args.ar, args.kv_dtype())?;
-    let calibration: Vec<Vec<u32>> = match &args.calibration_prompts {
-        Some(_) => calibration_texts(args)?
-            .iter()
-            .map(|t| opened.codec.encode(t, true))
-            .collect(),
-        None => htpkv::engine::calibration_sequences(&*opened.codec, &opened.chat)?,
-    };
+    let calibration = calibration_sequences(args, &opened)?;
     let opts = compile_options(args, context);
     let mut bars = crate::progress::StageBars::default();
     let started = Instant::now();
@@ -363,6 +357,21 @@ fn write_output(
             writeln!(out, "part {}", b.display())?;
         }
         Ok(())
+    })
+}
+
+/// The token sequences calibration starts from: `--calibration-prompts` (with BOS), or the
+/// engine's defaults.
+fn calibration_sequences(
+    args: &CompileArgs,
+    opened: &OpenedModel,
+) -> anyhow::Result<Vec<Vec<u32>>> {
+    Ok(match &args.calibration_prompts {
+        Some(_) => calibration_texts(args)?
+            .iter()
+            .map(|t| opened.codec.encode(t, true))
+            .collect(),
+        None => htpkv::engine::calibration_sequences(&*opened.codec, &opened.chat)?,
     })
 }
 

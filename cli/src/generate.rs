@@ -527,17 +527,27 @@ fn finish(
     Ok(())
 }
 
+/// A speed for people: `12.3 tok/s`, or `4.56 s/token` below one token per second (an emulated
+/// HTP step of a real model takes seconds).
+pub fn rate(tokens_per_second: f64) -> String {
+    if tokens_per_second >= 1.0 || tokens_per_second <= 0.0 {
+        format!("{tokens_per_second:.1} tok/s")
+    } else {
+        format!("{:.2} s/token", 1.0 / tokens_per_second)
+    }
+}
+
 /// The `--stats` lines on stderr.
 pub fn print_stats(engine: &Engine, strategy: kv_manager::Strategy) {
     let stats = engine.stats();
     let kv = stats.kv;
     {
         eprintln!(
-            "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
+            "prefill: {} tokens, {} | decode: {} tokens, {}",
             stats.prefill_tokens,
-            stats.prefill_tokens_per_second(),
+            rate(stats.prefill_tokens_per_second()),
             stats.decode_tokens,
-            stats.decode_tokens_per_second()
+            rate(stats.decode_tokens_per_second())
         );
         eprintln!(
             "kv ({}): region {} bytes, copied {} bytes, {} rebases, {} memory handles, peak {} bytes in use",

@@ -357,3 +357,28 @@ fn an_overlong_prompt_is_refused_fast() {
     assert!(started.elapsed() < Duration::from_secs(120));
     assert!(o.stdout.is_empty(), "the refused prompt was printed");
 }
+
+/// `compile --target htp` refuses, by name and before loading any library or model, what the HTP
+/// lowering does not take.
+#[test]
+fn the_htp_target_refuses_what_it_does_not_lower_by_name() {
+    let work = scratch("htp-refusals");
+    let out = work.join("x.bin");
+    let cases: [(&[&str], &str); 4] = [
+        (&["--weights", "f16"], "--weights f16"),
+        (&["--kv-dtype", "f16"], "--kv-dtype f16"),
+        (&["--parts", "2"], "--parts without --convention aihub"),
+        (&["--contexts", "32,64"], "--contexts"),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec!["compile", "--target", "htp", "--out", s(&out)];
+        args.extend_from_slice(extra);
+        let o = htpkv(&args, &work.join("cache"));
+        let err = failure(&o);
+        assert!(
+            err.contains("--target htp does not take") && err.contains(expected),
+            "{extra:?}: {err}"
+        );
+        assert!(!out.exists(), "{extra:?} wrote {}", out.display());
+    }
+}

@@ -2,28 +2,10 @@
 //! tensor with a known shape, and each method adds one QNN operation (`qti.aisw` op definitions)
 //! and returns its output.
 
+use crate::encoding::Fixed;
+use crate::w8a16::W8Matrix;
 use qnn_ffi::bindings as b;
 use qnn_ffi::{GraphBuilder, NewTensor, Param, QnnError, Quantization, Scalar, TensorKind};
-
-/// A per-tensor fixed-point encoding: raw QNN data type, `real = (q + offset) * scale`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Fixed {
-    /// Raw `Qnn_DataType_t` (`UFIXED_POINT_8`, `UFIXED_POINT_16`).
-    pub dtype: u32,
-    /// Scale (> 0).
-    pub scale: f32,
-    /// Offset (= -zero point).
-    pub offset: i32,
-}
-
-impl Fixed {
-    fn quantization(self) -> Quantization {
-        Quantization::PerTensor {
-            scale: self.scale,
-            offset: self.offset,
-        }
-    }
-}
 
 /// A value of the graph: a tensor name and its shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -267,6 +249,34 @@ impl Emitter {
     pub fn fully_connected(&mut self, x: &Val, w: &Val) -> Result<Val, QnnError> {
         let s = [x.shape[0], w.shape[0]];
         self.op("FullyConnected", &[], &[x, w], &s, None)
+    }
+
+    /// The W8A16 product `x W^T` (see [`crate::w8a16`]): `x [n, in]` quantized to `w.input`,
+    /// `FullyConnected` with `w`'s i8 values as a static tensor (one scale per output channel,
+    /// axis 0), output in `w.output`, read back as float `[n, out]`.
+    pub fn fully_connected_w8(&mut self, x: &Val, w: &W8Matrix) -> Result<Val, QnnError> {
+        let xq = self.quantize(x, w.input, None)?;
+        let name = self.fresh("w8");
+        let quant = Quantization::PerAxis {
+            axis: 0,
+            scale_offsets: w.scales.iter().map(|&s| (s, 0)).collect(),
+        };
+        let elem = Elem {
+            dtype: b::QNN_DATATYPE_SFIXED_POINT_8,
+            quant,
+        };
+        let shape = [w.rows as u32, w.cols as u32];
+        let bytes: &[u8] = bytemuck::cast_slice(&w.q);
+        let wv = self.create(name, TensorKind::Static, elem, &shape, Some(bytes))?;
+        let s = [x.shape[0], shape[0]];
+        let y = self.op_to(
+            "FullyConnected",
+            &[],
+            &[&xq, &wv],
+            (&s, Elem::fixed(w.output)),
+            None,
+        )?;
+        self.dequantize(&y)
     }
 
     /// `a b` (or `a b^T`) for 2-D operands.

@@ -8,25 +8,32 @@
 //! preparation) and returns the context binary. `htpkv generate --backend qnn --compiled FILE` then
 //! runs it with htpkv's KV manager feeding the K/V tensors.
 //!
-//! This first lowering is **float**: f32 inputs and outputs (K/V in f32, the mask additive in f32),
-//! f32 weights as static tensors, and HTP computing in fp16 ([`Precision::Fp16`]). The quantized
-//! lowering (u16 activations, per-channel i8 weights, the KV manager's u8/u16 encodings on the K/V
-//! tensors) is the next step.
+//! Precision: the graphs' inputs and outputs are f32 (the mask additive in f32), HTP computes in
+//! fp16 ([`Precision::Fp16`]) between the quantized pieces, and two things are quantized with
+//! htpkv's own calibrated encodings:
+//! * K/V ([`KvEncodings`]): u8/u16 inputs and outputs in exactly the encodings the KV manager
+//!   holds, past and new rows of a head sharing one (no requantization);
+//! * weights ([`W8A16`]): every matrix product reads u16 activations and the reference
+//!   executor's per-channel i8 weights and writes u16 ([`w8a16`]); or f32 weights.
 
 #![forbid(unsafe_code)]
 
-mod emit;
+pub mod calibrate;
+pub mod emit;
+mod encoding;
 pub mod llama;
+pub mod w8a16;
 
 use emit::Emitter;
-pub use emit::Fixed;
-pub use llama::{KvEncodings, Naming};
+pub use encoding::Fixed;
+pub use llama::{KvEncodings, Naming, PartSpec};
 use model::{LlamaConfig, WeightSource};
 pub use qnn_ffi::HtpTarget;
 use qnn_ffi::{
     Backend, Context, Device, GraphBuilder, GraphOptions, Precision, QnnError, QnnLibrary,
 };
 use std::sync::Arc;
+pub use w8a16::{W8A16, W8Matrix};
 
 /// Errors of [`compile`].
 #[derive(Debug, thiserror::Error)]
@@ -60,12 +67,50 @@ pub struct HtpOptions {
     pub naming: Naming,
     /// Fixed-point K/V encodings (htpkv's convention), or f32 K/V.
     pub kv: KvEncodings,
+    /// W8A16 matrix products ([`w8a16`]), or float weights.
+    pub weights: Option<Arc<W8A16>>,
+    /// The parts, in order, covering every layer ([`PartSpec::whole`] for one binary).
+    pub parts: Vec<PartSpec>,
 }
 
-/// The graph name of AR-`n` at context `s`, written by the naming's convention: `ar{n}_cl{s}`
-/// (htpkv), or AI Hub's `{token|prompt}_ar{n}_cl{s}_1_of_1` (one part).
-pub fn graph_name(naming: Naming, n: usize, s: usize) -> String {
-    naming.graph_name(n, s, graph_io::PartOf::default())
+/// The graph name of AR-`n` at context `s` in `part`, written by the naming's convention:
+/// `ar{n}_cl{s}` (htpkv), or AI Hub's `{token|prompt}_ar{n}_cl{s}_{i}_of_{N}`.
+pub fn graph_name(naming: Naming, n: usize, s: usize, part: &PartSpec) -> String {
+    let part = graph_io::PartOf {
+        index: part.index,
+        count: part.count,
+    };
+    naming.graph_name(n, s, part)
+}
+
+/// Why `parts` cannot be the parts of a model of `n_layers` layers in `naming` (`None`: they can).
+fn parts_refusal(parts: &[PartSpec], n_layers: usize, naming: Naming) -> Option<String> {
+    if parts.len() > 1 && naming != Naming::AiHub {
+        return Some("several parts are lowered in AI Hub's convention only".into());
+    }
+    let mut next = 0;
+    for (i, p) in parts.iter().enumerate() {
+        let first = i == 0;
+        let last = i + 1 == parts.len();
+        if p.index != i || p.count != parts.len() || p.layers.start != next {
+            return Some(format!(
+                "part {} is not part {} of {} from layer {next}",
+                p.index + 1,
+                i + 1,
+                parts.len()
+            ));
+        }
+        if first != p.hidden_in.is_none() || last != p.hidden_out.is_none() {
+            return Some(format!(
+                "part {} of {}: only the first takes token ids, only the last gives logits",
+                i + 1,
+                parts.len()
+            ));
+        }
+        next = p.layers.end;
+    }
+    (next != n_layers || parts.is_empty())
+        .then(|| format!("the parts run layers 0..{next}, the model has {n_layers}"))
 }
 
 fn check(c: &LlamaConfig, o: &HtpOptions) -> Result<(), CompileError> {
@@ -86,8 +131,15 @@ fn check(c: &LlamaConfig, o: &HtpOptions) -> Result<(), CompileError> {
         return bad("the executorch convention is not lowered to QNN operations".into());
     }
     if let Some(kv) = &o.kv {
-        if o.naming != Naming::Htpkv {
-            return bad("fixed-point K/V are lowered in htpkv's convention only (for now)".into());
+        let per_layer = |l: usize| &kv[l * c.n_kv_heads..(l + 1) * c.n_kv_heads];
+        if o.naming == Naming::AiHub
+            && kv.len() == c.n_layers * c.n_kv_heads
+            && let Some(l) =
+                (0..c.n_layers).find(|&l| per_layer(l).iter().any(|e| *e != kv[l * c.n_kv_heads]))
+        {
+            return bad(format!(
+                "AI Hub's K/V tensors hold a whole layer: the heads of layer {l} need one encoding"
+            ));
         }
         if kv.len() != c.n_layers * c.n_kv_heads {
             return bad(format!(
@@ -98,48 +150,125 @@ fn check(c: &LlamaConfig, o: &HtpOptions) -> Result<(), CompileError> {
             ));
         }
     }
+    if let Some(reason) = parts_refusal(&o.parts, c.n_layers, o.naming) {
+        return bad(reason);
+    }
     if c.layer_windows.iter().any(Option::is_some) {
         return bad("per-layer attention windows are not lowered to QNN yet".into());
     }
     Ok(())
 }
 
-/// Compiles every AR variant of `o` into one context on `lib` and returns its context binary;
-/// `progress(graph, done, total)` is called as each graph is finalized.
+/// Compiles every AR variant of every part of `o` on `lib` and returns one context binary per
+/// part; `progress(graph, done, total)` is called as each graph is finalized.
 pub fn compile(
     lib: &Arc<QnnLibrary>,
     c: &LlamaConfig,
     w: &dyn WeightSource,
     o: &HtpOptions,
     progress: &mut dyn FnMut(&str, usize, usize),
-) -> Result<Vec<u8>, CompileError> {
+) -> Result<Vec<Vec<u8>>, CompileError> {
     check(c, o)?;
-    let qnn = |graph: &str| {
-        let (graph, library) = (graph.to_string(), lib.path().to_path_buf());
-        move |source| CompileError::Qnn {
-            graph,
-            library,
-            source: Box::new(source),
+    let backend = Backend::new(lib, None).map_err(qnn_error(lib, ""))?;
+    let device = Device::with_htp_target(&backend, o.target).map_err(qnn_error(lib, ""))?;
+    let total = o.parts.len() * o.ar.len();
+    let mut binaries = Vec::with_capacity(o.parts.len());
+    for part in &o.parts {
+        let context = Context::create(&backend, device.as_ref()).map_err(qnn_error(lib, ""))?;
+        for (i, &n) in o.ar.iter().enumerate() {
+            let name = graph_name(o.naming, n, o.context, part);
+            compile_graph(&context, c, w, o, (n, part), &name)?;
+            progress(&name, binaries.len() * o.ar.len() + i + 1, total);
         }
-    };
-    let backend = Backend::new(lib, None).map_err(qnn(""))?;
-    let device = Device::with_htp_target(&backend, o.target).map_err(qnn(""))?;
-    let context = Context::create(&backend, device.as_ref()).map_err(qnn(""))?;
+        binaries.push(context.binary().map_err(qnn_error(lib, ""))?);
+    }
+    Ok(binaries)
+}
+
+/// Composes and finalizes the AR-`n` graph `name` of `part` in `context`.
+fn compile_graph(
+    context: &Arc<Context>,
+    c: &LlamaConfig,
+    w: &dyn WeightSource,
+    o: &HtpOptions,
+    (n, part): (usize, &PartSpec),
+    name: &str,
+) -> Result<(), CompileError> {
+    let lib = context.backend().library();
     let options = GraphOptions {
         precision: Precision::Fp16,
         optimization: None,
     };
-    for (i, &n) in o.ar.iter().enumerate() {
-        let name = graph_name(o.naming, n, o.context);
-        let g = GraphBuilder::new(&context, &name, options).map_err(qnn(&name))?;
-        let step = llama::Step {
-            n,
-            context: o.context,
-            naming: o.naming,
-        };
-        let e = llama::emit_step(c, w, Emitter::new(g), step, &o.kv).map_err(qnn(&name))?;
-        e.into_graph().finalize().map_err(qnn(&name))?;
-        progress(&name, i + 1, o.ar.len());
+    let g = GraphBuilder::new(context, name, options).map_err(qnn_error(lib, name))?;
+    let step = llama::Step {
+        n,
+        context: o.context,
+        naming: o.naming,
+        part,
+    };
+    let w8 = o.weights.as_deref();
+    let e =
+        llama::emit_step(c, w, Emitter::new(g), step, &o.kv, w8).map_err(qnn_error(lib, name))?;
+    e.into_graph().finalize().map_err(qnn_error(lib, name))
+}
+
+/// Wraps a QNN error of `graph` on `lib`.
+fn qnn_error(lib: &Arc<QnnLibrary>, graph: &str) -> impl FnOnce(QnnError) -> CompileError {
+    let (graph, library) = (graph.to_string(), lib.path().to_path_buf());
+    move |source| CompileError::Qnn {
+        graph,
+        library,
+        source: Box::new(source),
     }
-    context.binary().map_err(qnn(""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(index: usize, count: usize, layers: std::ops::Range<usize>) -> PartSpec {
+        PartSpec {
+            index,
+            count,
+            layers,
+            hidden_in: (index > 0).then(|| format!("h{index}")),
+            hidden_out: (index + 1 < count).then(|| format!("h{}", index + 1)),
+        }
+    }
+
+    #[test]
+    fn parts_must_cover_every_layer_in_order() {
+        let ok = [part(0, 3, 0..0), part(1, 3, 0..3), part(2, 3, 3..5)];
+        assert_eq!(parts_refusal(&ok, 5, Naming::AiHub), None);
+        let gap = [part(0, 2, 0..2), part(1, 2, 3..5)];
+        assert!(parts_refusal(&gap, 5, Naming::AiHub).is_some());
+        let short = [part(0, 2, 0..2), part(1, 2, 2..4)];
+        assert!(parts_refusal(&short, 5, Naming::AiHub).is_some());
+        let mut no_ids = ok.clone();
+        no_ids[0].hidden_in = Some("x".into());
+        assert!(parts_refusal(&no_ids, 5, Naming::AiHub).is_some());
+        assert!(parts_refusal(&[], 5, Naming::AiHub).is_some());
+    }
+
+    #[test]
+    fn several_parts_need_ai_hubs_names() {
+        let two = [part(0, 2, 0..2), part(1, 2, 2..5)];
+        let why = parts_refusal(&two, 5, Naming::Htpkv).unwrap();
+        assert!(why.contains("AI Hub"), "{why}");
+        assert_eq!(parts_refusal(&[PartSpec::whole(5)], 5, Naming::Htpkv), None);
+    }
+
+    #[test]
+    fn graph_names_carry_the_part_in_ai_hubs_convention() {
+        let p = part(1, 3, 0..3);
+        assert_eq!(
+            graph_name(Naming::AiHub, 1, 64, &p),
+            "token_ar1_cl64_2_of_3"
+        );
+        assert_eq!(
+            graph_name(Naming::AiHub, 8, 64, &p),
+            "prompt_ar8_cl64_2_of_3"
+        );
+        assert_eq!(graph_name(Naming::Htpkv, 8, 64, &p), "ar8_cl64");
+    }
 }

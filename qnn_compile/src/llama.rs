@@ -12,12 +12,15 @@
 //! head `h / kv_mul` with the additive mask, the output projection and residual, the SwiGLU FFN
 //! and residual, the final RMSNorm and the classifier (the embedding when tied).
 
-use crate::emit::{Emitter, Fixed, Val};
+use crate::emit::{Emitter, Val};
+use crate::encoding::Fixed;
+use crate::w8a16::W8A16;
 use graph_io::{KvIo, KvTensor, TensorKind};
 use model::ops::Rope;
 use model::{LayerTensor as L, LlamaConfig, RopePairing, Tensor, WeightSource};
 use qnn_ffi::QnnError;
 use qnn_ffi::bindings as b;
+use std::ops::Range;
 
 /// The IO convention of the graphs (tensor names, K/V granularity and layout, positions):
 /// [`Preset::Htpkv`] (see the module docs: per-head K/V rows, position ids) or [`Preset::AiHub`]
@@ -43,19 +46,52 @@ fn kv_name(
     })
 }
 
+/// One part of a (possibly split) model: the layers it runs, where its rows come from and what it
+/// ends with. Each part is its own context binary; parts pass the hidden state `[1, n, dim]` (f32)
+/// under the names given here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartSpec {
+    /// 0-based index.
+    pub index: usize,
+    /// Number of parts.
+    pub count: usize,
+    /// The layers it runs (empty: the embedding only, AI Hub's part 1).
+    pub layers: Range<usize>,
+    /// `None`: token ids through the embedding; `Some(name)`: the hidden state input `name`.
+    pub hidden_in: Option<String>,
+    /// `None`: the final RMSNorm and the logits; `Some(name)`: the hidden state output `name`.
+    pub hidden_out: Option<String>,
+}
+
+impl PartSpec {
+    /// The whole model as one part.
+    pub fn whole(n_layers: usize) -> PartSpec {
+        PartSpec {
+            index: 0,
+            count: 1,
+            layers: 0..n_layers,
+            hidden_in: None,
+            hidden_out: None,
+        }
+    }
+}
+
 /// What the emitter needs of one AR variant.
 #[derive(Debug, Clone, Copy)]
-pub struct Step {
+pub struct Step<'a> {
     /// Tokens per step.
     pub n: usize,
     /// Context length (columns of the mask).
     pub context: usize,
     /// The IO convention.
     pub naming: Naming,
+    /// The part of the model.
+    pub part: &'a PartSpec,
 }
 
 /// Fixed-point K/V: the encoding of each (layer, KV head), `[l * n_kv_heads + h]`, keys then
-/// values; `None`: f32 K/V.
+/// values (in AI Hub's convention, whose K/V tensors hold a whole layer, every head of a layer
+/// has the layer's encoding); `None`: f32 K/V.
 pub type KvEncodings = Option<Vec<(Fixed, Fixed)>>;
 
 /// A layer's per-layer past K/V inputs (AI Hub's convention only).
@@ -71,6 +107,7 @@ struct Lowering<'a> {
     past: u32,
     naming: Naming,
     kv: &'a KvEncodings,
+    w8: Option<&'a W8A16>,
 }
 
 fn u(v: usize) -> u32 {
@@ -107,8 +144,19 @@ impl<'a> Lowering<'a> {
     }
 
     fn linear(&mut self, x: &Val, w: Tensor, bias: Option<Tensor>) -> Result<Val, QnnError> {
-        let wv = self.weight(w)?;
-        let y = self.e.fully_connected(x, &wv)?;
+        let y = match self.w8 {
+            Some(w8) => {
+                let m = w8.matrices.get(&w).ok_or_else(|| QnnError::InvalidTensor {
+                    tensor: w.to_string(),
+                    reason: "missing from the i8 weights".into(),
+                })?;
+                self.e.fully_connected_w8(x, m)?
+            }
+            None => {
+                let wv = self.weight(w)?;
+                self.e.fully_connected(x, &wv)?
+            }
+        };
         match bias {
             Some(bt) if self.c.qkv_bias => {
                 let bv = self.weight(bt)?;
@@ -146,15 +194,49 @@ impl<'a> Lowering<'a> {
         self.e.slice(x, 1, u(h) * d, u(h + 1) * d)
     }
 
+    /// A K/V input: fixed point in `enc` (read as float), or f32.
+    fn kv_input(&mut self, name: &str, enc: Option<Fixed>, shape: &[u32]) -> Result<Val, QnnError> {
+        match enc {
+            Some(enc) => self.e.input_dequantized(name, enc, shape),
+            None => self.e.input(name, b::QNN_DATATYPE_FLOAT_32, shape),
+        }
+    }
+
+    /// A K/V output `name` of `shape` from `v`: quantized to `enc`, or f32.
+    fn kv_output(
+        &mut self,
+        v: &Val,
+        name: &str,
+        enc: Option<Fixed>,
+        shape: &[u32],
+    ) -> Result<(), QnnError> {
+        match enc {
+            Some(enc) => {
+                let r = self.e.reshape(v, shape, None)?;
+                self.e.quantize(&r, enc, Some(name))?
+            }
+            None => self.e.reshape(v, shape, Some(name))?,
+        };
+        Ok(())
+    }
+
+    /// `rows` as the queries see them once stored: read back from `enc` (so AR-n equals n AR-1
+    /// steps), or unchanged for f32 K/V.
+    fn as_stored(&mut self, rows: &Val, enc: Option<Fixed>) -> Result<Val, QnnError> {
+        match enc {
+            Some(enc) => {
+                let q = self.e.quantize(rows, enc, None)?;
+                self.e.dequantize(&q)
+            }
+            None => Ok(rows.clone()),
+        }
+    }
+
     /// Past rows of a K/V input `[1, 1, S-n, D]` (dequantized from `enc`) followed by the
     /// step's new rows `[n, D]`.
     fn window(&mut self, name: &str, new: &Val, enc: Option<Fixed>) -> Result<Val, QnnError> {
         let d = u(self.c.head_dim);
-        let shape = [1, 1, self.past, d];
-        let past = match enc {
-            Some(enc) => self.e.input_dequantized(name, enc, &shape)?,
-            None => self.e.input(name, b::QNN_DATATYPE_FLOAT_32, &shape)?,
-        };
+        let past = self.kv_input(name, enc, &[1, 1, self.past, d])?;
         let past = self.e.reshape(&past, &[self.past, d], None)?;
         self.e.concat(&[&past, new], 0)
     }
@@ -168,14 +250,8 @@ impl<'a> Lowering<'a> {
     /// queries of this step see them: read back from `enc`, so AR-n equals n AR-1 steps.
     fn new_rows(&mut self, rows: &Val, name: &str, enc: Option<Fixed>) -> Result<Val, QnnError> {
         let (n, d) = (self.n, u(self.c.head_dim));
-        let Some(enc) = enc else {
-            self.e.reshape(rows, &[1, 1, n, d], Some(name))?;
-            return Ok(rows.clone());
-        };
-        let shaped = self.e.reshape(rows, &[1, 1, n, d], None)?;
-        self.e.quantize(&shaped, enc, Some(name))?;
-        let q = self.e.quantize(rows, enc, None)?;
-        self.e.dequantize(&q)
+        self.kv_output(rows, name, enc, &[1, 1, n, d])?;
+        self.as_stored(rows, enc)
     }
 
     /// Head `h` of a per-layer K/V input (`[H, 1, a, b]`) as `[a, b]`.
@@ -221,6 +297,8 @@ impl<'a> Lowering<'a> {
             }
             Naming::AiHub => {
                 let (pk, pv) = layer.past.as_ref().expect("per-layer inputs");
+                let (ke, ve) = self.kv_encoding(l, 0).unzip();
+                let (kh, vh) = (&self.as_stored(kh, ke)?, &self.as_stored(vh, ve)?);
                 let kt = self.e.transpose(kh, &[1, 0])?;
                 let past_k = self.layer_head(pk, h)?;
                 let keys_t = self.e.concat(&[&past_k, &kt], 1)?;
@@ -248,17 +326,19 @@ impl<'a> Lowering<'a> {
         }
         let k = self.e.concat(&kt.iter().collect::<Vec<_>>(), 0)?;
         let v = self.e.concat(&vr.iter().collect::<Vec<_>>(), 0)?;
-        self.e.reshape(
+        let (ke, ve) = self.kv_encoding(l, 0).unzip();
+        self.kv_output(
             &k,
+            &kv_name(self.naming, KvIo::New, TensorKind::Key, l, None),
+            ke,
             &[h, 1, d, n],
-            Some(&kv_name(self.naming, KvIo::New, TensorKind::Key, l, None)),
         )?;
-        self.e.reshape(
+        self.kv_output(
             &v,
+            &kv_name(self.naming, KvIo::New, TensorKind::Value, l, None),
+            ve,
             &[h, 1, n, d],
-            Some(&kv_name(self.naming, KvIo::New, TensorKind::Value, l, None)),
-        )?;
-        Ok(())
+        )
     }
 
     /// AI Hub's per-layer past inputs, created once per layer.
@@ -267,15 +347,15 @@ impl<'a> Lowering<'a> {
             return Ok(LayerKv { past: None });
         }
         let (h, d, p) = (u(self.c.n_kv_heads), u(self.c.head_dim), self.past);
-        let f = b::QNN_DATATYPE_FLOAT_32;
-        let pk = self.e.input(
+        let (ke, ve) = self.kv_encoding(l, 0).unzip();
+        let pk = self.kv_input(
             &kv_name(self.naming, KvIo::Past, TensorKind::Key, l, None),
-            f,
+            ke,
             &[h, 1, d, p],
         )?;
-        let pv = self.e.input(
+        let pv = self.kv_input(
             &kv_name(self.naming, KvIo::Past, TensorKind::Value, l, None),
-            f,
+            ve,
             &[h, 1, p, d],
         )?;
         Ok(LayerKv {
@@ -394,23 +474,56 @@ impl<'a> Lowering<'a> {
         Ok((rows(&cos)?, rows(&sin)?))
     }
 
-    fn emit(&mut self, step: Step) -> Result<(), QnnError> {
-        let c = self.c;
-        let (n, s) = (self.n, u(step.context));
-        let ids = self.e.input("input_ids", b::QNN_DATATYPE_INT_32, &[1, n])?;
-        let mask = self
-            .e
-            .input("attention_mask", b::QNN_DATATYPE_FLOAT_32, &[1, 1, n, s])?;
-        let mask = self.e.reshape(&mask, &[n, s], None)?;
-        let cs = self.rope_rows(step.context)?;
-        let emb = self.weight(Tensor::TokenEmbedding)?;
-        let x = self.e.gather_rows(&emb, &ids)?;
-        let mut x = self.e.reshape(&x, &[n, u(c.dim)], None)?;
-        for l in 0..c.n_layers {
-            x = self.attention(l, &x, &mask, &cs)?;
-            x = self.ffn(l, &x)?;
+    fn emit(&mut self, step: Step<'_>) -> Result<(), QnnError> {
+        let (c, part) = (self.c, step.part);
+        let (n, dim) = (self.n, u(c.dim));
+        let mut x = match &part.hidden_in {
+            None => self.embed()?,
+            Some(name) => {
+                let h = self.e.input(name, b::QNN_DATATYPE_FLOAT_32, &[1, n, dim])?;
+                self.e.reshape(&h, &[n, dim], None)?
+            }
+        };
+        if !part.layers.is_empty() {
+            let s = u(step.context);
+            let mask = self
+                .e
+                .input("attention_mask", b::QNN_DATATYPE_FLOAT_32, &[1, 1, n, s])?;
+            let mask = self.e.reshape(&mask, &[n, s], None)?;
+            let cs = self.rope_rows(step.context)?;
+            for l in part.layers.clone() {
+                x = self.attention(l, &x, &mask, &cs)?;
+                x = self.ffn(l, &x)?;
+            }
         }
-        let xn = self.rmsnorm(&x, Tensor::OutputNorm)?;
+        match &part.hidden_out {
+            Some(name) => self.e.reshape(&x, &[1, n, dim], Some(name))?,
+            None => self.logits(&x)?,
+        };
+        Ok(())
+    }
+
+    /// The `input_ids` input through the embedding, `[n, dim]`.
+    fn embed(&mut self) -> Result<Val, QnnError> {
+        let c = self.c;
+        let ids = self
+            .e
+            .input("input_ids", b::QNN_DATATYPE_INT_32, &[1, self.n])?;
+        let emb = match self.w8 {
+            Some(w8) => {
+                let shape = [u(c.vocab_size), u(c.dim)];
+                self.e.constant("embedding", &shape, &w8.embedding)?
+            }
+            None => self.weight(Tensor::TokenEmbedding)?,
+        };
+        let x = self.e.gather_rows(&emb, &ids)?;
+        self.e.reshape(&x, &[self.n, u(c.dim)], None)
+    }
+
+    /// The final RMSNorm and the classifier (the embedding when tied): output `logits`.
+    fn logits(&mut self, x: &Val) -> Result<Val, QnnError> {
+        let c = self.c;
+        let xn = self.rmsnorm(x, Tensor::OutputNorm)?;
         let cls = if c.tied_output {
             Tensor::TokenEmbedding
         } else {
@@ -418,18 +531,19 @@ impl<'a> Lowering<'a> {
         };
         let logits = self.linear(&xn, cls, None)?;
         self.e
-            .reshape(&logits, &[1, n, u(c.vocab_size)], Some("logits"))?;
-        Ok(())
+            .reshape(&logits, &[1, self.n, u(c.vocab_size)], Some("logits"))
     }
 }
 
-/// Emits the AR-`step.n` graph of model `c` with weights `w` into `e` (see the module docs).
+/// Emits the AR-`step.n` graph of model `c` with weights `w` into `e` (see the module docs); with
+/// `w8`, every matrix product is W8A16 ([`crate::w8a16`]).
 pub fn emit_step(
     c: &LlamaConfig,
     w: &dyn WeightSource,
     e: Emitter,
-    step: Step,
+    step: Step<'_>,
     kv: &KvEncodings,
+    w8: Option<&W8A16>,
 ) -> Result<Emitter, QnnError> {
     let mut lw = Lowering {
         c,
@@ -439,6 +553,7 @@ pub fn emit_step(
         past: u(step.context - step.n),
         naming: step.naming,
         kv,
+        w8,
     };
     lw.emit(step)?;
     Ok(lw.e)

@@ -237,17 +237,21 @@ impl Drop for Backend {
 pub struct Device {
     backend: Arc<Backend>,
     handle: b::Qnn_DeviceHandle_t,
+    /// The configs the device was created with: a backend may keep pointers into them, so they
+    /// live as long as the device (dropped after `deviceFree`).
+    _configs: Option<Box<dyn std::fmt::Debug>>,
 }
 
-// SAFETY: see `Log`.
+// SAFETY: see `Log`; the kept configs are never touched from Rust after `deviceCreate` (only the
+// backend may read them), so sharing the device across threads shares no Rust-side access.
 unsafe impl Send for Device {}
-// SAFETY: see `Log`.
+// SAFETY: as for `Send`.
 unsafe impl Sync for Device {}
 
 impl Device {
     /// Creates the default device of `backend`, `Ok(None)` when the backend has none.
     pub fn new(backend: &Arc<Backend>) -> Result<Option<Arc<Device>>, QnnError> {
-        Device::create_with(backend, std::ptr::null_mut())
+        Device::create_with(backend, std::ptr::null_mut(), None)
     }
 
     /// Creates a device with `configs`: NULL, or a NULL-terminated array whose entries stay
@@ -255,6 +259,7 @@ impl Device {
     pub(crate) fn create_with(
         backend: &Arc<Backend>,
         configs: *mut *const b::QnnDevice_Config_t,
+        keep: Option<Box<dyn std::fmt::Debug>>,
     ) -> Result<Option<Arc<Device>>, QnnError> {
         let lib = &backend.lib;
         let Some(create) = lib.table().deviceCreate else {
@@ -273,6 +278,7 @@ impl Device {
         Ok(Some(Arc::new(Device {
             backend: backend.clone(),
             handle,
+            _configs: keep,
         })))
     }
 

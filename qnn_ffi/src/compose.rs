@@ -154,7 +154,9 @@ impl Device {
                 customConfig: c.cast(),
             },
         });
-        Device::create_with(backend, list.as_ptr())
+        let configs = list.as_ptr();
+        // The list's boxes do not move when it does: the pointers stay valid in the device.
+        Device::create_with(backend, configs, Some(Box::new(list)))
     }
 }
 

@@ -9,7 +9,7 @@ use quant::{DataType, QuantSpec, ScaleOffset};
 use crate::calibrate::calibrate;
 use crate::error::CompileError;
 use crate::exec::Graph;
-use crate::model::{ActSite, LayerData, Matrix, ModelData, graph_window};
+use crate::model::{ActSite, I8Matrix, LayerData, Matrix, ModelData, graph_window};
 use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS};
 use crate::parts::Part;
 use crate::types::WeightType;
@@ -174,6 +174,21 @@ impl CompiledModel {
             return None;
         }
         self.data.act(layer, site)
+    }
+
+    /// The i8 weights of matrix `t` as the executor multiplies them: a layer's `Q`, `K`, `V`,
+    /// `O`, `Gate`, `Up`, `Down`, the embedding table (`TokenEmbedding`, also the classifier of a
+    /// tied model) or the classifier (`Output`). `None` for float weights,
+    /// a tensor that is not a matrix, or a part that does not hold it.
+    pub fn i8_matrix(&self, t: Tensor) -> Option<I8Matrix<'_>> {
+        let d = &self.data;
+        let m = match t {
+            Tensor::TokenEmbedding => d.embedding.as_ref(),
+            Tensor::Output => d.classifier.as_ref(),
+            Tensor::Layer(l, lt) => d.layer(l).and_then(|x| x.matrix(lt)),
+            Tensor::OutputNorm => None,
+        };
+        m.and_then(Matrix::as_i8)
     }
 
     /// The static i16 encoding of the classifier input (`None` for float weights).

@@ -79,6 +79,20 @@ pub(crate) fn act_index(layer: usize, site: ActSite) -> usize {
 /// activations are i16, so `|product| <= 127 * 32768`.)
 pub const I32_CHUNK: usize = 516;
 
+/// An i8 weight matrix as the executor holds it: row-major `rows x cols` values `q`, symmetric,
+/// one scale per row (output channel), `w[r][c] = q[r][c] * scales[r]`, `q` in `[-127, 127]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct I8Matrix<'a> {
+    /// Rows (output channels).
+    pub rows: usize,
+    /// Columns (input channels).
+    pub cols: usize,
+    /// Values, row-major.
+    pub q: &'a [i8],
+    /// One scale per row.
+    pub scales: &'a [f32],
+}
+
 /// A weight matrix, row-major `(rows, cols)`, `y = W x`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Matrix {
@@ -133,6 +147,25 @@ impl Matrix {
             scales,
             q,
             row_sums,
+        }
+    }
+
+    /// The i8 form of an i8 matrix (`None` for float weights).
+    pub(crate) fn as_i8(&self) -> Option<I8Matrix<'_>> {
+        match self {
+            Matrix::I8 {
+                rows,
+                cols,
+                scales,
+                q,
+                ..
+            } => Some(I8Matrix {
+                rows: *rows,
+                cols: *cols,
+                q,
+                scales,
+            }),
+            Matrix::Float { .. } => None,
         }
     }
 
@@ -389,7 +422,7 @@ impl LayerData {
         LayerTensor::VBias,
     ];
 
-    fn matrix(&self, t: LayerTensor) -> Option<&Matrix> {
+    pub(crate) fn matrix(&self, t: LayerTensor) -> Option<&Matrix> {
         let i = Self::MATRICES.iter().position(|&m| m == t)?;
         self.matrices.get(i)
     }
@@ -471,7 +504,7 @@ impl ModelData {
     }
 
     /// Layer `l`'s weights, if this model (part) holds them.
-    fn layer(&self, l: usize) -> Option<&LayerData> {
+    pub(crate) fn layer(&self, l: usize) -> Option<&LayerData> {
         self.layers.get(l.checked_sub(self.first_layer)?)
     }
 

@@ -8,13 +8,18 @@ use anyhow::{Context, bail};
 use htpkv::engine::{DEFAULT_MAX_CONTEXT, OpenedModel};
 use model::fsio::AtomicDir;
 use model::fsio::{FileKind, check_output, read_capped, write_atomic_verified};
-use qnn_compile::{Fixed, HtpOptions, HtpTarget, KvEncodings, Naming, graph_name};
+use model::{LayerTensor, LlamaConfig, Tensor, WeightSource};
+use qnn_compile::w8a16::{output_encoding, u16_from_i16};
+use qnn_compile::{
+    Fixed, HtpOptions, HtpTarget, KvEncodings, Naming, PartSpec, W8A16, W8Matrix, graph_name,
+};
 use qnn_ffi::dtype_to_qnn;
 use qnn_ffi::{QnnLibrary, QnnSystemLibrary, SystemContext};
 use quant::DataType;
-use quant::Encoding;
-use ref_backend::WeightType;
+use quant::{Encoding, ScaleOffset};
+use ref_backend::{ActSite, CompiledModel, WeightType};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Options of the reference target that the HTP lowering does not take (yet), refused by name.
@@ -23,14 +28,14 @@ fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
     if args.kv_dtype == Some(DataType::F16) {
         bad.push("--kv-dtype f16 (u8, u16 or f32)");
     }
-    if args.kv_dtype.is_some_and(|d| d != DataType::F32) && args.convention == Naming::AiHub {
-        bad.push("--kv-dtype u8/u16 with --convention aihub (fixed-point K/V: htpkv's convention)");
+    if args.weights.is_some_and(|w| w == WeightType::F16) {
+        bad.push("--weights f16 (f32, run in fp16, or i8: W8A16)");
     }
-    if args.weights.is_some_and(|w| w != WeightType::F32) {
-        bad.push("--weights (the HTP lowering's weights are f32, run in fp16)");
+    if args.parts.is_some_and(|p| p != 1) && args.convention != Naming::AiHub {
+        bad.push("--parts without --convention aihub (parts are AI Hub bundles)");
     }
-    if args.parts.is_some_and(|p| p != 1) || !args.contexts.is_empty() {
-        bad.push("--parts/--contexts (one binary, one context length)");
+    if !args.contexts.is_empty() {
+        bad.push("--contexts (one context length)");
     }
     if args.convention == Naming::ExecuTorch {
         bad.push("--convention executorch (htpkv or aihub)");
@@ -38,8 +43,8 @@ fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
     if args.kv_zero_point.is_some() || !args.layer_window.is_empty() {
         bad.push("--kv-zero-point/--layer-window");
     }
-    if args.calibration_prompts.is_some() {
-        bad.push("--calibration-prompts (a float graph needs no calibration)");
+    if args.calibration_prompts.is_some() && reference_options(args, 2).is_none() {
+        bad.push("--calibration-prompts without --kv-dtype u8/u16 or --weights i8 (nothing to calibrate)");
     }
     if args.tokenizer_json.is_some() && args.convention != Naming::AiHub {
         bad.push("--tokenizer-json (for an aihub bundle)");
@@ -107,105 +112,195 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         },
         naming,
         kv: None,
+        weights: None,
+        parts: parts(args, opened.config.n_layers)?,
     };
     let started = Instant::now();
+    let reference = calibrated(args, &opened, context)?;
     let opts = HtpOptions {
-        kv: kv_encodings(args, &opened, context)?,
+        kv: kv_encodings(reference.as_ref(), &opened.config, naming)?,
         ..opts
     };
-    let binary = opened.with_weights(|w| {
-        qnn_compile::compile(&lib, &opened.config, w, &opts, &mut |g, done, total| {
-            eprintln!(
-                "prepared graph {g} ({done}/{total}) in {:.1?}",
-                started.elapsed()
-            )
-        })
+    let binaries = opened.with_weights(|w| -> anyhow::Result<Vec<Vec<u8>>> {
+        let opts = HtpOptions {
+            weights: w8a16(reference.as_ref(), &opened.config, w, context)?.map(Arc::new),
+            ..opts.clone()
+        };
+        let binaries =
+            qnn_compile::compile(&lib, &opened.config, w, &opts, &mut |g, done, total| {
+                eprintln!(
+                    "prepared graph {g} ({done}/{total}) in {:.1?}",
+                    started.elapsed()
+                )
+            })?;
+        Ok(binaries)
     })??;
-    let names: Vec<String> = (args.ar.iter())
-        .map(|&n| graph_name(naming, n, context))
-        .collect();
+    let names = |p: &PartSpec| -> Vec<String> {
+        (args.ar.iter())
+            .map(|&n| graph_name(naming, n, context, p))
+            .collect()
+    };
     let written = match &tokenizer {
         None => {
-            write_atomic_verified(&args.out, &binary, &inputs, &mut |tmp| {
+            let names = names(&opts.parts[0]);
+            write_atomic_verified(&args.out, &binaries[0], &inputs, &mut |tmp| {
                 verify(&backend, tmp, &names).map_err(Into::into)
             })?;
-            args.out.clone()
+            vec![args.out.clone()]
         }
-        Some(tok) => write_bundle(
-            args,
-            &opened,
-            context,
-            (&binary, tok),
-            &inputs,
-            &mut |tmp| verify(&backend, tmp, &names),
-        )?,
+        Some(tok) => {
+            let files: Vec<_> = binaries.iter().zip(&opts.parts).collect();
+            write_bundle(
+                args,
+                &opened,
+                context,
+                (&files, tok),
+                &inputs,
+                &mut |tmp, p| verify(&backend, tmp, &names(p)),
+            )?
+        }
     };
+    let all: Vec<String> = opts.parts.iter().flat_map(names).collect();
     crate::output::to_stdout(|out| {
+        let bytes: usize = binaries.iter().map(Vec::len).sum();
+        let files: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
         writeln!(
             out,
-            "wrote {} ({} bytes) in {:.2?}: a QNN context binary from {} with graphs {}",
-            written.display(),
-            binary.len(),
+            "wrote {} ({bytes} bytes) in {:.2?}: QNN context binaries from {} with graphs {}",
+            files.join(", "),
             started.elapsed(),
             backend.display(),
-            names.join(", ")
+            all.join(", ")
         )
     })
 }
 
-/// The Genie bundle of one part in `args.out`, written whole (a temporary directory renamed into
-/// place); the binary is verified before it counts. Returns the binary's path.
+/// The parts `--parts N [--split aihub|balanced]` cut the model into (AI Hub's convention), or the
+/// whole model.
+fn parts(args: &CompileArgs, n_layers: usize) -> anyhow::Result<Vec<PartSpec>> {
+    let Some(count) = args.parts else {
+        return Ok(vec![PartSpec::whole(n_layers)]);
+    };
+    let split = ref_backend::Split::from_name(&args.split).unwrap_or_default();
+    let parts =
+        ref_backend::Part::split_as(n_layers, count, true, ref_backend::Preset::AiHub, split)
+            .map_err(|reason| anyhow::anyhow!("--parts: {reason}"))?;
+    Ok(parts
+        .iter()
+        .map(|p| PartSpec {
+            index: p.index,
+            count: p.count,
+            layers: p.layers.clone(),
+            hidden_in: (!p.is_first()).then(|| p.hidden_in_name()),
+            hidden_out: (!p.is_last()).then(|| p.hidden_out_name()),
+        })
+        .collect())
+}
+
+/// The Genie bundle of `binaries` (one per part, with the part) in `args.out`, written whole (a
+/// temporary directory renamed into place); each binary is verified before it counts. Returns
+/// the binaries' paths.
 fn write_bundle(
     args: &CompileArgs,
     opened: &OpenedModel,
     context: usize,
-    (binary, tokenizer): (&[u8], &[u8]),
+    (binaries, tokenizer): (&[(&Vec<u8>, &PartSpec)], &[u8]),
     inputs: &[&Path],
-    verify: &mut dyn FnMut(&Path) -> Result<(), String>,
-) -> anyhow::Result<PathBuf> {
+    verify: &mut dyn FnMut(&Path, &PartSpec) -> Result<(), String>,
+) -> anyhow::Result<Vec<PathBuf>> {
     let stem = opened
         .path
         .file_stem()
         .map_or("model".into(), |s| s.to_string_lossy());
-    let name = format!("{stem}_part_1_of_1.bin");
     let out = AtomicDir::create(&args.out, inputs)?;
-    out.write(&name, binary)?;
-    verify(&out.path_of(&name)).map_err(|e| anyhow::anyhow!("verifying {name}: {e}"))?;
+    let mut names = Vec::with_capacity(binaries.len());
+    for (binary, part) in binaries {
+        let name = format!("{stem}_part_{}_of_{}.bin", part.index + 1, part.count);
+        out.write(&name, binary)?;
+        verify(&out.path_of(&name), part).map_err(|e| anyhow::anyhow!("verifying {name}: {e}"))?;
+        names.push(name);
+    }
     out.write("tokenizer.json", tokenizer)?;
-    let config = genie_config(&opened.config, context, std::slice::from_ref(&name));
+    let config = genie_config(&opened.config, context, &names);
     let text = serde_json::to_string_pretty(&config)?;
     out.write("genie_config.json", text.as_bytes())?;
     out.commit()?;
-    Ok(args.out.join(name))
+    Ok(names.iter().map(|n| args.out.join(n)).collect())
 }
 
-/// With `--kv-dtype u8|u16`: htpkv's calibrated K/V encodings, one per (layer, KV head) shared by
-/// the past and new tensors, exactly as the reference executor and the KV manager use them
-/// (calibration by the f32 forward over the built-in prompts, as `compile` does).
-fn kv_encodings(
+/// The reference executor's options when something must be calibrated (`--kv-dtype u8|u16`
+/// or `--weights i8`), else `None`: its K/V type and weights are the ones asked for.
+fn reference_options(args: &CompileArgs, context: usize) -> Option<ref_backend::CompileOptions> {
+    let kv = args
+        .kv_dtype
+        .filter(|d| matches!(d, DataType::U8 | DataType::U16));
+    let i8 = args.weights == Some(WeightType::I8);
+    if kv.is_none() && !i8 {
+        return None;
+    }
+    let mut opts = super::compile_options(args, context);
+    opts.kv_dtype = kv.unwrap_or(DataType::F32);
+    opts.weights = if i8 { WeightType::I8 } else { WeightType::F32 };
+    Some(opts)
+}
+
+/// The reference executor compiled as [`reference_options`] says (calibration by the f32 forward
+/// over the built-in prompts or `--calibration-prompts`, as `compile` does): the one source of
+/// the HTP graphs' K/V encodings, i8 weights and matrix input encodings.
+fn calibrated(
     args: &CompileArgs,
     opened: &OpenedModel,
     context: usize,
-) -> anyhow::Result<KvEncodings> {
-    let dtype = match args.kv_dtype {
-        Some(d @ (DataType::U8 | DataType::U16)) => d,
-        _ => return Ok(None),
+) -> anyhow::Result<Option<CompiledModel>> {
+    let Some(opts) = reference_options(args, context) else {
+        return Ok(None);
     };
-    let mut opts = super::compile_options(args, context);
-    opts.weights = WeightType::F32;
-    let calibration = htpkv::engine::calibration_sequences(&*opened.codec, &opened.chat)?;
-    eprintln!("calibrating the {dtype} K/V encodings ...");
+    let calibration = super::calibration_sequences(args, opened)?;
+    eprintln!(
+        "calibrating (K/V {}, weights {}) ...",
+        opts.kv_dtype,
+        opts.weights.name()
+    );
+    let started = Instant::now();
     let model = opened.compile(&opts, &calibration, &mut |_| {})?;
-    let c = &opened.config;
-    let fixed = |l: usize, h: usize, value: bool| -> anyhow::Result<Fixed> {
+    eprintln!("calibrated in {:.1?}", started.elapsed());
+    Ok(Some(model))
+}
+
+/// With fixed-point K/V: the calibrated K/V encodings, shared by the past and new tensors: one
+/// per (layer, KV head) in htpkv's convention, exactly as the reference executor and the KV
+/// manager use them; in AI Hub's, whose K/V tensors hold a whole layer, one per layer covering
+/// the union of its heads' calibrated ranges (QNN's activations take one encoding per tensor).
+fn kv_encodings(
+    model: Option<&CompiledModel>,
+    c: &LlamaConfig,
+    naming: Naming,
+) -> anyhow::Result<KvEncodings> {
+    let Some(model) = model.filter(|m| m.options().kv_dtype != DataType::F32) else {
+        return Ok(None);
+    };
+    let spec = |l: usize, h: usize, value: bool| -> anyhow::Result<(DataType, ScaleOffset)> {
         match model.kv_spec(l, h, value).map(|s| (s.dtype, &s.encoding)) {
-            Some((d, Encoding::PerTensor(so))) => Ok(Fixed {
-                dtype: dtype_to_qnn(d),
-                scale: so.scale,
-                offset: so.offset,
-            }),
+            Some((d, Encoding::PerTensor(so))) => Ok((d, *so)),
             other => anyhow::bail!("layer {l} head {h}: no per-tensor K/V encoding ({other:?})"),
         }
+    };
+    let fixed = |l: usize, h: usize, value: bool| -> anyhow::Result<Fixed> {
+        let (dtype, so) = match naming {
+            // ExecuTorch is refused before any work.
+            Naming::Htpkv | Naming::ExecuTorch => spec(l, h, value)?,
+            Naming::AiHub => {
+                let heads: Vec<_> = (0..c.n_kv_heads)
+                    .map(|h| spec(l, h, value))
+                    .collect::<anyhow::Result<_>>()?;
+                layer_encoding(&heads)?
+            }
+        };
+        Ok(Fixed {
+            dtype: dtype_to_qnn(dtype),
+            scale: so.scale,
+            offset: so.offset,
+        })
     };
     let mut v = Vec::with_capacity(c.n_layers * c.n_kv_heads);
     for l in 0..c.n_layers {
@@ -214,4 +309,89 @@ fn kv_encodings(
         }
     }
     Ok(Some(v))
+}
+
+/// One encoding of `heads`' type whose range covers each head's (asymmetric, as calibrated).
+fn layer_encoding(heads: &[(DataType, ScaleOffset)]) -> anyhow::Result<(DataType, ScaleOffset)> {
+    let dtype = heads[0].0;
+    let (qmin, qmax) = dtype.integer_range().context("a float K/V type")?;
+    let (lo, hi) = heads.iter().fold((0f32, 0f32), |(lo, hi), (_, so)| {
+        let real = |q: i32| (q + so.offset) as f32 * so.scale;
+        (lo.min(real(qmin)), hi.max(real(qmax)))
+    });
+    let so = ScaleOffset::from_range(lo, hi, dtype, quant::Symmetry::Asymmetric)?;
+    Ok((dtype, so))
+}
+
+/// With `--weights i8`: the reference executor's i8 matrices and matrix input encodings, and
+/// output encodings from the ranges the f32 forward shows on the same calibration sequences.
+fn w8a16(
+    model: Option<&CompiledModel>,
+    c: &LlamaConfig,
+    w: &dyn WeightSource,
+    context: usize,
+) -> anyhow::Result<Option<W8A16>> {
+    let Some(model) = model.filter(|m| m.options().weights == WeightType::I8) else {
+        return Ok(None);
+    };
+    let started = Instant::now();
+    let ranges = qnn_compile::calibrate::linear_ranges(c, w, model.calibration(), context)?;
+    eprintln!("matrix output ranges in {:.1?}", started.elapsed());
+    let mut out = W8A16::default();
+    for (t, input) in w8_products(model, c) {
+        let m = model
+            .i8_matrix(t)
+            .with_context(|| format!("the reference model has no i8 matrix {t}"))?;
+        let input = input.with_context(|| format!("no input encoding for {t}"))?;
+        let range = *ranges
+            .get(&t)
+            .with_context(|| format!("{t} never ran in calibration"))?;
+        out.matrices.insert(
+            t,
+            W8Matrix {
+                rows: m.rows,
+                cols: m.cols,
+                q: m.q.to_vec(),
+                scales: m.scales.to_vec(),
+                input: u16_from_i16(input.scale, input.offset),
+                output: output_encoding(range),
+            },
+        );
+    }
+    let e = model
+        .i8_matrix(Tensor::TokenEmbedding)
+        .context("the reference model has no i8 embedding")?;
+    out.embedding =
+        e.q.chunks_exact(e.cols)
+            .zip(e.scales)
+            .flat_map(|(row, &s)| row.iter().map(move |&q| f32::from(q) * s))
+            .collect();
+    Ok(Some(out))
+}
+
+/// Every matrix product of `c` with the static encoding of its input.
+fn w8_products(model: &CompiledModel, c: &LlamaConfig) -> Vec<(Tensor, Option<ScaleOffset>)> {
+    use LayerTensor as L;
+    let mut v = Vec::new();
+    for l in 0..c.n_layers {
+        let enc = |s| model.activation_encoding(l, s);
+        for (t, s) in [
+            (L::Q, ActSite::AttnIn),
+            (L::K, ActSite::AttnIn),
+            (L::V, ActSite::AttnIn),
+            (L::O, ActSite::AttnOut),
+            (L::Gate, ActSite::FfnIn),
+            (L::Up, ActSite::FfnIn),
+            (L::Down, ActSite::FfnMid),
+        ] {
+            v.push((Tensor::Layer(l, t), enc(s)));
+        }
+    }
+    let cls = if c.tied_output {
+        Tensor::TokenEmbedding
+    } else {
+        Tensor::Output
+    };
+    v.push((cls, model.classifier_input_encoding()));
+    v
 }

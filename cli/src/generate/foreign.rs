@@ -249,10 +249,10 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
     }
     if args.stats {
         eprintln!(
-            "convention {convention_name}, {} binaries: prefill {:.1} tok/s, decode {:.1} tok/s",
+            "convention {convention_name}, {} binaries: prefill {}, decode {}",
             m.binaries.len(),
-            stats.prefill_tokens_per_second(),
-            stats.decode_tokens_per_second()
+            super::rate(stats.prefill_tokens_per_second()),
+            super::rate(stats.decode_tokens_per_second())
         );
     }
     Ok(())
