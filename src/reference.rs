@@ -1,37 +1,8 @@
 //! The in-process reference backend: `ref_backend`'s CPU executor behind the [`Backend`] trait.
 
-use crate::backend::{
-    Backend, BackendError, GraphDesc, InputBuffer, IoRole, IoTensor, OutputBuffer,
-};
-use ref_backend::{CompiledModel, TensorDesc, TensorRole};
+use crate::backend::{Backend, BackendError, GraphDesc, InputBuffer, OutputBuffer};
+use ref_backend::CompiledModel;
 use std::sync::Arc;
-
-/// Converts a reference-backend tensor description into the runtime's.
-pub fn io_tensor(t: &TensorDesc) -> IoTensor {
-    let role = match t.role {
-        TensorRole::InputIds => IoRole::InputIds,
-        TensorRole::Positions => IoRole::Positions,
-        TensorRole::Mask => IoRole::Mask,
-        TensorRole::PastKey => IoRole::PastKey,
-        TensorRole::PastValue => IoRole::PastValue,
-        TensorRole::NewKey => IoRole::NewKey,
-        TensorRole::NewValue => IoRole::NewValue,
-        TensorRole::Logits => IoRole::Logits,
-        TensorRole::RopeCos => IoRole::RopeCos,
-        TensorRole::RopeSin => IoRole::RopeSin,
-        TensorRole::HiddenIn => IoRole::HiddenIn,
-        TensorRole::HiddenOut => IoRole::HiddenOut,
-    };
-    IoTensor {
-        name: t.name.clone(),
-        role,
-        layer: t.layer.map(|l| l as usize),
-        head: t.head.map(|h| h as usize),
-        shape: t.shape.clone(),
-        dtype: t.dtype,
-        quant: t.quant_spec(),
-    }
-}
 
 /// Graph descriptions of a compiled model.
 pub fn graph_descs(model: &CompiledModel) -> Vec<GraphDesc> {
@@ -40,8 +11,8 @@ pub fn graph_descs(model: &CompiledModel) -> Vec<GraphDesc> {
         .iter()
         .map(|g| GraphDesc {
             name: g.name().to_string(),
-            inputs: g.inputs().iter().map(io_tensor).collect(),
-            outputs: g.outputs().iter().map(io_tensor).collect(),
+            inputs: g.inputs().to_vec(),
+            outputs: g.outputs().to_vec(),
             part: Default::default(),
             mask: Default::default(),
         })
@@ -99,49 +70,6 @@ impl Backend for ReferenceBackend {
     }
 }
 
-/// The runtime's role of an encoder-decoder graph tensor, from its name.
-fn encdec_role(name: &str) -> Option<(IoRole, Option<kv_manager::KvTensor>)> {
-    use kv_manager::{KvIo, KvTensor, TensorKind};
-    let fixed = match name {
-        "source_ids" => Some(IoRole::SourceIds),
-        "input_ids" => Some(IoRole::InputIds),
-        "positions" => Some(IoRole::Positions),
-        "attention_mask" => Some(IoRole::Mask),
-        "logits" => Some(IoRole::Logits),
-        _ => None,
-    };
-    if let Some(role) = fixed {
-        return Some((role, None));
-    }
-    let t = KvTensor::parse(name)?;
-    let role = match (t.io, t.kind) {
-        (KvIo::Past, TensorKind::Key) => IoRole::PastKey,
-        (KvIo::Past, TensorKind::Value) => IoRole::PastValue,
-        (KvIo::New, TensorKind::Key) => IoRole::NewKey,
-        (KvIo::New, TensorKind::Value) => IoRole::NewValue,
-        (KvIo::Cross, TensorKind::Key) => IoRole::CrossKey,
-        (KvIo::Cross, TensorKind::Value) => IoRole::CrossValue,
-    };
-    Some((role, Some(t)))
-}
-
-fn encdec_tensor(t: &ref_backend::encdec::GraphTensor) -> Result<IoTensor, BackendError> {
-    let (role, kv) = encdec_role(&t.name).ok_or_else(|| BackendError {
-        backend: "reference",
-        message: format!("encoder-decoder tensor `{}` has no known role", t.name),
-        source: None,
-    })?;
-    Ok(IoTensor {
-        name: t.name.clone(),
-        role,
-        layer: kv.map(|k| k.layer),
-        head: kv.and_then(|k| k.head),
-        shape: t.shape.clone(),
-        dtype: t.dtype,
-        quant: t.quant.clone(),
-    })
-}
-
 /// The reference executor of an encoder-decoder model ([`ref_backend::encdec`]) in this process:
 /// its encoder graph and decoder graphs, for [`crate::Session::encode`] and the usual steps.
 #[derive(Debug, Clone)]
@@ -151,27 +79,20 @@ pub struct EncDecReference {
 }
 
 impl EncDecReference {
-    /// Wraps a compiled encoder-decoder model.
-    pub fn new(model: Arc<ref_backend::encdec::EncDecCompiled>) -> Result<Self, BackendError> {
-        let mut graphs = Vec::new();
-        for g in model.graphs() {
-            graphs.push(GraphDesc {
+    /// Wraps a compiled encoder-decoder model (its graphs come described with their roles).
+    pub fn new(model: Arc<ref_backend::encdec::EncDecCompiled>) -> Self {
+        let graphs = model
+            .graphs()
+            .iter()
+            .map(|g| GraphDesc {
                 name: g.name.clone(),
-                inputs: g
-                    .inputs
-                    .iter()
-                    .map(encdec_tensor)
-                    .collect::<Result<_, _>>()?,
-                outputs: g
-                    .outputs
-                    .iter()
-                    .map(encdec_tensor)
-                    .collect::<Result<_, _>>()?,
+                inputs: g.inputs.clone(),
+                outputs: g.outputs.clone(),
                 part: Default::default(),
                 mask: Default::default(),
-            });
-        }
-        Ok(EncDecReference { model, graphs })
+            })
+            .collect();
+        EncDecReference { model, graphs }
     }
 }
 

@@ -54,7 +54,7 @@ fn strategies() -> Vec<Strategy> {
 }
 
 fn session(model: &Arc<EncDecCompiled>, strategy: Strategy) -> Session<EncDecReference> {
-    let backend = EncDecReference::new(model.clone()).unwrap();
+    let backend = EncDecReference::new(model.clone());
     Session::new(backend, strategy, &HostAllocator::default()).unwrap()
 }
 

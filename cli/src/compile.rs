@@ -14,7 +14,7 @@ use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::DataType;
 use ref_backend::{
     CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS, Granularity, KLayout,
-    Naming, Progress, WeightType,
+    Preset, Progress, WeightType,
 };
 
 /// Arguments of `htpkv compile`.
@@ -74,8 +74,8 @@ pub struct CompileArgs {
     /// `kv_forward` / `prefill_forward`: one context length, at most one AR-n variant beside
     /// AR-1, no parts). `aihub` and `executorch` imply `--granularity per_layer --k-layout
     /// transposed`.
-    #[arg(long, default_value = "htpkv", value_parser = ["htpkv", "aihub", "executorch"])]
-    convention: String,
+    #[arg(long, default_value = "htpkv", value_parser = parse_preset)]
+    convention: Preset,
     /// Cut the model into N parts of consecutive layers and write a Genie bundle (`--out` is
     /// then a directory).
     #[arg(long, value_name = "N")]
@@ -138,6 +138,14 @@ fn parse_kv_zero_point(s: &str) -> Result<u32, String> {
     }
 }
 
+/// A `--convention` value: the conventions the compiler writes.
+fn parse_preset(s: &str) -> Result<Preset, String> {
+    s.parse().map_err(|_| {
+        let names: Vec<String> = Preset::ALL.iter().map(ToString::to_string).collect();
+        format!("expected one of {}", names.join(", "))
+    })
+}
+
 fn parse_from_str<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, String> {
     s.parse()
 }
@@ -176,17 +184,17 @@ fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<
 
 /// True when the output is a Genie bundle (`--parts` or `--convention aihub`).
 fn is_bundle(args: &CompileArgs) -> bool {
-    args.convention == "aihub" || args.parts.is_some()
+    args.convention == Preset::AiHub || args.parts.is_some()
 }
 
 /// Refuses what the executorch convention's names cannot express, with the reason
 /// `CompiledModel::with_naming` would give.
 fn check_executorch(args: &CompileArgs) -> anyhow::Result<()> {
-    if args.convention != "executorch" {
+    if args.convention != Preset::ExecuTorch {
         return Ok(());
     }
     let parts = args.parts.unwrap_or(1);
-    if let Some(reason) = Naming::ExecuTorch.refusal(parts, false, &args.ar) {
+    if let Some(reason) = ref_backend::naming_refusal(Preset::ExecuTorch, parts, false, &args.ar) {
         bail!("--convention executorch: {reason}");
     }
     if args.parts.is_some() {
@@ -274,7 +282,7 @@ fn check_contexts(args: &CompileArgs, config: &model::LlamaConfig) -> anyhow::Re
 fn check_parts(args: &CompileArgs, n_layers: usize) -> anyhow::Result<()> {
     let split = ref_backend::Split::from_name(&args.split).unwrap_or_default();
     if split == ref_backend::Split::AiHub {
-        if args.convention != "aihub" {
+        if args.convention != Preset::AiHub {
             bail!(
                 "--split aihub names the hidden state as AI Hub does: it needs --convention aihub"
             );
@@ -286,8 +294,8 @@ fn check_parts(args: &CompileArgs, n_layers: usize) -> anyhow::Result<()> {
         }
     }
     if let Some(n) = args.parts {
-        let naming = ref_backend::Naming::AiHub;
-        ref_backend::Part::split_as(n_layers, n, args.convention == "aihub", naming, split)
+        let tables = args.convention == Preset::AiHub;
+        ref_backend::Part::split_as(n_layers, n, tables, Preset::AiHub, split)
             .map_err(|reason| anyhow::anyhow!("--parts: {reason}"))?;
     }
     Ok(())
@@ -310,8 +318,8 @@ fn write_output(
         model
     };
     let renamed;
-    let model = if args.convention == "executorch" {
-        renamed = model.with_naming(Naming::ExecuTorch)?;
+    let model = if args.convention == Preset::ExecuTorch {
+        renamed = model.with_naming(Preset::ExecuTorch)?;
         &renamed
     } else {
         model
@@ -330,7 +338,7 @@ fn write_output(
     let spec = bundle::BundleSpec {
         parts: args.parts.unwrap_or(1),
         split,
-        rope_tables: args.convention == "aihub",
+        rope_tables: args.convention == Preset::AiHub,
         tokenizer: &tokenizer,
         stem: stem.as_deref().unwrap_or("model"),
         contexts: &args.contexts,
@@ -396,7 +404,7 @@ fn compile_options(args: &CompileArgs, context: usize) -> CompileOptions {
     opts.kv_dtype = args.kv_dtype();
     opts.weights = args.weights.unwrap_or(WeightType::I8);
     // AI Hub's and ExecuTorch's conventions: per-layer K/V tensors with K transposed.
-    (opts.k_layout, opts.granularity) = if args.convention != "htpkv" {
+    (opts.k_layout, opts.granularity) = if args.convention != Preset::Htpkv {
         (KLayout::Transposed, Granularity::PerLayer)
     } else {
         (args.k_layout, args.granularity)

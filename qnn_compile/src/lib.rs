@@ -73,17 +73,14 @@ pub struct HtpOptions {
     pub parts: Vec<PartSpec>,
 }
 
-/// The graph name of AR-`n` at context `s` in `part`: `ar{n}_cl{s}` (htpkv), or AI Hub's
-/// `{token|prompt}_ar{n}_cl{s}_{i}_of_{N}`.
+/// The graph name of AR-`n` at context `s` in `part`, written by the naming's convention:
+/// `ar{n}_cl{s}` (htpkv), or AI Hub's `{token|prompt}_ar{n}_cl{s}_{i}_of_{N}`.
 pub fn graph_name(naming: Naming, n: usize, s: usize, part: &PartSpec) -> String {
-    match naming {
-        Naming::Htpkv => format!("ar{n}_cl{s}"),
-        Naming::AiHub => {
-            let phase = if n > 1 { "prompt" } else { "token" };
-            let (i, count) = (part.index + 1, part.count);
-            format!("{phase}_ar{n}_cl{s}_{i}_of_{count}")
-        }
-    }
+    let part = graph_io::PartOf {
+        index: part.index,
+        count: part.count,
+    };
+    naming.graph_name(n, s, part)
 }
 
 /// Why `parts` cannot be the parts of a model of `n_layers` layers in `naming` (`None`: they can).
@@ -129,6 +126,9 @@ fn check(c: &LlamaConfig, o: &HtpOptions) -> Result<(), CompileError> {
             "context {} is longer than the model's {}",
             o.context, c.context_length
         ));
+    }
+    if o.naming == Naming::ExecuTorch {
+        return bad("the executorch convention is not lowered to QNN operations".into());
     }
     if let Some(kv) = &o.kv {
         let per_layer = |l: usize| &kv[l * c.n_kv_heads..(l + 1) * c.n_kv_heads];

@@ -15,23 +15,35 @@
 use crate::emit::{Emitter, Val};
 use crate::encoding::Fixed;
 use crate::w8a16::W8A16;
+use graph_io::{KvIo, KvTensor, TensorKind};
 use model::ops::Rope;
 use model::{LayerTensor as L, LlamaConfig, RopePairing, Tensor, WeightSource};
 use qnn_ffi::QnnError;
 use qnn_ffi::bindings as b;
 use std::ops::Range;
 
-/// The IO convention of the graphs (tensor names, K/V granularity and layout, positions).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Naming {
-    /// htpkv's own (see the module docs): per-head K/V rows, position ids.
-    #[default]
-    Htpkv,
-    /// Qualcomm AI Hub's (what Genie runs): `position_ids_cos`/`position_ids_sin` `[1, 1, n, D/2]`
-    /// inputs the runtime computes, per-layer K/V `past_key_{l}_in [H, 1, D, S-n]` (keys
-    /// transposed), `past_value_{l}_in [H, 1, S-n, D]`, outputs `past_key_{l}_out [H, 1, D, n]`,
-    /// `past_value_{l}_out [H, 1, n, D]`.
-    AiHub,
+/// The IO convention of the graphs (tensor names, K/V granularity and layout, positions):
+/// [`Preset::Htpkv`] (see the module docs: per-head K/V rows, position ids) or [`Preset::AiHub`]
+/// (what Genie runs: `position_ids_cos`/`position_ids_sin` `[1, 1, n, D/2]` inputs the runtime
+/// computes, per-layer K/V `past_key_{l}_in [H, 1, D, S-n]` (keys transposed),
+/// `past_value_{l}_in [H, 1, S-n, D]`, outputs `past_key_{l}_out [H, 1, D, n]`,
+/// `past_value_{l}_out [H, 1, n, D]`). ExecuTorch's is refused before lowering.
+pub use graph_io::Preset as Naming;
+
+/// The name of a K/V tensor (`head` per head) under `naming`, written by its convention.
+fn kv_name(
+    naming: Naming,
+    io: KvIo,
+    kind: TensorKind,
+    layer: usize,
+    head: Option<usize>,
+) -> String {
+    naming.kv_name(&KvTensor {
+        io,
+        kind,
+        layer,
+        head,
+    })
 }
 
 /// One part of a (possibly split) model: the layers it runs, where its rows come from and what it
@@ -259,12 +271,28 @@ impl<'a> Lowering<'a> {
         layer: &LayerKv,
     ) -> Result<(Val, bool, Val), QnnError> {
         match self.naming {
-            Naming::Htpkv => {
+            Naming::Htpkv | Naming::ExecuTorch => {
                 let (ke, ve) = self.kv_encoding(l, h).unzip();
-                let kh = self.new_rows(kh, &format!("new_key_{l}_{h}"), ke)?;
-                let vh = self.new_rows(vh, &format!("new_value_{l}_{h}"), ve)?;
-                let keys = self.window(&format!("past_key_{l}_{h}"), &kh, ke)?;
-                let values = self.window(&format!("past_value_{l}_{h}"), &vh, ve)?;
+                let kh = self.new_rows(
+                    kh,
+                    &kv_name(self.naming, KvIo::New, TensorKind::Key, l, Some(h)),
+                    ke,
+                )?;
+                let vh = self.new_rows(
+                    vh,
+                    &kv_name(self.naming, KvIo::New, TensorKind::Value, l, Some(h)),
+                    ve,
+                )?;
+                let keys = self.window(
+                    &kv_name(self.naming, KvIo::Past, TensorKind::Key, l, Some(h)),
+                    &kh,
+                    ke,
+                )?;
+                let values = self.window(
+                    &kv_name(self.naming, KvIo::Past, TensorKind::Value, l, Some(h)),
+                    &vh,
+                    ve,
+                )?;
                 Ok((keys, false, values))
             }
             Naming::AiHub => {
@@ -299,8 +327,18 @@ impl<'a> Lowering<'a> {
         let k = self.e.concat(&kt.iter().collect::<Vec<_>>(), 0)?;
         let v = self.e.concat(&vr.iter().collect::<Vec<_>>(), 0)?;
         let (ke, ve) = self.kv_encoding(l, 0).unzip();
-        self.kv_output(&k, &format!("past_key_{l}_out"), ke, &[h, 1, d, n])?;
-        self.kv_output(&v, &format!("past_value_{l}_out"), ve, &[h, 1, n, d])
+        self.kv_output(
+            &k,
+            &kv_name(self.naming, KvIo::New, TensorKind::Key, l, None),
+            ke,
+            &[h, 1, d, n],
+        )?;
+        self.kv_output(
+            &v,
+            &kv_name(self.naming, KvIo::New, TensorKind::Value, l, None),
+            ve,
+            &[h, 1, n, d],
+        )
     }
 
     /// AI Hub's per-layer past inputs, created once per layer.
@@ -310,8 +348,16 @@ impl<'a> Lowering<'a> {
         }
         let (h, d, p) = (u(self.c.n_kv_heads), u(self.c.head_dim), self.past);
         let (ke, ve) = self.kv_encoding(l, 0).unzip();
-        let pk = self.kv_input(&format!("past_key_{l}_in"), ke, &[h, 1, d, p])?;
-        let pv = self.kv_input(&format!("past_value_{l}_in"), ve, &[h, 1, p, d])?;
+        let pk = self.kv_input(
+            &kv_name(self.naming, KvIo::Past, TensorKind::Key, l, None),
+            ke,
+            &[h, 1, d, p],
+        )?;
+        let pv = self.kv_input(
+            &kv_name(self.naming, KvIo::Past, TensorKind::Value, l, None),
+            ve,
+            &[h, 1, p, d],
+        )?;
         Ok(LayerKv {
             past: Some((pk, pv)),
         })

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use model::llama2c::ModelFiles;
 use quant::DataType;
-use ref_backend::{CompileOptions, TensorRole, WeightType, compile, mask_value_bytes};
+use ref_backend::{CompileOptions, IoRole, WeightType, compile, mask_value_bytes};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (ckpt, tok) = ModelFiles::discover(None)?.load()?;
@@ -32,7 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .iter()
                 .map(|d| {
                     let mut b = vec![0u8; d.byte_size()];
-                    if d.role == TensorRole::Mask {
+                    if d.role == IoRole::Mask {
                         let v = mask_value_bytes(d.dtype, true);
                         for c in b.chunks_exact_mut(v.len()) {
                             c.copy_from_slice(&v);

@@ -63,7 +63,7 @@ struct Observers {
     head_dim: usize,
     /// i16 matmul inputs, [`act_index`] order (empty unless weights are i8).
     act: Vec<MinMaxObserver>,
-    /// KV, `(layer * n_kv_heads + head) * 2 + (0 K | 1 V)` (empty unless KV is fixed point).
+    /// KV, in buffer order ([`graph_io::buffer_index`]; empty unless KV is fixed point).
     kv: Vec<KvObserver>,
 }
 
@@ -80,13 +80,13 @@ impl Tap for Observers {
         if let Some(o) = act.and_then(|i| self.act.get_mut(i)) {
             o.observe(values);
         }
-        let value = match site {
-            Site::Key => false,
-            Site::Value => true,
+        let kind = match site {
+            Site::Key => graph_io::TensorKind::Key,
+            Site::Value => graph_io::TensorKind::Value,
             _ => return,
         };
         for (h, head) in values.chunks_exact(self.head_dim).enumerate() {
-            let i = (layer * self.n_kv_heads + h) * 2 + usize::from(value);
+            let i = graph_io::buffer_index(layer, h, kind, self.n_kv_heads);
             if let Some(o) = self.kv.get_mut(i) {
                 o.observe(head);
             }

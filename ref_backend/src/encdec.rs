@@ -27,7 +27,18 @@ use model::ops::{Rope, attend};
 use model::{NoTap, Tensor, WeightSource};
 use quant::{DataType, Encoding, QuantSpec, ScaleOffset, Symmetry};
 
+use graph_io::{IoRole, IoTensor, KvIo, KvTensor, TensorKind};
+
 use crate::{CompileError, ExecError};
+
+/// K or V of a buffer.
+fn kind_of(value: bool) -> TensorKind {
+    if value {
+        TensorKind::Value
+    } else {
+        TensorKind::Key
+    }
+}
 
 /// What to compile.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,26 +51,6 @@ pub struct EncDecOptions {
     pub cross_dtype: DataType,
 }
 
-/// One graph tensor.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GraphTensor {
-    /// Name (`past_key_0_1`, `cross_value_1_0`, `logits`, ...).
-    pub name: String,
-    /// Dimensions, outermost first.
-    pub shape: Vec<usize>,
-    /// Element type.
-    pub dtype: DataType,
-    /// Encoding (`None` for i32 tensors).
-    pub quant: Option<QuantSpec>,
-}
-
-impl GraphTensor {
-    /// Bytes of the whole tensor.
-    pub fn byte_size(&self) -> usize {
-        self.shape.iter().product::<usize>() * self.dtype.size_bytes()
-    }
-}
-
 /// One static graph: the encoder (`ar == None`) or a decoder AR variant.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EncDecGraph {
@@ -68,9 +59,9 @@ pub struct EncDecGraph {
     /// n of a decoder graph; `None` for the encoder.
     pub ar: Option<usize>,
     /// Inputs, in order.
-    pub inputs: Vec<GraphTensor>,
+    pub inputs: Vec<IoTensor>,
     /// Outputs, in order.
-    pub outputs: Vec<GraphTensor>,
+    pub outputs: Vec<IoTensor>,
 }
 
 /// The compiled encoder-decoder model.
@@ -79,18 +70,30 @@ pub struct EncDecCompiled {
     config: EncDecConfig,
     weights: Arc<EncDecWeights>,
     context: usize,
-    /// Per buffer (`(layer * kv_heads + head) * 2 + K|V`).
+    /// Per buffer ([`graph_io::buffer_index`] order).
     cross: Vec<QuantSpec>,
     graphs: Vec<EncDecGraph>,
 }
 
-fn tensor(name: String, shape: Vec<usize>, quant: Option<QuantSpec>) -> GraphTensor {
-    let dtype = quant.as_ref().map_or(DataType::I32, |q| q.dtype);
-    GraphTensor {
-        name,
+/// A non-K/V tensor of `role` (i32 without an encoding).
+fn tensor(name: &str, role: IoRole, shape: Vec<usize>, quant: Option<QuantSpec>) -> IoTensor {
+    IoTensor {
+        name: name.into(),
+        role,
+        layer: None,
+        head: None,
+        dtype: quant.as_ref().map_or(DataType::I32, |q| q.dtype),
         shape,
-        dtype,
         quant,
+    }
+}
+
+/// The per-head K/V tensor `t`.
+fn kv_tensor(t: KvTensor, shape: Vec<usize>, quant: QuantSpec) -> IoTensor {
+    IoTensor {
+        layer: Some(t.layer),
+        head: t.head,
+        ..tensor(&t.name(), IoRole::kv(t.io, t.kind), shape, Some(quant))
     }
 }
 
@@ -201,8 +204,8 @@ fn for_each_cross_row(d: &model::LlamaConfig, kv: &CrossKv, mut f: impl FnMut(us
     for l in 0..d.n_layers {
         let (keys, values) = kv.layer(l);
         for h in 0..d.n_kv_heads {
-            for (kind, data) in [keys, values].into_iter().enumerate() {
-                let b = (l * d.n_kv_heads + h) * 2 + kind;
+            for (value, data) in [(false, keys), (true, values)] {
+                let b = graph_io::buffer_index(l, h, kind_of(value), d.n_kv_heads);
                 for t in 0..kv.rows {
                     f(b, &data[t * kvd + h * hd..t * kvd + (h + 1) * hd]);
                 }
@@ -225,29 +228,36 @@ impl EncDecCompiled {
     /// The encoding of cross buffer (layer, head, K|V).
     pub fn cross_encoding(&self, layer: usize, head: usize, value: bool) -> &QuantSpec {
         let h = self.config.decoder.n_kv_heads;
-        &self.cross[(layer * h + head) * 2 + usize::from(value)]
+        &self.cross[graph_io::buffer_index(layer, head, kind_of(value), h)]
     }
 
-    fn kv_names(&self, prefix: &str) -> Vec<(String, usize, usize, bool)> {
+    /// The per-head K/V tensors of side `io`, in buffer order.
+    fn kv_tensors(&self, io: KvIo) -> Vec<KvTensor> {
         let d = &self.config.decoder;
         let mut out = Vec::new();
-        for l in 0..d.n_layers {
+        for layer in 0..d.n_layers {
             for h in 0..d.n_kv_heads {
-                for (kind, value) in [("key", false), ("value", true)] {
-                    out.push((format!("{prefix}_{kind}_{l}_{h}"), l, h, value));
+                for kind in [TensorKind::Key, TensorKind::Value] {
+                    out.push(KvTensor {
+                        io,
+                        kind,
+                        layer,
+                        head: Some(h),
+                    });
                 }
             }
         }
         out
     }
 
-    fn cross_tensors(&self) -> Vec<GraphTensor> {
+    fn cross_tensors(&self) -> Vec<IoTensor> {
         let (e, hd) = (self.config.source_len, self.config.decoder.head_dim);
-        self.kv_names("cross")
+        self.kv_tensors(KvIo::Cross)
             .into_iter()
-            .map(|(name, l, h, v)| {
-                let q = self.cross_encoding(l, h, v).clone();
-                tensor(name, vec![1, 1, e, hd], Some(q))
+            .map(|t| {
+                // A per-head tensor's position is its buffer index.
+                let q = &self.cross[t.position(self.config.decoder.n_kv_heads)];
+                kv_tensor(t, vec![1, 1, e, hd], q.clone())
             })
             .collect()
     }
@@ -257,32 +267,34 @@ impl EncDecCompiled {
         EncDecGraph {
             name: format!("encoder_e{e}"),
             ar: None,
-            inputs: vec![tensor("source_ids".into(), vec![1, e], None)],
+            inputs: vec![tensor("source_ids", IoRole::SourceIds, vec![1, e], None)],
             outputs: self.cross_tensors(),
         }
     }
 
     fn describe_decoder(&self, n: usize) -> EncDecGraph {
         let (s, d) = (self.context, &self.config.decoder);
-        let kv = |prefix: &str, rows: usize| -> Vec<GraphTensor> {
-            self.kv_names(prefix)
+        let kv = |io: KvIo, rows: usize| -> Vec<IoTensor> {
+            self.kv_tensors(io)
                 .into_iter()
-                .map(|(name, ..)| tensor(name, vec![1, 1, rows, d.head_dim], Some(f32_spec())))
+                .map(|t| kv_tensor(t, vec![1, 1, rows, d.head_dim], f32_spec()))
                 .collect()
         };
         let mut inputs = vec![
-            tensor("input_ids".into(), vec![1, n], None),
-            tensor("positions".into(), vec![1, n], None),
-            tensor("attention_mask".into(), vec![1, 1, n, s], Some(f32_spec())),
+            tensor("input_ids", IoRole::InputIds, vec![1, n], None),
+            tensor("positions", IoRole::Positions, vec![1, n], None),
+            tensor(
+                &graph_io::mask_name(None),
+                IoRole::Mask,
+                vec![1, 1, n, s],
+                Some(f32_spec()),
+            ),
         ];
-        inputs.extend(kv("past", s - n));
+        inputs.extend(kv(KvIo::Past, s - n));
         inputs.extend(self.cross_tensors());
-        let mut outputs = vec![tensor(
-            "logits".into(),
-            vec![1, n, d.vocab_size],
-            Some(f32_spec()),
-        )];
-        outputs.extend(kv("new", n));
+        let logits = vec![1, n, d.vocab_size];
+        let mut outputs = vec![tensor("logits", IoRole::Logits, logits, Some(f32_spec()))];
+        outputs.extend(kv(KvIo::New, n));
         EncDecGraph {
             name: format!("ar{n}_cl{s}"),
             ar: Some(n),
@@ -516,19 +528,17 @@ impl Kernels for StepKernels<'_, '_, '_> {
         let (w, n) = (self.window, q.len() / qd);
         let s = w + n;
         for kh in 0..c.n_kv_heads {
-            let unit = layer * c.n_kv_heads + kh;
+            let kb = graph_io::buffer_index(layer, kh, TensorKind::Key, c.n_kv_heads);
+            let vb = graph_io::buffer_index(layer, kh, TensorKind::Value, c.n_kv_heads);
             // Past window rows then the new rows: key/value row t of the mask's column t.
-            let mut keys = read_f32(self.past[2 * unit]);
-            let mut values = read_f32(self.past[2 * unit + 1]);
+            let mut keys = read_f32(self.past[kb]);
+            let mut values = read_f32(self.past[vb]);
             for i in 0..n {
                 let (kr, vr) = (&k[i * kvd + kh * hd..][..hd], &v[i * kvd + kh * hd..][..hd]);
                 keys.extend_from_slice(kr);
                 values.extend_from_slice(vr);
-                write_f32(kr, &mut self.new[2 * unit][i * hd * 4..(i + 1) * hd * 4]);
-                write_f32(
-                    vr,
-                    &mut self.new[2 * unit + 1][i * hd * 4..(i + 1) * hd * 4],
-                );
+                write_f32(kr, &mut self.new[kb][i * hd * 4..(i + 1) * hd * 4]);
+                write_f32(vr, &mut self.new[vb][i * hd * 4..(i + 1) * hd * 4]);
             }
             for i in 0..n {
                 let mask = &self.mask[i * s..(i + 1) * s];

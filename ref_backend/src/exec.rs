@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use kv_manager::{KvIo, KvTensor, TensorKind};
+use graph_io::{IoTensor, KvIo, KvTensor, TensorKind};
 use model::forward::{self, Activations, Input, Kernels, Output, Pass, Positions};
 use model::ops::Rope;
 use model::{NoTap, Tensor};
@@ -15,7 +15,7 @@ use crate::error::ExecError;
 use crate::kernels;
 use crate::model::{MASKED_AT_OR_BELOW, Matrix, ModelData, mask_encoding};
 use crate::parts::Part;
-use crate::types::{Granularity, KLayout, TensorDesc};
+use crate::types::{Granularity, KLayout};
 
 mod attention;
 
@@ -176,8 +176,8 @@ pub struct Graph {
     name: String,
     ar: usize,
     context: usize,
-    inputs: Vec<TensorDesc>,
-    outputs: Vec<TensorDesc>,
+    inputs: Vec<IoTensor>,
+    outputs: Vec<IoTensor>,
     model: Arc<ModelData>,
     part: Part,
     rope: Rope,
@@ -388,25 +388,25 @@ impl Graph {
     }
 
     /// The attention window of `layer` in this graph (`None`: global), which selects its mask
-    /// input ([`kv_manager::mask_name`]).
+    /// input ([`graph_io::mask_name`]).
     pub fn layer_window(&self, layer: usize) -> Option<usize> {
         self.model.graph_window(layer)
     }
 
     /// Input descriptions, in buffer order.
-    pub fn inputs(&self) -> &[TensorDesc] {
+    pub fn inputs(&self) -> &[IoTensor] {
         &self.inputs
     }
 
     /// Output descriptions, in buffer order.
-    pub fn outputs(&self) -> &[TensorDesc] {
+    pub fn outputs(&self) -> &[IoTensor] {
         &self.outputs
     }
 
     /// Runs the graph once.
     ///
     /// `inputs[i]` / `outputs[i]` are the bytes of `self.inputs()[i]` / `self.outputs()[i]`
-    /// (little endian, exactly [`TensorDesc::byte_size`] bytes each). Validation happens before
+    /// (little endian, exactly [`IoTensor::byte_size`] bytes each). Validation happens before
     /// anything is written: wrong counts, wrong byte lengths (naming the tensor), token ids
     /// outside the vocabulary and negative positions are errors. Past-window rows whose mask
     /// column is masked for every query are never read as numbers, so their bytes do not

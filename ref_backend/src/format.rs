@@ -18,7 +18,7 @@
 //! `CALB` (the calibration token sequences), `ENCS` (i16 activation encodings, KV encodings),
 //! `PART` (part index u64 and count u64 of the parts [`crate::Part::split_named`] makes — 0 and 1
 //! for the whole model —, RoPE-table flag u8, naming u8: 0 htpkv, 1 aihub, 2 executorch, which
-//! must fit the options, [`crate::Naming::refusal`]; then, only for AI Hub's split
+//! must fit the options, [`crate::naming_refusal`]; then, only for AI Hub's split
 //! ([`crate::Split::AiHub`]: part 1 the embedding alone), a split byte 1), `WGTS` (the weights the part's graphs use:
 //! the embedding when [`crate::Part::holds_embedding`], then per layer of the part the f32 vectors attention norm, FFN norm, Q/K/V biases
 //! (empty without biases) as u64 count + f32 values and the matrices Q, K, V, O, gate, up,
@@ -57,8 +57,9 @@ use crate::compile::{CompiledModel, validate_options};
 use crate::error::FormatError;
 use crate::model::{LayerData, Matrix, ModelData};
 use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS, kv_code, kv_from_code};
-use crate::parts::{Naming, Part, Split, check_naming};
-use crate::types::{Granularity, KLayout, TensorDesc, TensorRole, WeightType};
+use crate::parts::{Part, Split, check_naming};
+use crate::types::{Granularity, KLayout, WeightType, role_code, role_from_code};
+use graph_io::{IoTensor, Preset};
 
 /// Magic bytes at the start of every file.
 pub const MAGIC: [u8; 8] = *b"HTPKVREF";
@@ -437,7 +438,7 @@ fn write_part(w: &mut Writer, p: &Part) {
     w.len(p.index);
     w.len(p.count);
     w.u8(u8::from(p.rope_tables));
-    w.u8(p.naming.code());
+    w.u8(naming_code(p.naming));
     // AI Hub's split adds a byte (1); htpkv's own writes none, so its files read as before.
     if p.split == Split::AiHub {
         w.u8(1);
@@ -461,10 +462,10 @@ fn read_part_section(
     let naming = if named {
         let code_at = s.offset();
         let code = s.u8("naming")?;
-        Naming::from_code(code)
+        naming_from_code(code)
             .ok_or_else(|| s.corrupt_at(code_at, format!("unknown naming code {code}")))?
     } else {
-        Naming::AiHub
+        Preset::AiHub
     };
     // An optional split byte: 1 for AI Hub's split (absent: htpkv's own).
     let split = if named && s.remaining() > 0 {
@@ -1039,27 +1040,39 @@ fn non_finite(s: &Reader<'_>, name: &str, index: usize, offset: u64, value: f32)
     }
 }
 
-fn write_desc(w: &mut Writer, t: &TensorDesc) {
+/// The byte a file records its naming as: its position in [`Preset::ALL`] (stable, new presets
+/// are appended: 0 htpkv, 1 aihub, 2 executorch).
+fn naming_code(naming: Preset) -> u8 {
+    let at = Preset::ALL.iter().position(|&p| p == naming);
+    at.and_then(|i| u8::try_from(i).ok()).unwrap_or(u8::MAX)
+}
+
+fn naming_from_code(code: u8) -> Option<Preset> {
+    Preset::ALL.get(usize::from(code)).copied()
+}
+
+fn write_desc(w: &mut Writer, t: &IoTensor) {
     w.str(&t.name);
     w.len(t.shape.len());
     for &d in &t.shape {
         w.len(d);
     }
     w.u8(crate::types::dtype_code(t.dtype));
-    write_encoding(w, &t.encoding);
-    w.u8(t.role.code());
+    write_encoding(w, &t.encoding());
+    w.u8(role_code(t.role));
     for v in [t.layer, t.head] {
         match v {
             None => w.u8(0),
             Some(x) => {
                 w.u8(1);
-                w.u32(x);
+                // Layers and heads are far below 2^32 (the compile limits).
+                w.u32(u32::try_from(x).unwrap_or(u32::MAX));
             }
         }
     }
 }
 
-fn read_desc(s: &mut Reader<'_>) -> Result<TensorDesc, FormatError> {
+fn read_desc(s: &mut Reader<'_>) -> Result<IoTensor, FormatError> {
     let name = s.str("tensor name")?;
     let rank = s.count("tensor rank", 8)?;
     let mut shape = Vec::with_capacity(rank);
@@ -1071,23 +1084,25 @@ fn read_desc(s: &mut Reader<'_>) -> Result<TensorDesc, FormatError> {
         .ok_or_else(|| s.corrupt_at(at, format!("tensor `{name}` has an unknown dtype code")))?;
     let encoding = read_encoding(s)?;
     let at = s.offset();
-    let role = TensorRole::from_code(s.u8("tensor role")?)
+    let role = role_from_code(s.u8("tensor role")?)
         .ok_or_else(|| s.corrupt_at(at, format!("tensor `{name}` has an unknown role code")))?;
-    let mut opt = |what: &str| -> Result<Option<u32>, FormatError> {
+    let mut opt = |what: &str| -> Result<Option<usize>, FormatError> {
         let at = s.offset();
         match s.u8(what)? {
             0 => Ok(None),
-            1 => Ok(Some(s.u32(what)?)),
+            1 => Ok(Some(s.u32(what)? as usize)),
             f => Err(s.corrupt_at(at, format!("{what} flag {f}"))),
         }
     };
     let layer = opt("tensor layer")?;
     let head = opt("tensor head")?;
-    Ok(TensorDesc {
+    Ok(IoTensor {
         name,
         shape,
+        quant: dtype
+            .is_real()
+            .then_some(quant::QuantSpec { dtype, encoding }),
         dtype,
-        encoding,
         role,
         layer,
         head,

@@ -91,6 +91,9 @@ pub use compile::{CompiledModel, Progress, Stage, compile};
 pub use error::{CompileError, ExecError, FormatError};
 pub use exec::{Graph, mask_value_bytes};
 pub use format::{FORMAT_VERSION, WINDOWS_FORMAT_VERSION};
+/// Graph tensors are described in the IO vocabulary's terms, and a compiled file names its graphs
+/// and tensors after one of its conventions.
+pub use graph_io::{IoRole, IoTensor, Preset};
 pub use model::{
     ActSite, I8Matrix, MASK_OFFSET, MASK_SCALE, MASKED_AT_OR_BELOW, graph_name, mask_encoding,
 };
@@ -98,5 +101,5 @@ pub use options::{
     CALIBRATION_VERSION, CompileOptions, DEFAULT_CALIBRATION_CHATS, DEFAULT_CALIBRATION_PROMPTS,
     DEFAULT_CALIBRATION_TOKENS, MAX_CALIBRATION_TOKENS,
 };
-pub use parts::{Naming, Part, Split};
-pub use types::{Granularity, KLayout, TensorDesc, TensorRole, WeightType};
+pub use parts::{Part, Split, naming_refusal};
+pub use types::{Granularity, KLayout, WeightType};

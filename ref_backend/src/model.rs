@@ -1,13 +1,13 @@
 //! The compiled model's data: weights (quantized or float), encodings, graph descriptions.
 
-use kv_manager::{KvIo, KvTensor, TensorKind};
+use graph_io::{IoRole, IoTensor, KvIo, KvTensor, TensorKind};
 use model::{LayerTensor, LlamaConfig, Tensor};
 use quant::{DataType, Encoding, QuantError, QuantSpec, ScaleOffset, Symmetry};
 
 use crate::kernels;
 use crate::options::CompileOptions;
-use crate::parts::{Naming, Part, ai_hub_kv_name};
-use crate::types::{Granularity, KLayout, TensorDesc, TensorRole};
+use crate::parts::Part;
+use crate::types::{Granularity, KLayout};
 use rayon::prelude::*;
 
 /// Scale of the u16 attention-mask encoding: `100 / 65535`.
@@ -570,13 +570,7 @@ impl ModelData {
         } else {
             TensorKind::Key
         };
-        let t = KvTensor {
-            io: KvIo::Past,
-            kind,
-            layer,
-            head: Some(head),
-        };
-        &self.kv[t.position(self.config.n_kv_heads)]
+        &self.kv[graph_io::buffer_index(layer, head, kind, self.config.n_kv_heads)]
     }
 
     /// The encoding of layer `layer`'s K (or V, `value`) tensor: of one head's buffer, or per
@@ -630,7 +624,7 @@ impl ModelData {
     }
 
     /// The input and output descriptions of the AR-`n` graph of `part`.
-    pub(crate) fn describe(&self, n: usize, part: &Part) -> (Vec<TensorDesc>, Vec<TensorDesc>) {
+    pub(crate) fn describe(&self, n: usize, part: &Part) -> (Vec<IoTensor>, Vec<IoTensor>) {
         let c = &self.config;
         let o = &self.options;
         let d = c.head_dim;
@@ -657,20 +651,18 @@ impl ModelData {
                             layer: l,
                             head,
                         };
-                        let desc = TensorDesc {
-                            name: match part.naming {
-                                Naming::AiHub => ai_hub_kv_name(&t),
-                                Naming::Htpkv | Naming::ExecuTorch => t.name(),
-                            },
+                        let encoding = self.kv_encoding(l, head, kind == TensorKind::Value);
+                        let desc = IoTensor {
+                            name: part.naming.kv_name(&t),
                             shape: match kind {
                                 TensorKind::Key => kshape(rows, lead),
                                 TensorKind::Value => vec![lead, 1, rows, d],
                             },
                             dtype,
-                            encoding: self.kv_encoding(l, head, kind == TensorKind::Value),
-                            role: kv_role(io, kind),
-                            layer: Some(l as u32),
-                            head: head.map(|h| h as u32),
+                            quant: Some(QuantSpec { dtype, encoding }),
+                            role: IoRole::kv(io, kind),
+                            layer: Some(l),
+                            head,
                         };
                         match io {
                             KvIo::Past | KvIo::Cross => inputs.push(desc),
@@ -684,20 +676,20 @@ impl ModelData {
     }
     /// The tensors before the K/V ones: token ids or the hidden state, positions or RoPE
     /// tables, the mask; logits or the hidden state.
-    fn describe_leading(&self, n: usize, part: &Part) -> (Vec<TensorDesc>, Vec<TensorDesc>) {
+    fn describe_leading(&self, n: usize, part: &Part) -> (Vec<IoTensor>, Vec<IoTensor>) {
         let c = &self.config;
         let s = self.options.context;
         let hidden = |name: &str, role| plain(name, vec![1, n, c.dim], DataType::F32, role);
         let mut inputs = vec![if part.is_first() {
-            plain("input_ids", vec![1, n], DataType::I32, TensorRole::InputIds)
+            plain("input_ids", vec![1, n], DataType::I32, IoRole::InputIds)
         } else {
-            hidden(&part.hidden_in_name(), TensorRole::HiddenIn)
+            hidden(&part.hidden_in_name(), IoRole::HiddenIn)
         }];
         if part.embeds_only() {
             // AI Hub's part 1: the token lookup only.
             return (
                 inputs,
-                vec![hidden(&part.hidden_out_name(), TensorRole::HiddenOut)],
+                vec![hidden(&part.hidden_out_name(), IoRole::HiddenOut)],
             );
         }
         if part.rope_tables {
@@ -706,20 +698,20 @@ impl ModelData {
                 "position_ids_cos",
                 table.clone(),
                 DataType::F32,
-                TensorRole::RopeCos,
+                IoRole::RopeCos,
             ));
             inputs.push(plain(
                 "position_ids_sin",
                 table,
                 DataType::F32,
-                TensorRole::RopeSin,
+                IoRole::RopeSin,
             ));
         } else {
             inputs.push(plain(
                 "positions",
                 vec![1, n],
                 DataType::I32,
-                TensorRole::Positions,
+                IoRole::Positions,
             ));
         }
         // The global mask, then one per distinct sliding window W: `[n, W - 1 + n]`.
@@ -731,13 +723,13 @@ impl ModelData {
             } else {
                 (DataType::F32, Encoding::Float)
             };
-            inputs.push(TensorDesc {
-                encoding,
+            inputs.push(IoTensor {
+                quant: Some(QuantSpec { dtype, encoding }),
                 ..plain(
-                    &kv_manager::mask_name(window),
+                    &graph_io::mask_name(window),
                     vec![1, 1, n, cols],
                     dtype,
-                    TensorRole::Mask,
+                    IoRole::Mask,
                 )
             });
         }
@@ -746,31 +738,24 @@ impl ModelData {
                 "logits",
                 vec![1, n, c.vocab_size],
                 DataType::F32,
-                TensorRole::Logits,
+                IoRole::Logits,
             )
         } else {
-            hidden(&part.hidden_out_name(), TensorRole::HiddenOut)
+            hidden(&part.hidden_out_name(), IoRole::HiddenOut)
         };
         (inputs, vec![output])
     }
 }
 
-fn kv_role(io: KvIo, kind: TensorKind) -> TensorRole {
-    match (io, kind) {
-        // A Llama graph has no cross tensors; were one described, it is a read-only input too.
-        (KvIo::Past | KvIo::Cross, TensorKind::Key) => TensorRole::PastKey,
-        (KvIo::Past | KvIo::Cross, TensorKind::Value) => TensorRole::PastValue,
-        (KvIo::New, TensorKind::Key) => TensorRole::NewKey,
-        (KvIo::New, TensorKind::Value) => TensorRole::NewValue,
-    }
-}
-
-fn plain(name: &str, shape: Vec<usize>, dtype: DataType, role: TensorRole) -> TensorDesc {
-    TensorDesc {
+fn plain(name: &str, shape: Vec<usize>, dtype: DataType, role: IoRole) -> IoTensor {
+    IoTensor {
         name: name.into(),
+        quant: dtype.is_real().then_some(QuantSpec {
+            dtype,
+            encoding: Encoding::Float,
+        }),
         shape,
         dtype,
-        encoding: Encoding::Float,
         role,
         layer: None,
         head: None,

@@ -21,7 +21,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use kv_manager::{KvIo, KvTensor, TensorKind};
+use graph_io::Preset;
 use quant::{DataType, Encoding, ScaleOffset, Symmetry};
 
 use crate::compile::CompiledModel;
@@ -40,9 +40,10 @@ pub struct Part {
     pub layers: Range<usize>,
     /// Positions as cos/sin tables (`position_ids_cos`/`_sin`) instead of position ids.
     pub rope_tables: bool,
-    /// The names (and, through the QNN library, the presentation) of the graphs and tensors,
-    /// recorded in the file.
-    pub naming: Naming,
+    /// The IO convention naming the graphs and tensors (and, through the QNN library, their
+    /// presentation), recorded in the file. ExecuTorch's files keep htpkv's tensor names inside
+    /// ([`Preset::tensor_names`]).
+    pub naming: Preset,
     /// How the model was cut (recorded in the file).
     pub split: Split,
 }
@@ -76,78 +77,36 @@ impl Split {
     }
 }
 
-/// How a compiled file names its graphs and tensors: the IO convention it is made for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Naming {
-    /// htpkv's own: graphs `ar{n}_cl{c}`, K/V `past_key_{l}[_{h}]`, `new_key_…`.
-    Htpkv,
-    /// Qualcomm AI Hub's: graphs `{prompt|token}_ar{n}_cl{c}_{i}_of_{N}`, K/V
-    /// `past_key_{l}_in`, `past_key_{l}_out`, … (`…_{l}_h{h}_…` per head).
-    AiHub,
-    /// ExecuTorch's Qualcomm llama: methods `kv_forward` (AR-1) and `prefill_forward` (the one
-    /// AR-n variant), htpkv's tensor names inside the file; the QNN library presents the IO in
-    /// ExecuTorch's index order and layout. The names carry neither a part nor a context length,
-    /// so such a file is one whole model with one context length and at most one AR-n variant.
-    ExecuTorch,
-}
-
-impl Naming {
-    /// Every naming, in code order.
-    pub const ALL: [Naming; 3] = [Naming::Htpkv, Naming::AiHub, Naming::ExecuTorch];
-
-    /// The convention name (`htpkv`, `aihub`, `executorch`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Naming::Htpkv => "htpkv",
-            Naming::AiHub => "aihub",
-            Naming::ExecuTorch => "executorch",
-        }
+/// Why `naming` cannot name `count` parts with these AR variants (`None`: it can). The
+/// ExecuTorch method names tell neither parts nor several AR-n variants apart.
+pub fn naming_refusal(
+    naming: Preset,
+    count: usize,
+    rope_tables: bool,
+    ar: &[usize],
+) -> Option<String> {
+    if naming != Preset::ExecuTorch {
+        return None;
     }
-
-    /// The naming of a convention name.
-    pub fn from_name(name: &str) -> Option<Naming> {
-        Naming::ALL.into_iter().find(|n| n.name() == name)
+    if count > 1 {
+        return Some(format!(
+            "the executorch convention cannot be cut into {count} parts: its method names \
+             (kv_forward, prefill_forward) carry no part number to order them by"
+        ));
     }
-
-    /// The byte the file records it as.
-    pub(crate) const fn code(self) -> u8 {
-        match self {
-            Naming::Htpkv => 0,
-            Naming::AiHub => 1,
-            Naming::ExecuTorch => 2,
-        }
+    if rope_tables {
+        return Some(
+            "the executorch convention takes positions (input_pos), not RoPE tables".into(),
+        );
     }
-
-    pub(crate) fn from_code(code: u8) -> Option<Naming> {
-        Naming::ALL.into_iter().find(|n| n.code() == code)
+    let prefill = ar.iter().filter(|&&n| n > 1).count();
+    if prefill > 1 {
+        return Some(format!(
+            "the executorch convention has one AR-n method (prefill_forward) besides kv_forward \
+             (AR-1); {prefill} AR variants above 1 cannot be told apart"
+        ));
     }
-
-    /// Why this naming cannot name `count` parts with these AR variants (`None`: it can). The
-    /// ExecuTorch method names tell neither parts nor several AR-n variants apart.
-    pub fn refusal(self, count: usize, rope_tables: bool, ar: &[usize]) -> Option<String> {
-        if self != Naming::ExecuTorch {
-            return None;
-        }
-        if count > 1 {
-            return Some(format!(
-                "the executorch convention cannot be cut into {count} parts: its method names \
-                 (kv_forward, prefill_forward) carry no part number to order them by"
-            ));
-        }
-        if rope_tables {
-            return Some(
-                "the executorch convention takes positions (input_pos), not RoPE tables".into(),
-            );
-        }
-        let prefill = ar.iter().filter(|&&n| n > 1).count();
-        if prefill > 1 {
-            return Some(format!(
-                "the executorch convention has one AR-n method (prefill_forward) besides kv_forward \
-                 (AR-1); {prefill} AR variants above 1 cannot be told apart"
-            ));
-        }
-        None
-    }
+    None
 }
 
 impl Part {
@@ -158,7 +117,7 @@ impl Part {
             count: 1,
             layers: 0..n_layers,
             rope_tables: false,
-            naming: Naming::Htpkv,
+            naming: Preset::Htpkv,
             split: Split::Balanced,
         }
     }
@@ -166,23 +125,23 @@ impl Part {
     /// `count` parts of consecutive layers of an `n_layers` model under AI Hub's names; sizes
     /// differ by at most one, earlier parts the larger. Every part needs at least one layer.
     pub fn split(n_layers: usize, count: usize, rope_tables: bool) -> Result<Vec<Part>, String> {
-        Part::split_named(n_layers, count, rope_tables, Naming::AiHub)
+        Part::split_named(n_layers, count, rope_tables, Preset::AiHub)
     }
 
-    /// [`Part::split`] under `naming` (see [`Naming::refusal`]; htpkv's names carry no part
+    /// [`Part::split`] under `naming` (see [`naming_refusal`]; htpkv's names carry no part
     /// number either, so they name only the whole model).
     pub fn split_named(
         n_layers: usize,
         count: usize,
         rope_tables: bool,
-        naming: Naming,
+        naming: Preset,
     ) -> Result<Vec<Part>, String> {
-        if naming == Naming::Htpkv && count > 1 {
+        if naming == Preset::Htpkv && count > 1 {
             return Err(format!(
                 "htpkv's graph names carry no part number: {count} parts need the aihub convention"
             ));
         }
-        if let Some(reason) = naming.refusal(count, rope_tables, &[]) {
+        if let Some(reason) = naming_refusal(naming, count, rope_tables, &[]) {
             return Err(reason);
         }
         if count == 0 || count > n_layers {
@@ -215,16 +174,16 @@ impl Part {
         n_layers: usize,
         count: usize,
         rope_tables: bool,
-        naming: Naming,
+        naming: Preset,
         split: Split,
     ) -> Result<Vec<Part>, String> {
         if split == Split::Balanced {
             return Part::split_named(n_layers, count, rope_tables, naming);
         }
-        if naming != Naming::AiHub {
+        if naming != Preset::AiHub {
             return Err(format!(
                 "AI Hub's split is for the aihub convention, not {}",
-                naming.name()
+                naming
             ));
         }
         if count < 2 || count > n_layers + 1 {
@@ -305,30 +264,25 @@ impl Part {
         self.is_first() || (self.is_last() && tied_output)
     }
 
-    /// The name of the AR-`n` graph: with AI Hub's names `prompt_ar{n}_cl{c}_{i}_of_{N}` for
-    /// `n > 1`, else `token_…`; ExecuTorch's `prefill_forward` / `kv_forward`; otherwise
-    /// htpkv's `ar{n}_cl{c}`.
+    /// The name of the AR-`n` graph, written by the naming's convention: AI Hub's
+    /// `prompt_ar{n}_cl{c}_{i}_of_{N}` for `n > 1`, else `token_…`; ExecuTorch's `prefill_forward` /
+    /// `kv_forward`; htpkv's `ar{n}_cl{c}`.
     pub fn graph_name(&self, n: usize, context: usize) -> String {
-        match self.naming {
-            Naming::Htpkv => crate::model::graph_name(n, context),
-            Naming::ExecuTorch if n > 1 => "prefill_forward".into(),
-            Naming::ExecuTorch => "kv_forward".into(),
-            Naming::AiHub => {
-                let phase = if n > 1 { "prompt" } else { "token" };
-                let (i, count) = (self.index + 1, self.count);
-                format!("{phase}_ar{n}_cl{context}_{i}_of_{count}")
-            }
-        }
+        let part = graph_io::PartOf {
+            index: self.index,
+            count: self.count,
+        };
+        self.naming.graph_name(n, context, part)
     }
 }
 
-/// Refuses a part whose naming cannot express the model compiled with `o` ([`Naming::refusal`];
+/// Refuses a part whose naming cannot express the model compiled with `o` ([`naming_refusal`];
 /// ExecuTorch's K/V are one tensor per layer with K transposed).
 pub(crate) fn check_naming(part: &Part, o: &CompileOptions) -> Result<(), String> {
-    if let Some(reason) = part.naming.refusal(part.count, part.rope_tables, &o.ar) {
+    if let Some(reason) = naming_refusal(part.naming, part.count, part.rope_tables, &o.ar) {
         return Err(reason);
     }
-    if part.naming == Naming::ExecuTorch
+    if part.naming == Preset::ExecuTorch
         && (o.k_layout != KLayout::Transposed || o.granularity != Granularity::PerLayer)
     {
         return Err(
@@ -339,23 +293,6 @@ pub(crate) fn check_naming(part: &Part, o: &CompileOptions) -> Result<(), String
         );
     }
     Ok(())
-}
-
-/// AI Hub's name of a K/V tensor: `past_{key|value}_{l}[_h{h}]_{in|out}`.
-pub(crate) fn ai_hub_kv_name(t: &KvTensor) -> String {
-    let kind = match t.kind {
-        TensorKind::Key => "key",
-        TensorKind::Value => "value",
-    };
-    let dir = match t.io {
-        KvIo::Past => "in",
-        KvIo::New => "out",
-        KvIo::Cross => "cross",
-    };
-    match t.head {
-        Some(h) => format!("past_{kind}_{}_h{h}_{dir}", t.layer),
-        None => format!("past_{kind}_{}_{dir}", t.layer),
-    }
 }
 
 impl CompiledModel {
@@ -380,7 +317,7 @@ impl CompiledModel {
     ) -> Result<Vec<CompiledModel>, CompileError> {
         self.require_whole("cut into parts")?;
         let n = self.data.config.n_layers;
-        let parts = Part::split_as(n, count, rope_tables, Naming::AiHub, split)
+        let parts = Part::split_as(n, count, rope_tables, Preset::AiHub, split)
             .map_err(|reason| CompileError::InvalidOptions { reason })?;
         Ok(parts
             .into_iter()
@@ -389,9 +326,9 @@ impl CompiledModel {
     }
 
     /// The whole model under `naming` (its graph names, and the presentation the QNN library
-    /// gives it); refused where the naming cannot express the model ([`Naming::refusal`];
+    /// gives it); refused where the naming cannot express the model ([`naming_refusal`];
     /// ExecuTorch's K/V are per layer with K transposed).
-    pub fn with_naming(&self, naming: Naming) -> Result<CompiledModel, CompileError> {
+    pub fn with_naming(&self, naming: Preset) -> Result<CompiledModel, CompileError> {
         self.require_whole("renamed")?;
         let part = Part {
             naming,
@@ -484,7 +421,7 @@ mod tests {
     #[test]
     fn ai_hub_split_puts_the_embedding_alone_in_part_1() {
         let layers = |n, count| -> Vec<Range<usize>> {
-            Part::split_as(n, count, true, Naming::AiHub, Split::AiHub)
+            Part::split_as(n, count, true, Preset::AiHub, Split::AiHub)
                 .unwrap()
                 .into_iter()
                 .map(|p| p.layers)
@@ -495,7 +432,7 @@ mod tests {
         assert_eq!(layers(28, 2), [0..0, 0..28]); // Qwen3-0.6B
         assert_eq!(layers(5, 2), [0..0, 0..5]);
         assert_eq!(layers(5, 3), [0..0, 0..3, 3..5]);
-        let p = Part::split_as(5, 3, true, Naming::AiHub, Split::AiHub).unwrap();
+        let p = Part::split_as(5, 3, true, Preset::AiHub, Split::AiHub).unwrap();
         assert!(p[0].embeds_only() && !p[1].embeds_only());
         assert_eq!(
             p[0].hidden_out_name(),
@@ -516,9 +453,9 @@ mod tests {
         assert_eq!(p[2].graph_name(1, 64), "token_ar1_cl64_3_of_3");
         // 5 layers in 4 layer parts of 2 leave one empty; 1 part has no layers; htpkv's names.
         let err = |n, c, naming| Part::split_as(n, c, true, naming, Split::AiHub).unwrap_err();
-        assert!(err(5, 5, Naming::AiHub).contains("fill only 3 parts"));
-        assert!(err(5, 1, Naming::AiHub).contains("2 to 6 parts"));
-        assert!(err(5, 2, Naming::Htpkv).contains("for the aihub convention"));
+        assert!(err(5, 5, Preset::AiHub).contains("fill only 3 parts"));
+        assert!(err(5, 1, Preset::AiHub).contains("2 to 6 parts"));
+        assert!(err(5, 2, Preset::Htpkv).contains("for the aihub convention"));
         assert_eq!(Split::from_name("aihub"), Some(Split::AiHub));
     }
 }

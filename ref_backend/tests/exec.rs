@@ -5,7 +5,7 @@ mod common;
 
 use quant::{DataType, Encoding};
 use ref_backend::{
-    CompileOptions, CompiledModel, ExecError, Granularity, Graph, TensorRole, WeightType,
+    CompileOptions, CompiledModel, ExecError, Granularity, Graph, IoRole, WeightType,
 };
 
 fn model(kv: DataType, gran: Granularity) -> CompiledModel {
@@ -64,7 +64,7 @@ fn descriptions() {
     assert_eq!(ins[0].name, "input_ids");
     assert_eq!(ins[0].shape, vec![1, 4]);
     assert_eq!(ins[0].dtype, DataType::I32);
-    assert_eq!(ins[2].role, TensorRole::Mask);
+    assert_eq!(ins[2].role, IoRole::Mask);
     assert_eq!(ins[2].dtype, DataType::U16);
     assert_eq!(ins[3].name, "past_key_0_0");
     assert_eq!(ins[3].shape, vec![1, 1, 28, c.head_dim]);
@@ -84,9 +84,9 @@ fn descriptions() {
                 .iter()
                 .find(|d| d.name == format!("new_key_{l}_{h}"))
                 .unwrap();
-            assert_eq!(past.encoding, new.encoding);
-            assert_eq!(past.quant_spec().as_ref(), m.kv_spec(l, h, false));
-            assert!(matches!(past.encoding, Encoding::PerTensor(_)));
+            assert_eq!(past.encoding(), new.encoding());
+            assert_eq!(past.quant.as_ref(), m.kv_spec(l, h, false));
+            assert!(matches!(past.encoding(), Encoding::PerTensor(_)));
         }
     }
     let pl = model(DataType::U16, Granularity::PerLayer);
@@ -94,7 +94,7 @@ fn descriptions() {
     assert_eq!(g.inputs()[3].name, "past_key_0");
     assert_eq!(g.inputs()[3].shape, vec![c.n_kv_heads, 1, 31, c.head_dim]);
     assert!(
-        matches!(&g.inputs()[3].encoding, Encoding::PerAxis { axis: 0, params } if params.len() == c.n_kv_heads)
+        matches!(&g.inputs()[3].encoding(), Encoding::PerAxis { axis: 0, params } if params.len() == c.n_kv_heads)
     );
 }
 

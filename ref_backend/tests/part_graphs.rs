@@ -6,7 +6,7 @@ mod common;
 use model::ops::Rope;
 use quant::DataType;
 use ref_backend::{
-    CompileOptions, CompiledModel, Granularity, Graph, KLayout, TensorDesc, TensorRole, WeightType,
+    CompileOptions, CompiledModel, Granularity, Graph, IoRole, IoTensor, KLayout, WeightType,
 };
 
 fn model() -> CompiledModel {
@@ -30,24 +30,24 @@ struct Step {
 }
 
 impl Step {
-    fn input(&self, d: &TensorDesc, rope: &Rope) -> Vec<u8> {
+    fn input(&self, d: &IoTensor, rope: &Rope) -> Vec<u8> {
         let (n, s, past) = (self.n, self.s, self.past);
         match d.role {
-            TensorRole::InputIds => self
+            IoRole::InputIds => self
                 .tokens
                 .iter()
                 .flat_map(|&t| (t as i32).to_le_bytes())
                 .collect(),
-            TensorRole::Positions => (0..n)
+            IoRole::Positions => (0..n)
                 .flat_map(|i| ((past + i) as i32).to_le_bytes())
                 .collect(),
-            TensorRole::RopeCos | TensorRole::RopeSin => {
+            IoRole::RopeCos | IoRole::RopeSin => {
                 let half = d.shape[3];
                 let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
                 let mut out = Vec::new();
                 for i in 0..n {
                     rope.cos_sin(past + i, &mut cos, &mut sin);
-                    let t = if d.role == TensorRole::RopeCos {
+                    let t = if d.role == IoRole::RopeCos {
                         &cos
                     } else {
                         &sin
@@ -56,7 +56,7 @@ impl Step {
                 }
                 out
             }
-            TensorRole::Mask => {
+            IoRole::Mask => {
                 let md = d.dtype;
                 let w = s - n;
                 (0..n * s)
@@ -82,7 +82,7 @@ fn execute(g: &Graph, ins: &[Vec<u8>]) -> Vec<Vec<u8>> {
 
 /// Runs the parts in order (hidden state from each to the next); returns every output with
 /// its description.
-fn run_parts(parts: &[&Graph], step: &Step, rope: &Rope) -> Vec<(TensorDesc, Vec<u8>)> {
+fn run_parts(parts: &[&Graph], step: &Step, rope: &Rope) -> Vec<(IoTensor, Vec<u8>)> {
     let mut hidden = Vec::new();
     let mut all = Vec::new();
     for g in parts {
@@ -90,12 +90,12 @@ fn run_parts(parts: &[&Graph], step: &Step, rope: &Rope) -> Vec<(TensorDesc, Vec
             .inputs()
             .iter()
             .map(|d| match d.role {
-                TensorRole::HiddenIn => hidden.clone(),
+                IoRole::HiddenIn => hidden.clone(),
                 _ => step.input(d, rope),
             })
             .collect();
         for (d, bytes) in g.outputs().iter().zip(execute(g, &ins)) {
-            if d.role == TensorRole::HiddenOut {
+            if d.role == IoRole::HiddenOut {
                 hidden = bytes.clone();
             }
             all.push((d.clone(), bytes));
@@ -154,11 +154,11 @@ fn part_descriptions() {
     let parts = m.split(2, true).unwrap();
     let (p1, p2) = (&parts[0].graphs()[0], &parts[1].graphs()[0]);
     assert_eq!(p1.name(), "token_ar1_cl32_1_of_2");
-    let roles = |g: &Graph, ins: bool| -> Vec<TensorRole> {
+    let roles = |g: &Graph, ins: bool| -> Vec<IoRole> {
         let ds = if ins { g.inputs() } else { g.outputs() };
         ds.iter().take(4).map(|d| d.role).collect()
     };
-    use TensorRole::*;
+    use IoRole::*;
     assert_eq!(roles(p1, true), [InputIds, RopeCos, RopeSin, Mask]);
     assert_eq!(roles(p2, true), [HiddenIn, RopeCos, RopeSin, Mask]);
     assert_eq!(p1.outputs()[0].role, HiddenOut);

@@ -12,7 +12,7 @@ use model::llama2c::Checkpoint;
 use model::{FloatModel, LlamaConfig};
 use quant::DataType;
 use ref_backend::format::{FORMAT_VERSION, WINDOWS_FORMAT_VERSION};
-use ref_backend::{CompileOptions, CompiledModel, FormatError, TensorRole, WeightType};
+use ref_backend::{CompileOptions, CompiledModel, FormatError, IoRole, WeightType};
 
 const CONTEXT: usize = 32;
 const WINDOW: usize = 8;
@@ -81,7 +81,7 @@ fn a_sliding_layer_takes_w_minus_1_past_rows_and_its_own_mask() {
     for g in model.graphs() {
         let n = g.ar();
         let masks: Vec<(&str, &[usize])> = (g.inputs().iter())
-            .filter(|t| t.role == TensorRole::Mask)
+            .filter(|t| t.role == IoRole::Mask)
             .map(|t| (t.name.as_str(), t.shape.as_slice()))
             .collect();
         assert_eq!(
@@ -91,14 +91,14 @@ fn a_sliding_layer_takes_w_minus_1_past_rows_and_its_own_mask() {
                 ("attention_mask_w8", &[1, 1, n, WINDOW - 1 + n][..])
             ]
         );
-        for t in g.inputs().iter().filter(|t| t.role == TensorRole::PastKey) {
+        for t in g.inputs().iter().filter(|t| t.role == IoRole::PastKey) {
             let rows = if t.layer == Some(0) {
                 WINDOW - 1
             } else {
                 CONTEXT - n
             };
             assert_eq!(t.shape[2], rows, "{}", t.name);
-            assert_eq!(g.past_rows(t.layer.unwrap() as usize), rows);
+            assert_eq!(g.past_rows(t.layer.unwrap()), rows);
         }
     }
 }

@@ -14,7 +14,7 @@ use qnn_ffi::{
     Backend, ClientBuffer, Context, Device, Graph, Log, LogLevel, MemDescriptor, MemHandleCache,
     QnnLibrary, QnnSystemLibrary, SystemContext, TensorData,
 };
-use ref_backend::{TensorDesc, TensorRole, mask_value_bytes};
+use ref_backend::{IoRole, IoTensor, mask_value_bytes};
 
 const CONTEXT: usize = 48;
 
@@ -27,18 +27,13 @@ fn steps() -> usize {
 }
 
 /// Inputs of one step that do not depend on where the KV windows live.
-fn step_inputs(
-    descs: &[TensorDesc],
-    token: u32,
-    pos: usize,
-    n_past: usize,
-) -> Vec<Option<Vec<u8>>> {
+fn step_inputs(descs: &[IoTensor], token: u32, pos: usize, n_past: usize) -> Vec<Option<Vec<u8>>> {
     descs
         .iter()
         .map(|d| match d.role {
-            TensorRole::InputIds => Some((token as i32).to_le_bytes().to_vec()),
-            TensorRole::Positions => Some((pos as i32).to_le_bytes().to_vec()),
-            TensorRole::Mask => {
+            IoRole::InputIds => Some((token as i32).to_le_bytes().to_vec()),
+            IoRole::Positions => Some((pos as i32).to_le_bytes().to_vec()),
+            IoRole::Mask => {
                 let s = d.shape[3];
                 let w = s - 1;
                 let mut m = Vec::with_capacity(d.byte_size());
@@ -65,7 +60,7 @@ fn argmax(logits: &[u8]) -> u32 {
 }
 
 /// Index of the output that holds the new rows of KV input `name` (`past_` → `new_`).
-fn new_of(outputs: &[TensorDesc], name: &str) -> usize {
+fn new_of(outputs: &[IoTensor], name: &str) -> usize {
     let want = name.replacen("past_", "new_", 1);
     outputs
         .iter()
@@ -82,8 +77,8 @@ enum Exec<'a> {
 /// logits bytes of every step.
 fn run_windows(
     exec: Exec<'_>,
-    descs_in: &[TensorDesc],
-    descs_out: &[TensorDesc],
+    descs_in: &[IoTensor],
+    descs_out: &[IoTensor],
     bos: u32,
     steps: usize,
 ) -> Vec<Vec<u8>> {
@@ -117,7 +112,7 @@ fn run_windows(
         }
         // Slide every KV window left by one row and append the new row.
         for (i, d) in descs_in.iter().enumerate() {
-            if matches!(d.role, TensorRole::PastKey | TensorRole::PastValue) {
+            if matches!(d.role, IoRole::PastKey | IoRole::PastValue) {
                 let row = outs[new_of(descs_out, &d.name)].len();
                 let w = &mut windows[i];
                 w.copy_within(row.., 0);
@@ -127,7 +122,7 @@ fn run_windows(
         }
         let logits = &outs[descs_out
             .iter()
-            .position(|d| d.role == TensorRole::Logits)
+            .position(|d| d.role == IoRole::Logits)
             .expect("logits")];
         token = argmax(logits);
         all.push(logits.clone());
@@ -140,18 +135,13 @@ fn run_windows(
 fn run_mem_handles(
     graph: &Graph,
     context: &std::sync::Arc<Context>,
-    descs_in: &[TensorDesc],
-    descs_out: &[TensorDesc],
+    descs_in: &[IoTensor],
+    descs_out: &[IoTensor],
     bos: u32,
     steps: usize,
 ) -> (Vec<Vec<u8>>, u64, u64) {
     let kv: Vec<usize> = (0..descs_in.len())
-        .filter(|&i| {
-            matches!(
-                descs_in[i].role,
-                TensorRole::PastKey | TensorRole::PastValue
-            )
-        })
+        .filter(|&i| matches!(descs_in[i].role, IoRole::PastKey | IoRole::PastValue))
         .collect();
     let w = CONTEXT - 1;
     let row_bytes = descs_in[kv[0]].byte_size() / w;
@@ -166,13 +156,13 @@ fn run_mem_handles(
         0u8;
         descs_out
             .iter()
-            .find(|d| d.role == TensorRole::Logits)
+            .find(|d| d.role == IoRole::Logits)
             .expect("logits")
             .byte_size()
     ];
     let mut token = bos;
     let mut all = Vec::new();
-    let dtype = |d: &TensorDesc| d.dtype;
+    let dtype = |d: &IoTensor| d.dtype;
     for step in 0..steps {
         let v1 = w + step;
         let fixed = step_inputs(descs_in, token, step, step);
@@ -233,7 +223,7 @@ fn run_mem_handles(
             .collect();
         let logits_at = descs_out
             .iter()
-            .position(|d| d.role == TensorRole::Logits)
+            .position(|d| d.role == IoRole::Logits)
             .expect("logits");
         let mut outputs = Vec::new();
         let mut logits_buf = Some(ClientBuffer::output(&mut logits));
@@ -360,7 +350,7 @@ fn ffi_generation_is_bit_identical_to_in_process() {
     let kv_buffers = reference
         .inputs()
         .iter()
-        .filter(|d| matches!(d.role, TensorRole::PastKey | TensorRole::PastValue))
+        .filter(|d| matches!(d.role, IoRole::PastKey | IoRole::PastValue))
         .count() as u64;
     assert_eq!(registrations, 2 * kv_buffers * steps as u64);
     // Only the final repeated request was served from the cache.

@@ -260,10 +260,7 @@ mod tests {
             cross_dtype: DataType::U8,
         };
         let model = compile_encdec(&c, w, &[vec![1; 8]], &opts).unwrap();
-        EncDecReference::new(Arc::new(model))
-            .unwrap()
-            .graphs()
-            .to_vec()
+        EncDecReference::new(Arc::new(model)).graphs().to_vec()
     }
 
     fn spec(graphs: &[GraphDesc]) -> Result<kv_manager::CacheSpec, SessionError> {

@@ -31,13 +31,13 @@ fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
     if args.weights.is_some_and(|w| w == WeightType::F16) {
         bad.push("--weights f16 (f32, run in fp16, or i8: W8A16)");
     }
-    if args.parts.is_some_and(|p| p != 1) && args.convention != "aihub" {
+    if args.parts.is_some_and(|p| p != 1) && args.convention != Naming::AiHub {
         bad.push("--parts without --convention aihub (parts are AI Hub bundles)");
     }
     if !args.contexts.is_empty() {
         bad.push("--contexts (one context length)");
     }
-    if args.convention == "executorch" {
+    if args.convention == Naming::ExecuTorch {
         bad.push("--convention executorch (htpkv or aihub)");
     }
     if args.kv_zero_point.is_some() || !args.layer_window.is_empty() {
@@ -46,7 +46,7 @@ fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
     if args.calibration_prompts.is_some() && reference_options(args, 2).is_none() {
         bad.push("--calibration-prompts without --kv-dtype u8/u16 or --weights i8 (nothing to calibrate)");
     }
-    if args.tokenizer_json.is_some() && args.convention != "aihub" {
+    if args.tokenizer_json.is_some() && args.convention != Naming::AiHub {
         bad.push("--tokenizer-json (for an aihub bundle)");
     }
     if bad.is_empty() {
@@ -88,20 +88,15 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let mut inputs: Vec<&Path> = opened.inputs.iter().map(PathBuf::as_path).collect();
     inputs.extend(args.tokenizer.as_deref());
     inputs.extend(args.tokenizer_json.as_deref());
-    let naming = match args.convention.as_str() {
-        "aihub" => Naming::AiHub,
-        _ => Naming::Htpkv,
-    };
+    let naming = args.convention;
     // Refused before any work; checked again when written.
-    let tokenizer = match naming {
-        Naming::AiHub => {
-            check_bundle_out(&args.out, &inputs)?;
-            Some(super::bundle_tokenizer(args, &opened.path)?)
-        }
-        Naming::Htpkv => {
-            check_output(&args.out, &inputs)?;
-            None
-        }
+    // An AI Hub compile writes a Genie bundle with its tokenizer; any other, one file.
+    let tokenizer = if naming == Naming::AiHub {
+        check_bundle_out(&args.out, &inputs)?;
+        Some(super::bundle_tokenizer(args, &opened.path)?)
+    } else {
+        check_output(&args.out, &inputs)?;
+        None
     };
     let context = args
         .context
@@ -188,7 +183,7 @@ fn parts(args: &CompileArgs, n_layers: usize) -> anyhow::Result<Vec<PartSpec>> {
     };
     let split = ref_backend::Split::from_name(&args.split).unwrap_or_default();
     let parts =
-        ref_backend::Part::split_as(n_layers, count, true, ref_backend::Naming::AiHub, split)
+        ref_backend::Part::split_as(n_layers, count, true, ref_backend::Preset::AiHub, split)
             .map_err(|reason| anyhow::anyhow!("--parts: {reason}"))?;
     Ok(parts
         .iter()
@@ -292,7 +287,8 @@ fn kv_encodings(
     };
     let fixed = |l: usize, h: usize, value: bool| -> anyhow::Result<Fixed> {
         let (dtype, so) = match naming {
-            Naming::Htpkv => spec(l, h, value)?,
+            // ExecuTorch is refused before any work.
+            Naming::Htpkv | Naming::ExecuTorch => spec(l, h, value)?,
             Naming::AiHub => {
                 let heads: Vec<_> = (0..c.n_kv_heads)
                     .map(|h| spec(l, h, value))

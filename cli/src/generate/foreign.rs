@@ -5,7 +5,6 @@
 use super::{Checked, GenerateArgs};
 use anyhow::Context;
 use htpkv::bundle::Bundle;
-use htpkv::convention::Convention;
 use htpkv::engine::BackendChoice;
 use htpkv::qnn::{QnnBackend, QnnOpenOptions};
 use htpkv::sampler::Sampler;
@@ -130,7 +129,7 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
         .run
         .convention
         .as_deref()
-        .map(Convention::named_or_file)
+        .map(htpkv::convention::named_or_file)
         .transpose()?;
     // Read under the tokenizer cap (a regular file only).
     let tok = HfTokenizer::from_file(&m.tokenizer, None)?;

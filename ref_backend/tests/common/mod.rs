@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use model::llama2c::{Checkpoint, Config, ModelFiles, Tokenizer};
-use ref_backend::{CompileError, CompileOptions, CompiledModel, Graph, TensorRole};
+use ref_backend::{CompileError, CompileOptions, CompiledModel, Graph, IoRole};
 
 /// The stories260K model and tokenizer, or `None` (with a message) when absent.
 pub fn real_model() -> Option<(Checkpoint, Tokenizer)> {
@@ -125,19 +125,19 @@ impl Harness {
         for desc in graph.inputs() {
             let mut buf = vec![0u8; desc.byte_size()];
             match desc.role {
-                TensorRole::InputIds => {
+                IoRole::InputIds => {
                     for i in 0..n {
                         let t = tokens[i.min(k - 1)] as i32;
                         buf[i * 4..i * 4 + 4].copy_from_slice(&t.to_le_bytes());
                     }
                 }
-                TensorRole::Positions => {
+                IoRole::Positions => {
                     for i in 0..n {
                         let p = (self.len + i) as i32;
                         buf[i * 4..i * 4 + 4].copy_from_slice(&p.to_le_bytes());
                     }
                 }
-                TensorRole::Mask => {
+                IoRole::Mask => {
                     let es = desc.dtype.size_bytes();
                     let cols = desc.shape[3];
                     let w = cols - n;
@@ -159,15 +159,15 @@ impl Harness {
                         }
                     }
                 }
-                TensorRole::PastKey | TensorRole::PastValue => {
+                IoRole::PastKey | IoRole::PastValue => {
                     buf.fill(PAD);
-                    let value = desc.role == TensorRole::PastValue;
+                    let value = desc.role == IoRole::PastValue;
                     let transposed = !value && self.transposed;
                     let w = desc.shape[if transposed { 3 } else { 2 }];
                     let valid = self.len.min(w);
-                    let l = desc.layer.expect("KV tensor has a layer") as usize;
+                    let l = desc.layer.expect("KV tensor has a layer");
                     let heads: Vec<usize> = match desc.head {
-                        Some(h) => vec![h as usize],
+                        Some(h) => vec![h],
                         None => (0..desc.shape[0]).collect(),
                     };
                     for (slot, &h) in heads.iter().enumerate() {
@@ -202,19 +202,19 @@ impl Harness {
         let mut logits = Vec::new();
         for (desc, buf) in graph.outputs().iter().zip(&outputs) {
             match desc.role {
-                TensorRole::Logits => {
+                IoRole::Logits => {
                     let v = desc.shape[2];
                     logits = buf[..k * v * 4]
                         .chunks_exact(4)
                         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                         .collect();
                 }
-                TensorRole::NewKey | TensorRole::NewValue => {
-                    let value = desc.role == TensorRole::NewValue;
+                IoRole::NewKey | IoRole::NewValue => {
+                    let value = desc.role == IoRole::NewValue;
                     let transposed = !value && self.transposed;
-                    let l = desc.layer.expect("KV tensor has a layer") as usize;
+                    let l = desc.layer.expect("KV tensor has a layer");
                     let heads: Vec<usize> = match desc.head {
-                        Some(h) => vec![h as usize],
+                        Some(h) => vec![h],
                         None => (0..desc.shape[0]).collect(),
                     };
                     for (slot, &h) in heads.iter().enumerate() {
