@@ -272,6 +272,9 @@ impl KvCache {
         self.len += accepted;
         self.counters.tokens_committed += accepted;
         let g = &self.spec.geometry;
+        if g.windows.is_empty() {
+            return Ok(());
+        }
         for (layer, first) in self.first_held.iter_mut().enumerate() {
             if let Some(kept) = g.kept_rows(layer) {
                 *first = (*first).max(self.len.saturating_sub(kept));
@@ -690,9 +693,11 @@ impl KvCache {
         self.add_copy(moved);
     }
 
+    /// Fills the plan's offsets, counts new handles and the peak. Per-step work: one pass over the
+    /// buffers with no division and no per-buffer lookup (each layer's past rows are taken once).
     fn fill_offsets(&mut self, ar: usize, variant: usize) {
         let g = &self.spec.geometry;
-        let (rb, kv_heads) = (g.row_bytes(), g.kv_heads);
+        let (rb, per_layer) = (g.row_bytes(), 2 * g.kv_heads);
         let plan = &mut self.plan;
         plan.past_offsets.clear();
         plan.new_offsets.clear();
@@ -700,33 +705,35 @@ impl KvCache {
         // Every past tensor ends where the step's new rows begin (left-padded strategies) and
         // holds the layer's past rows: S - n, or W - 1 for a sliding layer (per_head rows and
         // left-padded strategies only, see `CacheSpec::check_windows`).
-        let layer_of = |t: usize| match g.granularity {
-            Granularity::PerHead => t / (2 * kv_heads),
-            Granularity::PerLayer => t / 2,
-        };
-        let past_rows = |t: usize| g.past_rows(layer_of(t), ar);
+        let mut past_end = 0;
         match &self.state {
             State::Shift { v1, .. } => {
                 for (layer, &end) in v1.iter().enumerate() {
                     if self.handles.mark(layer, end, variant) {
-                        new_keys += 2 * kv_heads * 2;
+                        new_keys += 2 * per_layer;
                     }
-                    for b in layer * kv_heads * 2..(layer + 1) * kv_heads * 2 {
-                        let row = self.layout.base[b] + end;
-                        plan.past_offsets.push((row - past_rows(b)) * rb);
+                    let past = g.past_rows(layer, ar);
+                    for &base in &self.layout.base[layer * per_layer..(layer + 1) * per_layer] {
+                        let row = base + end;
+                        plan.past_offsets.push((row - past) * rb);
                         plan.new_offsets.push(row * rb);
                     }
+                    past_end = past_end.max(plan.new_offsets.last().copied().unwrap_or(0));
                 }
             }
             State::Conveyor => {
                 if self.handles.mark(0, self.len, variant) {
                     new_keys += 2 * g.buffers();
                 }
-                for b in 0..g.buffers() {
-                    let row = self.layout.base[b] + self.len;
-                    plan.past_offsets.push((row - past_rows(b)) * rb);
-                    plan.new_offsets.push(row * rb);
+                for (layer, bases) in self.layout.base.chunks_exact(per_layer).enumerate() {
+                    let past = g.past_rows(layer, ar);
+                    for &base in bases {
+                        let row = base + self.len;
+                        plan.past_offsets.push((row - past) * rb);
+                        plan.new_offsets.push(row * rb);
+                    }
                 }
+                past_end = plan.new_offsets.last().copied().unwrap_or(0);
             }
             State::Slots { fixed, .. } => {
                 let tensors = plan.tensors.len();
@@ -735,23 +742,22 @@ impl KvCache {
                 }
                 let h = plan.heads_per_tensor;
                 for t in 0..tensors {
+                    let past = g.past_rows(plan.tensors[t].layer, ar);
                     // Fixed left-padded layouts end every window at the end of its slots.
                     let origin = if *fixed && plan.left_padded {
-                        self.layout.rows[t] - past_rows(t)
+                        self.layout.rows[t] - past
                     } else {
                         0
                     };
-                    plan.past_offsets.push((self.layout.base[t] + origin) * rb);
+                    let at = (self.layout.base[t] + origin) * rb;
+                    plan.past_offsets.push(at);
+                    past_end = past_end.max(at + h * past * rb);
                     let out = self.layout.out_base + t * h * g.max_ar();
                     plan.new_offsets.push(out * rb);
                 }
             }
         }
         let h = plan.heads_per_tensor;
-        let past_end = (0..plan.tensors.len())
-            .map(|t| plan.past_offsets[t] + h * past_rows(t) * rb)
-            .max()
-            .unwrap_or(0);
         let new_end = plan.new_offsets.iter().max().map_or(0, |o| o + h * ar * rb);
         self.counters.peak_bytes_in_use =
             self.counters.peak_bytes_in_use.max(past_end).max(new_end);
