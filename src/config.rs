@@ -310,7 +310,6 @@ impl From<ReserveConfig> for String {
 pub const MAX_VOCAB: usize = 1 << 24;
 
 const EXPECT_DTYPE: &str = "one of u8, u16, i8, i16, f16, f32";
-const EXPECT_UPDATE: &str = "one of shift, conveyor, smart_mask, naive";
 const EXPECT_RESERVE: &str = Reserve::EXPECTED;
 const EXPECT_POSITIVE: &str = "a positive integer";
 
@@ -338,7 +337,7 @@ fn expected_at(field: &str) -> String {
         ("kv", "dtype") => EXPECT_DTYPE.into(),
         ("kv", "k_layout") => "rows or transposed".into(),
         ("kv", "tensors") => "per_head or per_layer".into(),
-        ("kv", "update") => EXPECT_UPDATE.into(),
+        ("kv", "update") => format!("one of {}", Strategy::NAMES.join(", ")),
         ("kv", "reserve") => EXPECT_RESERVE.into(),
         ("kv", "stagger") => "true or false".into(),
         ("kv", "cross") => "a mapping { rows, dtype }: the static cross-attention K/V".into(),
@@ -510,7 +509,10 @@ impl Config {
             return err(
                 "kv.update",
                 format!("`{}` names shift's options", self.kv.update),
-                format!("{EXPECT_UPDATE}, with shift's options in kv.reserve and kv.stagger"),
+                format!(
+                    "one of {}, with shift's options in kv.reserve and kv.stagger",
+                    Strategy::NAMES.join(", ")
+                ),
             );
         }
         for (field, value, max) in [
@@ -859,6 +861,10 @@ kv: { dtype: u16, k_layout: rows, tensors: per_head, update: shift, reserve: 2x 
             assert_eq!(e.field(), Some(field), "{e}");
             assert!(e.to_string().contains(needle), "{e}");
         }
+        // `kv.update` is a name: shift's options are kv.reserve and kv.stagger.
+        let e = parse(&SEED.replace("update: shift", "update: shift-1.5x")).unwrap_err();
+        assert_eq!(e.field(), Some("kv.update"), "{e}");
+        assert!(e.to_string().contains("kv.reserve"), "{e}");
         // dim that agrees is fine, and per_layer works with a slot strategy.
         parse(&SEED.replace("vocab: 32000", "vocab: 32000, dim: 4096")).unwrap();
         parse(

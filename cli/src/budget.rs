@@ -926,8 +926,8 @@ pub fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
             "config": config.origin.display().to_string(),
             "model": config.model.name,
             "update": strategy.name(),
-            "reserve": (config.kv.matches!(update, Strategy::Shift { .. })).then(|| config.kv.reserve.to_string()),
-            "stagger": config.kv.matches!(update, Strategy::Shift { .. }) && config.kv.stagger,
+            "reserve": (matches!(config.kv.update, Strategy::Shift { .. })).then(|| config.kv.reserve.to_string()),
+            "stagger": matches!(config.kv.update, Strategy::Shift { .. }) && config.kv.stagger,
             "context": g.context,
             "ar": g.ar_variants,
             "row_bytes": rb,
@@ -971,7 +971,7 @@ fn print_plan(
             config.model.name,
             config.origin.display(),
             strategy.name(),
-            if config.kv.matches!(update, Strategy::Shift { .. }) {
+            if matches!(config.kv.update, Strategy::Shift { .. }) {
                 format!(
                     " (reserve {}{})",
                     config.kv.reserve,

@@ -18,12 +18,15 @@
 //!
 //! # Adding a strategy
 //! 1. A new file `strategy/NAME.rs` with a type implementing [`Rule`]: its constructor validates
-//!    the geometry and derives its [`Layout`]; `bind` fills the plan's offsets; `prepare`,
-//!    `commit` and `rollback` move rows when the rule needs to; `token_row` says where a token
-//!    lives; `predict` gives the counters of a [`crate::predict::Run`] in closed form.
-//! 2. One arm in [`Strategy`], and its arms in the three matches the compiler then points to:
-//!    [`Strategy::name`], [`Strategy::ALL`] (the spellings [`Strategy`]'s `FromStr` accepts) and
-//!    `Strategy::rule` (which builds the rule).
+//!    the geometry (refusals name their reason) and derives its [`Layout`]; `bind` fills the
+//!    plan's offsets (the per-step hot path); `prepare`, `commit` and `rollback` move rows when the
+//!    rule needs to; `token_row` says where a token lives (snapshots, evictions, relayouts and beams
+//!    go through it); `predict` gives the counters of a [`crate::predict::Run`] in closed form.
+//! 2. One arm in [`Strategy`], then the arms the compiler asks for in its exhaustive matches:
+//!    [`Strategy::name`] and `Strategy::rule` here, and the plot style `strategy_style` of
+//!    `htpkv budget --plot` (`cli/src/budget.rs`).
+//! 3. Its default in [`Strategy::ALL`], so that its name parses (configs, `--update`) and the
+//!    budget reports it.
 //!
 //! Nothing else changes: the cache, snapshots, evictions, relayouts, beams, the budget tool, the
 //! config schema and every command line take strategies through [`Strategy`] and its spellings.
@@ -71,12 +74,19 @@ impl Strategy {
         Strategy::Naive,
     ];
 
-    /// What [`Strategy`]'s `FromStr` accepts, for error messages.
-    pub const EXPECTED: &'static str = "one of shift, conveyor, smart_mask, naive (shift may name \
-         its reservation and staggering: shift-1.5x, shift-+64, shift-3070, shift-1.5x-staggered)";
+    /// Every strategy's name, in [`Strategy::ALL`]'s order.
+    pub const NAMES: [&'static str; Strategy::ALL.len()] = {
+        let mut names = [""; Strategy::ALL.len()];
+        let mut i = 0;
+        while i < names.len() {
+            names[i] = Strategy::ALL[i].name();
+            i += 1;
+        }
+        names
+    };
 
     /// The strategy's name as used in configs (`shift`, `conveyor`, `smart_mask`, `naive`).
-    pub fn name(&self) -> &'static str {
+    pub const fn name(&self) -> &'static str {
         match self {
             Strategy::Shift { .. } => "shift",
             Strategy::Conveyor => "conveyor",
@@ -91,12 +101,6 @@ impl Strategy {
             Strategy::Shift { .. } => Strategy::Shift { reserve, stagger },
             other => other,
         }
-    }
-
-    /// True when past windows are left-padded (valid rows right-aligned), false when valid rows fill
-    /// slots from the start of the window (`smart_mask`).
-    pub fn left_padded(&self) -> bool {
-        !matches!(self, Strategy::SmartMask)
     }
 
     /// Builds the rule for a validated geometry: refuses what the strategy cannot serve (the
@@ -126,8 +130,9 @@ impl std::str::FromStr for Strategy {
         }
         let unknown = || {
             format!(
-                "unknown update strategy `{s}`; expected {}",
-                Strategy::EXPECTED
+                "unknown update strategy `{s}`; expected one of {} (shift may name its reservation \
+                 and staggering: shift-1.5x, shift-+64, shift-3070, shift-1.5x-staggered)",
+                Strategy::NAMES.join(", ")
             )
         };
         let options = s.strip_prefix("shift-").ok_or_else(unknown)?;
@@ -172,7 +177,7 @@ mod serde_impl {
         }
     }
 
-    const NAMES: &[&str] = &["shift", "conveyor", "smart_mask", "naive"];
+    const NAMES: &[&str] = &Strategy::NAMES;
 
     /// Read as a unit variant, as a derived enum is (so formats treat and locate it the same),
     /// whose name is the spelling.
@@ -407,5 +412,81 @@ impl CacheSpec {
     /// Validates the spec and derives its layout; every refusal names its reason.
     pub(crate) fn layout(&self) -> Result<Layout, KvError> {
         Ok(self.rule()?.layout().clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spelling_parses_back_to_its_strategy() {
+        let factor = |f| Reserve::Factor(f);
+        for (text, strategy) in [
+            ("shift-2x", Strategy::SHIFT_2X),
+            (
+                "shift-1.5x",
+                Strategy::Shift {
+                    reserve: factor(1.5),
+                    stagger: false,
+                },
+            ),
+            (
+                "shift-1.5x-staggered",
+                Strategy::Shift {
+                    reserve: factor(1.5),
+                    stagger: true,
+                },
+            ),
+            (
+                "shift-+64",
+                Strategy::Shift {
+                    reserve: Reserve::Spare(64),
+                    stagger: false,
+                },
+            ),
+            (
+                "shift-3070",
+                Strategy::Shift {
+                    reserve: Reserve::Rows(3070),
+                    stagger: false,
+                },
+            ),
+            ("conveyor", Strategy::Conveyor),
+            ("smart_mask", Strategy::SmartMask),
+            ("naive", Strategy::Naive),
+        ] {
+            assert_eq!(text.parse::<Strategy>(), Ok(strategy), "{text}");
+            assert_eq!(strategy.to_string(), text);
+        }
+        // A name alone is the strategy with its defaults.
+        assert_eq!(
+            Strategy::NAMES,
+            ["shift", "conveyor", "smart_mask", "naive"]
+        );
+        for (name, strategy) in Strategy::NAMES.iter().zip(Strategy::ALL) {
+            assert_eq!(name.parse::<Strategy>(), Ok(strategy));
+        }
+    }
+
+    #[test]
+    fn unknown_spellings_say_what_is_expected() {
+        let e = "rotate".parse::<Strategy>().unwrap_err();
+        assert!(
+            e.starts_with("unknown update strategy `rotate`; expected one of shift, conveyor"),
+            "{e}"
+        );
+        for bad in [
+            "shift-",
+            "shift-2y",
+            "shift-0.5x",
+            "shift-staggered",
+            "conveyor-2x",
+            "",
+        ] {
+            assert!(bad.parse::<Strategy>().is_err(), "{bad}");
+        }
+        let e = "shift-2y".parse::<Strategy>().unwrap_err();
+        assert!(e.contains("invalid reserve `2y`"), "{e}");
     }
 }
