@@ -5,20 +5,20 @@
 //!
 //! | module | strategies | state |
 //! |---|---|---|
-//! | [`shift`] | `shift` | per layer, the window end inside its R-row buffers |
-//! | [`conveyor`] | `conveyor` | none: token t of buffer b lives at `base[b] + t` |
-//! | [`slots`] | `smart_mask`, `naive` | the window the slots are laid out for |
+//! | `shift.rs` | `shift` | per layer, the window end inside its R-row buffers |
+//! | `conveyor.rs` | `conveyor` | none: token t of buffer b lives at `base[b] + t` |
+//! | `slots.rs` | `smart_mask`, `naive` | the window the slots are laid out for |
 //!
 //! `smart_mask` and `naive` share one module because they share everything but where a token's
 //! slot is (filled from the start, or right-aligned and slid left on every commit): the layout,
 //! the slot and output addressing, the relayouts of strided layouts and the copies.
 //!
-//! [`KvCache`](crate::KvCache) is strategy-free: it validates a step, hands the rule a [`Cx`]
-//! (geometry, plan, region bytes, length) and counts what the rule reports ([`Moved`]).
+//! [`KvCache`](crate::KvCache) is strategy-free: it validates a step, hands the rule a `Cx`
+//! (geometry, plan, region bytes, length) and counts what the rule reports (`Moved`).
 //!
 //! # Adding a strategy
-//! 1. A new file `strategy/NAME.rs` with a type implementing [`Rule`]: its constructor validates
-//!    the geometry (refusals name their reason) and derives its [`Layout`]; `bind` fills the
+//! 1. A new file `strategy/NAME.rs` with a type implementing `Rule`: its constructor validates
+//!    the geometry (refusals name their reason) and derives its `Layout`; `bind` fills the
 //!    plan's offsets (the per-step hot path); `prepare`, `commit` and `rollback` move rows when the
 //!    rule needs to; `token_row` says where a token lives (snapshots, evictions, relayouts and beams
 //!    go through it); `predict` gives the counters of a [`crate::predict::Run`] in closed form.
@@ -26,14 +26,14 @@
 //!    [`Strategy::name`] and `Strategy::rule` here, and the plot style `strategy_style` of
 //!    `htpkv budget --plot` (`cli/src/budget.rs`).
 //! 3. Its default in [`Strategy::ALL`], so that its name parses (configs, `--update`) and the
-//!    budget reports it.
+//!    budget reports it; and, only if its windows are not left-padded, [`Strategy::left_padded`].
 //!
 //! Nothing else changes: the cache, snapshots, evictions, relayouts, beams, the budget tool, the
 //! config schema and every command line take strategies through [`Strategy`] and its spellings.
 
-pub mod conveyor;
-pub mod shift;
-pub mod slots;
+mod conveyor;
+mod shift;
+mod slots;
 
 use crate::counters::HandleTracker;
 use crate::predict::{Copies, Segment};
@@ -101,6 +101,12 @@ impl Strategy {
             Strategy::Shift { .. } => Strategy::Shift { reserve, stagger },
             other => other,
         }
+    }
+
+    /// True when past windows are left-padded (valid rows right-aligned), false when valid rows fill
+    /// slots from the start of the window (`smart_mask`); what the strategy's rule says.
+    pub fn left_padded(&self) -> bool {
+        !matches!(self, Strategy::SmartMask)
     }
 
     /// Builds the rule for a validated geometry: refuses what the strategy cannot serve (the
