@@ -34,9 +34,10 @@ fn main() -> anyhow::Result<()> {
     }
     let geometry = llama2_7b_decode();
     let full = steps.min(geometry.capacity());
-    let mut rows: Vec<(&str, StepTimes)> = Vec::new();
-    for (name, strategy) in seed_strategies() {
-        let n = if name == "naive" {
+    let mut rows: Vec<(String, StepTimes)> = Vec::new();
+    for strategy in seed_strategies() {
+        let name = strategy.to_string();
+        let n = if strategy == kv_manager::Strategy::Naive {
             naive_steps.min(full)
         } else {
             full
@@ -47,7 +48,7 @@ fn main() -> anyhow::Result<()> {
         rows.push((name, times));
     }
     eprintln!("running floor for {full} steps ...");
-    rows.push(("floor", time_floor(&geometry, full)?));
+    rows.push(("floor".into(), time_floor(&geometry, full)?));
 
     let median_of = |wanted: &str| {
         rows.iter()

@@ -199,10 +199,12 @@ pub struct KvConfig {
     #[serde(with = "kv_dtype_serde")]
     pub dtype: DataType,
     #[serde(default)]
-    pub k_layout: KLayoutConfig,
+    pub k_layout: KLayout,
     #[serde(default)]
-    pub tensors: TensorsConfig,
-    pub update: Update,
+    pub tensors: Granularity,
+    /// The strategy, by name (`shift` means 2x unstaggered here; its options are `reserve` and
+    /// `stagger`, see [`Config::strategy`]).
+    pub update: Strategy,
     #[serde(default)]
     pub reserve: ReserveConfig,
     #[serde(default)]
@@ -248,70 +250,6 @@ mod kv_dtype_serde {
     }
 }
 
-/// K layout (`rows` by default).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum KLayoutConfig {
-    #[default]
-    Rows,
-    Transposed,
-}
-
-/// Tensor granularity (`per_head` by default).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TensorsConfig {
-    #[default]
-    PerHead,
-    PerLayer,
-}
-
-/// The KV update strategy named in a config.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Update {
-    Shift,
-    Conveyor,
-    SmartMask,
-    Naive,
-}
-
-impl Update {
-    /// Every strategy, in report order.
-    pub const ALL: [Update; 4] = [
-        Update::Shift,
-        Update::Conveyor,
-        Update::SmartMask,
-        Update::Naive,
-    ];
-
-    /// The config name (`shift`, `conveyor`, `smart_mask`, `naive`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Update::Shift => "shift",
-            Update::Conveyor => "conveyor",
-            Update::SmartMask => "smart_mask",
-            Update::Naive => "naive",
-        }
-    }
-}
-
-impl fmt::Display for Update {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Update {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Update::ALL
-            .into_iter()
-            .find(|u| u.name() == s)
-            .ok_or_else(|| format!("unknown update strategy `{s}`; expected {EXPECT_UPDATE}"))
-    }
-}
-
 /// `kv.reserve`: the `shift` reservation.
 ///
 /// - `Fx` (e.g. `2x`, `1.5x`, F >= 1): [`Reserve::Factor`]; with W = S - min(ar) the buffer has
@@ -348,38 +286,17 @@ impl TryFrom<ReserveRepr> for ReserveConfig {
     }
 }
 
+/// [`Reserve`]'s own spelling (`Reserve`'s `FromStr`, the one parser of reservations).
 impl FromStr for ReserveConfig {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        let bad = || format!("invalid reserve `{s}`; expected {EXPECT_RESERVE}");
-        if let Some(f) = t.strip_suffix(['x', 'X']) {
-            let f: f64 = f.trim().parse().map_err(|_| bad())?;
-            if !f.is_finite() || f < 1.0 {
-                return Err(bad());
-            }
-            return Ok(ReserveConfig(Reserve::Factor(f)));
-        }
-        if let Some(k) = t.strip_prefix('+') {
-            return k
-                .trim()
-                .parse()
-                .map(|k| ReserveConfig(Reserve::Spare(k)))
-                .map_err(|_| bad());
-        }
-        t.parse()
-            .map(|n| ReserveConfig(Reserve::Rows(n)))
-            .map_err(|_| bad())
+        s.parse().map(ReserveConfig)
     }
 }
 
 impl fmt::Display for ReserveConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Reserve::Factor(x) => write!(f, "{x}x"),
-            Reserve::Spare(k) => write!(f, "+{k}"),
-            Reserve::Rows(r) => write!(f, "{r}"),
-        }
+        f.write_str(&self.0.spelling())
     }
 }
 
@@ -393,9 +310,7 @@ impl From<ReserveConfig> for String {
 pub const MAX_VOCAB: usize = 1 << 24;
 
 const EXPECT_DTYPE: &str = "one of u8, u16, i8, i16, f16, f32";
-const EXPECT_UPDATE: &str = "one of shift, conveyor, smart_mask, naive";
-const EXPECT_RESERVE: &str =
-    "`2x`, `1.5x` (a factor >= 1 followed by x), a row count such as 3070, or `+K` spare rows";
+const EXPECT_RESERVE: &str = Reserve::EXPECTED;
 const EXPECT_POSITIVE: &str = "a positive integer";
 
 /// What the schema expects at a field path (for error messages).
@@ -422,7 +337,7 @@ fn expected_at(field: &str) -> String {
         ("kv", "dtype") => EXPECT_DTYPE.into(),
         ("kv", "k_layout") => "rows or transposed".into(),
         ("kv", "tensors") => "per_head or per_layer".into(),
-        ("kv", "update") => EXPECT_UPDATE.into(),
+        ("kv", "update") => format!("one of {}", Strategy::NAMES.join(", ")),
         ("kv", "reserve") => EXPECT_RESERVE.into(),
         ("kv", "stagger") => "true or false".into(),
         ("kv", "cross") => "a mapping { rows, dtype }: the static cross-attention K/V".into(),
@@ -543,9 +458,9 @@ impl Config {
             },
             kv: KvConfig {
                 dtype: DataType::U16,
-                k_layout: KLayoutConfig::default(),
-                tensors: TensorsConfig::default(),
-                update: Update::Shift,
+                k_layout: KLayout::default(),
+                tensors: Granularity::default(),
+                update: Strategy::SHIFT_2X,
                 reserve: ReserveConfig::default(),
                 stagger: false,
                 cross: None,
@@ -589,6 +504,16 @@ impl Config {
         let m = &self.model;
         if m.name.trim().is_empty() {
             return err("model.name", "is empty".into(), "a model name".into());
+        }
+        if !Strategy::ALL.contains(&self.kv.update) {
+            return err(
+                "kv.update",
+                format!("`{}` names shift's options", self.kv.update),
+                format!(
+                    "one of {}, with shift's options in kv.reserve and kv.stagger",
+                    Strategy::NAMES.join(", ")
+                ),
+            );
         }
         for (field, value, max) in [
             ("model.layers", m.layers, MAX_LAYERS),
@@ -727,14 +652,8 @@ impl Config {
                 e.to_string(),
                 format!(
                     "an update strategy that serves tensors: {} and k_layout: {} (smart_mask or naive)",
-                    match self.kv.tensors {
-                        TensorsConfig::PerHead => "per_head",
-                        TensorsConfig::PerLayer => "per_layer",
-                    },
-                    match self.kv.k_layout {
-                        KLayoutConfig::Rows => "rows",
-                        KLayoutConfig::Transposed => "transposed",
-                    }
+                    self.kv.tensors.name(),
+                    self.kv.k_layout.name()
                 ),
             ),
             KvError::InvalidCross { reason } => ConfigError::field_error(
@@ -752,7 +671,7 @@ impl Config {
             KvError::SizeOverflow { .. } => ConfigError::field_error(
                 path,
                 "kv.update",
-                format!("update {}: {e}", self.kv.update),
+                format!("update {}: {e}", self.kv.update.name()),
                 "a smaller cache: its size must fit this machine's addresses",
             ),
             _ => ConfigError::field_error(
@@ -773,14 +692,8 @@ impl Config {
             context: self.graph.context,
             ar_variants: self.graph.ar.clone(),
             dtype: self.kv.dtype,
-            k_layout: match self.kv.k_layout {
-                KLayoutConfig::Rows => KLayout::Rows,
-                KLayoutConfig::Transposed => KLayout::Transposed,
-            },
-            granularity: match self.kv.tensors {
-                TensorsConfig::PerHead => Granularity::PerHead,
-                TensorsConfig::PerLayer => Granularity::PerLayer,
-            },
+            k_layout: self.kv.k_layout,
+            granularity: self.kv.tensors,
             windows: self.model.layer_windows(
                 self.graph.context,
                 self.graph.ar.iter().copied().max().unwrap_or(1),
@@ -793,17 +706,10 @@ impl Config {
         self.strategy_for(self.kv.update)
     }
 
-    /// The strategy `update` with this config's `shift` parameters.
-    pub fn strategy_for(&self, update: Update) -> Strategy {
-        match update {
-            Update::Shift => Strategy::Shift {
-                reserve: self.kv.reserve.0,
-                stagger: self.kv.stagger,
-            },
-            Update::Conveyor => Strategy::Conveyor,
-            Update::SmartMask => Strategy::SmartMask,
-            Update::Naive => Strategy::Naive,
-        }
+    /// The strategy `update` names, with this config's `shift` parameters (`kv.reserve`,
+    /// `kv.stagger`) when it is `shift`.
+    pub fn strategy_for(&self, update: Strategy) -> Strategy {
+        update.with_shift_options(self.kv.reserve.0, self.kv.stagger)
     }
 
     /// A cache spec for the configured strategy, with simulation encodings
@@ -812,8 +718,8 @@ impl Config {
         self.cache_spec_for(self.kv.update)
     }
 
-    /// A simulation cache spec for strategy `update`.
-    pub fn cache_spec_for(&self, update: Update) -> CacheSpec {
+    /// A simulation cache spec for the strategy `update` names ([`Config::strategy_for`]).
+    pub fn cache_spec_for(&self, update: Strategy) -> CacheSpec {
         let mut spec = CacheSpec::for_simulation(self.geometry(), self.strategy_for(update));
         if let Some(cross) = &self.kv.cross {
             let g = &spec.geometry;
@@ -955,6 +861,10 @@ kv: { dtype: u16, k_layout: rows, tensors: per_head, update: shift, reserve: 2x 
             assert_eq!(e.field(), Some(field), "{e}");
             assert!(e.to_string().contains(needle), "{e}");
         }
+        // `kv.update` is a name: shift's options are kv.reserve and kv.stagger.
+        let e = parse(&SEED.replace("update: shift", "update: shift-1.5x")).unwrap_err();
+        assert_eq!(e.field(), Some("kv.update"), "{e}");
+        assert!(e.to_string().contains("kv.reserve"), "{e}");
         // dim that agrees is fine, and per_layer works with a slot strategy.
         parse(&SEED.replace("vocab: 32000", "vocab: 32000, dim: 4096")).unwrap();
         parse(

@@ -9,7 +9,7 @@ use crate::session::{
     max_text_bytes,
 };
 use crate::text::{ChatFormat, HfCodec};
-use kv_manager::{HostAllocator, RegionAllocator, Reserve, Strategy};
+use kv_manager::{HostAllocator, RegionAllocator, Strategy};
 use model::fsio::{FileKind, read_capped};
 use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use model::{LlamaConfig, Message, WeightSource};
@@ -96,23 +96,11 @@ impl EngineOptions {
         }
     }
 
-    /// Parses an update strategy name: `shift` (2x), `conveyor`, `smart_mask`, `naive`.
+    /// Parses an update strategy: [`Strategy`]'s spelling, the one parser of strategy names
+    /// (`shift` (2x), `conveyor`, `smart_mask`, `naive`, and `shift-1.5x`, `shift-+64`,
+    /// `shift-1.5x-staggered`, ...).
     pub fn parse_strategy(name: &str) -> Result<Strategy, EngineError> {
-        Ok(match name {
-            "shift" => Strategy::SHIFT_2X,
-            "shift-1.5x" => Strategy::Shift {
-                reserve: Reserve::Factor(1.5),
-                stagger: true,
-            },
-            "conveyor" => Strategy::Conveyor,
-            "smart_mask" => Strategy::SmartMask,
-            "naive" => Strategy::Naive,
-            other => {
-                return Err(EngineError::BadOption(format!(
-                    "unknown update strategy `{other}` (expected shift, conveyor, smart_mask or naive)"
-                )));
-            }
-        })
+        name.parse().map_err(EngineError::BadOption)
     }
 }
 
@@ -1032,7 +1020,7 @@ pub fn budget_json(config_yaml: &str) -> Result<String, EngineError> {
     let config = crate::config::Config::from_yaml(config_yaml, Path::new("<config>"))
         .map_err(|e| EngineError::Budget(e.to_string()))?;
     let mut reports = Vec::new();
-    for update in crate::config::Update::ALL {
+    for update in Strategy::ALL {
         match crate::budget::report(&config, update, 0) {
             Ok(r) => reports.push(r),
             Err(crate::budget::BudgetError::Kv(kv_manager::KvError::UnsupportedCombination {

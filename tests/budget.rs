@@ -2,7 +2,7 @@
 //! predictions against a real `KvCache` running the same schedule.
 
 use htpkv::budget::{Run, fit_context, predict, region_at, report};
-use htpkv::config::{Config, ConfigError, ReserveConfig, Update};
+use htpkv::config::{Config, ConfigError, ReserveConfig};
 use htpkv::kv_manager::{HostAllocator, KvCache, Reserve, Strategy, workload};
 use std::path::{Path, PathBuf};
 
@@ -33,7 +33,7 @@ fn simulate(config: &Config, run: &Run) -> htpkv::kv_manager::Counters {
 #[test]
 fn seed_numbers() {
     let mut c = load("llama-2-7b.yaml");
-    let shift = report(&c, Update::Shift, 0).unwrap();
+    let shift = report(&c, Strategy::SHIFT_2X, 0).unwrap();
     assert_eq!(shift.region_bytes, 2_146_435_072);
     // 2048 buffers x R = 2(S - 1) rows x 256-byte rows.
     assert_eq!(shift.buffers, 32 * 32 * 2);
@@ -48,7 +48,7 @@ fn seed_numbers() {
 
     // 1.5x: R = W + floor(0.5 W) with W = 2047.
     c.kv.reserve = "1.5x".parse::<ReserveConfig>().unwrap();
-    let r15 = report(&c, Update::Shift, 0).unwrap();
+    let r15 = report(&c, Strategy::SHIFT_2X, 0).unwrap();
     assert_eq!(r15.reserve_rows, 2047 + 1023);
     assert_eq!(r15.region_bytes, 2048 * 3070 * 256);
     // A decode step at length L needs its output row W + L < R: the step at L = 1023 rebases every
@@ -58,15 +58,15 @@ fn seed_numbers() {
     assert_eq!(r15.rows_copied, 2048 * (1023 + 2046));
     assert_eq!(r15.worst_step_rows_copied, 2048 * 2046);
 
-    let conveyor = report(&c, Update::Conveyor, 0).unwrap();
+    let conveyor = report(&c, Strategy::Conveyor, 0).unwrap();
     assert_eq!(conveyor.region_bytes, (2047 * 2048 + 2 * 2047) * 256);
     let ratio = conveyor.region_bytes as f64 / shift.region_bytes as f64;
     assert!((0.49..0.51).contains(&ratio), "{ratio}");
     assert_eq!(conveyor.rows_copied, 0);
 
-    let smart = report(&c, Update::SmartMask, 0).unwrap();
+    let smart = report(&c, Strategy::SmartMask, 0).unwrap();
     assert_eq!(smart.rows_copied_per_token, 2048.0);
-    let naive = report(&c, Update::Naive, 0).unwrap();
+    let naive = report(&c, Strategy::Naive, 0).unwrap();
     assert_eq!(naive.rows_copied_per_token, 2048.0 * 2047.0);
     // Graph IO of AR-1: ids 4 + positions 4 + u16 mask 2 x 2048 + logits 4 x 32000.
     assert_eq!(shift.graph_io[0].total_bytes, 4 + 4 + 4096 + 128_000);
@@ -76,7 +76,7 @@ fn seed_numbers() {
 fn gqa_model_budgets_kv_heads_not_heads() {
     let c = load("llama-3-8b.yaml");
     assert_eq!((c.model.heads, c.model.kv_heads), (32, 8));
-    let r = report(&c, Update::Shift, 0).unwrap();
+    let r = report(&c, Strategy::SHIFT_2X, 0).unwrap();
     assert_eq!(r.buffers, 32 * 8 * 2);
     assert_eq!(r.kv_bytes_per_token, 512 * 256);
     assert_eq!(r.region_bytes, 512 * 2 * 4095 * 256);
@@ -107,9 +107,9 @@ fn shipped_configs_parse_with_their_real_geometries() {
     files.sort();
     for f in &files {
         let c = load(f);
-        for u in Update::ALL {
+        for u in Strategy::ALL {
             let r = report(&c, u, 0);
-            if u == Update::SmartMask && c.geometry().has_windows() {
+            if u == Strategy::SmartMask && c.geometry().has_windows() {
                 // Sliding layers need left-padded windows: refused with the reason.
                 let e = r.unwrap_err().to_string();
                 assert!(e.contains("left-padded"), "{f}: {e}");
@@ -235,7 +235,7 @@ fn bad_configs_name_file_field_and_expectation() {
 type Case = (
     &'static str,
     Option<usize>,
-    Update,
+    Strategy,
     &'static str,
     bool,
     usize,
@@ -250,7 +250,7 @@ fn gemma_slides_five_layers_in_six_and_the_budget_shows_the_saving() {
         .collect();
     assert_eq!(global, [5, 11, 17, 23]);
     assert_eq!(g.distinct_windows(), [512]);
-    let r = report(&c, Update::Shift, 0).unwrap();
+    let r = report(&c, Strategy::SHIFT_2X, 0).unwrap();
     assert_eq!(r.sliding_layers, 22);
     // AR-1: 2 buffers per layer of 512-byte rows; 4095 past rows global, 511 sliding.
     assert_eq!(
@@ -268,14 +268,14 @@ fn gemma_slides_five_layers_in_six_and_the_budget_shows_the_saving() {
     assert_eq!(r.region_bytes_all_global, rb * 52 * 2 * cap);
     // conveyor: buffer 0 (layer 0, sliding) starts at W - 1, a gap of S before each global
     // buffer and K + max(ar) before each of the other 43 sliding ones, the capacity after the last.
-    let conveyor = report(&c, Update::Conveyor, 0).unwrap();
+    let conveyor = report(&c, Strategy::Conveyor, 0).unwrap();
     assert_eq!(
         conveyor.region_bytes,
         rb * (511 + 8 * s + 43 * (k + max_ar) + cap)
     );
     assert_eq!(conveyor.region_bytes_all_global, rb * (cap + 51 * s + cap));
     // naive: a slot window of W_max or K rows per buffer, then max(ar) output rows per buffer.
-    let naive = report(&c, Update::Naive, 0).unwrap();
+    let naive = report(&c, Strategy::Naive, 0).unwrap();
     assert_eq!(naive.region_bytes, rb * (8 * cap + 44 * k + 52 * max_ar));
     assert_eq!(naive.region_bytes_all_global, rb * 52 * (cap + max_ar));
     // A window longer than the graph's reach is the global layer: at S = 600 with AR-128 the
@@ -295,22 +295,43 @@ fn gemma_slides_five_layers_in_six_and_the_budget_shows_the_saving() {
 #[test]
 fn predictions_equal_a_real_cache() {
     let cases: &[Case] = &[
-        ("stories260K.yaml", None, Update::Shift, "2x", false, 0),
-        ("stories260K.yaml", None, Update::Shift, "1.5x", true, 45),
-        ("stories260K.yaml", None, Update::Conveyor, "2x", false, 100),
+        ("stories260K.yaml", None, Strategy::SHIFT_2X, "2x", false, 0),
+        (
+            "stories260K.yaml",
+            None,
+            Strategy::SHIFT_2X,
+            "1.5x",
+            true,
+            45,
+        ),
+        (
+            "stories260K.yaml",
+            None,
+            Strategy::Conveyor,
+            "2x",
+            false,
+            100,
+        ),
         (
             "stories260K.yaml",
             Some(128),
-            Update::SmartMask,
+            Strategy::SmartMask,
             "2x",
             false,
             33,
         ),
-        ("stories260K.yaml", Some(128), Update::Naive, "2x", false, 7),
+        (
+            "stories260K.yaml",
+            Some(128),
+            Strategy::Naive,
+            "2x",
+            false,
+            7,
+        ),
         (
             "llama-3.2-1b.yaml",
             Some(400),
-            Update::Shift,
+            Strategy::SHIFT_2X,
             "1.5x",
             true,
             0,
@@ -318,7 +339,7 @@ fn predictions_equal_a_real_cache() {
         (
             "llama-3.2-1b.yaml",
             Some(160),
-            Update::Shift,
+            Strategy::SHIFT_2X,
             "+130",
             false,
             20,
@@ -326,7 +347,7 @@ fn predictions_equal_a_real_cache() {
         (
             "qwen2.5-0.5b.yaml",
             Some(96),
-            Update::Shift,
+            Strategy::SHIFT_2X,
             "140",
             false,
             40,
@@ -334,18 +355,39 @@ fn predictions_equal_a_real_cache() {
         (
             "qwen2.5-0.5b.yaml",
             Some(96),
-            Update::Conveyor,
+            Strategy::Conveyor,
             "2x",
             false,
             0,
         ),
-        ("mistral-7b.yaml", Some(136), Update::Naive, "2x", false, 0),
-        ("gemma-3-1b.yaml", Some(700), Update::Naive, "2x", false, 9),
-        ("gemma-3-1b.yaml", Some(640), Update::Shift, "1.5x", true, 0),
+        (
+            "mistral-7b.yaml",
+            Some(136),
+            Strategy::Naive,
+            "2x",
+            false,
+            0,
+        ),
+        (
+            "gemma-3-1b.yaml",
+            Some(700),
+            Strategy::Naive,
+            "2x",
+            false,
+            9,
+        ),
+        (
+            "gemma-3-1b.yaml",
+            Some(640),
+            Strategy::SHIFT_2X,
+            "1.5x",
+            true,
+            0,
+        ),
         (
             "gemma-3-1b.yaml",
             Some(600),
-            Update::Conveyor,
+            Strategy::Conveyor,
             "2x",
             false,
             3,
@@ -353,7 +395,7 @@ fn predictions_equal_a_real_cache() {
         (
             "llama-3-8b.yaml",
             Some(136),
-            Update::SmartMask,
+            Strategy::SmartMask,
             "2x",
             false,
             5,
@@ -401,9 +443,9 @@ fn predictions_equal_a_real_cache() {
 fn staggering_spreads_the_rebases() {
     let mut c = load("stories260K.yaml");
     c.kv.reserve = ReserveConfig(Reserve::Factor(1.5));
-    let plain = report(&c, Update::Shift, 0).unwrap();
+    let plain = report(&c, Strategy::SHIFT_2X, 0).unwrap();
     c.kv.stagger = true;
-    let staggered = report(&c, Update::Shift, 0).unwrap();
+    let staggered = report(&c, Strategy::SHIFT_2X, 0).unwrap();
     assert!(
         staggered.worst_step_rows_copied < plain.worst_step_rows_copied,
         "{} vs {}",
@@ -422,7 +464,7 @@ fn staggering_spreads_the_rebases() {
 #[test]
 fn fit_finds_the_largest_context() {
     let c = load("stories260K.yaml");
-    for update in Update::ALL {
+    for update in Strategy::ALL {
         let at_512 = region_at(&c, update, 512).unwrap();
         let (s, bytes) = fit_context(&c, update, at_512).unwrap();
         assert!(s >= 512 && bytes <= at_512, "{update}: {s} {bytes}");

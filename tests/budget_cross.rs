@@ -2,7 +2,8 @@
 //! budget line (configs/whisper-tiny.yaml).
 
 use htpkv::budget::report;
-use htpkv::config::{Config, Update};
+use htpkv::config::Config;
+use htpkv::kv_manager::Strategy;
 use std::path::Path;
 
 const WHISPER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/whisper-tiny.yaml");
@@ -13,10 +14,10 @@ fn static_cross_kv_is_counted_in_the_region_of_every_strategy() {
     let mut plain = config.clone();
     plain.kv.cross = None;
     for update in [
-        Update::Shift,
-        Update::Conveyor,
-        Update::SmartMask,
-        Update::Naive,
+        Strategy::SHIFT_2X,
+        Strategy::Conveyor,
+        Strategy::SmartMask,
+        Strategy::Naive,
     ] {
         let with = report(&config, update, 0).unwrap();
         let without = report(&plain, update, 0).unwrap();

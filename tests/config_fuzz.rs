@@ -5,7 +5,7 @@
 //! files named `ok_*` must load, the others must be refused.
 
 use htpkv::budget::report;
-use htpkv::config::{Config, ConfigError, Update};
+use htpkv::config::{Config, ConfigError};
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 
@@ -63,7 +63,7 @@ fn check(bytes: &[u8]) -> Result<Config, ConfigError> {
     let result = Config::load(&path);
     match &result {
         Ok(config) => {
-            for update in Update::ALL {
+            for update in htpkv::kv_manager::Strategy::ALL {
                 // Ok or a typed error; a panic fails the test.
                 let _ = report(config, update, 0);
             }

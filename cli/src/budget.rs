@@ -8,9 +8,10 @@ use htpkv::budget::{
     BudgetReport, Prediction, Run, fit_context, human_bytes, min_context, parse_byte_size, predict,
     region_at, report,
 };
-use htpkv::config::{Config, ReserveConfig, Update, parse_kv_dtype};
+use htpkv::config::{Config, ReserveConfig, parse_kv_dtype};
 use htpkv::kv_manager::{
-    Counters, Geometry, Granularity, HostAllocator, KvCache, MAX_CONTEXT, Size, workload,
+    Counters, Geometry, Granularity, HostAllocator, KLayout, KvCache, MAX_CONTEXT, Size, Strategy,
+    workload,
 };
 use model::fsio::{check_output, write_atomic_verified};
 use serde_json::json;
@@ -31,7 +32,7 @@ pub struct Overrides {
     dtype: Option<quant::DataType>,
     /// Only this update strategy (shift, conveyor, smart_mask, naive); budget shows all by default.
     #[arg(long, value_name = "U")]
-    update: Option<Update>,
+    update: Option<Strategy>,
     /// Stagger the layers' rebases (shift).
     #[arg(long)]
     stagger: bool,
@@ -161,10 +162,10 @@ pub struct PlanArgs {
     json: bool,
 }
 
-fn strategies(config: &Config, only: Option<Update>) -> Vec<Update> {
+fn strategies(config: &Config, only: Option<Strategy>) -> Vec<Strategy> {
     match only {
         Some(u) => vec![u],
-        None => Update::ALL.to_vec(),
+        None => Strategy::ALL.to_vec(),
     }
     .into_iter()
     .filter(|&u| only.is_some() || skip_reason(config, u).is_none())
@@ -172,16 +173,15 @@ fn strategies(config: &Config, only: Option<Update>) -> Vec<Update> {
 }
 
 /// Why the budget leaves `update` out for `config` when no update is asked for.
-fn skip_reason(config: &Config, update: Update) -> Option<&'static str> {
+fn skip_reason(config: &Config, update: Strategy) -> Option<&'static str> {
     // shift and conveyor write outputs in place: they need per_head tensors and K rows.
-    let in_place = config.kv.tensors == htpkv::config::TensorsConfig::PerHead
-        && config.kv.k_layout == htpkv::config::KLayoutConfig::Rows;
-    if matches!(update, Update::Shift | Update::Conveyor) && !in_place {
+    let in_place = config.kv.tensors == Granularity::PerHead && config.kv.k_layout == KLayout::Rows;
+    if matches!(update, Strategy::Shift { .. } | Strategy::Conveyor) && !in_place {
         return Some("it needs tensors: per_head and k_layout: rows");
     }
     // Sliding layers bind the last W - 1 rows of a left-padded window (kv_manager refuses
     // smart_mask with the reason).
-    if update == Update::SmartMask && config.geometry().has_windows() {
+    if update == Strategy::SmartMask && config.geometry().has_windows() {
         return Some("sliding-window layers need left-padded windows");
     }
     None
@@ -226,20 +226,22 @@ pub fn run_budget(args: BudgetArgs) -> anyhow::Result<()> {
     let mut reports: Vec<BudgetReport> = Vec::new();
     let mut skipped = Vec::new();
     for config in &configs {
-        for update in Update::ALL {
+        for update in Strategy::ALL {
             if args.overrides.update.is_some_and(|u| u != update) {
                 continue;
             }
             if !strategies(config, args.overrides.update).contains(&update) {
                 skipped.push(format!(
-                    "{}: {update} skipped: {}",
+                    "{}: {} skipped: {}",
                     config.origin.display(),
+                    update.name(),
                     skip_reason(config, update).unwrap_or("not applicable")
                 ));
                 continue;
             }
-            let r = report(config, update, args.prefill)
-                .with_context(|| format!("{}: update {update}", config.origin.display()))?;
+            let r = report(config, update, args.prefill).with_context(|| {
+                format!("{}: update {}", config.origin.display(), update.name())
+            })?;
             reports.push(r);
         }
     }
@@ -393,10 +395,7 @@ fn print_config(out: &mut dyn Write, config: &Config, reports: &[BudgetReport]) 
         } else {
             "per_layer"
         },
-        match config.kv.k_layout {
-            htpkv::config::KLayoutConfig::Rows => "rows",
-            htpkv::config::KLayoutConfig::Transposed => "transposed",
-        }
+        config.kv.k_layout.name()
     )?;
     writeln!(
         out,
@@ -535,11 +534,11 @@ fn print_config(out: &mut dyn Write, config: &Config, reports: &[BudgetReport]) 
 }
 
 /// The largest context of every strategy of each config for `budget` bytes.
-type Fits<'a> = Vec<(&'a Config, Vec<(Update, Option<(usize, usize)>)>)>;
+type Fits<'a> = Vec<(&'a Config, Vec<(Strategy, Option<(usize, usize)>)>)>;
 
 fn run_fit(
     configs: &[Config],
-    only: Option<Update>,
+    only: Option<Strategy>,
     budget: usize,
     json: bool,
 ) -> anyhow::Result<()> {
@@ -568,7 +567,7 @@ fn run_fit(
 }
 
 /// The best context of `per` and the strategies that reach it.
-fn best_fit(per: &[(Update, Option<(usize, usize)>)]) -> (Option<usize>, Vec<&'static str>) {
+fn best_fit(per: &[(Strategy, Option<(usize, usize)>)]) -> (Option<usize>, Vec<&'static str>) {
     let best = per.iter().filter_map(|(_, f)| f.map(|f| f.0)).max();
     let winners = per
         .iter()
@@ -580,7 +579,7 @@ fn best_fit(per: &[(Update, Option<(usize, usize)>)]) -> (Option<usize>, Vec<&'s
 
 fn fit_json(
     config: &Config,
-    per: &[(Update, Option<(usize, usize)>)],
+    per: &[(Strategy, Option<(usize, usize)>)],
     budget: usize,
 ) -> serde_json::Value {
     let (best, winners) = best_fit(per);
@@ -592,7 +591,7 @@ fn fit_json(
         "best_updates": winners,
         "strategies": per.iter().map(|(u, f)| json!({
             "update": u.name(),
-            "reserve": (*u == Update::Shift).then(|| config.kv.reserve.to_string()),
+            "reserve": (matches!(u, Strategy::Shift { .. })).then(|| config.kv.reserve.to_string()),
             "context": f.map(|f| f.0),
             "region_bytes": f.map(|f| f.1),
             "at_context_limit": f.is_some_and(|f| f.0 == MAX_CONTEXT),
@@ -612,7 +611,7 @@ fn limit_note(s: usize) -> &'static str {
 fn print_fit(
     out: &mut dyn Write,
     config: &Config,
-    per: &[(Update, Option<(usize, usize)>)],
+    per: &[(Strategy, Option<(usize, usize)>)],
     budget: usize,
 ) -> io::Result<()> {
     let (best, winners) = best_fit(per);
@@ -641,7 +640,7 @@ fn print_fit(
         )?,
     }
     for (u, f) in per {
-        let name = if *u == Update::Shift {
+        let name = if matches!(u, Strategy::Shift { .. }) {
             format!("shift {}", config.kv.reserve)
         } else {
             u.name().to_string()
@@ -668,12 +667,12 @@ const COLORS: [&str; 10] = [
 
 /// Line style of a strategy in a multi-model plot (colour = model) and stroke width in a single-model
 /// plot (colour = strategy; coinciding lines stay visible because wider ones are drawn first).
-fn strategy_style(update: Update) -> (Option<String>, f64) {
+fn strategy_style(update: Strategy) -> (Option<String>, f64) {
     match update {
-        Update::Shift => (None, 2.2),
-        Update::Conveyor => (Some("10 5".into()), 6.0),
-        Update::SmartMask => (Some("2 4".into()), 3.5),
-        Update::Naive => (Some("10 4 2 4".into()), 1.8),
+        Strategy::Shift { .. } => (None, 2.2),
+        Strategy::Conveyor => (Some("10 5".into()), 6.0),
+        Strategy::SmartMask => (Some("2 4".into()), 3.5),
+        Strategy::Naive => (Some("10 4 2 4".into()), 1.8),
     }
 }
 
@@ -687,7 +686,7 @@ fn shift_name(config: &Config) -> String {
 
 fn plot_regions(
     configs: &[Config],
-    only: Option<Update>,
+    only: Option<Strategy>,
     path: &Path,
     inputs: &[&Path],
 ) -> anyhow::Result<()> {
@@ -731,7 +730,7 @@ fn plot_regions(
             });
         }
         for (ui, update) in updates.into_iter().enumerate() {
-            let name = if update == Update::Shift {
+            let name = if matches!(update, Strategy::Shift { .. }) {
                 shift_name(config)
             } else {
                 update.name().to_string()
@@ -755,12 +754,12 @@ fn plot_regions(
     }
     if !single {
         legend.push(LegendItem::Heading("update (line style)".into()));
-        for update in Update::ALL {
+        for update in Strategy::ALL {
             if only.is_some_and(|u| u != update) {
                 continue;
             }
             let (dash, _) = strategy_style(update);
-            let label = if update == Update::Shift {
+            let label = if matches!(update, Strategy::Shift { .. }) {
                 shift_name(&configs[0])
             } else {
                 update.name().to_string()
@@ -927,8 +926,8 @@ pub fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
             "config": config.origin.display().to_string(),
             "model": config.model.name,
             "update": strategy.name(),
-            "reserve": (config.kv.update == Update::Shift).then(|| config.kv.reserve.to_string()),
-            "stagger": config.kv.update == Update::Shift && config.kv.stagger,
+            "reserve": (matches!(config.kv.update, Strategy::Shift { .. })).then(|| config.kv.reserve.to_string()),
+            "stagger": matches!(config.kv.update, Strategy::Shift { .. }) && config.kv.stagger,
             "context": g.context,
             "ar": g.ar_variants,
             "row_bytes": rb,
@@ -972,7 +971,7 @@ fn print_plan(
             config.model.name,
             config.origin.display(),
             strategy.name(),
-            if config.kv.update == Update::Shift {
+            if matches!(config.kv.update, Strategy::Shift { .. }) {
                 format!(
                     " (reserve {}{})",
                     config.kv.reserve,

@@ -49,7 +49,8 @@ pub struct RunArgs {
     /// must match the file.
     #[arg(long)]
     pub weights: Option<String>,
-    /// KV update strategy: shift, conveyor, smart_mask, naive (default: shift on the reference
+    /// KV update strategy: shift, conveyor, smart_mask, naive, or shift with its reservation and
+    /// staggering (shift-1.5x, shift-+64, shift-1.5x-staggered) (default: shift on the reference
     /// backend, smart_mask with --backend qnn, where sliding windows cost a memory handle per step).
     #[arg(long)]
     pub update: Option<String>,

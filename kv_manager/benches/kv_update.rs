@@ -9,14 +9,15 @@ use kv_manager::{CacheSpec, HostAllocator, KvCache};
 fn kv_update(c: &mut Criterion) {
     let geometry = llama2_7b_decode();
     let mut group = c.benchmark_group("kv_update_step");
-    for (name, strategy) in seed_strategies() {
-        if name == "naive" {
+    for strategy in seed_strategies() {
+        let name = strategy.to_string();
+        if strategy == kv_manager::Strategy::Naive {
             group.sample_size(10);
         }
         let spec = CacheSpec::for_simulation(geometry.clone(), strategy);
         let mut cache = KvCache::new(spec, &HostAllocator::default()).expect("region");
         let mut value = 0u8;
-        group.bench_function(name, |b| {
+        group.bench_function(&name, |b| {
             b.iter(|| {
                 if cache.len() == geometry.capacity() {
                     cache.reset();

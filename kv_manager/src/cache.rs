@@ -1,34 +1,14 @@
 //! The cache: one region, one strategy, and the step protocol `plan` -> (graph runs) -> `commit`.
 
 use crate::counters::HandleTracker;
-use crate::geometry::Layout;
 use crate::plan::TensorId;
+use crate::strategy::{Cx, Moved, Rule};
+pub(crate) use crate::strategy::{RowRef, copy_row};
 use crate::{
-    CacheSpec, Counters, Granularity, KLayout, KvError, KvIo, Plan, Region, RegionAllocator,
-    StepStats, Strategy, TensorKind,
+    CacheSpec, Counters, Granularity, KLayout, KvError, Plan, Region, RegionAllocator, StepStats,
+    TensorKind,
 };
 use quant::QuantSpec;
-
-/// Per-strategy state.
-#[derive(Debug, Clone)]
-enum State {
-    /// `shift`: R rows per buffer (the layout's); every buffer of a layer shares one window end
-    /// `v1` (row index inside the buffer). Held rows are `[v1 - (len - first_held), v1)`.
-    Shift { start: Vec<usize>, v1: Vec<usize> },
-    /// `conveyor`: buffer b's window ends at row `base[b] + len`; rows never move.
-    Conveyor,
-    /// `smart_mask` / `naive`: fixed slots. `stride` is the window length the data is laid out for;
-    /// `fixed` layouts (per_head, K rows) serve every variant from one layout (stride = W_max),
-    /// strided ones (per_layer or transposed K) are relaid out when the variant's window changes.
-    Slots { fixed: bool, stride: usize },
-}
-
-/// A location of one token's row: `start` byte, then `step` bytes between consecutive channels.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RowRef {
-    pub(crate) start: usize,
-    pub(crate) step: usize,
-}
 
 /// An application-managed KV cache for static-shape graphs.
 ///
@@ -42,10 +22,10 @@ pub(crate) struct RowRef {
 #[derive(Debug)]
 pub struct KvCache {
     spec: CacheSpec,
-    layout: Layout,
+    /// The strategy's rule: its layout, its state and its per-step work.
+    rule: Box<dyn Rule>,
     region: Region,
     len: usize,
-    state: State,
     plan: Plan,
     pending: Option<usize>,
     counters: Counters,
@@ -63,49 +43,14 @@ pub struct KvCache {
 impl KvCache {
     /// Validates `spec` (every refusal names its reason) and allocates the region.
     pub fn new(spec: CacheSpec, allocator: &dyn RegionAllocator) -> Result<KvCache, KvError> {
-        let layout = spec.layout()?;
+        let rule = spec.rule()?;
         let region_bytes = spec.region_bytes()?;
         let region = Region::allocate(allocator, region_bytes)?;
         let g = &spec.geometry;
-        let variants = g.ar_variants.len();
-        let (state, handles) = match spec.strategy {
-            Strategy::Shift { stagger, .. } => {
-                // Stagger: spread the layers' starting offsets over the slack that the largest step
-                // still fits in, so their rebases fall on different steps.
-                let start: Vec<usize> = (0..g.layers)
-                    .map(|l| {
-                        let (r, anchor) = (layout.rows[l * 2 * g.kv_heads], shift_anchor(g, l));
-                        let slack = r - anchor - g.max_ar();
-                        if stagger {
-                            anchor + l * slack / g.layers.max(1)
-                        } else {
-                            anchor
-                        }
-                    })
-                    .collect();
-                let r_max = layout.rows.iter().copied().max().unwrap_or(0);
-                (
-                    State::Shift {
-                        v1: start.clone(),
-                        start,
-                    },
-                    HandleTracker::new(g.layers, r_max + 1, variants),
-                )
-            }
-            Strategy::Conveyor => (State::Conveyor, HandleTracker::new(1, g.context, variants)),
-            Strategy::SmartMask | Strategy::Naive => {
-                let fixed = g.granularity == Granularity::PerHead && g.k_layout == KLayout::Rows;
-                (
-                    State::Slots {
-                        fixed,
-                        stride: g.max_window(),
-                    },
-                    HandleTracker::new(1, 1, variants),
-                )
-            }
-        };
+        let (groups, positions) = rule.handle_groups(g);
+        let handles = HandleTracker::new(groups, positions, g.ar_variants.len());
         let tensors = tensor_ids(g.layers, g.kv_heads, g.granularity);
-        let self_bytes = layout.region_rows * g.row_bytes(); // checked by `region_bytes`
+        let self_bytes = rule.layout().region_rows * g.row_bytes(); // checked by `region_bytes`
         let cross = crate::static_kv::bindings(&spec, self_bytes)?;
         let cross_filled = vec![false; cross.len()];
         let plan = Plan {
@@ -114,7 +59,7 @@ impl KvCache {
             elem_bytes: g.dtype.size_bytes(),
             k_transposed: g.k_layout == KLayout::Transposed,
             context: g.context,
-            left_padded: spec.strategy.left_padded(),
+            left_padded: rule.left_padded(),
             windows: g.windows.clone(),
             past_offsets: Vec::with_capacity(tensors.len()),
             new_offsets: Vec::with_capacity(tensors.len()),
@@ -130,10 +75,9 @@ impl KvCache {
         Ok(KvCache {
             first_held,
             spec,
-            layout,
+            rule,
             region,
             len: 0,
-            state,
             plan,
             pending: None,
             counters,
@@ -225,8 +169,7 @@ impl KvCache {
         self.check_cross_ready()?;
         self.step = StepStats::default();
         self.counters.steps += 1;
-        self.prepare(ar);
-        self.fill_offsets(ar, variant);
+        self.prepare_and_bind(ar, variant);
         self.plan.ar = ar;
         self.plan.past_len = self.len;
         self.plan.first_position = self.len + self.position_offset;
@@ -251,27 +194,13 @@ impl KvCache {
             });
         }
         self.pending = None;
-        let strategy = self.spec.strategy;
-        match &mut self.state {
-            State::Shift { v1, .. } => v1.iter_mut().for_each(|v| *v += accepted),
-            State::Conveyor => {}
-            State::Slots { stride, fixed } => {
-                let (mut stride, fixed) = (*stride, *fixed);
-                let w_max = self.spec.geometry.max_window();
-                if !fixed && self.len + accepted > stride {
-                    // The tokens no longer fit the window this variant laid the data out for: go to
-                    // the largest window, which holds the whole capacity.
-                    self.relayout(w_max);
-                    stride = w_max;
-                }
-                if accepted > 0 {
-                    self.commit_slots(ar, accepted, stride, strategy == Strategy::Naive);
-                }
-            }
-        }
+        self.with_rule(|rule, cx| rule.commit(cx, ar, accepted));
         self.len += accepted;
         self.counters.tokens_committed += accepted;
         let g = &self.spec.geometry;
+        if g.windows.is_empty() {
+            return Ok(());
+        }
         for (layer, first) in self.first_held.iter_mut().enumerate() {
             if let Some(kept) = g.kept_rows(layer) {
                 *first = (*first).max(self.len.saturating_sub(kept));
@@ -324,31 +253,7 @@ impl KvCache {
             });
         }
         self.pending = None;
-        let dropped = self.len - len;
-        let old_len = self.len;
-        match &mut self.state {
-            // A layer's window end moves back by the held tokens dropped (a sliding layer rolled
-            // back below its held rows, to 0 or with W = 1, keeps its end at its oldest held row).
-            State::Shift { v1, .. } => {
-                for (v, &first) in v1.iter_mut().zip(&self.first_held) {
-                    *v -= old_len - len.max(first);
-                }
-            }
-            State::Conveyor => {}
-            State::Slots { stride, .. } => {
-                if self.spec.strategy == Strategy::Naive && dropped > 0 && len > 0 {
-                    // Right-aligned rows: the held ones move right by the dropped count.
-                    let stride = *stride;
-                    let first = |s: usize| old_len.saturating_sub(s);
-                    self.move_slot_tokens(
-                        |s| first(s).min(len)..len,
-                        |s, t| (s + t - old_len, s),
-                        |s, t| (s + t - len, s),
-                        stride,
-                    );
-                }
-            }
-        }
+        self.with_rule(|rule, cx| rule.rollback(cx, len));
         self.len = len;
         self.first_held.iter_mut().for_each(|f| *f = (*f).min(len));
         Ok(())
@@ -360,9 +265,7 @@ impl KvCache {
         self.len = 0;
         self.position_offset = 0;
         self.first_held.fill(0);
-        if let State::Shift { start, v1, .. } = &mut self.state {
-            v1.copy_from_slice(start);
-        }
+        self.rule.reset();
     }
 
     /// What is added to a new token's index to make its position: 0 unless evictions kept positions
@@ -385,7 +288,7 @@ impl KvCache {
     /// True when a strategy keeps token rows anchored at the window's end (`shift`, `naive`): token t
     /// lives at `end - len + t`, so a shorter length moves every token's place right.
     pub(crate) fn anchored_at_end(&self) -> bool {
-        matches!(self.state, State::Shift { .. }) || self.spec.strategy == Strategy::Naive
+        self.rule.anchored_at_end()
     }
 
     /// Sets the length after an eviction moved the rows (see [`crate::evict`]).
@@ -421,41 +324,8 @@ impl KvCache {
     /// Where token `token` of buffer `buffer` lives now, whatever the strategy and layout. The
     /// token must be held: `first_held(layer) <= token < len`.
     pub(crate) fn token_row(&self, buffer: usize, token: usize) -> RowRef {
-        let g = &self.spec.geometry;
-        let (rb, e) = (g.row_bytes(), g.dtype.size_bytes());
-        let base = self.layout.base.get(buffer).copied().unwrap_or(0);
-        match &self.state {
-            State::Shift { v1, .. } => {
-                let end = v1[buffer / (2 * g.kv_heads)];
-                RowRef {
-                    start: (base + end + token - self.len) * rb,
-                    step: e,
-                }
-            }
-            State::Conveyor => RowRef {
-                start: (base + token) * rb,
-                step: e,
-            },
-            State::Slots { stride, .. } => {
-                let (tensor, head) = match g.granularity {
-                    Granularity::PerHead => (buffer, 0),
-                    Granularity::PerLayer => {
-                        let (_, head, _) = g.buffer_coords(buffer);
-                        (
-                            g.buffer_tensor(buffer, KvIo::Past).position(g.kv_heads),
-                            head,
-                        )
-                    }
-                };
-                let s = self.slot_stride(tensor, *stride);
-                let slot = if self.spec.strategy == Strategy::Naive {
-                    s + token - self.len
-                } else {
-                    token
-                };
-                self.slot_row(tensor, head, slot, s)
-            }
-        }
+        self.rule
+            .token_row(&self.spec.geometry, &self.plan, self.len, buffer, token)
     }
 
     /// Empties the cache and makes it hold `len` tokens whose rows are then written at
@@ -463,11 +333,7 @@ impl KvCache {
     /// A sliding layer then holds the last W - 1 of them ([`KvCache::window_tokens`]).
     pub(crate) fn reset_to_len(&mut self, len: usize) {
         self.reset();
-        let w_max = self.spec.geometry.max_window();
-        if let State::Slots { stride, .. } = &mut self.state {
-            // Any layout is free while empty; the largest window holds the whole capacity.
-            *stride = w_max;
-        }
+        self.rule.reset_layout(&self.spec.geometry);
         self.len = len;
         for layer in 0..self.first_held.len() {
             self.first_held[layer] = self.window_tokens(layer, len).start;
@@ -483,298 +349,49 @@ impl KvCache {
             .max(self.step.bytes_copied);
     }
 
-    fn add_rebase(&mut self) {
-        self.step.rebases += 1;
-        self.counters.rebases += 1;
-    }
-
-    /// Data movement a strategy needs before the AR-`ar` step.
-    fn prepare(&mut self, ar: usize) {
-        let g = &self.spec.geometry;
-        let (w, len, row_bytes) = (g.window(ar), self.len, g.row_bytes());
-        let kv_heads = g.kv_heads;
-        match &mut self.state {
-            State::Shift { v1, .. } => {
-                let mut moved = Vec::new();
-                for (layer, end) in v1.iter_mut().enumerate() {
-                    let first = layer * kv_heads * 2;
-                    let r = self.layout.rows[first];
-                    if *end + ar <= r && *end >= g.past_rows(layer, ar) {
-                        continue;
-                    }
-                    // Rebase: move the held rows (at most the kept ones) to end at the anchor.
-                    let anchor = shift_anchor(g, layer);
-                    let keep = len.min(anchor).min(*end);
-                    let bytes = self.region.as_mut_slice();
-                    for b in first..first + kv_heads * 2 {
-                        let base = self.layout.base[b];
-                        let src = (base + *end - keep) * row_bytes;
-                        let dst = (base + anchor - keep) * row_bytes;
-                        bytes.copy_within(src..src + keep * row_bytes, dst);
-                    }
-                    *end = anchor;
-                    moved.push(keep);
-                }
-                for keep in moved {
-                    self.add_rebase();
-                    self.add_copy(2 * kv_heads * keep * row_bytes);
-                }
-            }
-            State::Conveyor => {}
-            State::Slots { fixed, stride } => {
-                if !*fixed && *stride != w {
-                    self.relayout(w);
-                }
-            }
-        }
-    }
-
-    /// Lays the slot tensors out for a window of `new_stride` rows (strided layouts only): token t sits
-    /// in slot t (`smart_mask`) or right-aligned in slot `stride - len + t` (`naive`).
-    fn relayout(&mut self, new_stride: usize) {
-        let State::Slots { stride, .. } = &mut self.state else {
-            return;
+    /// Runs `f` on the rule with the cache's state, then counts what it moved.
+    fn with_rule<T>(&mut self, f: impl FnOnce(&mut dyn Rule, &mut Cx<'_>) -> T) -> T {
+        let mut cx = Cx {
+            g: &self.spec.geometry,
+            plan: &mut self.plan,
+            region: self.region.as_mut_slice(),
+            len: self.len,
+            first_held: &self.first_held,
+            handles: &mut self.handles,
+            moved: Moved::default(),
         };
-        let old = std::mem::replace(stride, new_stride);
-        let len = self.len;
-        if len > 0 {
-            let naive = self.spec.strategy == Strategy::Naive;
-            let slot = move |s: usize, t: usize| if naive { s - len + t } else { t };
-            self.move_slot_tokens(
-                |_| 0..len,
-                |_, t| (slot(old, t), old),
-                |_, t| (slot(new_stride, t), new_stride),
-                old,
-            );
-        }
-        self.add_rebase();
+        let out = f(self.rule.as_mut(), &mut cx);
+        let moved = cx.moved;
+        self.step.rebases += moved.rebases;
+        self.counters.rebases += moved.rebases;
+        self.add_copy(moved.bytes);
+        out
     }
 
-    /// The window tensor `t`'s data is laid out for: the layout's slot window (W_max, or K for a
-    /// sliding layer) in fixed layouts, the variant's window `stride` in strided ones.
-    fn slot_stride(&self, t: usize, stride: usize) -> usize {
-        match self.state {
-            State::Slots { fixed: true, .. } => self.layout.rows[t],
-            _ => stride,
-        }
-    }
-
-    /// Where token slot `j` of head `h` of slot tensor `t` lives, for a layout of window `stride`.
-    fn slot_row(&self, t: usize, h: usize, j: usize, stride: usize) -> RowRef {
-        let g = &self.spec.geometry;
-        let (d, e) = (g.head_dim, g.dtype.size_bytes());
-        let base = self.layout.base[t] * d * e;
-        if self.transposed(t) {
-            RowRef {
-                start: base + (h * d * stride + j) * e,
-                step: stride * e,
-            }
-        } else {
-            RowRef {
-                start: base + (h * stride + j) * d * e,
-                step: e,
-            }
-        }
-    }
-
-    /// Where new token `i` of head `h` of output tensor `t` lives in an AR-`ar` step.
-    fn out_row(&self, t: usize, h: usize, i: usize, ar: usize) -> RowRef {
-        let g = &self.spec.geometry;
-        let (d, e) = (g.head_dim, g.dtype.size_bytes());
-        let heads = self.plan.heads_per_tensor;
-        let base = (self.layout.out_base + t * heads * g.max_ar()) * d * e;
-        if self.transposed(t) {
-            RowRef {
-                start: base + (h * d * ar + i) * e,
-                step: ar * e,
-            }
-        } else {
-            RowRef {
-                start: base + (h * ar + i) * d * e,
-                step: e,
-            }
-        }
-    }
-
-    fn transposed(&self, t: usize) -> bool {
-        self.plan.k_transposed && self.plan.tensors[t].kind == TensorKind::Key
-    }
-
-    /// Copies the new rows of a step into their slots (`smart_mask`), or slides every window left by
-    /// `accepted` rows and appends them (`naive`).
-    fn commit_slots(&mut self, ar: usize, accepted: usize, stride: usize, naive: bool) {
-        let g = &self.spec.geometry;
-        let (d, e, rb) = (g.head_dim, g.dtype.size_bytes(), g.row_bytes());
-        let heads = self.plan.heads_per_tensor;
-        let mut copied = 0;
-        for t in 0..self.plan.tensors.len() {
-            let stride = self.slot_stride(t, stride);
-            for h in 0..heads {
-                if naive {
-                    let first = self.slot_row(t, h, 0, stride);
-                    let shifted = self.slot_row(t, h, accepted, stride);
-                    let bytes = self.region.as_mut_slice();
-                    let keep = stride - accepted;
-                    if first.step == e {
-                        bytes.copy_within(shifted.start..shifted.start + keep * rb, first.start);
-                    } else {
-                        // Transposed: each channel is a contiguous run of `stride` elements.
-                        for c in 0..d {
-                            let src = shifted.start + c * shifted.step;
-                            bytes.copy_within(src..src + keep * e, first.start + c * first.step);
-                        }
-                    }
-                    copied += keep * rb;
-                }
-                for i in 0..accepted {
-                    let slot = if naive {
-                        stride - accepted + i
-                    } else {
-                        self.len + i
-                    };
-                    let dst = self.slot_row(t, h, slot, stride);
-                    let src = self.out_row(t, h, i, ar);
-                    copy_row(self.region.as_mut_slice(), src, dst, d, e);
-                }
-                copied += accepted * rb;
-            }
-        }
-        self.add_copy(copied);
-    }
-
-    /// Moves tokens `tokens(s)` of every slot tensor (s: the tensor's window for a layout of
-    /// window `stride`, [`KvCache::slot_stride`]) from (slot, window) `from(s, t)` to `to(s, t)`,
-    /// through a scratch copy, so overlapping moves are safe.
-    fn move_slot_tokens(
-        &mut self,
-        tokens: impl Fn(usize) -> std::ops::Range<usize>,
-        from: impl Fn(usize, usize) -> (usize, usize),
-        to: impl Fn(usize, usize) -> (usize, usize),
-        stride: usize,
-    ) {
-        let g = &self.spec.geometry;
-        let (d, e, rb) = (g.head_dim, g.dtype.size_bytes(), g.row_bytes());
-        let heads = self.plan.heads_per_tensor;
-        let mut moved = 0;
-        for t in 0..self.plan.tensors.len() {
-            let s = self.slot_stride(t, stride);
-            let range = tokens(s);
-            let count = range.len();
-            let mut scratch = vec![0u8; heads * count * rb];
-            for h in 0..heads {
-                for (i, tok) in range.clone().enumerate() {
-                    let (slot, window) = from(s, tok);
-                    let src = self.slot_row(t, h, slot, window);
-                    let bytes = self.region.as_slice();
-                    let out = &mut scratch[(h * count + i) * rb..][..rb];
-                    for c in 0..d {
-                        let at = src.start + c * src.step;
-                        out[c * e..(c + 1) * e].copy_from_slice(&bytes[at..at + e]);
-                    }
-                }
-            }
-            for h in 0..heads {
-                for (i, tok) in range.clone().enumerate() {
-                    let (slot, window) = to(s, tok);
-                    let dst = self.slot_row(t, h, slot, window);
-                    let row = &scratch[(h * count + i) * rb..][..rb];
-                    let bytes = self.region.as_mut_slice();
-                    for c in 0..d {
-                        let at = dst.start + c * dst.step;
-                        bytes[at..at + e].copy_from_slice(&row[c * e..(c + 1) * e]);
-                    }
-                }
-            }
-            moved += heads * count * rb;
-        }
-        self.add_copy(moved);
-    }
-
-    fn fill_offsets(&mut self, ar: usize, variant: usize) {
-        let g = &self.spec.geometry;
-        let (rb, kv_heads) = (g.row_bytes(), g.kv_heads);
-        let plan = &mut self.plan;
-        plan.past_offsets.clear();
-        plan.new_offsets.clear();
-        let mut new_keys = 0usize;
-        // Every past tensor ends where the step's new rows begin (left-padded strategies) and
-        // holds the layer's past rows: S - n, or W - 1 for a sliding layer (per_head rows and
-        // left-padded strategies only, see `CacheSpec::check_windows`).
-        let layer_of = |t: usize| match g.granularity {
-            Granularity::PerHead => t / (2 * kv_heads),
-            Granularity::PerLayer => t / 2,
-        };
-        let past_rows = |t: usize| g.past_rows(layer_of(t), ar);
-        match &self.state {
-            State::Shift { v1, .. } => {
-                for (layer, &end) in v1.iter().enumerate() {
-                    if self.handles.mark(layer, end, variant) {
-                        new_keys += 2 * kv_heads * 2;
-                    }
-                    for b in layer * kv_heads * 2..(layer + 1) * kv_heads * 2 {
-                        let row = self.layout.base[b] + end;
-                        plan.past_offsets.push((row - past_rows(b)) * rb);
-                        plan.new_offsets.push(row * rb);
-                    }
-                }
-            }
-            State::Conveyor => {
-                if self.handles.mark(0, self.len, variant) {
-                    new_keys += 2 * g.buffers();
-                }
-                for b in 0..g.buffers() {
-                    let row = self.layout.base[b] + self.len;
-                    plan.past_offsets.push((row - past_rows(b)) * rb);
-                    plan.new_offsets.push(row * rb);
-                }
-            }
-            State::Slots { fixed, .. } => {
-                let tensors = plan.tensors.len();
-                if self.handles.mark(0, 0, variant) {
-                    new_keys += 2 * tensors;
-                }
-                let h = plan.heads_per_tensor;
-                for t in 0..tensors {
-                    // Fixed left-padded layouts end every window at the end of its slots.
-                    let origin = if *fixed && plan.left_padded {
-                        self.layout.rows[t] - past_rows(t)
-                    } else {
-                        0
-                    };
-                    plan.past_offsets.push((self.layout.base[t] + origin) * rb);
-                    let out = self.layout.out_base + t * h * g.max_ar();
-                    plan.new_offsets.push(out * rb);
-                }
-            }
-        }
-        let h = plan.heads_per_tensor;
-        let past_end = (0..plan.tensors.len())
-            .map(|t| plan.past_offsets[t] + h * past_rows(t) * rb)
+    /// Moves what the strategy must before an AR-`ar` step (rebases, relayouts), then fills the
+    /// plan's offsets and counts the new handles and the peak.
+    fn prepare_and_bind(&mut self, ar: usize, variant: usize) {
+        self.plan.past_offsets.clear();
+        self.plan.new_offsets.clear();
+        let new_handles = self.with_rule(|rule, cx| {
+            rule.prepare(cx, ar);
+            rule.bind(cx, ar, variant)
+        });
+        // Every past window ends at or before its tensor's new rows (left-padded strategies bind
+        // them right after it, slot strategies put every output after every slot window), so the
+        // highest byte any binding reaches is the end of the highest new-row binding.
+        let rb = self.spec.geometry.row_bytes();
+        let new_bytes = self.plan.heads_per_tensor * ar * rb;
+        let new_end = self
+            .plan
+            .new_offsets
+            .iter()
             .max()
-            .unwrap_or(0);
-        let new_end = plan.new_offsets.iter().max().map_or(0, |o| o + h * ar * rb);
-        self.counters.peak_bytes_in_use =
-            self.counters.peak_bytes_in_use.max(past_end).max(new_end);
-        self.step.new_handles += new_keys;
-        self.counters.handles += new_keys;
+            .map_or(0, |o| o + new_bytes);
+        self.counters.peak_bytes_in_use = self.counters.peak_bytes_in_use.max(new_end);
+        self.step.new_handles += new_handles;
+        self.counters.handles += new_handles;
         self.counters.max_window_offsets_per_buffer = self.handles.max_distinct();
-    }
-}
-
-/// Where a `shift` layer's window ends after a rebase (and starts, unstaggered): W_max for a
-/// global layer, its kept rows K for a sliding layer.
-fn shift_anchor(g: &crate::Geometry, layer: usize) -> usize {
-    g.kept_rows(layer).unwrap_or(g.capacity())
-}
-
-pub(crate) fn copy_row(bytes: &mut [u8], src: RowRef, dst: RowRef, d: usize, e: usize) {
-    if src.step == e && dst.step == e {
-        bytes.copy_within(src.start..src.start + d * e, dst.start);
-    } else {
-        for c in 0..d {
-            let at = src.start + c * src.step;
-            bytes.copy_within(at..at + e, dst.start + c * dst.step);
-        }
     }
 }
 
@@ -821,7 +438,7 @@ pub(crate) fn tensor_ids(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Geometry, HostAllocator, Reserve};
+    use crate::{Geometry, HostAllocator, Reserve, Strategy};
     use quant::DataType;
 
     fn cache(g: Geometry, s: Strategy) -> KvCache {

@@ -185,4 +185,13 @@ pub enum KvError {
         current: String,
         target: String,
     },
+    /// A run ([`crate::predict::Run`]) whose steps do not fit the cache.
+    #[error(
+        "a prefill of {prefill} tokens and {decode_steps} decode steps do not fit the cache: {reason}"
+    )]
+    RunTooLong {
+        prefill: usize,
+        decode_steps: usize,
+        reason: String,
+    },
 }

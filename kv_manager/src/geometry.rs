@@ -1,10 +1,7 @@
 //! What a cache holds (geometry), how it is updated (strategy), and the exact region it needs.
 
-use crate::size::{
-    MAX_AR_VARIANTS, MAX_BUFFERS, MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS,
-    MAX_RESERVE_ROWS,
-};
-use crate::{KvError, Size};
+use crate::size::{MAX_AR_VARIANTS, MAX_BUFFERS, MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS};
+use crate::{KvError, Size, Strategy};
 use quant::{DataType, QuantSpec};
 
 /// Key or value.
@@ -136,19 +133,33 @@ pub fn parse_mask_name(name: &str) -> Option<Option<usize>> {
     }
 }
 
-/// Layout of the K tensors (V is always `rows`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Layout of the K tensors (V is always `rows`; `rows` by default). With the `serde` feature it is
+/// its lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum KLayout {
     /// `past_key [.., S-n, D]`: one row of D elements per token.
+    #[default]
     Rows,
     /// `past_key [.., D, S-n]`: one row per channel, a token is a column.
     Transposed,
 }
 
-/// How K/V tensors are grouped into graph inputs/outputs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// How K/V tensors are grouped into graph inputs/outputs (`per_head` by default). With the `serde`
+/// feature it is its lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum Granularity {
     /// One tensor per (layer, kv-head, K|V): `past_key_{l}_{h}` `[1, 1, S-n, D]`.
+    #[default]
     PerHead,
     /// One tensor per (layer, K|V) holding every kv-head: `past_key_{l}` `[n_kv, 1, S-n, D]`,
     /// with a per-axis encoding along axis 0 (one scale/offset per head).
@@ -467,108 +478,6 @@ impl Geometry {
     }
 }
 
-/// The `shift` reservation: R rows per buffer.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Reserve {
-    /// `f` times the largest window W = S - min(ar): R = W + floor((f - 1) * W).
-    /// `2x` (R = 2W) never rebases within a context; for `ar: [1]` it is exactly 2(S - 1).
-    Factor(f64),
-    /// R = (S - min ar) + K: K spare rows after the largest window.
-    Spare(usize),
-    /// An explicit row count.
-    Rows(usize),
-}
-
-impl Reserve {
-    /// R for a geometry; [`KvError::ReserveTooLarge`] above [`MAX_RESERVE_ROWS`].
-    pub fn rows(&self, geometry: &Geometry) -> Result<usize, KvError> {
-        let w_max = geometry.max_window();
-        // Each extra is compared with the limit before it is added, so nothing overflows or saturates.
-        let extra = match *self {
-            Reserve::Factor(f) => {
-                let extra = ((f - 1.0).max(0.0) * (geometry.capacity() as f64)).floor();
-                (extra <= MAX_RESERVE_ROWS as f64).then_some(extra as usize)
-            }
-            Reserve::Spare(k) => Some(k),
-            Reserve::Rows(r) => return self.limit(Some(r)),
-        };
-        self.limit(extra.filter(|&e| e <= MAX_RESERVE_ROWS).map(|e| w_max + e))
-    }
-
-    /// The slide room (rows after the kept ones) of a sliding layer's buffer keeping `kept` rows,
-    /// given the global R `global` (already checked): `f x` gives floor((f - 1) x kept), `+K` and a
-    /// row count give the global buffer's room, and every buffer gets at least max(ar).
-    pub fn slide_room(&self, global: usize, kept: usize, geometry: &Geometry) -> usize {
-        let room = match *self {
-            Reserve::Factor(f) => ((f - 1.0).max(0.0) * kept as f64).floor() as usize,
-            Reserve::Spare(_) | Reserve::Rows(_) => global - geometry.max_window(),
-        };
-        room.max(geometry.max_ar())
-    }
-
-    fn limit(&self, rows: Option<usize>) -> Result<usize, KvError> {
-        rows.filter(|&r| r <= MAX_RESERVE_ROWS)
-            .ok_or_else(|| KvError::ReserveTooLarge {
-                reserve: self.to_string(),
-                maximum: MAX_RESERVE_ROWS,
-            })
-    }
-}
-
-impl std::fmt::Display for Reserve {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            // Debug keeps huge and tiny factors short (1e300x rather than 301 digits).
-            Reserve::Factor(x) if x.abs() >= 1e15 => write!(f, "{x:?}x"),
-            Reserve::Factor(x) => write!(f, "{x}x"),
-            Reserve::Spare(k) => write!(f, "+{k}"),
-            Reserve::Rows(r) => write!(f, "{r} rows"),
-        }
-    }
-}
-
-/// How the cache is updated after each step.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Strategy {
-    /// ShiftPointer: each buffer reserves R rows; outputs are bound right after the window and
-    /// committing moves the window (a pointer shift). When the next output would pass R the valid rows
-    /// are moved back (a rebase). `stagger` gives each layer a different starting offset so layers rebase
-    /// on different steps.
-    Shift { reserve: Reserve, stagger: bool },
-    /// All buffers share one span with stride S; every window slides right together. Zero copies,
-    /// about half the memory of `shift` 2x.
-    Conveyor,
-    /// Fixed slots; new rows are copied from the graph's output buffers into slots; the mask marks
-    /// valid slots.
-    SmartMask,
-    /// The baseline: the whole window slides left by the committed rows every step.
-    Naive,
-}
-
-impl Strategy {
-    /// `shift` with the 2x reservation, no staggering.
-    pub const SHIFT_2X: Strategy = Strategy::Shift {
-        reserve: Reserve::Factor(2.0),
-        stagger: false,
-    };
-
-    /// The strategy's name as used in configs (`shift`, `conveyor`, `smart_mask`, `naive`).
-    pub fn name(&self) -> &'static str {
-        match self {
-            Strategy::Shift { .. } => "shift",
-            Strategy::Conveyor => "conveyor",
-            Strategy::SmartMask => "smart_mask",
-            Strategy::Naive => "naive",
-        }
-    }
-
-    /// True when past windows are left-padded (valid rows right-aligned), false when valid rows fill
-    /// slots from the start of the window (`smart_mask`).
-    pub fn left_padded(&self) -> bool {
-        !matches!(self, Strategy::SmartMask)
-    }
-}
-
 /// Everything needed to build a cache: geometry, strategy and one encoding per buffer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CacheSpec {
@@ -579,42 +488,6 @@ pub struct CacheSpec {
     pub encodings: Vec<QuantSpec>,
     /// Static cross-attention K/V buffers, if the model has them (an encoder-decoder's decoder).
     pub cross: Option<crate::CrossSpec>,
-}
-
-/// The derived layout of a validated spec: where everything lives in the region, in rows.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Layout {
-    /// Rows in the region.
-    pub region_rows: usize,
-    /// `shift` and `conveyor`: per buffer, the row of its first row (`conveyor`: of its token 0).
-    /// Slot strategies: per slot tensor, the row where its heads' slot windows begin.
-    pub base: Vec<usize>,
-    /// `shift`: per buffer, its rows R. `conveyor`: per buffer, the gap to the next buffer (the
-    /// last: the capacity). Slot strategies: per slot tensor, each head's slot window (W_max, or the
-    /// kept rows K of a sliding layer).
-    pub rows: Vec<usize>,
-    /// Slot strategies: the first row of the new-row area (after every slot window).
-    pub out_base: usize,
-}
-
-impl Layout {
-    /// Units of `rows[i]` rows (times `heads` when it is non-zero) laid end to end, followed by
-    /// `extra` rows.
-    fn packed(rows: Vec<usize>, heads: usize, extra: usize) -> Result<Layout, KvError> {
-        let mut base = Vec::with_capacity(rows.len());
-        let mut at = Size::new("region rows", 0);
-        for &r in &rows {
-            base.push(at.get()?);
-            at = at.plus_size(Size::new("region rows", r).times(heads.max(1)));
-        }
-        let out_base = at.get()?;
-        Ok(Layout {
-            region_rows: at.plus(extra).get()?,
-            base,
-            rows,
-            out_base,
-        })
-    }
 }
 
 impl CacheSpec {
@@ -656,8 +529,8 @@ impl CacheSpec {
         CacheSpec::uniform(geometry, strategy, encoding)
     }
 
-    /// Validates the spec and derives its layout; every refusal names its reason.
-    pub(crate) fn layout(&self) -> Result<Layout, KvError> {
+    /// Validates the geometry and the encodings (one per buffer, of the cache's data type).
+    pub(crate) fn validate_encodings(&self) -> Result<(), KvError> {
         let g = &self.geometry;
         g.validate()?;
         if self.encodings.len() != g.buffers() {
@@ -678,123 +551,7 @@ impl CacheSpec {
                 });
             }
         }
-        self.check_windows()?;
-        let b = g.buffers();
-        let w_max = g.max_window();
-        let name = self.strategy.name();
-        let in_place = |what: &str| -> Result<(), KvError> {
-            if g.granularity == Granularity::PerLayer {
-                return Err(KvError::UnsupportedCombination {
-                    strategy: name,
-                    reason: format!(
-                        "{what} needs per_head tensors: a per_layer tensor [n_kv, 1, S-n, D] keeps its heads' \
-                         windows adjacent, so no head can slide its own window or write its outputs in place"
-                    ),
-                });
-            }
-            if g.k_layout == KLayout::Transposed {
-                return Err(KvError::UnsupportedCombination {
-                    strategy: name,
-                    reason: format!(
-                        "{what} needs k_layout rows: in a transposed K [D, S-n] a new token's D values lie S-n \
-                         elements apart, so the graph's new_key output cannot be bound in place"
-                    ),
-                });
-            }
-            Ok(())
-        };
-        match self.strategy {
-            Strategy::Shift { reserve, .. } => {
-                in_place("shift")?;
-                let r = reserve.rows(g)?;
-                let minimum = w_max + g.max_ar();
-                if r < minimum {
-                    return Err(KvError::ReserveTooSmall {
-                        reserve: r,
-                        minimum,
-                        max_window: w_max,
-                        max_ar: g.max_ar(),
-                    });
-                }
-                // A sliding layer's buffers keep K rows and get the same slide room rule.
-                let per_buffer = (0..b).map(|buf| {
-                    let layer = g.buffer_coords(buf).0;
-                    g.kept_rows(layer)
-                        .map_or(r, |k| k + reserve.slide_room(r, k, g))
-                });
-                Layout::packed(per_buffer.collect(), 0, 0)
-            }
-            Strategy::Conveyor => {
-                in_place("conveyor")?;
-                // Token t of buffer b lives at row base[b] + t. The gap before buffer b is what b's
-                // past window and kept rows need above the previous buffer's last possible output.
-                let first = g.kept_rows(0).map_or(w_max, |_| g.past_rows(0, g.min_ar()));
-                let gaps = (1..b).map(|buf| {
-                    let layer = g.buffer_coords(buf).0;
-                    // A sliding layer keeping nearly every row takes the global gap, which
-                    // already keeps them all.
-                    g.kept_rows(layer)
-                        .map_or(g.context, |k| (k + g.max_ar()).min(g.context))
-                });
-                let mut base = Vec::with_capacity(b);
-                let mut at = Size::new("region rows", first);
-                base.push(first);
-                for gap in gaps {
-                    at = at.plus(gap);
-                    base.push(at.get()?);
-                }
-                let region_rows = at.plus(g.capacity()).get()?;
-                let rows = base.windows(2).map(|p| p[1] - p[0]).chain([g.capacity()]);
-                Ok(Layout {
-                    region_rows,
-                    rows: rows.collect(),
-                    base,
-                    out_base: 0,
-                })
-            }
-            Strategy::SmartMask | Strategy::Naive => {
-                // One slot window per tensor head (W_max rows; K rows for a sliding layer, whose
-                // tensors are per head), then the new-row area: max(ar) rows per tensor head.
-                let tensors = crate::cache::tensor_ids(g.layers, g.kv_heads, g.granularity);
-                let heads = b / tensors.len();
-                let per_tensor: Vec<usize> = tensors
-                    .iter()
-                    .map(|t| g.kept_rows(t.layer).unwrap_or(w_max))
-                    .collect();
-                let outputs = Size::new("region rows", b).times(g.max_ar()).get()?;
-                Layout::packed(per_tensor, heads, outputs)
-            }
-        }
-    }
-
-    /// Sliding-window layers bind their past tensors as the last `W - 1` rows of the layer's
-    /// window: refused where that view is not one contiguous, fixed binding.
-    fn check_windows(&self) -> Result<(), KvError> {
-        let g = &self.geometry;
-        if !g.has_windows() {
-            return Ok(());
-        }
-        let refuse = |reason: &str| {
-            Err(KvError::UnsupportedCombination {
-                strategy: self.strategy.name(),
-                reason: reason.to_owned(),
-            })
-        };
-        match self.strategy {
-            Strategy::SmartMask => refuse(
-                "sliding-window layers need left-padded windows: smart_mask's valid rows grow from \
-                 the start of its fixed slots, so a layer's last W - 1 rows would move every step \
-                 (a new memory handle per step, which smart_mask exists to avoid); use shift, \
-                 conveyor or naive",
-            ),
-            _ if g.granularity == Granularity::PerLayer || g.k_layout == KLayout::Transposed => {
-                refuse(
-                    "sliding-window layers need per_head tensors with k_layout rows: their past \
-                     tensor is the last W - 1 rows of the window, contiguous only in that layout",
-                )
-            }
-            _ => Ok(()),
-        }
+        Ok(())
     }
 
     /// The exact number of bytes the cache allocates for its region, computed without allocating.
@@ -864,6 +621,8 @@ pub fn encodings_from_graphs(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Reserve;
+    use crate::size::MAX_RESERVE_ROWS;
 
     #[test]
     fn kv_tensor_names_round_trip_and_positions_follow_buffers() {

@@ -4,7 +4,8 @@
 //! A static AR-n graph takes, per layer and kv-head, a left-padded past window `[S - n, D]` of K and
 //! of V and writes n new rows. This crate keeps every K/V buffer in **one contiguous region**, builds
 //! the **IO binding plan** of each step (where each past/new tensor lives in the region, the attention
-//! mask, the positions), and updates the cache after the step with one of four strategies:
+//! mask, the positions), and updates the cache after the step with one of four strategies (one
+//! module each under [`strategy`], with their closed-form predictions, see [`predict`]):
 //!
 //! | strategy | region (B buffers) | per step |
 //! |---|---|---|
@@ -98,11 +99,13 @@ mod error;
 pub mod evict;
 mod geometry;
 mod plan;
+pub mod predict;
 mod region;
 mod relayout;
 pub mod size;
 pub mod snapshot;
 pub mod static_kv;
+pub mod strategy;
 pub mod workload;
 
 pub use beam::{BeamCounters, BeamError, BeamKv};
@@ -111,8 +114,8 @@ pub use counters::{Counters, StepStats};
 pub use error::KvError;
 pub use evict::{Eviction, PositionMode, RequantError};
 pub use geometry::{
-    CacheSpec, Geometry, Granularity, KLayout, KvIo, KvTensor, Reserve, Strategy, TensorKind,
-    encodings_from_graphs, mask_name, parse_mask_name,
+    CacheSpec, Geometry, Granularity, KLayout, KvIo, KvTensor, TensorKind, encodings_from_graphs,
+    mask_name, parse_mask_name,
 };
 pub use plan::{Plan, TensorBinding, TensorId, WindowMask};
 pub use region::{HostAllocator, REGION_ALIGN, Region, RegionAllocator, RegionMemory};
@@ -122,3 +125,4 @@ pub use size::{
 };
 pub use snapshot::{KvSnapshot, RowShape};
 pub use static_kv::{CROSS_ALIGN, CrossSpec};
+pub use strategy::{Reserve, Strategy};
