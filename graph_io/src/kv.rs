@@ -1,10 +1,8 @@
 //! K/V graph tensors: htpkv's names for them, their position among a graph's K/V tensors (the
 //! buffer-index rule) and the names of the attention masks.
 //!
-//! This is the home of these rules. `kv_manager` holds an identical copy of [`KvTensor`],
-//! [`mask_name`] and [`parse_mask_name`] until it depends on this crate (it then re-exports them,
-//! its `Geometry::buffer_index` / `buffer_coords` call [`buffer_index`] / [`buffer_coords`], and
-//! its per-layer buffer ranges are [`layer_buffers`]).
+//! This is the home of these rules: `kv_manager` re-exports them, and its
+//! `Geometry::buffer_index` / `buffer_coords` call [`buffer_index`] / [`buffer_coords`].
 
 /// Key or value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -4,134 +4,9 @@ use crate::size::{MAX_AR_VARIANTS, MAX_BUFFERS, MAX_CONTEXT, MAX_HEAD_DIM, MAX_H
 use crate::{KvError, Size, Strategy};
 use quant::{DataType, QuantSpec};
 
-/// Key or value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TensorKind {
-    Key,
-    Value,
-}
-
-impl std::fmt::Display for TensorKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            TensorKind::Key => "K",
-            TensorKind::Value => "V",
-        })
-    }
-}
-
-/// Which side of a step a K/V graph tensor is on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KvIo {
-    /// The past window (a graph input): `past_key_*`, `past_value_*`.
-    Past,
-    /// The step's new rows (a graph output): `new_key_*`, `new_value_*`.
-    New,
-    /// A static cross-attention buffer (a read-only graph input of every decoder step, an output of
-    /// the encoder graph): `cross_key_*`, `cross_value_*`, E rows (see [`crate::CrossSpec`]).
-    Cross,
-}
-
-/// One K/V graph tensor: the one rule that maps cache buffers to graph tensors, by name and by
-/// position, used by every backend, the session and the KV manager.
-///
-/// Names: `{past|new|cross}_{key|value}_{layer}_{head}` per head, `{past|new|cross}_{key|value}_{layer}` per
-/// layer (`head == None`, the tensor holds every KV head). Positions: the K/V tensors of one side
-/// of a graph come K then V per unit, units in order — (layer, head) per head, layer per layer —
-/// so a per-head tensor's [`KvTensor::position`] is its [`Geometry::buffer_index`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct KvTensor {
-    pub io: KvIo,
-    pub kind: TensorKind,
-    pub layer: usize,
-    /// The KV head of a per-head tensor; `None` for a per-layer tensor.
-    pub head: Option<usize>,
-}
-
-impl KvTensor {
-    /// The tensor's name in htpkv's graphs.
-    pub fn name(&self) -> String {
-        let io = match self.io {
-            KvIo::Past => "past",
-            KvIo::New => "new",
-            KvIo::Cross => "cross",
-        };
-        let kind = match self.kind {
-            TensorKind::Key => "key",
-            TensorKind::Value => "value",
-        };
-        match self.head {
-            Some(h) => format!("{io}_{kind}_{}_{h}", self.layer),
-            None => format!("{io}_{kind}_{}", self.layer),
-        }
-    }
-
-    /// The K/V tensor a name denotes ([`KvTensor::name`]'s inverse); `None` for any other name.
-    pub fn parse(name: &str) -> Option<KvTensor> {
-        let (io, rest) = match name.split_once('_')? {
-            ("past", rest) => (KvIo::Past, rest),
-            ("new", rest) => (KvIo::New, rest),
-            ("cross", rest) => (KvIo::Cross, rest),
-            _ => return None,
-        };
-        let (kind, rest) = match rest.split_once('_')? {
-            ("key", rest) => (TensorKind::Key, rest),
-            ("value", rest) => (TensorKind::Value, rest),
-            _ => return None,
-        };
-        let index = |s: &str| {
-            s.bytes()
-                .all(|b| b.is_ascii_digit())
-                .then(|| s.parse::<usize>().ok())
-                .flatten()
-        };
-        let (layer, head) = match rest.split_once('_') {
-            Some((l, h)) => (index(l)?, Some(index(h)?)),
-            None => (index(rest)?, None),
-        };
-        Some(KvTensor {
-            io,
-            kind,
-            layer,
-            head,
-        })
-    }
-
-    /// Position among the K/V tensors of one side of a graph with `kv_heads` KV heads per layer.
-    pub fn position(&self, kv_heads: usize) -> usize {
-        let unit = match self.head {
-            Some(h) => self.layer * kv_heads + h,
-            None => self.layer,
-        };
-        unit * 2 + usize::from(self.kind == TensorKind::Value)
-    }
-}
-
-/// The name of the attention mask input for layers of attention window `window` — the one rule,
-/// used by every backend, the session and the KV manager: `attention_mask` for global layers
-/// (`None`, the `[n, S]` mask) and `attention_mask_w{W}` for the sliding layers of window W (the
-/// `[n, W - 1 + n]` mask over their `W - 1` past rows and the n new ones; see
-/// [`crate::Plan::window_masks`]). A graph takes one mask per distinct window of its layers.
-pub fn mask_name(window: Option<usize>) -> String {
-    match window {
-        None => "attention_mask".to_owned(),
-        Some(w) => format!("attention_mask_w{w}"),
-    }
-}
-
-/// The attention window a mask name denotes ([`mask_name`]'s inverse): `Some(None)` for the
-/// global mask, `Some(Some(W))` for a window, `None` for any other name.
-pub fn parse_mask_name(name: &str) -> Option<Option<usize>> {
-    match name.strip_prefix("attention_mask") {
-        Some("") => Some(None),
-        Some(rest) => {
-            let digits = rest.strip_prefix("_w")?;
-            let ok = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
-            ok.then(|| digits.parse().ok().map(Some)).flatten()
-        }
-        None => None,
-    }
-}
+// The K/V graph tensors' names, positions and mask names are the IO vocabulary's (`graph_io`):
+// one rule for every backend, the session and the KV manager.
+pub use graph_io::{KvIo, KvTensor, TensorKind, mask_name, parse_mask_name};
 
 /// Layout of the K tensors (V is always `rows`; `rows` by default). With the `serde` feature it is
 /// its lowercase name.
@@ -408,13 +283,7 @@ impl Geometry {
     /// Index of the buffer of (layer, head, kind): `(layer * kv_heads + head) * 2 + (K=0 | V=1)`,
     /// the position of its per-head tensor ([`KvTensor::position`]).
     pub fn buffer_index(&self, layer: usize, head: usize, kind: TensorKind) -> usize {
-        KvTensor {
-            io: KvIo::Past,
-            kind,
-            layer,
-            head: Some(head),
-        }
-        .position(self.kv_heads)
+        graph_io::buffer_index(layer, head, kind, self.kv_heads)
     }
 
     /// The graph tensor holding buffer `buffer` at `granularity` (per layer: the layer's tensor,
@@ -431,13 +300,7 @@ impl Geometry {
 
     /// (layer, head, kind) of a buffer index.
     pub fn buffer_coords(&self, buffer: usize) -> (usize, usize, TensorKind) {
-        let kind = if buffer.is_multiple_of(2) {
-            TensorKind::Key
-        } else {
-            TensorKind::Value
-        };
-        let lh = buffer / 2;
-        (lh / self.kv_heads, lh % self.kv_heads, kind)
+        graph_io::buffer_coords(buffer, self.kv_heads)
     }
 
     /// Bytes of one token's row in one buffer: head_dim x element size.
