@@ -338,17 +338,23 @@ mod tests {
                             ..run
                         },
                     ] {
-                        let p = predict(&spec, &run).unwrap();
-                        let c = simulate(&spec, &run);
-                        assert!(
-                            p.mismatches(&c).is_empty(),
-                            "{g:?} {strategy:?} {run:?}: {:?}",
-                            p.mismatches(&c)
-                        );
+                        assert_predicted(&spec, &run);
                     }
                 }
             }
         }
+    }
+
+    /// The prediction of `run` on `spec` equals what the real cache counts.
+    fn assert_predicted(spec: &CacheSpec, run: &Run) {
+        let p = predict(spec, run).unwrap();
+        let c = simulate(spec, run);
+        let (g, strategy) = (&spec.geometry, spec.strategy);
+        assert!(
+            p.mismatches(&c).is_empty(),
+            "{g:?} {strategy:?} {run:?}: {:?}",
+            p.mismatches(&c)
+        );
     }
 
     #[test]
@@ -365,13 +371,7 @@ mod tests {
                 let spec = CacheSpec::for_simulation(g.clone(), strategy);
                 for prefill in [0, 5, 8, 20, 24, 27, 32] {
                     let run = Run::full_context(&g, prefill).unwrap();
-                    let p = predict(&spec, &run).unwrap();
-                    let c = simulate(&spec, &run);
-                    assert!(
-                        p.mismatches(&c).is_empty(),
-                        "{g:?} {strategy:?} {run:?}: {:?}",
-                        p.mismatches(&c)
-                    );
+                    assert_predicted(&spec, &run);
                 }
             }
         }

@@ -88,17 +88,7 @@ impl Slots {
     ) -> RowRef {
         let (d, e) = (g.head_dim, g.dtype.size_bytes());
         let base = self.layout.base[t] * d * e;
-        if transposed(plan, t) {
-            RowRef {
-                start: base + (h * d * stride + j) * e,
-                step: stride * e,
-            }
-        } else {
-            RowRef {
-                start: base + (h * stride + j) * d * e,
-                step: e,
-            }
-        }
+        strided_row(base, (d, e), (h, j, stride), transposed(plan, t))
     }
 
     /// Where new token `i` of head `h` of output tensor `t` lives in an AR-`ar` step.
@@ -114,17 +104,7 @@ impl Slots {
         let (d, e) = (g.head_dim, g.dtype.size_bytes());
         let heads = plan.heads_per_tensor;
         let base = (self.layout.out_base + t * heads * g.max_ar()) * d * e;
-        if transposed(plan, t) {
-            RowRef {
-                start: base + (h * d * ar + i) * e,
-                step: ar * e,
-            }
-        } else {
-            RowRef {
-                start: base + (h * ar + i) * d * e,
-                step: e,
-            }
-        }
+        strided_row(base, (d, e), (h, i, ar), transposed(plan, t))
     }
 
     /// Lays the slot tensors out for a window of `new_stride` rows (strided layouts only): token t
@@ -410,5 +390,26 @@ impl Rule for Slots {
             Size::new("memory handles", 2 * tensors).times(variants.len()),
             variants.len(),
         ))
+    }
+}
+
+/// Row `j` of head `h` in a tensor at byte `base` whose heads hold `stride` rows of `d` elements
+/// of `e` bytes: rows contiguous, or (K transposed) one element of each row per `stride` column.
+fn strided_row(
+    base: usize,
+    (d, e): (usize, usize),
+    (h, j, stride): (usize, usize, usize),
+    transposed: bool,
+) -> RowRef {
+    if transposed {
+        RowRef {
+            start: base + (h * d * stride + j) * e,
+            step: stride * e,
+        }
+    } else {
+        RowRef {
+            start: base + (h * stride + j) * d * e,
+            step: e,
+        }
     }
 }
