@@ -1,12 +1,10 @@
 //! The cache: one region, one strategy, and the step protocol `plan` -> (graph runs) -> `commit`.
 
 use crate::counters::HandleTracker;
-use crate::plan::TensorId;
 use crate::strategy::{Cx, Moved, Rule};
 pub(crate) use crate::strategy::{RowRef, copy_row};
 use crate::{
     CacheSpec, Counters, Granularity, KLayout, KvError, Plan, Region, RegionAllocator, StepStats,
-    TensorKind,
 };
 use quant::QuantSpec;
 
@@ -49,7 +47,7 @@ impl KvCache {
         let g = &spec.geometry;
         let (groups, positions) = rule.handle_groups(g);
         let handles = HandleTracker::new(groups, positions, g.ar_variants.len());
-        let tensors = tensor_ids(g.layers, g.kv_heads, g.granularity);
+        let tensors = crate::geometry::tensor_ids(g.layers, g.kv_heads, g.granularity);
         let self_bytes = rule.layout().region_rows * g.row_bytes(); // checked by `region_bytes`
         let cross = crate::static_kv::bindings(&spec, self_bytes)?;
         let cross_filled = vec![false; cross.len()];
@@ -400,39 +398,6 @@ fn heads_per_tensor(kv_heads: usize, granularity: Granularity) -> usize {
         Granularity::PerHead => 1,
         Granularity::PerLayer => kv_heads,
     }
-}
-
-pub(crate) fn tensor_ids(
-    layers: usize,
-    kv_heads: usize,
-    granularity: Granularity,
-) -> Vec<TensorId> {
-    let mut ids = Vec::new();
-    for layer in 0..layers {
-        match granularity {
-            Granularity::PerHead => {
-                for head in 0..kv_heads {
-                    for kind in [TensorKind::Key, TensorKind::Value] {
-                        ids.push(TensorId {
-                            layer,
-                            head: Some(head),
-                            kind,
-                        });
-                    }
-                }
-            }
-            Granularity::PerLayer => {
-                for kind in [TensorKind::Key, TensorKind::Value] {
-                    ids.push(TensorId {
-                        layer,
-                        head: None,
-                        kind,
-                    });
-                }
-            }
-        }
-    }
-    ids
 }
 
 #[cfg(test)]

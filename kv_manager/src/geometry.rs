@@ -481,6 +481,41 @@ pub fn encodings_from_graphs(
     })
 }
 
+/// The K/V graph tensors of one side of a step, in position order: (layer, head) K then V per
+/// head, or layer K then V per layer.
+pub(crate) fn tensor_ids(
+    layers: usize,
+    kv_heads: usize,
+    granularity: Granularity,
+) -> Vec<crate::plan::TensorId> {
+    let mut ids = Vec::new();
+    for layer in 0..layers {
+        match granularity {
+            Granularity::PerHead => {
+                for head in 0..kv_heads {
+                    for kind in [TensorKind::Key, TensorKind::Value] {
+                        ids.push(crate::plan::TensorId {
+                            layer,
+                            head: Some(head),
+                            kind,
+                        });
+                    }
+                }
+            }
+            Granularity::PerLayer => {
+                for kind in [TensorKind::Key, TensorKind::Value] {
+                    ids.push(crate::plan::TensorId {
+                        layer,
+                        head: None,
+                        kind,
+                    });
+                }
+            }
+        }
+    }
+    ids
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

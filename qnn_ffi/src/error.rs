@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::types::Version;
+use crate::version::Version;
 
 /// A provider found in a library, reported when none is compatible.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -59,6 +59,7 @@ mod loader;
 mod rpcmem;
 mod system;
 mod types;
+mod version;
 
 pub use backend::{
     Backend, ClientBuffer, Context, DEFAULT_MAX_HANDLES, Device, Graph, Log, LogLevel,

@@ -6,9 +6,8 @@ use std::ffi::c_char;
 use qnn_ffi::bindings as b;
 
 use crate::memory::unmap;
-use crate::providers::api_version;
 use crate::state::{BackendObj, State, as_handle, guard, key, state};
-use crate::{BUILD_ID, OK, Rc, code};
+use crate::{BACKEND_API, BUILD_ID, CORE_API, OK, Rc, code};
 
 pub(crate) unsafe extern "C" fn backend_create(
     log: b::Qnn_LogHandle_t,
@@ -128,4 +127,19 @@ pub(crate) unsafe extern "C" fn device_free(device: b::Qnn_DeviceHandle_t) -> Rc
             None => code(b::QNN_COMMON_ERROR_INVALID_ARGUMENT),
         }
     })
+}
+
+pub(crate) fn version(v: (u32, u32, u32)) -> b::Qnn_Version_t {
+    b::Qnn_Version_t {
+        major: v.0,
+        minor: v.1,
+        patch: v.2,
+    }
+}
+
+pub(crate) fn api_version() -> b::Qnn_ApiVersion_t {
+    b::Qnn_ApiVersion_t {
+        coreApiVersion: version(CORE_API),
+        backendApiVersion: version(BACKEND_API),
+    }
 }

@@ -14,21 +14,6 @@ use crate::state::guard;
 use crate::system::{system_context_create, system_context_free, system_context_get_binary_info};
 use crate::{BACKEND_API, BACKEND_ID, CORE_API, OK, PROVIDER_NAME, SYSTEM_API, code};
 
-pub(crate) fn version(v: (u32, u32, u32)) -> b::Qnn_Version_t {
-    b::Qnn_Version_t {
-        major: v.0,
-        minor: v.1,
-        patch: v.2,
-    }
-}
-
-pub(crate) fn api_version() -> b::Qnn_ApiVersion_t {
-    b::Qnn_ApiVersion_t {
-        coreApiVersion: version(CORE_API),
-        backendApiVersion: version(BACKEND_API),
-    }
-}
-
 /// The provider followed by NULL entries, so that clients built against newer (longer)
 /// tables that read past htpkv's table find NULL ("not supported") rather than garbage.
 #[repr(C)]

@@ -40,7 +40,7 @@ impl Slots {
         // One slot window per tensor head (W_max rows; K rows for a sliding layer, whose tensors
         // are per head), then the new-row area: max(ar) rows per tensor head.
         let w_max = g.max_window();
-        let tensors = crate::cache::tensor_ids(g.layers, g.kv_heads, g.granularity);
+        let tensors = crate::geometry::tensor_ids(g.layers, g.kv_heads, g.granularity);
         let heads = g.buffers() / tensors.len();
         let per_tensor: Vec<usize> = tensors
             .iter()
