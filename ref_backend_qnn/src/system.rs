@@ -7,8 +7,8 @@ use qnn_ffi::bindings as b;
 use qnn_ffi::{OwnedRawTensor, TensorType};
 use ref_backend::{CompiledModel, IoTensor, Preset};
 
-use crate::present::{presented, reported_graph_name, reported_order, tensor_info};
 use crate::backend::version;
+use crate::present::{presented, reported_graph_name, reported_order, tensor_info};
 use crate::state::{SysCtxObj, SysInfo, as_handle, guard, key, state};
 use crate::{BACKEND_API, BACKEND_ID, BUILD_ID, CONTEXT_BLOB_VERSION, CORE_API, OK, Rc, code};
 
