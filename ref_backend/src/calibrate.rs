@@ -10,10 +10,10 @@ use quant::{
     Symmetry,
 };
 
-use crate::compile::{Progress, Stage};
 use crate::error::CompileError;
 use crate::model::{ActSite, act_index};
 use crate::options::CompileOptions;
+use crate::progress::{Progress, Stage};
 
 /// How the observers turn observed values into encodings (documented for users; part of the
 /// calibration version).

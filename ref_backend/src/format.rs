@@ -53,24 +53,18 @@ use model::{Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, 
 use quant::{Encoding, QuantSpec, ScaleOffset};
 
 use crate::bytes::{Reader, Writer, crc32};
-use crate::compile::{CompiledModel, validate_options};
+use crate::compiled::CompiledModel;
 use crate::error::FormatError;
 use crate::model::{LayerData, Matrix, ModelData};
 use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS, kv_code, kv_from_code};
 use crate::parts::{Part, Split, check_naming};
 use crate::types::{Granularity, KLayout, WeightType, role_code, role_from_code};
+use crate::validate::validate_options;
 use graph_io::{IoTensor, Preset};
 
 /// Magic bytes at the start of every file.
 pub const MAGIC: [u8; 8] = *b"HTPKVREF";
-/// The format version this build writes for a model without per-layer windows.
-pub const FORMAT_VERSION: u32 = 4;
-/// The oldest format version this build still reads.
-pub const OLDEST_FORMAT_VERSION: u32 = 3;
-/// The format version of a model with per-layer attention windows: version 4 with a `WNDS`
-/// section after `CONF`. This build reads both; a build that does not know windows refuses it
-/// by its version rather than mis-reading it.
-pub const WINDOWS_FORMAT_VERSION: u32 = 5;
+pub use crate::types::{FORMAT_VERSION, OLDEST_FORMAT_VERSION, WINDOWS_FORMAT_VERSION};
 /// Size of the fixed header before the payload.
 pub const HEADER_LEN: usize = 28;
 

@@ -33,7 +33,10 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use crate::model::I32_CHUNK;
+/// Longest run of i8 x i16 products whose sum provably fits an i32:
+/// `516 * 127 * 32768 = 2_147_352_576 <= 2^31 - 1` (517 would not fit). (Weights are clamped to `[-127, 127]`,
+/// activations are i16, so `|product| <= 127 * 32768`.)
+pub const I32_CHUNK: usize = 516;
 
 /// Elements summed in one i32 run: the largest multiple of 64 (a whole number of vector
 /// iterations at any width) not above [`I32_CHUNK`].

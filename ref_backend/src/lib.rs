@@ -75,6 +75,7 @@
 mod bytes;
 mod calibrate;
 mod compile;
+mod compiled;
 pub mod encdec;
 mod error;
 mod exec;
@@ -83,11 +84,14 @@ pub mod kernels;
 mod model;
 mod options;
 mod parts;
+mod progress;
 mod types;
+mod validate;
 
 pub use bytes::crc32;
 pub use calibrate::U8_KV_PERCENTILE;
-pub use compile::{CompiledModel, Progress, Stage, compile};
+pub use compile::compile;
+pub use compiled::CompiledModel;
 pub use error::{CompileError, ExecError, FormatError};
 pub use exec::{Graph, mask_value_bytes};
 pub use format::{FORMAT_VERSION, WINDOWS_FORMAT_VERSION};
@@ -102,4 +106,5 @@ pub use options::{
     DEFAULT_CALIBRATION_TOKENS, MAX_CALIBRATION_TOKENS,
 };
 pub use parts::{Part, Split, naming_refusal};
+pub use progress::{Progress, Stage};
 pub use types::{Granularity, KLayout, WeightType};

@@ -74,11 +74,6 @@ pub(crate) fn act_index(layer: usize, site: ActSite) -> usize {
     layer * 4 + site.index()
 }
 
-/// Longest run of i8 x i16 products whose sum provably fits an i32:
-/// `516 * 127 * 32768 = 2_147_352_576 <= 2^31 - 1` (517 would not fit). (Weights are clamped to `[-127, 127]`,
-/// activations are i16, so `|product| <= 127 * 32768`.)
-pub const I32_CHUNK: usize = 516;
-
 /// An i8 weight matrix as the executor holds it: row-major `rows x cols` values `q`, symmetric,
 /// one scale per row (output channel), `w[r][c] = q[r][c] * scales[r]`, `q` in `[-127, 127]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -206,7 +201,7 @@ impl Matrix {
     /// Float matrices: f32 dot products (`model::ops::matmul`, the float model's kernel).
     /// i8 matrices: `x` is quantized to i16 with `act` (static encoding; `qbuf` is scratch of
     /// at least `x.len()`), each row is accumulated in integers (i32 partial sums over at most
-    /// [`I32_CHUNK`] products, which cannot overflow, summed in i64; see
+    /// [`I32_CHUNK`](crate::kernels::I32_CHUNK) products, which cannot overflow, summed in i64; see
     /// [`crate::kernels`]), the activation offset is applied as `offset * Σ q_w` in i64, and
     /// the result is rescaled once:
     /// `out[r] = (acc + offset * rowsum[r]) * act.scale * scales[r]` (the i64 → f32 conversion
@@ -924,6 +919,7 @@ mod tests {
 
     #[test]
     fn i32_chunk_cannot_overflow() {
+        use crate::kernels::I32_CHUNK;
         let worst = I32_CHUNK as i64 * 127 * 32768;
         assert!(worst <= i64::from(i32::MAX));
         assert!((I32_CHUNK as i64 + 1) * 127 * 32768 > i64::from(i32::MAX));

@@ -148,7 +148,7 @@ impl CompileOptions {
     pub fn fingerprint(&self) -> u64 {
         let mut w = Writer::default();
         w.bytes(b"htpkv-ref_backend");
-        w.u32(crate::format::FORMAT_VERSION);
+        w.u32(crate::types::FORMAT_VERSION);
         w.u32(CALIBRATION_VERSION);
         self.encode(&mut w);
         let mut h = Fnv64::new();

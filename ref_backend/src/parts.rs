@@ -19,13 +19,9 @@
 //! `_model_model_layers_{k}_Add_1_output_0` after layer k (its second residual add).
 
 use std::ops::Range;
-use std::sync::Arc;
 
 use graph_io::Preset;
-use quant::{DataType, Encoding, ScaleOffset, Symmetry};
 
-use crate::compile::CompiledModel;
-use crate::error::CompileError;
 use crate::options::CompileOptions;
 use crate::types::{Granularity, KLayout};
 
@@ -293,107 +289,6 @@ pub(crate) fn check_naming(part: &Part, o: &CompileOptions) -> Result<(), String
         );
     }
     Ok(())
-}
-
-impl CompiledModel {
-    /// The model cut into `count` parts ([`Part::split`]), one [`CompiledModel`] (one file,
-    /// one QNN context) each, with this model's encodings and only the weights its graphs use
-    /// ([`Part::holds_embedding`], its layers, the final norm and LM head in the last); every
-    /// part has a graph per AR variant. `self` must be the whole model.
-    pub fn split(
-        &self,
-        count: usize,
-        rope_tables: bool,
-    ) -> Result<Vec<CompiledModel>, CompileError> {
-        self.split_as(count, rope_tables, Split::Balanced)
-    }
-
-    /// [`CompiledModel::split`] cut as `split` ([`Part::split_as`], AI Hub's names).
-    pub fn split_as(
-        &self,
-        count: usize,
-        rope_tables: bool,
-        split: Split,
-    ) -> Result<Vec<CompiledModel>, CompileError> {
-        self.require_whole("cut into parts")?;
-        let n = self.data.config.n_layers;
-        let parts = Part::split_as(n, count, rope_tables, Preset::AiHub, split)
-            .map_err(|reason| CompileError::InvalidOptions { reason })?;
-        Ok(parts
-            .into_iter()
-            .map(|p| CompiledModel::with_part(Arc::new(self.data.for_part(&p)), p))
-            .collect())
-    }
-
-    /// The whole model under `naming` (its graph names, and the presentation the QNN library
-    /// gives it); refused where the naming cannot express the model ([`naming_refusal`];
-    /// ExecuTorch's K/V are per layer with K transposed).
-    pub fn with_naming(&self, naming: Preset) -> Result<CompiledModel, CompileError> {
-        self.require_whole("renamed")?;
-        let part = Part {
-            naming,
-            ..self.part.clone()
-        };
-        check_naming(&part, &self.data.options)
-            .map_err(|reason| CompileError::InvalidOptions { reason })?;
-        Ok(CompiledModel::with_part(Arc::clone(&self.data), part))
-    }
-
-    fn require_whole(&self, what: &str) -> Result<(), CompileError> {
-        if self.part == Part::whole(self.data.config.n_layers) {
-            return Ok(());
-        }
-        Err(CompileError::InvalidOptions {
-            reason: format!(
-                "part {} of {} cannot be {what}: only the whole model (htpkv names) can",
-                self.part.index + 1,
-                self.part.count
-            ),
-        })
-    }
-
-    /// The same model and part — weights, activation and K/V encodings — with its graphs built for
-    /// context length `context` (`_cl{context}` in their names): several context lengths of one
-    /// model whose K/V rows mean the same in each, so a runtime can move its cache from one to
-    /// another by copying rows. `context` must satisfy the compile rules (2 to the model's context
-    /// length, above every AR variant).
-    pub fn with_context(&self, context: usize) -> Result<CompiledModel, CompileError> {
-        let mut data = (*self.data).clone();
-        data.options.context = context;
-        crate::compile::validate_options(&data.config, &data.options)
-            .map_err(|reason| CompileError::InvalidOptions { reason })?;
-        Ok(CompiledModel::with_part(Arc::new(data), self.part.clone()))
-    }
-
-    /// The same model with every u8 K/V encoding symmetric around 0 with zero point 128 (offset
-    /// −128, scale `max(|lo|, |hi|) / 127` of the calibrated range `[lo, hi]`), as Qualcomm AI Hub
-    /// ships its KV cache: the range of each (layer, KV head, K|V) widened to be symmetric, at the
-    /// cost of up to one bit of resolution where the calibrated range was one-sided. Refused unless
-    /// the KV cache is u8.
-    pub fn with_kv_zero_point_128(&self) -> Result<CompiledModel, CompileError> {
-        let refuse = |reason: String| CompileError::InvalidOptions { reason };
-        if self.data.options.kv_dtype != DataType::U8 {
-            return Err(refuse(format!(
-                "a K/V zero point of 128 needs a u8 KV cache, not {}",
-                self.data.options.kv_dtype
-            )));
-        }
-        let mut data = (*self.data).clone();
-        for spec in &mut data.kv {
-            let Encoding::PerTensor(so) = spec.encoding else {
-                return Err(refuse("a u8 K/V encoding is not per tensor".into()));
-            };
-            let lo = so.scale * so.offset as f32;
-            let hi = so.scale * (255 + so.offset) as f32;
-            let symmetric = ScaleOffset::from_range(lo, hi, DataType::U8, Symmetry::Symmetric)
-                .map_err(|source| CompileError::Quant {
-                    what: "the symmetric K/V encoding".into(),
-                    source,
-                })?;
-            spec.encoding = Encoding::PerTensor(symmetric);
-        }
-        Ok(CompiledModel::with_part(Arc::new(data), self.part.clone()))
-    }
 }
 
 #[cfg(test)]

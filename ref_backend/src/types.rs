@@ -111,6 +111,16 @@ impl std::str::FromStr for WeightType {
 /// definition for the compiler, the executor and the KV manager.
 pub use kv_manager::{Granularity, KLayout};
 
+// The compiled file's versions: recorded in options' fingerprint too, so they live below both.
+/// The format version this build writes for a model without per-layer windows.
+pub const FORMAT_VERSION: u32 = 4;
+/// The oldest format version this build still reads.
+pub const OLDEST_FORMAT_VERSION: u32 = 3;
+/// The format version of a model with per-layer attention windows: version 4 with a `WNDS`
+/// section after `CONF`. This build reads both; a build that does not know windows refuses it
+/// by its version rather than mis-reading it.
+pub const WINDOWS_FORMAT_VERSION: u32 = 5;
+
 #[cfg(test)]
 mod tests {
     use super::*;
