@@ -421,11 +421,7 @@ fn classify(
     tap: &mut dyn Tap,
 ) {
     let (dim, last) = (c.dim, c.n_layers);
-    let cls = if c.tied_output {
-        Tensor::TokenEmbedding
-    } else {
-        Tensor::Output
-    };
+    let cls = Tensor::classifier(c);
     let xb = &mut a.xb[..n * dim];
     norm_rows(xb, &a.x[..n * dim], k.vector(Tensor::OutputNorm), c.rms_eps);
     observe_rows(tap, last, Site::FinalNorm, xb, dim);

@@ -72,6 +72,17 @@ pub enum Tensor {
     Output,
 }
 
+impl Tensor {
+    /// The classifier's matrix: the embedding when the model ties them, else `Output`.
+    pub fn classifier(c: &LlamaConfig) -> Tensor {
+        if c.tied_output {
+            Tensor::TokenEmbedding
+        } else {
+            Tensor::Output
+        }
+    }
+}
+
 impl fmt::Display for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

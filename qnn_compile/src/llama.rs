@@ -524,11 +524,7 @@ impl<'a> Lowering<'a> {
     fn logits(&mut self, x: &Val) -> Result<Val, QnnError> {
         let c = self.c;
         let xn = self.rmsnorm(x, Tensor::OutputNorm)?;
-        let cls = if c.tied_output {
-            Tensor::TokenEmbedding
-        } else {
-            Tensor::Output
-        };
+        let cls = Tensor::classifier(c);
         let logits = self.linear(&xn, cls, None)?;
         self.e
             .reshape(&logits, &[1, self.n, u(c.vocab_size)], Some("logits"))
