@@ -8,7 +8,7 @@ use quant::{DataType, Encoding, QuantSpec, ScaleOffset, Symmetry};
 
 use crate::error::CompileError;
 use crate::exec::Graph;
-use crate::model::{ActSite, I8Matrix, Matrix, ModelData};
+use crate::model::{ActSite, I8Matrix, LayerData, Matrix, ModelData};
 use crate::options::CompileOptions;
 use crate::parts::{Part, Split, check_naming};
 
@@ -141,6 +141,19 @@ impl CompiledModel {
             return None;
         }
         self.data.act(layer, site)
+    }
+
+    /// Every matrix product of the whole model, in the forward's order: each layer's seven
+    /// matrices, then the classifier ([`Tensor::classifier`]), each with the static i16 encoding
+    /// of its input (`None` for float weights).
+    pub fn matrix_products(&self) -> Vec<(Tensor, Option<ScaleOffset>)> {
+        let c = &self.data.config;
+        let layers =
+            (0..c.n_layers).flat_map(|l| LayerData::MATRICES.map(|lt| Tensor::Layer(l, lt)));
+        layers
+            .chain([Tensor::classifier(c)])
+            .map(|t| (t, self.data.input_encoding(t)))
+            .collect()
     }
 
     /// The i8 weights of matrix `t` as the executor multiplies them: a layer's `Q`, `K`, `V`,

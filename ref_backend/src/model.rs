@@ -88,6 +88,18 @@ pub struct I8Matrix<'a> {
     pub scales: &'a [f32],
 }
 
+impl I8Matrix<'_> {
+    /// Row `r` dequantized into `out` (`cols` values): `q[r][c] * scales[r]`, the embedding
+    /// gather.
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+        let s = self.scales[r];
+        let row = &self.q[r * self.cols..(r + 1) * self.cols];
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o = f32::from(v) * s;
+        }
+    }
+}
+
 /// A weight matrix, row-major `(rows, cols)`, `y = W x`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Matrix {
@@ -183,13 +195,18 @@ impl Matrix {
     pub(crate) fn row_into(&self, r: usize, out: &mut [f32]) {
         match self {
             Matrix::I8 {
-                cols, scales, q, ..
-            } => {
-                let s = scales[r];
-                for (o, &v) in out.iter_mut().zip(&q[r * cols..(r + 1) * cols]) {
-                    *o = f32::from(v) * s;
-                }
+                rows,
+                cols,
+                scales,
+                q,
+                ..
+            } => I8Matrix {
+                rows: *rows,
+                cols: *cols,
+                q,
+                scales,
             }
+            .row_into(r, out),
             Matrix::Float { cols, w, .. } => {
                 out.copy_from_slice(&w[r * cols..(r + 1) * cols]);
             }
@@ -532,17 +549,25 @@ impl ModelData {
     /// For a tensor that is not a matrix of this model (a programming error: the forward only
     /// asks for those, and [`ModelData`] is validated when built or read).
     pub(crate) fn linear(&self, t: Tensor) -> (&Matrix, Option<ScaleOffset>) {
-        match t {
-            Tensor::Layer(l, lt) => {
-                let m = self.layer(l).and_then(|d| d.matrix(lt));
-                let site = act_site(lt);
-                let m = m
-                    .filter(|_| site.is_some())
-                    .unwrap_or_else(|| panic!("{t} is not a matrix"));
-                (m, site.and_then(|s| self.act(l, s)))
-            }
-            Tensor::TokenEmbedding | Tensor::Output => (self.classifier(), self.act_final()),
+        let m = match t {
+            Tensor::Layer(l, lt) => self
+                .layer(l)
+                .and_then(|d| d.matrix(lt))
+                .filter(|_| act_site(lt).is_some())
+                .unwrap_or_else(|| panic!("{t} is not a matrix")),
+            Tensor::TokenEmbedding | Tensor::Output => self.classifier(),
             Tensor::OutputNorm => panic!("{t} is not a matrix"),
+        };
+        (m, self.input_encoding(t))
+    }
+
+    /// The static encoding of the input of matrix `t` (`None` for float weights or a tensor that
+    /// is not a matrix): its layer's [`ActSite`], or the final one for the classifier.
+    pub(crate) fn input_encoding(&self, t: Tensor) -> Option<ScaleOffset> {
+        match t {
+            Tensor::Layer(l, lt) => act_site(lt).and_then(|s| self.act(l, s)),
+            Tensor::TokenEmbedding | Tensor::Output => self.act_final(),
+            Tensor::OutputNorm => None,
         }
     }
 

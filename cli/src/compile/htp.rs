@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use htpkv::engine::{DEFAULT_MAX_CONTEXT, OpenedModel};
 use model::fsio::AtomicDir;
 use model::fsio::{FileKind, check_output, read_capped, write_atomic_verified};
-use model::{LayerTensor, LlamaConfig, Tensor, WeightSource};
+use model::{LlamaConfig, Tensor, WeightSource};
 use qnn_compile::w8a16::{output_encoding, u16_from_i16};
 use qnn_compile::{
     Fixed, HtpOptions, HtpTarget, KvEncodings, Naming, PartSpec, W8A16, W8Matrix, graph_name,
@@ -17,7 +17,7 @@ use qnn_ffi::dtype_to_qnn;
 use qnn_ffi::{QnnLibrary, QnnSystemLibrary, SystemContext};
 use quant::DataType;
 use quant::{Encoding, ScaleOffset};
-use ref_backend::{ActSite, CompiledModel, WeightType};
+use ref_backend::{CompiledModel, WeightType};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -338,7 +338,7 @@ fn w8a16(
     let ranges = qnn_compile::calibrate::linear_ranges(c, w, model.calibration(), context)?;
     eprintln!("matrix output ranges in {:.1?}", started.elapsed());
     let mut out = W8A16::default();
-    for (t, input) in w8_products(model, c) {
+    for (t, input) in model.matrix_products() {
         let m = model
             .i8_matrix(t)
             .with_context(|| format!("the reference model has no i8 matrix {t}"))?;
@@ -361,37 +361,9 @@ fn w8a16(
     let e = model
         .i8_matrix(Tensor::TokenEmbedding)
         .context("the reference model has no i8 embedding")?;
-    out.embedding =
-        e.q.chunks_exact(e.cols)
-            .zip(e.scales)
-            .flat_map(|(row, &s)| row.iter().map(move |&q| f32::from(q) * s))
-            .collect();
-    Ok(Some(out))
-}
-
-/// Every matrix product of `c` with the static encoding of its input.
-fn w8_products(model: &CompiledModel, c: &LlamaConfig) -> Vec<(Tensor, Option<ScaleOffset>)> {
-    use LayerTensor as L;
-    let mut v = Vec::new();
-    for l in 0..c.n_layers {
-        let enc = |s| model.activation_encoding(l, s);
-        for (t, s) in [
-            (L::Q, ActSite::AttnIn),
-            (L::K, ActSite::AttnIn),
-            (L::V, ActSite::AttnIn),
-            (L::O, ActSite::AttnOut),
-            (L::Gate, ActSite::FfnIn),
-            (L::Up, ActSite::FfnIn),
-            (L::Down, ActSite::FfnMid),
-        ] {
-            v.push((Tensor::Layer(l, t), enc(s)));
-        }
+    out.embedding = vec![0.0; e.rows * e.cols];
+    for (r, row) in out.embedding.chunks_exact_mut(e.cols).enumerate() {
+        e.row_into(r, row);
     }
-    let cls = if c.tied_output {
-        Tensor::TokenEmbedding
-    } else {
-        Tensor::Output
-    };
-    v.push((cls, model.classifier_input_encoding()));
-    v
+    Ok(Some(out))
 }
