@@ -48,7 +48,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         writeln!(out).and_then(|()| out.flush())?;
     }
     if args.stats {
-        print_stats(&engine, checked.engine.strategy);
+        print_stats(&engine, checked.run.engine.strategy);
     }
     Ok(())
 }

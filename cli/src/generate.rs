@@ -198,10 +198,8 @@ pub struct RunChecked {
 
 /// Every option, parsed and checked before any work (loading, compiling).
 pub struct Checked {
-    pub engine: EngineOptions,
+    pub run: RunChecked,
     pub generate: GenerateOptions,
-    kv_dtype: Option<DataType>,
-    weights: Option<WeightType>,
 }
 
 /// The options of [`RunArgs`], parsed and checked; `ar_default` turns the default AR variants
@@ -288,20 +286,12 @@ fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
         },
     };
     Sampler::new(generate.sampler)?;
-    Ok(Checked {
-        engine: run.engine,
-        generate,
-        kv_dtype: run.kv_dtype,
-        weights: run.weights,
-    })
+    Ok(Checked { run, generate })
 }
 
 /// With --compiled, the file decides; an option given explicitly must agree with it.
-fn check_against_file(
-    run: &RunArgs,
-    (kv_dtype, weights): (Option<DataType>, Option<WeightType>),
-    ran: &Ran,
-) -> anyhow::Result<()> {
+fn check_against_file(run: &RunArgs, checked: &RunChecked, ran: &Ran) -> anyhow::Result<()> {
+    let (kv_dtype, weights) = (checked.kv_dtype, checked.weights);
     let Some(file) = run.compiled.first() else {
         return Ok(());
     };
@@ -358,24 +348,16 @@ fn join(v: &[usize]) -> String {
 /// against them.
 pub fn open_engine(args: &GenerateArgs) -> anyhow::Result<(Engine, Checked, Ran)> {
     let checked = check_args(args)?;
-    let (engine, ran) = open_checked(
-        &args.run,
-        (&checked.engine, checked.kv_dtype, checked.weights),
-        args.json,
-    )?;
+    let (engine, ran) = open_run(&args.run, &checked.run, args.json)?;
     Ok((engine, checked, ran))
 }
 
 /// Opens the engine of checked [`RunArgs`] (progress lines unless `quiet`, compile progress as
 /// bars on a terminal) and checks a `--compiled` file against the options given.
-pub fn open_checked(
-    run: &RunArgs,
-    (options, kv_dtype, weights): (&EngineOptions, Option<DataType>, Option<WeightType>),
-    quiet: bool,
-) -> anyhow::Result<(Engine, Ran)> {
+pub fn open_run(run: &RunArgs, checked: &RunChecked, quiet: bool) -> anyhow::Result<(Engine, Ran)> {
     let mut bars = crate::progress::StageBars::default();
     let engine = Engine::open_with(
-        options,
+        &checked.engine,
         &mut |line| {
             if !quiet {
                 eprintln!("{line}");
@@ -386,17 +368,8 @@ pub fn open_checked(
     bars.finish();
     let engine = engine?;
     let ran = Ran::of(&engine);
-    check_against_file(run, (kv_dtype, weights), &ran)?;
+    check_against_file(run, checked, &ran)?;
     Ok((engine, ran))
-}
-
-/// [`open_checked`] for [`RunChecked`] options.
-pub fn open_run(run: &RunArgs, checked: &RunChecked, quiet: bool) -> anyhow::Result<(Engine, Ran)> {
-    open_checked(
-        run,
-        (&checked.engine, checked.kv_dtype, checked.weights),
-        quiet,
-    )
 }
 
 /// Peak resident memory of this process in bytes (`VmHWM` of /proc/self/status); `None` where
@@ -457,7 +430,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if beams::wanted(&args) {
         return beams::run(&args, &checked, &mut engine);
     }
-    let strategy = checked.engine.strategy;
+    let strategy = checked.run.engine.strategy;
     let generate = checked.generate;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

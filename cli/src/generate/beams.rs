@@ -92,7 +92,7 @@ pub fn run(args: &GenerateArgs, checked: &Checked, engine: &mut Engine) -> anyho
         let mut doc = doc;
         doc["prompt"] = args.prompt.clone().into();
         doc["prompt_tokens"] = prompt.len().into();
-        doc["update"] = checked.engine.strategy.name().into();
+        doc["update"] = checked.run.engine.strategy.name().into();
         doc["kv_beams"] = memory_json(&memory);
         writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
     } else if args.stats {

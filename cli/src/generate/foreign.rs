@@ -112,7 +112,7 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
         system_lib,
         memory,
         max_handles,
-    } = &checked.engine.backend
+    } = &checked.run.engine.backend
     else {
         let m = model_of(args)?;
         let what = match &args.run.bundle {
@@ -149,7 +149,7 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
         .with_context(|| format!("cannot open {}", m.origin))?;
     let allocator = qnn.region_allocator();
     let convention_name = qnn.convention().name.clone();
-    let mut session = Session::with_contexts(qnn, checked.engine.strategy, allocator, m.rope)
+    let mut session = Session::with_contexts(qnn, checked.run.engine.strategy, allocator, m.rope)
         .map_err(htpkv::engine::EngineError::from)
         .with_context(|| format!("{} do not form one model", m.origin))?;
     if let Some((config, rope_dim)) = &m.rope_dim {
