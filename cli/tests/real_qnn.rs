@@ -70,6 +70,22 @@ fn generate(extra: &[&str], cache: &Path) -> Value {
     serde_json::from_str(&ok(htpkv(&args, cache))).unwrap()
 }
 
+/// The reference executor's run with the binaries' shape (context 64, AR-1 and AR-8).
+fn reference_run(weights: &str, kv: &str) -> Value {
+    let args = [
+        "--context",
+        "64",
+        "--ar",
+        "1,8",
+        "--weights",
+        weights,
+        "--kv-dtype",
+        kv,
+    ];
+    let cache = scratch("real_qnn", &format!("reference-{weights}-{kv}"));
+    generate(&args, &cache)
+}
+
 fn qnn_run(htp: &Path, system: &Path, (weights, kv): (&str, &str), update: &str) -> Value {
     let bin = binary(htp, weights, kv);
     let args = [
@@ -127,19 +143,7 @@ fn every_strategy_gives_the_reference_tokens_on_the_real_backend() {
         return;
     };
     for kv in ["f32", "u8"] {
-        let reference = generate(
-            &[
-                "--context",
-                "64",
-                "--ar",
-                "1,8",
-                "--weights",
-                "f32",
-                "--kv-dtype",
-                kv,
-            ],
-            &scratch("real_qnn", &format!("reference-{kv}")),
-        );
+        let reference = reference_run("f32", kv);
         for update in ["shift", "conveyor", "smart_mask", "naive"] {
             let run = qnn_run(&htp, &system, ("f32", kv), update);
             assert_eq!(run["backend"], "qnn");
@@ -163,19 +167,7 @@ fn w8a16_runs_on_the_real_backend_and_follows_the_reference_executor() {
     let Some((htp, system)) = libs("real_qnn::w8a16") else {
         return;
     };
-    let reference = generate(
-        &[
-            "--context",
-            "64",
-            "--ar",
-            "1,8",
-            "--weights",
-            "i8",
-            "--kv-dtype",
-            "u8",
-        ],
-        &scratch("real_qnn", "reference-i8-u8"),
-    );
+    let reference = reference_run("i8", "u8");
     let runs: Vec<Value> = ["shift", "conveyor", "smart_mask", "naive"]
         .iter()
         .map(|u| qnn_run(&htp, &system, ("i8", "u8"), u))
