@@ -64,12 +64,9 @@ impl SessionError {
     /// The error's kind (`context_full`, `kv`, `bad_option`, `backend`, `bad_model`).
     pub fn kind(&self) -> &'static str {
         match self {
-            SessionError::Kv(KvError::ContextFull { .. }) | SessionError::PromptTooLong { .. } => {
-                "context_full"
-            }
-            SessionError::Kv(_) => "kv",
-            SessionError::Beam(kv_manager::BeamError::BeamCount { .. }) => "bad_option",
-            SessionError::Beam(_) => "kv",
+            SessionError::PromptTooLong { .. } => "context_full",
+            SessionError::Kv(e) => e.kind(),
+            SessionError::Beam(e) => e.kind(),
             SessionError::Backend(_) => "backend",
             SessionError::Sampler(_) | SessionError::Input(_) | SessionError::Token { .. } => {
                 "bad_option"

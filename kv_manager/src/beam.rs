@@ -63,6 +63,18 @@ pub enum BeamError {
     Cache(#[from] KvError),
 }
 
+impl BeamError {
+    /// The error's kind: `bad_option` for a beam count out of range, the cache's own kind for a
+    /// cache error, `kv` otherwise.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BeamError::BeamCount { .. } => "bad_option",
+            BeamError::Cache(e) => e.kind(),
+            _ => "kv",
+        }
+    }
+}
+
 /// What the beams did (totals since [`BeamKv::new`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BeamCounters {

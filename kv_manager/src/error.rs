@@ -195,3 +195,13 @@ pub enum KvError {
         reason: String,
     },
 }
+
+impl KvError {
+    /// The error's kind: `context_full` when the cache is full, `kv` otherwise.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            KvError::ContextFull { .. } => "context_full",
+            _ => "kv",
+        }
+    }
+}
