@@ -36,10 +36,10 @@
 use crate::backend::{Backend, GraphDesc};
 use crate::session::{Generation, Session, SessionError, StopReason};
 use kv_manager::{KvError, KvSnapshot, RowShape};
+use model::checksum::crc32;
 use model::fsio::{FileError, FileKind, read_capped, write_atomic_verified};
 use model::le::{LeReader, ReadError};
 use quant::{DataType, Encoding, QuantSpec, ScaleOffset};
-use ref_backend::crc32;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"HTPKVSES";

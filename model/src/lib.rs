@@ -60,6 +60,7 @@
 #![forbid(unsafe_code)]
 
 pub mod chat;
+pub mod checksum;
 mod config;
 pub mod encdec;
 mod error;

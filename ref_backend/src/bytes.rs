@@ -1,38 +1,8 @@
 //! Little-endian writer, the compiled-model file's reader over [`model::le::LeReader`] (errors
-//! with the file's offsets), CRC-32 and FNV-1a.
+//! with the file's offsets), and FNV-1a (CRC-32 is [`model::checksum`]).
 
 use crate::error::FormatError;
 use model::le::{LeReader, ReadError};
-
-/// CRC-32 (IEEE 802.3 polynomial, reflected, as zlib/PNG use) lookup table.
-const CRC_TABLE: [u32; 256] = {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                0xEDB8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        table[i] = c;
-        i += 1;
-    }
-    table
-};
-
-/// CRC-32 of `data` (the common IEEE variant: `crc32(b"123456789") == 0xCBF43926`).
-pub fn crc32(data: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in data {
-        c = CRC_TABLE[((c ^ u32::from(b)) & 0xFF) as usize] ^ (c >> 8);
-    }
-    !c
-}
 
 /// 64-bit FNV-1a hash (stable across platforms and releases).
 #[derive(Debug, Clone, Copy)]
@@ -230,12 +200,6 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn crc32_check_value() {
-        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
-        assert_eq!(crc32(b""), 0);
-    }
 
     #[test]
     fn fnv_known_values() {

@@ -52,7 +52,7 @@ use model::fsio::{CappedFile, FileKind};
 use model::{Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, Tensor, limits};
 use quant::{Encoding, QuantSpec, ScaleOffset};
 
-use crate::bytes::{Reader, Writer, crc32};
+use crate::bytes::{Reader, Writer};
 use crate::compiled::CompiledModel;
 use crate::error::FormatError;
 use crate::model::{LayerData, Matrix, ModelData};
@@ -61,6 +61,7 @@ use crate::parts::{Part, Split, check_naming};
 use crate::types::{Granularity, KLayout, WeightType, role_code, role_from_code};
 use crate::validate::validate_options;
 use graph_io::{IoTensor, Preset};
+use model::checksum::crc32;
 
 /// Magic bytes at the start of every file.
 pub const MAGIC: [u8; 8] = *b"HTPKVREF";

@@ -88,7 +88,7 @@ mod progress;
 mod types;
 mod validate;
 
-pub use bytes::crc32;
+pub use ::model::checksum::crc32;
 pub use calibrate::U8_KV_PERCENTILE;
 pub use compile::compile;
 pub use compiled::CompiledModel;
