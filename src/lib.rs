@@ -1,28 +1,29 @@
 //! htpkv: run large language models as static-shape graphs on Qualcomm HTP with the
 //! KV cache managed by the application.
 //!
-//! This root crate re-exports the building blocks:
-//! - [`quant`]: QNN fixed-point quantization math and calibration observers;
-//! - [`kv_manager`]: the KV cache region, its update strategies and IO binding plans.
+//! This crate is the app façade: [`Model`] finds and compiles a model (with its compile cache),
+//! [`Engine`] opens sessions on a provider, [`bundle`] reads Genie/AI Hub bundles. The pieces it
+//! puts together are crates of their own, re-exported here under their old paths:
+//! - the runtime (`htpkv_runtime`): [`backend`] (the provider seam), [`session`], [`sampler`],
+//!   [`text`], [`convention`], [`persist`];
+//! - the providers: [`reference`] (`htpkv_reference`, the CPU executor) and [`qnn`],
+//!   [`qnn_memory`], [`qnn_libs`] (`htpkv_qnn`, QNN context binaries);
+//! - planning (`htpkv_planning`): [`config`] and [`budget`];
+//! - [`quant`] (fixed-point math) and [`kv_manager`] (the KV cache region and its strategies).
 //!
-//! A [`session::Session`] runs steps; [`persist`] saves and restores one to a file.
+//! `ARCHITECTURE.md` draws the crate map.
+
+#![forbid(unsafe_code)]
 
 pub use kv_manager;
 pub use quant;
 
-pub mod backend;
-pub mod budget;
+pub use htpkv_planning::{budget, config};
+pub use htpkv_qnn::{backend as qnn, libs as qnn_libs, memory as qnn_memory};
+pub use htpkv_reference as reference;
+pub use htpkv_runtime::{backend, convention, persist, sampler, session, text};
+
 pub mod bundle;
-pub mod config;
-pub mod convention;
 pub mod engine;
-pub mod persist;
-pub mod qnn;
-pub mod qnn_libs;
-pub mod qnn_memory;
-pub mod reference;
-pub mod sampler;
-pub mod session;
-pub mod text;
 
 pub use engine::{Engine, Model};

@@ -2,7 +2,6 @@
 //! simulated generation on a real `KvCache`, checked against the budget's predictions).
 
 use crate::output;
-use crate::svg::{Chart, LegendItem, Marker, Series};
 use anyhow::{Context as _, bail};
 use htpkv::budget::{
     BudgetReport, Prediction, Run, fit_context, human_bytes, min_context, parse_byte_size, predict,
@@ -13,6 +12,7 @@ use htpkv::kv_manager::{
     Counters, Geometry, Granularity, HostAllocator, KLayout, KvCache, MAX_CONTEXT, Size, Strategy,
     workload,
 };
+use htpkv_planning::svg::{Chart, LegendItem, Marker, Series};
 use model::fsio::{check_output, write_atomic_verified};
 use serde_json::json;
 use std::io::{self, Write};

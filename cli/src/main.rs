@@ -12,7 +12,6 @@ mod generate;
 mod inspect;
 mod output;
 mod progress;
-mod svg;
 
 /// htpkv: LLMs as static-shape graphs with an application-managed KV cache.
 #[derive(Debug, Parser)]

@@ -1,4 +1,5 @@
-//! A hand-written SVG line chart (no plotting dependency) and an atomic file write.
+//! A hand-written SVG line chart (no plotting dependency): `htpkv budget --plot` draws its curves
+//! with it.
 
 use std::fmt::Write as _;
 

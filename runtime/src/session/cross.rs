@@ -243,8 +243,7 @@ impl<B: Backend> Session<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Backend;
-    use crate::reference::EncDecReference;
+    use htpkv_reference::encdec_graph_descs;
     use kv_manager::Strategy;
     use model::encdec::{EncDecConfig, EncDecWeights};
     use quant::DataType;
@@ -260,7 +259,7 @@ mod tests {
             cross_dtype: DataType::U8,
         };
         let model = compile_encdec(&c, w, &[vec![1; 8]], &opts).unwrap();
-        EncDecReference::new(Arc::new(model)).graphs().to_vec()
+        encdec_graph_descs(&model)
     }
 
     fn spec(graphs: &[GraphDesc]) -> Result<kv_manager::CacheSpec, SessionError> {

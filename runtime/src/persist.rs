@@ -164,7 +164,7 @@ pub fn fingerprint(graphs: &[GraphDesc]) -> u32 {
 impl<B: Backend> Session<B> {
     /// Writes the session to `path` with the one atomic writer ([`model::fsio`]), refusing a
     /// `path` that is not a regular file (a device, FIFO, socket, symlink, directory) or is one of
-    /// `inputs` (the model's files: [`crate::engine::Model::inputs`]); format: [`crate::persist`].
+    /// `inputs` (the model's files: `htpkv::engine::Model::inputs`); format: [`crate::persist`].
     pub fn save(&self, path: &Path, inputs: &[&Path]) -> Result<(), PersistError> {
         let bytes = encode(
             fingerprint(self.backend().graphs()),

@@ -1,6 +1,6 @@
 //! The in-process reference backend: `ref_backend`'s CPU executor behind the [`Backend`] trait.
 
-use crate::backend::{Backend, BackendError, GraphDesc, InputBuffer, OutputBuffer};
+use htpkv_runtime::backend::{Backend, BackendError, GraphDesc, InputBuffer, OutputBuffer};
 use ref_backend::CompiledModel;
 use std::sync::Arc;
 
@@ -71,7 +71,7 @@ impl Backend for ReferenceBackend {
 }
 
 /// The reference executor of an encoder-decoder model ([`ref_backend::encdec`]) in this process:
-/// its encoder graph and decoder graphs, for [`crate::Session::encode`] and the usual steps.
+/// its encoder graph and decoder graphs, for [`htpkv_runtime::session::Session::encode`] and the usual steps.
 #[derive(Debug, Clone)]
 pub struct EncDecReference {
     model: Arc<ref_backend::encdec::EncDecCompiled>,
@@ -81,19 +81,24 @@ pub struct EncDecReference {
 impl EncDecReference {
     /// Wraps a compiled encoder-decoder model (its graphs come described with their roles).
     pub fn new(model: Arc<ref_backend::encdec::EncDecCompiled>) -> Self {
-        let graphs = model
-            .graphs()
-            .iter()
-            .map(|g| GraphDesc {
-                name: g.name.clone(),
-                inputs: g.inputs.clone(),
-                outputs: g.outputs.clone(),
-                part: Default::default(),
-                mask: Default::default(),
-            })
-            .collect();
+        let graphs = encdec_graph_descs(&model);
         EncDecReference { model, graphs }
     }
+}
+
+/// Graph descriptions of a compiled encoder-decoder model: its encoder graph, then its decoders.
+pub fn encdec_graph_descs(model: &ref_backend::encdec::EncDecCompiled) -> Vec<GraphDesc> {
+    model
+        .graphs()
+        .iter()
+        .map(|g| GraphDesc {
+            name: g.name.clone(),
+            inputs: g.inputs.clone(),
+            outputs: g.outputs.clone(),
+            part: Default::default(),
+            mask: Default::default(),
+        })
+        .collect()
 }
 
 impl Backend for EncDecReference {

@@ -2,18 +2,18 @@
 //! run time (`libQnnHtp.so` on a device, the reference backend's `libhtpkv_ref_qnn.so` on a desktop).
 //!
 //! Tensor descriptions come from the system library's binary info (names, shapes, data types,
-//! encodings), never from htpkv's own file. Roles come from an IO convention ([`crate::convention`]):
+//! encodings), never from htpkv's own file. Roles come from an IO convention ([`htpkv_runtime::convention`]):
 //! given, or detected from the graph and tensor names. Several binaries (the parts of a split model)
 //! load as one context each on one backend and device. K/V bindings inside the cache region are passed as registered memory
 //! handles (one per distinct offset and shape, cached, at most `max_handles` alive with least recently
-//! used ones deregistered) or as client buffers, as [`crate::qnn_memory`] decides; everything else as
+//! used ones deregistered) or as client buffers, as [`crate::memory`] decides; everything else as
 //! client buffers.
 
-use crate::backend::{
+use crate::memory::{MemoryUse, QnnMemory};
+use htpkv_runtime::backend::{
     Backend, BackendError, GraphDesc, InputBuffer, IoTensor, MemoryReport, OutputBuffer, PartOf,
 };
-use crate::convention::{self, Assigned, Convention, ConventionError, GraphNames};
-use crate::qnn_memory::{MemoryUse, QnnMemory};
+use htpkv_runtime::convention::{self, Assigned, Convention, ConventionError, GraphNames};
 use kv_manager::RegionAllocator;
 use model::fsio::{FileError, FileKind, read_capped};
 use qnn_ffi::{

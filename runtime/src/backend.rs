@@ -1,8 +1,8 @@
 //! What the runtime needs from a backend: graph descriptions and graph execution on raw buffers.
 //!
-//! Two backends implement [`Backend`]: the in-process reference executor ([`crate::reference`]) and,
-//! through the QNN C ABI, any QNN backend library (`libQnnHtp.so` on a phone, the reference backend's
-//! own shared library on a desktop).
+//! Two providers implement [`Backend`]: the in-process reference executor (crate `htpkv_reference`)
+//! and, through the QNN C ABI, any QNN backend library (crate `htpkv_qnn`: `libQnnHtp.so` on a
+//! phone, the reference backend's own shared library on a desktop).
 
 /// The graph and tensor descriptions are the IO vocabulary's ([`graph_io`]): one role enum and one
 /// tensor description for the backends, the compiler and the runtime.
