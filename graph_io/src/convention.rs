@@ -190,6 +190,10 @@ pub struct Convention {
     /// How graph names are written.
     #[serde(skip)]
     pub graph_naming: GraphNaming,
+    /// How the graphs hold K/V and take positions (what the HTP lowering builds); htpkv's by
+    /// default.
+    #[serde(default)]
+    pub layout: crate::GraphLayout,
 }
 
 /// What a convention reads from one tensor.

@@ -6,6 +6,8 @@
 //!   one static graph, as a backend reports it and the runtime binds it.
 //! - [`KvTensor`], [`buffer_index`], [`mask_name`]: htpkv's K/V tensor names, the position of a K/V
 //!   tensor among a graph's (the cache's buffer index) and the attention masks' names.
+//! - [`GraphLayout`] ([`Granularity`], [`KLayout`], [`PositionInput`]): how a convention's graphs
+//!   hold the K/V cache and take positions.
 //! - [`Convention`] and [`conventions`]: IO conventions (htpkv's, Qualcomm AI Hub's, ExecuTorch's,
 //!   or one described in YAML), each one set of name patterns read by the runtime
 //!   ([`Convention::assign`]) and written by the compiler and the reference QNN library
@@ -20,6 +22,7 @@
 mod convention;
 pub mod conventions;
 mod kv;
+mod layout;
 mod pattern;
 mod role;
 mod tensor;
@@ -33,5 +36,6 @@ pub use kv::{
     KvIo, KvTensor, TensorKind, buffer_coords, buffer_index, layer_buffers, mask_name,
     parse_mask_name,
 };
+pub use layout::{Granularity, GraphLayout, KLayout, PositionInput};
 pub use role::IoRole;
 pub use tensor::{GraphDesc, IoTensor, MaskEncoding, PartOf};

@@ -85,8 +85,16 @@ pub fn graph_name(naming: Naming, n: usize, s: usize, part: &PartSpec) -> String
 
 /// Why `parts` cannot be the parts of a model of `n_layers` layers in `naming` (`None`: they can).
 fn parts_refusal(parts: &[PartSpec], n_layers: usize, naming: Naming) -> Option<String> {
-    if parts.len() > 1 && naming != Naming::AiHub {
-        return Some("several parts are lowered in AI Hub's convention only".into());
+    let names_parts = naming
+        .convention()
+        .graphs
+        .iter()
+        .any(|g| g.contains("{part}"));
+    if parts.len() > 1 && !names_parts {
+        return Some(format!(
+            "several parts need a convention whose graph names carry the part ({} names none)",
+            naming.name()
+        ));
     }
     let mut next = 0;
     for (i, p) in parts.iter().enumerate() {
@@ -127,12 +135,19 @@ fn check(c: &LlamaConfig, o: &HtpOptions) -> Result<(), CompileError> {
             o.context, c.context_length
         ));
     }
-    if o.naming == Naming::ExecuTorch {
-        return bad("the executorch convention is not lowered to QNN operations".into());
+    let convention = o.naming.convention();
+    if let graph_io::IoRules::ByIndex(_) = convention.io {
+        return bad(format!(
+            "the {} convention finds its IO by position and is not lowered to QNN operations",
+            convention.name
+        ));
+    }
+    if let Some(why) = llama::layout_refusal(convention.layout) {
+        return bad(why);
     }
     if let Some(kv) = &o.kv {
         let per_layer = |l: usize| &kv[l * c.n_kv_heads..(l + 1) * c.n_kv_heads];
-        if o.naming == Naming::AiHub
+        if convention.layout.kv == graph_io::Granularity::PerLayer
             && kv.len() == c.n_layers * c.n_kv_heads
             && let Some(l) =
                 (0..c.n_layers).find(|&l| per_layer(l).iter().any(|e| *e != kv[l * c.n_kv_heads]))
@@ -251,10 +266,37 @@ mod tests {
     }
 
     #[test]
+    fn the_lowering_builds_the_layouts_of_the_conventions_and_refuses_others() {
+        use graph_io::{Granularity, GraphLayout, KLayout, PositionInput};
+        for p in [Naming::Htpkv, Naming::AiHub] {
+            assert_eq!(llama::layout_refusal(p.convention().layout), None, "{p}");
+        }
+        let mixed = GraphLayout {
+            positions: PositionInput::RopeTables,
+            ..GraphLayout::HTPKV
+        };
+        let why = llama::layout_refusal(mixed).unwrap();
+        assert!(
+            why.contains("per_head K/V with rows keys and rope_tables"),
+            "{why}"
+        );
+        let odd = GraphLayout {
+            keys: KLayout::Transposed,
+            ..GraphLayout::HTPKV
+        };
+        assert!(llama::layout_refusal(odd).is_some());
+        let odd = GraphLayout {
+            kv: Granularity::PerLayer,
+            ..GraphLayout::HTPKV
+        };
+        assert!(llama::layout_refusal(odd).is_some());
+    }
+
+    #[test]
     fn several_parts_need_ai_hubs_names() {
         let two = [part(0, 2, 0..2), part(1, 2, 2..5)];
         let why = parts_refusal(&two, 5, Naming::Htpkv).unwrap();
-        assert!(why.contains("AI Hub"), "{why}");
+        assert!(why.contains("carry the part"), "{why}");
         assert_eq!(parts_refusal(&[PartSpec::whole(5)], 5, Naming::Htpkv), None);
     }
 

@@ -15,7 +15,7 @@
 use crate::emit::{Emitter, Val};
 use crate::encoding::Fixed;
 use crate::w8a16::W8A16;
-use graph_io::{KvIo, KvTensor, TensorKind};
+use graph_io::{Granularity, GraphLayout, KvIo, KvTensor, PositionInput, TensorKind};
 use model::ops::Rope;
 use model::{LayerTensor as L, LlamaConfig, RopePairing, Tensor, WeightSource};
 use qnn_ffi::QnnError;
@@ -94,7 +94,22 @@ pub struct Step<'a> {
 /// has the layer's encoding); `None`: f32 K/V.
 pub type KvEncodings = Option<Vec<(Fixed, Fixed)>>;
 
-/// A layer's per-layer past K/V inputs (AI Hub's convention only).
+/// Why the lowering cannot build `layout`'s graphs (`None`: it can). It builds the two layouts
+/// it is tested with on Qualcomm's backend: [`GraphLayout::HTPKV`] and [`GraphLayout::AIHUB`].
+pub fn layout_refusal(layout: GraphLayout) -> Option<String> {
+    if layout == GraphLayout::HTPKV || layout == GraphLayout::AIHUB {
+        return None;
+    }
+    Some(format!(
+        "{} K/V with {} keys and {} positions is not lowered to QNN operations (per_head K/V \
+         with key rows and position ids, or per_layer K/V with transposed keys and RoPE tables)",
+        layout.kv.name(),
+        layout.keys.name(),
+        layout.positions.name()
+    ))
+}
+
+/// A layer's per-layer past K/V inputs (per-layer layouts only).
 struct LayerKv {
     past: Option<(Val, Val)>,
 }
@@ -106,6 +121,9 @@ struct Lowering<'a> {
     n: u32,
     past: u32,
     naming: Naming,
+    /// The naming's graph layout ([`GraphLayout::HTPKV`] or [`GraphLayout::AIHUB`], checked by
+    /// [`layout_refusal`]).
+    layout: GraphLayout,
     kv: &'a KvEncodings,
     w8: Option<&'a W8A16>,
 }
@@ -270,8 +288,8 @@ impl<'a> Lowering<'a> {
         vh: &Val,
         layer: &LayerKv,
     ) -> Result<(Val, bool, Val), QnnError> {
-        match self.naming {
-            Naming::Htpkv | Naming::ExecuTorch => {
+        match self.layout.kv {
+            Granularity::PerHead => {
                 let (ke, ve) = self.kv_encoding(l, h).unzip();
                 let kh = self.new_rows(
                     kh,
@@ -295,7 +313,7 @@ impl<'a> Lowering<'a> {
                 )?;
                 Ok((keys, false, values))
             }
-            Naming::AiHub => {
+            Granularity::PerLayer => {
                 let (pk, pv) = layer.past.as_ref().expect("per-layer inputs");
                 let (ke, ve) = self.kv_encoding(l, 0).unzip();
                 let (kh, vh) = (&self.as_stored(kh, ke)?, &self.as_stored(vh, ve)?);
@@ -309,9 +327,9 @@ impl<'a> Lowering<'a> {
         }
     }
 
-    /// AI Hub's per-layer outputs from the heads' new rows.
+    /// Per-layer outputs (AI Hub's layout) from the heads' new rows.
     fn layer_outputs(&mut self, l: usize, ks: &[Val], vs: &[Val]) -> Result<(), QnnError> {
-        if self.naming != Naming::AiHub {
+        if self.layout.kv != Granularity::PerLayer {
             return Ok(());
         }
         let (n, d, h) = (self.n, u(self.c.head_dim), u(ks.len()));
@@ -341,9 +359,9 @@ impl<'a> Lowering<'a> {
         )
     }
 
-    /// AI Hub's per-layer past inputs, created once per layer.
+    /// Per-layer past inputs (AI Hub's layout), created once per layer.
     fn layer_inputs(&mut self, l: usize) -> Result<LayerKv, QnnError> {
-        if self.naming != Naming::AiHub {
+        if self.layout.kv != Granularity::PerLayer {
             return Ok(LayerKv { past: None });
         }
         let (h, d, p) = (u(self.c.n_kv_heads), u(self.c.head_dim), self.past);
@@ -428,7 +446,7 @@ impl<'a> Lowering<'a> {
     /// static table by the `positions` input (htpkv), or AI Hub's `position_ids_cos/sin` inputs.
     fn rope_rows(&mut self, context: usize) -> Result<(Val, Val), QnnError> {
         let half = u(self.c.head_dim / 2);
-        if self.naming == Naming::Htpkv {
+        if self.layout.positions == PositionInput::Ids {
             let positions = self
                 .e
                 .input("positions", b::QNN_DATATYPE_INT_32, &[1, self.n])?;
@@ -548,6 +566,7 @@ pub fn emit_step(
         n: u(step.n),
         past: u(step.context - step.n),
         naming: step.naming,
+        layout: step.naming.convention().layout,
         kv,
         w8,
     };

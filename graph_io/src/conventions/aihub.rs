@@ -24,5 +24,6 @@ pub(crate) fn convention() -> Convention {
         })),
         mask: MaskEncoding::Additive,
         graph_naming: GraphNaming::default(),
+        layout: crate::GraphLayout::AIHUB,
     }
 }

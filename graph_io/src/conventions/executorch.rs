@@ -26,5 +26,6 @@ pub(crate) fn convention() -> Convention {
             prompt: "prefill".into(),
             token: "kv".into(),
         },
+        layout: crate::GraphLayout::HTPKV,
     }
 }

@@ -34,5 +34,6 @@ pub(crate) fn convention() -> Convention {
             pattern: Some("ar{ar}_cl{context}".into()),
             ..GraphNaming::default()
         },
+        layout: crate::GraphLayout::HTPKV,
     }
 }

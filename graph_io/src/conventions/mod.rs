@@ -2,7 +2,8 @@
 //!
 //! # Adding a convention
 //! 1. Write `conventions/{name}.rs` with `pub(crate) fn convention() -> Convention`: its graph
-//!    patterns, its tensor-name table (or index order), its mask encoding and, if its graph names
+//!    patterns, its tensor-name table (or index order), its mask encoding, its [`GraphLayout`](crate::GraphLayout)
+//!    (what the HTP lowering builds) and, if its graph names
 //!    are not written with the first graph pattern and the phases `prompt` / `token`, its
 //!    [`GraphNaming`](crate::GraphNaming). The same patterns read names (the runtime) and write
 //!    them (the compiler and the reference QNN library).

@@ -349,6 +349,7 @@ fn a_new_convention_is_one_file_and_one_arm() {
         })),
         mask: MaskEncoding::Additive,
         graph_naming: GraphNaming::default(),
+        layout: crate::GraphLayout::HTPKV,
     };
     let g = mine.name_graph(4, 128, PartOf::default()).unwrap().unwrap();
     assert_eq!(g, "step4_of128");
