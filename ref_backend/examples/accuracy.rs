@@ -16,6 +16,15 @@
 //!    float model's before the first divergence, and the float model's top-1/top-2 logit margin
 //!    at that token (a margin under ~0.1 logit flips under any 8-bit noise).
 //!
+//! 3. `--ablate` (instead of 1 and 2): where the error of i8 weights and the first `--kv` type
+//!    comes from — the f32 forward with the executor's quantization at one site at a time
+//!    (each weight kind, each matrix product's input, K, V), each site's mean KL and top-1 over
+//!    the text, and every site at once beside the executor's own figure ([`ablation`]); then
+//!    every weight at once under each of `--weight-rules` (default `channel,channel-mse,block:32,
+//!    lpbq:64`: per-channel absmax, per-channel least-squares clipping, a scale per block, a
+//!    channel scale times a 4-bit block multiplier). `--rules-only` skips the per-site rows
+//!    except the down projection's input.
+//!
 //! Calibration (`--calibration chats`, the default): the conversations of
 //! [`ref_backend::DEFAULT_CALIBRATION_CHATS`] rendered with the model's chat template, then
 //! [`ref_backend::DEFAULT_CALIBRATION_PROMPTS`], each cut or continued to
@@ -23,6 +32,8 @@
 //! story prompts alone. Each result reports how many of the text's K/V values fall outside the
 //! calibrated KV ranges (`kv_clipping`).
 
+#[path = "accuracy/ablation.rs"]
+mod ablation;
 #[path = "../tests/common/mod.rs"]
 mod common;
 
@@ -58,7 +69,11 @@ type Error = Box<dyn std::error::Error>;
 
 fn main() -> Result<(), Error> {
     let mut args = std::env::args().skip(1);
-    let (mut path, mut json) = (None, false);
+    let (mut path, mut json, mut ablate, mut rules_only) = (None, false, false, false);
+    let mut rules: Vec<ablation::WeightRule> = ["channel", "channel-mse", "block:32", "lpbq:64"]
+        .iter()
+        .map(|r| r.parse())
+        .collect::<Result<_, _>>()?;
     let (mut chats_cal, mut cal_tokens) = (true, CALIBRATION_TOKENS);
     let mut kvs = vec![DataType::U16, DataType::U8, DataType::F16];
     let mut wts = vec![WeightType::F32, WeightType::I8, WeightType::F16];
@@ -66,6 +81,9 @@ fn main() -> Result<(), Error> {
         match a.as_str() {
             "--model" => path = args.next().map(PathBuf::from),
             "--json" => json = true,
+            "--ablate" => ablate = true,
+            "--rules-only" => (ablate, rules_only) = (true, true),
+            "--weight-rules" => rules = list(args.next())?,
             "--kv" => kvs = list(args.next())?,
             "--weights" => wts = list(args.next())?,
             "--calibration" => chats_cal = parse_calibration(args.next())?,
@@ -87,6 +105,12 @@ fn main() -> Result<(), Error> {
         return Err(format!("the text has only {} tokens", tokens.len()).into());
     }
     let tokens = &tokens[..TEXT_TOKENS + 1];
+    if ablate {
+        let calibration = calibration(&m, chats_cal)?;
+        let kv = *kvs.first().ok_or("--kv is empty")?;
+        let setup = (kv, cal_tokens, fingerprint, rules_only);
+        return ablate_sites(&m, tokens, &calibration, setup, &rules, json);
+    }
     let mut text_kv = KvValues::new(&m.config);
     let float = float_logits(&m, tokens, &mut text_kv)?;
     eprintln!("float reference: {} positions", float.len());
@@ -138,6 +162,71 @@ fn main() -> Result<(), Error> {
         }
     }
     report(&m, json, &grid, &chat_rows)
+}
+
+/// The ablation (`--ablate`): i8 weights and `kv` K/V compiled once, then the f32 forward with
+/// one site at a time quantized as the executor quantizes it.
+fn ablate_sites(
+    m: &LoadedModel,
+    tokens: &[u32],
+    calibration: &[Vec<u32>],
+    (kv, cal_tokens, fingerprint, rules_only): (DataType, usize, [u8; 32], bool),
+    rules: &[ablation::WeightRule],
+    json: bool,
+) -> Result<(), Error> {
+    let mut o = CompileOptions::new(CONTEXT, vec![1, PREFILL]);
+    o.kv_dtype = kv;
+    o.weights = WeightType::I8;
+    o.calibration_tokens = cal_tokens;
+    let q = compile(
+        &m.config,
+        &*m.weights,
+        calibration,
+        &o,
+        fingerprint,
+        &mut |_| {},
+    )?;
+    let text = &tokens[..tokens.len() - 1];
+    let run_widened = |sites: &[ablation::Site], widen: f32| {
+        ablation::logits(&m.config, &*m.weights, &q, (sites, widen), text)
+    };
+    let run = |sites: &[ablation::Site]| run_widened(sites, 1.0);
+    let float = run(&[])?;
+    let mut rows = Vec::new();
+    let mut row = |label: String, (top1, kl): (f64, f64)| {
+        eprintln!("{label:<40} top-1 {:6.2}%  mean KL {kl:.5}", top1 * 100.0);
+        rows.push(serde_json::json!({"site": label, "top1_agreement": top1, "mean_kl": kl}));
+    };
+    let all = ablation::Site::all(&m.config);
+    let down = ablation::Site::Input(model::LayerTensor::Down);
+    for &site in all.iter().filter(|&&s| !rules_only || s == down) {
+        row(site.label(), ablation::score(&float, &run(&[site])?));
+    }
+    row("every site".into(), ablation::score(&float, &run(&all)?));
+    for widen in [2.0, 4.0] {
+        let label = format!("input of down, i16 ranges {widen}x wider");
+        row(
+            label,
+            ablation::score(&float, &run_widened(&[down], widen)?),
+        );
+    }
+    let exec = teacher_forced(&q, tokens, &float);
+    row("the executor itself".into(), exec);
+    for &rule in rules {
+        let got = ablation::rule_logits(&m.config, &*m.weights, &q, rule, text)?;
+        row(
+            format!("every weight, {rule:?}"),
+            ablation::score(&float, &got),
+        );
+    }
+    let report = serde_json::json!({
+        "kv": kv.to_string(), "weights": "i8",
+        "positions": text.len(), "sites": rows,
+    });
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
 }
 
 /// `chats` (the default) or `stories`.
