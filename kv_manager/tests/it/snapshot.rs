@@ -9,8 +9,7 @@ use kv_manager::Geometry;
 use proptest::prelude::*;
 use quant::DataType;
 
-mod common;
-use common::{Op, Rows, apply_ops as run_ops, assert_export, cache, configs, op};
+use test_support::kv::{Op, Rows, apply_ops as run_ops, assert_export, cache, configs, op};
 
 #[derive(Debug, Clone)]
 struct Case {

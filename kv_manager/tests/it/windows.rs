@@ -4,9 +4,6 @@
 //! commits, rollbacks and resets, for every strategy and layout that accepts windows; the others
 //! are refused with their reason.
 
-mod common;
-
-use common::{Op, Rows, op};
 use kv_manager::{
     CacheSpec, Geometry, Granularity, HostAllocator, KLayout, KvCache, KvError, KvSnapshot, Plan,
     PositionMode, Reserve, Strategy, mask_name, parse_mask_name,
@@ -14,6 +11,7 @@ use kv_manager::{
 use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
 use quant::DataType;
+use test_support::kv::{Op, Rows, op};
 
 /// The configurations that take sliding-window layers.
 fn accepted(max_ar: usize) -> Vec<Strategy> {
@@ -213,7 +211,7 @@ fn apply(cache: &mut KvCache, model: &mut Model, op: &WOp) -> Result<(), String>
             }
         }
         WOp::Shared(op) => {
-            common::apply_checked(cache, &mut model.rows, op, &check_windows)?;
+            test_support::kv::apply_checked(cache, &mut model.rows, op, &check_windows)?;
             if matches!(op, Op::Reset) {
                 model.first_held.fill(0);
             }

@@ -7,8 +7,7 @@ use kv_manager::{BeamError, BeamKv, Geometry, KvCache, KvError, Plan};
 use proptest::prelude::*;
 use quant::DataType;
 
-mod common;
-use common::{Rng, cache, configs};
+use test_support::kv::{Rng, cache, configs};
 
 #[derive(Debug, Clone)]
 enum BeamOp {

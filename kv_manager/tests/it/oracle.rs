@@ -12,8 +12,7 @@ use proptest::prelude::*;
 use proptest::strategy::Strategy as _;
 use quant::DataType;
 
-mod common;
-use common::{Op, Rng, op};
+use test_support::kv::{Op, Rng, op};
 
 #[derive(Debug, Clone)]
 struct Case {

@@ -9,8 +9,7 @@ use kv_manager::{Eviction, KvCache, PositionMode, TensorKind};
 use proptest::prelude::*;
 use quant::DataType;
 
-mod common;
-use common::{Op, Rows, apply, assert_export, cache, configs, op};
+use test_support::kv::{Op, Rows, apply, assert_export, cache, configs, op};
 
 #[derive(Debug, Clone)]
 enum SlideOp {

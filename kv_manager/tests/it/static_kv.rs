@@ -1,6 +1,6 @@
 //! Static cross-attention K/V under every strategy and layout: arbitrary steps, rollbacks, resets
 //! and evictions never change a static row, never bind an output over one, and the self-attention
-//! rows still match the naive reference (common::apply checks every visible window row).
+//! rows still match the naive reference (test_support::kv::apply checks every visible window row).
 
 use kv_manager::{
     CROSS_ALIGN, CacheSpec, CrossSpec, Geometry, Granularity, HostAllocator, KvCache, KvError,
@@ -9,8 +9,7 @@ use kv_manager::{
 use proptest::prelude::*;
 use quant::{DataType, Encoding, QuantSpec, ScaleOffset};
 
-mod common;
-use common::{Op, Rng, Rows, apply, configs, op};
+use test_support::kv::{Op, Rng, Rows, apply, configs, op};
 
 fn encoding(dtype: DataType, b: usize) -> QuantSpec {
     if dtype.is_fixed_point() {
