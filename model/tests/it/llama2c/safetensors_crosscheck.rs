@@ -3,8 +3,6 @@
 //! half-split layout) must give the llama2.c forward's logits through `model::hf` and the
 //! half-split RoPE.
 
-use crate::common;
-
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -93,9 +91,7 @@ fn max_logit_diff(ck: &Arc<Checkpoint>, tok: &Tokenizer, permute: bool) -> f32 {
 
 #[test]
 fn hf_layout_with_half_split_rope_matches_llama2c() {
-    let Some(files) = common::model_files("hf_layout_with_half_split_rope_matches_llama2c") else {
-        return;
-    };
+    let files = test_support::stories::stories260k();
     let (ck, tok) = files.load().unwrap();
     let ck = Arc::new(ck);
     let diff = max_logit_diff(&ck, &tok, true);

@@ -2,8 +2,6 @@
 //! vocabulary and scores, presented as GGUF metadata, must encode and decode like llama2.c's
 //! own tokenizer.
 
-use crate::common;
-
 use ::model::HfTokenizer;
 use ::model::gguf::{Array, GgufFile, Value};
 use model::llama2c::Tokenizer;
@@ -54,9 +52,7 @@ fn as_gguf(tok: &Tokenizer) -> GgufFile {
 
 #[test]
 fn gguf_sentencepiece_encodes_like_llama2c() {
-    let Some(files) = common::model_files("gguf_sentencepiece_encodes_like_llama2c") else {
-        return;
-    };
+    let files = test_support::stories::stories260k();
     let (_, tok) = files.load().unwrap();
     let hf = HfTokenizer::from_gguf(&as_gguf(&tok)).unwrap();
     let texts = [

@@ -1,8 +1,7 @@
 //! llama2.c checkpoints, tokenizers and the float forward over them ([`model::llama2c`]), against
-//! the real stories260K files (those tests are skipped when the files are absent).
+//! the real stories260K files (committed; `test_support::stories`).
 
 mod checkpoint;
-mod common;
 mod forward;
 mod safetensors_crosscheck;
 mod sentencepiece_crosscheck;

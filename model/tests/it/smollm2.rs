@@ -14,7 +14,7 @@ use model::{ChatTemplate, FloatModel, HfTokenizer, Message};
 /// outside CI.
 fn smollm2(test: &str) -> Option<&'static GgufModel> {
     static MODEL: OnceLock<Option<GgufModel>> = OnceLock::new();
-    let path = model::fetched::smollm2_gguf(test)?;
+    let path = test_support::fetched::smollm2_gguf(test)?;
     let m = MODEL.get_or_init(|| {
         let t0 = Instant::now();
         let m = GgufModel::load(&path).expect("SmolLM2 loads");
@@ -57,7 +57,7 @@ fn description_matches_the_published_geometry() {
     assert_eq!((c.special.bos, c.special.eos), (Some(1), Some(2)));
     // The header alone gives the same description.
     assert_eq!(
-        &model::describe(&model::fetched::smollm2_gguf_path()).unwrap(),
+        &model::describe(&test_support::fetched::smollm2_gguf_path()).unwrap(),
         c
     );
 }

@@ -1,8 +1,6 @@
 //! The float forward pass: the known-good greedy story, an independent f64 re-computation
 //! without a KV cache, and error handling.
 
-use crate::common;
-
 use std::sync::Arc;
 
 use model::llama2c::{Checkpoint, Config, FloatModel, ModelError, Tokenizer};
@@ -10,17 +8,15 @@ use model::llama2c::{Checkpoint, Config, FloatModel, ModelError, Tokenizer};
 const KNOWN_GOOD: &str =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
 
-fn load(test: &str) -> Option<(Arc<Checkpoint>, Tokenizer)> {
-    let files = common::model_files(test)?;
+fn load() -> (Arc<Checkpoint>, Tokenizer) {
+    let files = test_support::stories::stories260k();
     let (ck, tok) = files.load().expect("model loads");
-    Some((Arc::new(ck), tok))
+    (Arc::new(ck), tok)
 }
 
 #[test]
 fn greedy_story_from_bos_matches_known_output() {
-    let Some((ck, tok)) = load("greedy_story_from_bos_matches_known_output") else {
-        return;
-    };
+    let (ck, tok) = load();
     let mut model = FloatModel::new(ck);
     // llama2.c loop by hand: argmax, stop when BOS (or EOS) comes out, 256 steps at most.
     let mut token = Tokenizer::BOS;
@@ -147,9 +143,7 @@ fn assert_matches_reference(ck: Arc<Checkpoint>, tokens: &[u32], tol: f64) {
 
 #[test]
 fn forward_matches_uncached_f64_reference_on_real_model() {
-    let Some((ck, tok)) = load("forward_matches_uncached_f64_reference_on_real_model") else {
-        return;
-    };
+    let (ck, tok) = load();
     let tokens = tok.encode("Once upon a time, a dog", true, false);
     assert!(tokens.len() >= 6);
     assert_matches_reference(ck, &tokens, 1e-4);

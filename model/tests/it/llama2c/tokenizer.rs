@@ -1,14 +1,12 @@
-//! Tokenizer tests against the real tok512.bin (skipped when absent).
-
-use crate::common;
+//! Tokenizer tests against the real tok512.bin, committed under `models/stories260K`.
 
 use model::llama2c::{ModelError, TOK512_BYTES, TOK512_SHA256, Tokenizer, sha256_hex};
 
-fn real(test: &str) -> Option<(Vec<u8>, Tokenizer)> {
-    let files = common::model_files(test)?;
+fn real() -> (Vec<u8>, Tokenizer) {
+    let files = test_support::stories::stories260k();
     let bytes = std::fs::read(&files.tokenizer).expect("tokenizer readable");
     let tok = Tokenizer::load(&files.tokenizer, 512).expect("tokenizer loads");
-    Some((bytes, tok))
+    (bytes, tok)
 }
 
 /// An independent, deliberately naive implementation of llama2.c's encoder (linear scans over
@@ -61,9 +59,7 @@ const SAMPLES: &[&str] = &[
 
 #[test]
 fn file_identity_and_special_pieces() {
-    let Some((bytes, t)) = real("file_identity_and_special_pieces") else {
-        return;
-    };
+    let (bytes, t) = real();
     assert_eq!(bytes.len() as u64, TOK512_BYTES);
     assert_eq!(sha256_hex(&bytes), TOK512_SHA256);
     assert_eq!(t.vocab_size(), 512);
@@ -78,9 +74,7 @@ fn file_identity_and_special_pieces() {
 
 #[test]
 fn once_upon_a_time_encodes_as_traced() {
-    let Some((_, t)) = real("once_upon_a_time_encodes_as_traced") else {
-        return;
-    };
+    let (_, t) = real();
     // Hand-traced with the llama2.c algorithm over tok512.bin: after the dummy prefix the
     // merges by score are " t"(0) " a"(-2) "im"(-29) "on"(-30) " u"(-59) " O"(-60) " On"(-62)
     // "ce"(-72) " up"(-91) "ime"(-110) " time"(-119) " Once"(-144) " upon"(-148).
@@ -97,9 +91,7 @@ fn once_upon_a_time_encodes_as_traced() {
 
 #[test]
 fn encode_matches_naive_reference_and_is_merge_complete() {
-    let Some((_, t)) = real("encode_matches_naive_reference_and_is_merge_complete") else {
-        return;
-    };
+    let (_, t) = real();
     for s in SAMPLES {
         let ids = t.encode(s, false, false);
         assert_eq!(ids, reference_encode(&t, s), "{s:?}");
@@ -122,9 +114,7 @@ fn encode_matches_naive_reference_and_is_merge_complete() {
 
 #[test]
 fn decode_inverts_encode() {
-    let Some((_, t)) = real("decode_inverts_encode") else {
-        return;
-    };
+    let (_, t) = real();
     for s in SAMPLES {
         let ids = t.encode(s, true, true);
         assert_eq!(t.decode(&ids), s.as_bytes(), "{s:?} -> {ids:?}");
@@ -148,9 +138,7 @@ fn decode_inverts_encode() {
 
 #[test]
 fn malformed_files_are_rejected() {
-    let Some((bytes, _)) = real("malformed_files_are_rejected") else {
-        return;
-    };
+    let (bytes, _) = real();
     assert!(matches!(
         Tokenizer::from_bytes(&bytes, 511, "t"),
         Err(ModelError::VocabMismatch {
@@ -228,9 +216,7 @@ const ALPHABET: &[&str] = &[
 
 #[test]
 fn encode_matches_the_naive_reference_on_varied_real_text() {
-    let Some((_, t)) = real("encode_matches_the_naive_reference_on_varied_real_text") else {
-        return;
-    };
+    let (_, t) = real();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for round in 0..40 {
         let len = 1 + rng.below(60);
@@ -281,9 +267,7 @@ fn encode_matches_the_naive_reference_on_toy_vocabularies_with_ties() {
 /// Issue 14 row 6: a 24,000-token prompt took 132 s in the quadratic merge loop.
 #[test]
 fn long_text_encodes_in_subquadratic_time() {
-    let Some((_, t)) = real("long_text_encodes_in_subquadratic_time") else {
-        return;
-    };
+    let (_, t) = real();
     let mut rng = Rng(7);
     let text = varied_text(&mut rng, ALPHABET, 40_000);
     let started = std::time::Instant::now();

@@ -1,14 +1,12 @@
-//! Checkpoint loading and validation against the real stories260K file (skipped when absent).
-
-use crate::common;
+//! Checkpoint loading and validation against the real stories260K file, committed under `models/stories260K`.
 
 use model::llama2c::{
     Checkpoint, HEADER_BYTES, ModelError, STORIES260K_BYTES, STORIES260K_SHA256, sha256_hex,
 };
 
-fn real_bytes(test: &str) -> Option<Vec<u8>> {
-    let files = common::model_files(test)?;
-    Some(std::fs::read(&files.checkpoint).expect("model file readable"))
+fn real_bytes() -> Vec<u8> {
+    let files = test_support::stories::stories260k();
+    std::fs::read(&files.checkpoint).expect("model file readable")
 }
 
 fn set_field(bytes: &mut [u8], index: usize, value: i32) {
@@ -17,9 +15,7 @@ fn set_field(bytes: &mut [u8], index: usize, value: i32) {
 
 #[test]
 fn loads_real_checkpoint_with_readme_config() {
-    let Some(bytes) = real_bytes("loads_real_checkpoint_with_readme_config") else {
-        return;
-    };
+    let bytes = real_bytes();
     assert_eq!(bytes.len() as u64, STORIES260K_BYTES);
     assert_eq!(sha256_hex(&bytes), STORIES260K_SHA256);
     let ck = Checkpoint::from_bytes(&bytes, "stories260K").unwrap();
@@ -56,9 +52,7 @@ fn loads_real_checkpoint_with_readme_config() {
 
 #[test]
 fn every_truncation_names_the_short_section() {
-    let Some(bytes) = real_bytes("every_truncation_names_the_short_section") else {
-        return;
-    };
+    let bytes = real_bytes();
     let ck = Checkpoint::from_bytes(&bytes, "x").unwrap();
     let mut start = HEADER_BYTES;
     for (name, n) in ck.config.sections() {
@@ -93,9 +87,7 @@ fn every_truncation_names_the_short_section() {
 
 #[test]
 fn trailing_bytes_are_rejected() {
-    let Some(mut bytes) = real_bytes("trailing_bytes_are_rejected") else {
-        return;
-    };
+    let mut bytes = real_bytes();
     let n = bytes.len() as u64;
     bytes.extend_from_slice(&[0; 4]);
     let err = Checkpoint::from_bytes(&bytes, "long.bin").unwrap_err();
@@ -112,9 +104,7 @@ fn trailing_bytes_are_rejected() {
 
 #[test]
 fn corrupted_headers_are_rejected() {
-    let Some(bytes) = real_bytes("corrupted_headers_are_rejected") else {
-        return;
-    };
+    let bytes = real_bytes();
     // (field index, value, expected error field)
     let cases = [
         (0, 0, "dim"),
@@ -170,9 +160,7 @@ fn corrupted_headers_are_rejected() {
 
 #[test]
 fn load_reports_path_in_errors() {
-    let Some(bytes) = real_bytes("load_reports_path_in_errors") else {
-        return;
-    };
+    let bytes = real_bytes();
     let path = std::env::temp_dir().join(format!("htpkv-llama2c-trunc-{}.bin", std::process::id()));
     std::fs::write(&path, &bytes[..1000]).unwrap();
     let msg = Checkpoint::load(&path).unwrap_err().to_string();
@@ -213,10 +201,7 @@ fn dev_zero_fails_fast_as_checkpoint_and_tokenizer() {
 /// regular file longer than its header implies is refused before the rest is read.
 #[test]
 fn a_fifo_is_refused_and_a_long_file_is_refused_from_its_size() {
-    let Some(bytes) = real_bytes("a_fifo_is_refused_and_a_long_file_is_refused_from_its_size")
-    else {
-        return;
-    };
+    let bytes = real_bytes();
     let dir = std::env::temp_dir().join(format!("htpkv-ckpt-fifo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let long = dir.join("long.bin");
@@ -246,9 +231,7 @@ fn a_fifo_is_refused_and_a_long_file_is_refused_from_its_size() {
 
 #[test]
 fn serialization_matches_the_upstream_layout() {
-    let Some(bytes) = real_bytes("serialization_matches_the_upstream_layout") else {
-        return;
-    };
+    let bytes = real_bytes();
     let ck = Checkpoint::from_bytes(&bytes, "x").unwrap();
     let out = ck.to_bytes();
     assert_eq!(out.len(), bytes.len());
@@ -274,10 +257,7 @@ fn serialization_matches_the_upstream_layout() {
 
 #[test]
 fn a_loaded_checkpoint_knows_the_sha256_of_its_file() {
-    let Some(files) = common::model_files("a_loaded_checkpoint_knows_the_sha256_of_its_file")
-    else {
-        return;
-    };
+    let files = test_support::stories::stories260k();
     let ckpt = Checkpoint::load(&files.checkpoint).unwrap();
     assert_eq!(ckpt.sha256_hex(), model::llama2c::STORIES260K_SHA256);
     // Built from parts, it is the digest of its serialization.

@@ -5,17 +5,17 @@
 use std::io::Cursor;
 use std::path::PathBuf;
 
-#[path = "../../fuzz/checks/chat_template.rs"]
+#[path = "../../../fuzz/checks/chat_template.rs"]
 mod chat_template;
-#[path = "../../fuzz/checks/checkpoint.rs"]
+#[path = "../../../fuzz/checks/checkpoint.rs"]
 mod checkpoint;
-#[path = "../../fuzz/checks/gguf_model.rs"]
+#[path = "../../../fuzz/checks/gguf_model.rs"]
 mod gguf_model;
-#[path = "../../fuzz/checks/hf_folder.rs"]
+#[path = "../../../fuzz/checks/hf_folder.rs"]
 mod hf_folder;
-#[path = "../../fuzz/checks/replay.rs"]
+#[path = "../../../fuzz/checks/replay.rs"]
 mod replay;
-#[path = "../../fuzz/checks/tokenizer.rs"]
+#[path = "../../../fuzz/checks/tokenizer.rs"]
 mod tokenizer;
 
 fn seed(target: &str, name: &str) -> Vec<u8> {
