@@ -23,17 +23,14 @@
 //! story prompts alone. Each result reports how many of the text's K/V values fall outside the
 //! calibrated KV ranges (`kv_clipping`).
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{Harness, argmax};
-use model::ops::kl_logits;
+use model::ops::{argmax, kl_logits};
 use model::{FloatModel, LoadedModel, Message, Site, Tap, WeightSource};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType, compile};
+use test_support::harness::Harness;
 
 /// Tokens of the text that are scored (teacher-forced).
 const TEXT_TOKENS: usize = 512;

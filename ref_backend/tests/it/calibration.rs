@@ -2,13 +2,11 @@
 //! encodings must be those of the float model run over each sequence alone, continued greedily
 //! the same way.
 
-mod common;
-
 use std::sync::Arc;
 
 use model::{FloatModel, LlamaConfig, Site, Tap};
 use quant::{DataType, MinMaxObserver, Observer, ScaleOffset, Symmetry};
-use ref_backend::{ActSite, WeightType};
+use ref_backend::{ActSite, CompileOptions, WeightType};
 
 /// Min–max observers of what calibration observes, fed by [`FloatModel`] one sequence at a
 /// time.
@@ -52,7 +50,7 @@ fn encoding(o: &MinMaxObserver, dtype: DataType) -> ScaleOffset {
 /// float model does).
 #[test]
 fn lockstep_calibration_equals_one_sequence_at_a_time() {
-    let ckpt = common::synthetic(true);
+    let ckpt = test_support::stories::synthetic(true);
     let plain = model::llama2c::llama_config(&ckpt.config);
     lockstep_equals_one_at_a_time(&ckpt, plain.clone());
     lockstep_equals_one_at_a_time(&ckpt, plain.with_layer_windows(&[0], 4));
@@ -66,7 +64,7 @@ fn lockstep_equals_one_at_a_time(ckpt: &model::llama2c::Checkpoint, c: LlamaConf
         vec![6],
         vec![12, 40, 33, 3, 5],
     ];
-    let mut o = common::options(32, vec![1, 4]);
+    let mut o = CompileOptions::new(32, vec![1, 4]);
     o.kv_dtype = DataType::U16;
     o.weights = WeightType::I8;
     o.calibration_tokens = 10;
@@ -88,7 +86,7 @@ fn lockstep_equals_one_at_a_time(ckpt: &model::llama2c::Checkpoint, c: LlamaConf
         let mut seq: Vec<u32> = p.iter().copied().take(10).collect();
         let mut pos = 0;
         while pos < seq.len() {
-            let next = common::argmax(fm.forward_tapped(seq[pos], pos, &mut want).unwrap());
+            let next = model::ops::argmax(fm.forward_tapped(seq[pos], pos, &mut want).unwrap());
             pos += 1;
             let next = next as u32;
             if pos == seq.len()

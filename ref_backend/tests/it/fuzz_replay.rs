@@ -1,8 +1,8 @@
 //! Replays the `compiled_model` fuzz corpus (see fuzz/README.md) through its check.
 
-#[path = "../../fuzz/checks/compiled.rs"]
+#[path = "../../../fuzz/checks/compiled.rs"]
 mod compiled;
-#[path = "../../fuzz/checks/replay.rs"]
+#[path = "../../../fuzz/checks/replay.rs"]
 mod replay;
 
 #[test]

@@ -4,20 +4,18 @@
 //! The model comes from `scripts/fetch-smollm2.sh`. When it is absent this test fails if the
 //! environment variable `CI` is set, and otherwise prints how to fetch it and passes.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::{Harness, max_abs_diff};
 use model::gguf::GgufModel;
 use model::ops::argmax;
 use model::{ChatTemplate, FloatModel, HfTokenizer, Message};
 use quant::DataType;
 use ref_backend::{CompileOptions, WeightType, compile};
+use test_support::harness::{Harness, max_abs_diff};
 
 fn smollm2(test: &str) -> Option<(GgufModel, [u8; 32])> {
-    let path = model::fetched::smollm2_gguf(test)?;
+    let path = test_support::fetched::smollm2_gguf(test)?;
     let sha = model::llama2c::sha256(&std::fs::read(&path).expect("model file reads"));
     Some((GgufModel::load(&path).expect("SmolLM2 loads"), sha))
 }

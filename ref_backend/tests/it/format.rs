@@ -1,7 +1,5 @@
 //! The compiled-model file: round trips and typed errors for damaged files.
 
-mod common;
-
 use quant::DataType;
 use ref_backend::format::{HEADER_LEN, MAGIC, WINDOWS_FORMAT_VERSION};
 use ref_backend::{
@@ -41,15 +39,15 @@ fn models() -> Vec<CompiledModel> {
         ),
     ];
     for (shared, kv, w, layout, gran) in configs {
-        let ckpt = common::synthetic(shared);
+        let ckpt = test_support::stories::synthetic(shared);
         let mut o = CompileOptions::new(32, vec![1, 4, 16]);
         o.kv_dtype = kv;
         o.weights = w;
         o.k_layout = layout;
         o.granularity = gran;
         o.calibration_tokens = 16;
-        let prompts = common::synthetic_prompts(64);
-        out.push(common::compile_ckpt(&ckpt, &prompts, &o).expect("compile"));
+        let prompts = test_support::stories::synthetic_prompts(64);
+        out.push(test_support::compile::compile_ckpt(&ckpt, &prompts, &o).expect("compile"));
     }
     out
 }
@@ -187,7 +185,7 @@ fn consistent_checksum_but_bad_content_never_panics() {
     let ctx_at = HEADER_LEN + 4 + 8;
     b[ctx_at..ctx_at + 8].copy_from_slice(&1_000_000_000u64.to_le_bytes());
     assert!(matches!(
-        CompiledModel::from_bytes(&common::reseal(b), "x"),
+        CompiledModel::from_bytes(&test_support::harness::reseal(b), "x"),
         Err(FormatError::Corrupt { .. })
     ));
     // Every byte of the payload flipped in turn (checksum fixed up): errors or (for weight
@@ -196,7 +194,7 @@ fn consistent_checksum_but_bad_content_never_panics() {
     for at in (HEADER_LEN..bytes.len()).step_by(7) {
         let mut b = bytes.clone();
         b[at] ^= 0xA5;
-        if CompiledModel::from_bytes(&common::reseal(b), "x").is_err() {
+        if CompiledModel::from_bytes(&test_support::harness::reseal(b), "x").is_err() {
             errors += 1;
         }
     }
@@ -210,7 +208,7 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 /// Issue 14 row 12: a NaN norm (or weight) with a fixed-up checksum loaded and printed `<unk>`.
 #[test]
 fn non_finite_norms_and_weights_are_refused_even_with_a_right_checksum() {
-    let ckpt = common::synthetic(false);
+    let ckpt = test_support::stories::synthetic(false);
     let m = models().swap_remove(3); // f32 weights, separate classifier
     let bytes = m.to_bytes();
     let cases: [(&str, &[f32], f32); 3] = [
@@ -226,7 +224,7 @@ fn non_finite_norms_and_weights_are_refused_even_with_a_right_checksum() {
             .unwrap_or_else(|| panic!("{name} not found"));
         let mut b = bytes.clone();
         b[at..at + 4].copy_from_slice(&bad.to_le_bytes());
-        match CompiledModel::from_bytes(&common::reseal(b), "nan.htpkv") {
+        match CompiledModel::from_bytes(&test_support::harness::reseal(b), "nan.htpkv") {
             Err(e @ FormatError::NonFinite { .. }) => {
                 let msg = e.to_string();
                 assert_eq!(
@@ -241,14 +239,17 @@ fn non_finite_norms_and_weights_are_refused_even_with_a_right_checksum() {
 
 #[test]
 fn the_file_records_the_model_and_calibration_it_was_compiled_from() {
-    let ckpt = common::synthetic(true);
+    let ckpt = test_support::stories::synthetic(true);
     let m = models().swap_remove(0);
     assert_eq!(m.model_sha256_hex(), ckpt.sha256_hex());
     let back = CompiledModel::from_bytes(&m.to_bytes(), "mem").unwrap();
     assert_eq!(back.model_sha256_hex(), ckpt.sha256_hex());
-    assert_eq!(back.calibration(), &common::synthetic_prompts(64)[..]);
+    assert_eq!(
+        back.calibration(),
+        &test_support::stories::synthetic_prompts(64)[..]
+    );
     assert_eq!(back.config(), &model::llama2c::llama_config(&ckpt.config));
-    let other = common::synthetic(false);
+    let other = test_support::stories::synthetic(false);
     assert_ne!(other.sha256_hex(), ckpt.sha256_hex());
 }
 
@@ -301,12 +302,12 @@ fn special_files_are_refused_for_reading_and_writing() {
 /// Issue 14 row 8: 2^20 + 1 calibration tokens compiled, then the file failed to read back.
 #[test]
 fn options_the_file_cannot_hold_are_refused_before_compiling() {
-    let ckpt = common::synthetic(true);
+    let ckpt = test_support::stories::synthetic(true);
     let mut o = CompileOptions::new(32, vec![1, 4]);
     o.calibration_tokens = ref_backend::MAX_CALIBRATION_TOKENS + 1;
     let mut calls = 0;
     let c = model::llama2c::llama_config(&ckpt.config);
-    let prompts = common::synthetic_prompts(64);
+    let prompts = test_support::stories::synthetic_prompts(64);
     let e = compile(&c, &ckpt, &prompts, &o, ckpt.sha256(), &mut |_| calls += 1).unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -318,9 +319,9 @@ fn options_the_file_cannot_hold_are_refused_before_compiling() {
 /// Issue 14 row 14: messages carry their own context once and the cause once, as the source.
 #[test]
 fn compile_errors_name_the_cause_once() {
-    let ckpt = common::synthetic(true);
+    let ckpt = test_support::stories::synthetic(true);
     let o = CompileOptions::new(32, vec![1, 4]);
-    let e = common::compile_ckpt(&ckpt, &[vec![1, 9999]], &o).unwrap_err();
+    let e = test_support::compile::compile_ckpt(&ckpt, &[vec![1, 9999]], &o).unwrap_err();
     assert_eq!(e.to_string(), "calibration sequence 0");
     let cause = std::error::Error::source(&e).expect("a source").to_string();
     assert_eq!(cause, "token 9999 is out of range for a vocabulary of 64");

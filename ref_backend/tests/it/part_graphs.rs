@@ -1,8 +1,6 @@
 //! Part graphs ([`CompiledModel::split`]): a model cut into parts, run in order with the
 //! hidden state between them, computes exactly what the whole graph computes.
 
-mod common;
-
 use model::ops::Rope;
 use quant::DataType;
 use ref_backend::{
@@ -10,14 +8,15 @@ use ref_backend::{
 };
 
 fn model() -> CompiledModel {
-    let ckpt = common::synthetic(true);
+    let ckpt = test_support::stories::synthetic(true);
     let mut o = CompileOptions::new(32, vec![1, 4]);
     o.kv_dtype = DataType::U8;
     o.weights = WeightType::I8;
     o.granularity = Granularity::PerLayer;
     o.k_layout = KLayout::Transposed;
     o.calibration_tokens = 16;
-    common::compile_ckpt(&ckpt, &common::synthetic_prompts(64), &o).expect("compile")
+    test_support::compile::compile_ckpt(&ckpt, &test_support::stories::synthetic_prompts(64), &o)
+        .expect("compile")
 }
 
 /// Deterministic bytes for the past K/V windows and a mask showing the first `past` rows and
@@ -200,7 +199,7 @@ fn a_part_file_round_trips_and_a_bad_part_section_is_refused() {
     let at = find(&bytes, b"PART") + 4 + 8;
     let mut bad = bytes.clone();
     bad[at] = 5;
-    let err = CompiledModel::from_bytes(&common::reseal(bad), "part").unwrap_err();
+    let err = CompiledModel::from_bytes(&test_support::harness::reseal(bad), "part").unwrap_err();
     assert!(err.to_string().contains("part index 5 of 2"), "{err}");
 }
 

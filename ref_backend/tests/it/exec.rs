@@ -1,21 +1,20 @@
 //! Graph execution: input validation errors, the raw-pointer form with outputs bound inside
 //! the same region as the past windows, and descriptions.
 
-mod common;
-
 use quant::{DataType, Encoding};
 use ref_backend::{
     CompileOptions, CompiledModel, ExecError, Granularity, Graph, IoRole, WeightType,
 };
 
 fn model(kv: DataType, gran: Granularity) -> CompiledModel {
-    let ckpt = common::synthetic(true);
+    let ckpt = test_support::stories::synthetic(true);
     let mut o = CompileOptions::new(32, vec![1, 4]);
     o.kv_dtype = kv;
     o.weights = WeightType::I8;
     o.granularity = gran;
     o.calibration_tokens = 16;
-    common::compile_ckpt(&ckpt, &common::synthetic_prompts(64), &o).expect("compile")
+    test_support::compile::compile_ckpt(&ckpt, &test_support::stories::synthetic_prompts(64), &o)
+        .expect("compile")
 }
 
 fn buffers(g: &Graph) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {

@@ -3,16 +3,14 @@
 //! model, quantized they stay close to it, and the file records the windows (a damaged windows
 //! section is a typed error).
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{Harness, max_abs_diff};
 use model::llama2c::Checkpoint;
 use model::{FloatModel, LlamaConfig};
 use quant::DataType;
 use ref_backend::format::{FORMAT_VERSION, WINDOWS_FORMAT_VERSION};
 use ref_backend::{CompileOptions, CompiledModel, FormatError, IoRole, WeightType};
+use test_support::harness::{Harness, max_abs_diff};
 
 const CONTEXT: usize = 32;
 const WINDOW: usize = 8;
@@ -35,7 +33,7 @@ fn compile(
     config: &LlamaConfig,
     o: &CompileOptions,
 ) -> Result<CompiledModel, ref_backend::CompileError> {
-    let prompts = common::synthetic_prompts(64);
+    let prompts = test_support::stories::synthetic_prompts(64);
     ref_backend::compile(config, ckpt, &prompts, o, ckpt.sha256(), &mut |_| {})
 }
 
@@ -71,7 +69,7 @@ fn oracle(ckpt: &Checkpoint, config: &LlamaConfig, tokens: &[u32]) -> Vec<Vec<f3
 
 #[test]
 fn a_sliding_layer_takes_w_minus_1_past_rows_and_its_own_mask() {
-    let ckpt = common::synthetic(true);
+    let ckpt = test_support::stories::synthetic(true);
     let model = compile(
         &ckpt,
         &windowed(&ckpt),
@@ -105,7 +103,7 @@ fn a_sliding_layer_takes_w_minus_1_past_rows_and_its_own_mask() {
 
 #[test]
 fn f32_windowed_graphs_match_the_windowed_float_model() {
-    let ckpt = common::synthetic(true);
+    let ckpt = test_support::stories::synthetic(true);
     let config = windowed(&ckpt);
     let model = compile(&ckpt, &config, &options(DataType::F32, WeightType::F32)).unwrap();
     let tokens = tokens();
@@ -127,7 +125,7 @@ fn f32_windowed_graphs_match_the_windowed_float_model() {
 /// or misplaced would fail. Bounds: measured worst |logit diff| (logits reach about 20) x ~1.5.
 #[test]
 fn quantized_windowed_graphs_stay_close_to_the_windowed_float_model() {
-    let ckpt = common::synthetic(true);
+    let ckpt = test_support::stories::synthetic(true);
     let config = windowed(&ckpt);
     let tokens = tokens();
     let want = oracle(&ckpt, &config, &tokens);
@@ -158,7 +156,7 @@ fn quantized_windowed_graphs_stay_close_to_the_windowed_float_model() {
 
 #[test]
 fn windows_the_graphs_cannot_take_are_refused_and_long_ones_are_global() {
-    let ckpt = common::synthetic(true);
+    let ckpt = test_support::stories::synthetic(true);
     let base = model::llama2c::llama_config(&ckpt.config);
     let o = options(DataType::U16, WeightType::I8);
     // Shorter than the largest AR variant, or longer than S - max(ar) + 1 = 29 but shorter than
@@ -192,7 +190,7 @@ fn put_u64(b: &mut [u8], at: usize, v: u64) {
 
 #[test]
 fn the_file_records_the_windows_and_refuses_a_damaged_windows_section() {
-    let ckpt = common::synthetic(true);
+    let ckpt = test_support::stories::synthetic(true);
     let model = compile(
         &ckpt,
         &windowed(&ckpt),
@@ -217,7 +215,7 @@ fn the_file_records_the_windows_and_refuses_a_damaged_windows_section() {
     let damaged = |f: &dyn Fn(&mut Vec<u8>)| {
         let mut b = bytes.clone();
         f(&mut b);
-        match CompiledModel::from_bytes(&common::reseal(b), "x") {
+        match CompiledModel::from_bytes(&test_support::harness::reseal(b), "x") {
             Err(FormatError::Corrupt { reason, .. }) => reason,
             other => panic!("{other:?}"),
         }
@@ -243,7 +241,7 @@ fn the_file_records_the_windows_and_refuses_a_damaged_windows_section() {
     assert!(r.starts_with("expected section CALB"), "{r}");
     let mut b = plain.to_bytes();
     b[8..12].copy_from_slice(&WINDOWS_FORMAT_VERSION.to_le_bytes());
-    match CompiledModel::from_bytes(&common::reseal(b), "x") {
+    match CompiledModel::from_bytes(&test_support::harness::reseal(b), "x") {
         Err(FormatError::Corrupt { reason, .. }) => {
             assert!(reason.starts_with("expected section WNDS"), "{reason}")
         }

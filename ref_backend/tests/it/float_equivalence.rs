@@ -2,14 +2,12 @@
 //! must equal AR-1 steps (also for quantized models, where the K/V round trip through the
 //! KV encoding makes them agree).
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{Harness, max_abs_diff};
 use model::llama2c::{Checkpoint, FloatModel, Tokenizer};
 use quant::DataType;
 use ref_backend::{CompileOptions, Granularity, KLayout, WeightType};
+use test_support::harness::{Harness, max_abs_diff};
 
 const TOL: f32 = 1e-4;
 
@@ -23,7 +21,7 @@ fn float_options(context: usize, ar: Vec<usize>) -> CompileOptions {
 /// Greedy from BOS for `steps` tokens through the AR-1 graph and the float model, token for
 /// token; returns the greedy sequence.
 fn greedy_matches_float(ckpt: &Checkpoint, opts: &CompileOptions, steps: usize) -> Vec<u32> {
-    let model = common::compile_ckpt(ckpt, &[], opts).expect("compile");
+    let model = test_support::compile::compile_ckpt(ckpt, &[], opts).expect("compile");
     let g1 = model.graph_for_ar(1).expect("AR-1 graph");
     let mut harness = Harness::for_model(&model);
     let mut fm = FloatModel::new(Arc::new(ckpt.clone()));
@@ -39,10 +37,10 @@ fn greedy_matches_float(ckpt: &Checkpoint, opts: &CompileOptions, steps: usize) 
             diff <= TOL,
             "position {pos}: max |logit diff| {diff} > {TOL}"
         );
-        let a = common::argmax(&want);
+        let a = model::ops::argmax(&want);
         assert_eq!(
             a,
-            common::argmax(&got),
+            model::ops::argmax(&got),
             "position {pos}: greedy token differs"
         );
         tok = a as u32;
@@ -62,7 +60,7 @@ fn prefill_equals_ar1(
     seq: &[u32],
     prefill: usize,
 ) -> f32 {
-    let model = common::compile_ckpt(ckpt, prompts, opts).expect("compile");
+    let model = test_support::compile::compile_ckpt(ckpt, prompts, opts).expect("compile");
     let g1 = model.graph_for_ar(1).expect("AR-1 graph");
     let gn = model.graph_for_ar(n).expect("AR-n graph");
     let v = ckpt.config.vocab_size;
@@ -97,7 +95,7 @@ fn prefill_equals_ar1(
 #[test]
 fn synthetic_f32_greedy_matches_float_model() {
     for shared in [true, false] {
-        let ckpt = common::synthetic(shared);
+        let ckpt = test_support::stories::synthetic(shared);
         for (layout, gran) in [
             (KLayout::Rows, Granularity::PerHead),
             (KLayout::Transposed, Granularity::PerHead),
@@ -114,7 +112,7 @@ fn synthetic_f32_greedy_matches_float_model() {
 
 #[test]
 fn synthetic_prefill_equals_ar1() {
-    let ckpt = common::synthetic(true);
+    let ckpt = test_support::stories::synthetic(true);
     let seq: Vec<u32> = (0..30u32).map(|i| (i * 11 + 3) % 64).collect();
     for kv in [DataType::F32, DataType::F16, DataType::U16, DataType::U8] {
         for weights in [WeightType::F32, WeightType::I8] {
@@ -124,7 +122,7 @@ fn synthetic_prefill_equals_ar1() {
                 o.weights = weights;
                 o.k_layout = layout;
                 o.calibration_tokens = 24;
-                let prompts = common::synthetic_prompts(64);
+                let prompts = test_support::stories::synthetic_prompts(64);
                 prefill_equals_ar1(&ckpt, &o, &prompts, 8, &seq, 20);
             }
         }
@@ -133,9 +131,7 @@ fn synthetic_prefill_equals_ar1() {
 
 #[test]
 fn stories260k_f32_greedy_256_and_prefill() {
-    let Some((ckpt, tok)) = common::real_model() else {
-        return;
-    };
+    let (ckpt, tok) = test_support::stories::stories260k_loaded();
     let opts = float_options(512, vec![1, 32]);
     let seq = greedy_matches_float(&ckpt, &opts, 256);
     let text = String::from_utf8_lossy(&tok.decode(&seq[..40])).into_owned();
@@ -150,7 +146,7 @@ fn stories260k_f32_greedy_256_and_prefill() {
     let mut q = opts.clone();
     q.kv_dtype = DataType::U8;
     q.weights = WeightType::I8;
-    let prompts = common::default_prompts(&tok);
+    let prompts = test_support::stories::default_prompts(&tok);
     let worst = prefill_equals_ar1(&ckpt, &q, &prompts, 32, &seq[..100], 72);
     eprintln!("u8 KV / i8 weights AR-32 prefill vs AR-1: max |logit diff| {worst:e}");
 }

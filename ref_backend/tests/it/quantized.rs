@@ -3,33 +3,29 @@
 //!
 //! Run with `cargo test -p ref_backend --test quantized -- --nocapture` to see the table.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::Harness;
 use model::llama2c::{FloatModel, Tokenizer};
 use model::ops::kl_logits;
 use quant::DataType;
 use ref_backend::{CompileOptions, WeightType};
+use test_support::harness::Harness;
 
 const STEPS: usize = 256;
 
 #[test]
 fn stories260k_quantized_agreement_and_kl() {
-    let Some((ckpt, tok)) = common::real_model() else {
-        return;
-    };
+    let (ckpt, tok) = test_support::stories::stories260k_loaded();
     // The float model's greedy sequence and its logits at every position.
     let mut fm = FloatModel::new(Arc::new(ckpt.clone()));
     let mut seq = vec![Tokenizer::BOS];
     let mut float_logits = Vec::with_capacity(STEPS);
     for pos in 0..STEPS {
         let l = fm.forward(seq[pos], pos).expect("float forward").to_vec();
-        seq.push(common::argmax(&l) as u32);
+        seq.push(model::ops::argmax(&l) as u32);
         float_logits.push(l);
     }
-    let prompts = common::default_prompts(&tok);
+    let prompts = test_support::stories::default_prompts(&tok);
 
     eprintln!("| KV | weights | top-1 agreement | mean KL(float||quant) | max KL |");
     eprintln!("|---|---|---|---|---|");
@@ -51,17 +47,17 @@ fn stories260k_quantized_agreement_and_kl() {
             let mut o = CompileOptions::new(512, vec![1]);
             o.kv_dtype = kv;
             o.weights = weights;
-            let model = common::compile_ckpt(&ckpt, &prompts, &o).expect("compile");
+            let model = test_support::compile::compile_ckpt(&ckpt, &prompts, &o).expect("compile");
             let g = model.graph_for_ar(1).expect("AR-1");
             let mut h = Harness::for_model(&model);
             let (mut agree, mut kl_sum, mut kl_max) = (0usize, 0.0f64, 0.0f64);
             for pos in 0..STEPS {
                 let q = h.step(g, &[seq[pos]]);
                 let f = &float_logits[pos];
-                if common::argmax(&q) == common::argmax(f) {
+                if model::ops::argmax(&q) == model::ops::argmax(f) {
                     agree += 1;
                 } else {
-                    let (a, b) = (common::argmax(f), common::argmax(&q));
+                    let (a, b) = (model::ops::argmax(f), model::ops::argmax(&q));
                     eprintln!(
                         "  position {pos}: float picks {a} (logit {:.4}) over {b} ({:.4}); quantized has {:.4} vs {:.4}",
                         f[a], f[b], q[a], q[b]
