@@ -72,7 +72,7 @@ fn each_turn_feeds_only_new_tokens_and_answers_as_a_fresh_prefill() {
 /// text again, multi-byte characters included; its stop tokens end generation.
 #[test]
 fn hf_codec_pieces_spell_the_text_and_stop_at_the_models_stop_tokens() {
-    let Some(path) = model::fetched::smollm2_gguf("hf_codec_pieces_spell_the_text") else {
+    let Some(path) = test_support::fetched::smollm2_gguf("hf_codec_pieces_spell_the_text") else {
         return;
     };
     let model = htpkv::engine::OpenedModel::open(Some(&path)).unwrap();

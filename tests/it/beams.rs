@@ -3,38 +3,22 @@
 //! for row) on every reorder. The shared cache must give the same beams for every strategy, batched or
 //! one beam at a time, with bit-identical scores wherever the arithmetic is the same ([`same_beams`]).
 
-mod common;
-
-use common::{STRATEGIES, session};
 use htpkv::sampler::{Sampler, SamplerOptions, length_penalized, top_logprobs};
 use htpkv::session::{BOS, Beam, BeamOptions, EOS, StopReason};
 use kv_manager::Strategy;
-use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
+use model::llama2c::{Checkpoint, Tokenizer};
 use ref_backend::CompiledModel;
 use std::sync::Arc;
+use test_support::runtime::{STRATEGIES, session};
 
-fn model() -> Option<(Arc<Checkpoint>, Tokenizer)> {
-    match ModelFiles::discover(None) {
-        Ok(files) => {
-            let ckpt = Checkpoint::load(&files.checkpoint).expect("checkpoint loads");
-            let tok =
-                Tokenizer::load(&files.tokenizer, ckpt.config.vocab_size).expect("tokenizer loads");
-            Some((Arc::new(ckpt), tok))
-        }
-        Err(e) => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "the stories260K model is absent: {e}"
-            );
-            eprintln!("SKIPPED: the stories260K model is absent (set HTPKV_MODEL_DIR): {e}");
-            None
-        }
-    }
+fn model() -> (Arc<Checkpoint>, Tokenizer) {
+    let (ckpt, tok) = test_support::stories::stories260k_loaded();
+    (Arc::new(ckpt), tok)
 }
 
 /// stories260K with u8 K/V and i8 weights at its full context, for the AR variants `ar`.
 fn compile(ckpt: &Checkpoint, tok: &Tokenizer, ar: &[usize]) -> Arc<CompiledModel> {
-    common::compile_u8(ckpt, tok, ckpt.config.seq_len, ar)
+    test_support::compile::compile_u8(ckpt, tok, ckpt.config.seq_len, ar)
 }
 
 fn is_stop(t: u32) -> bool {
@@ -166,7 +150,7 @@ const PROMPT: &str = "Once upon a time, there was a little dog named";
 
 #[test]
 fn beam_search_on_the_shared_cache_equals_b_independent_caches() {
-    let Some((ckpt, tok)) = model() else { return };
+    let (ckpt, tok) = model();
     let compiled = compile(&ckpt, &tok, &[1, 4]);
     let prompt = tok.encode(PROMPT, true, false);
     for (b, alpha) in [(4, 1.0f32), (3, 0.0), (2, 0.6)] {
@@ -210,7 +194,7 @@ fn beam_search_on_the_shared_cache_equals_b_independent_caches() {
 
 #[test]
 fn beams_step_one_at_a_time_when_no_variant_has_room() {
-    let Some((ckpt, tok)) = model() else { return };
+    let (ckpt, tok) = model();
     let compiled = compile(&ckpt, &tok, &[1, 2]);
     let prompt = tok.encode(PROMPT, true, false);
     let want = independent_beam_search(&compiled, &prompt, 3, 1.0, 12);
@@ -227,7 +211,7 @@ fn beams_step_one_at_a_time_when_no_variant_has_room() {
 
 #[test]
 fn n_samples_share_the_prefill_and_each_equals_its_own_generation() {
-    let Some((ckpt, tok)) = model() else { return };
+    let (ckpt, tok) = model();
     let compiled = compile(&ckpt, &tok, &[1, 4]);
     let prompt = tok.encode(PROMPT, true, false);
     let options = SamplerOptions {
@@ -289,7 +273,7 @@ fn n_samples_share_the_prefill_and_each_equals_its_own_generation() {
 
 #[test]
 fn bad_beam_options_are_refused() {
-    let Some((ckpt, tok)) = model() else { return };
+    let (ckpt, tok) = model();
     let compiled = compile(&ckpt, &tok, &[1, 4]);
     let prompt = tok.encode(PROMPT, true, false);
     let mut s = session(&compiled, Strategy::SmartMask);

@@ -9,7 +9,7 @@ use htpkv::config::{Config, ConfigError};
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 
-const SEED: &str = include_str!("../configs/stories260K.yaml");
+const SEED: &str = include_str!("../../configs/stories260K.yaml");
 
 /// Values that sit on or just past a limit, overflow a type, or are not numbers at all.
 const INTERESTING: &[&str] = &[

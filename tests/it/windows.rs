@@ -6,12 +6,10 @@
 
 use htpkv::kv_manager::{CacheSpec, Geometry, HostAllocator, KvCache, Plan, Strategy, TensorKind};
 use model::forward::{Activations, Input, Kernels, NoTap, Output, Pass, Positions, run};
-use model::llama2c::{Checkpoint, ModelFiles};
+use model::llama2c::Checkpoint;
 use model::ops::{Rope, attend, matmul};
 use model::{FloatModel, LlamaConfig, Tensor, WeightSource};
 use std::sync::Arc;
-
-mod common;
 
 /// Kernels whose KV cache is a `kv_manager` region (f32 rows) seen through one step's plan.
 struct CacheKernels<'a> {
@@ -155,14 +153,7 @@ fn through_cache(
 
 #[test]
 fn windowed_layers_through_the_cache_match_the_float_oracle_for_every_strategy() {
-    let Ok(files) = ModelFiles::discover(None) else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "stories260K is missing under CI"
-        );
-        eprintln!("SKIPPED: the stories260K model is absent (set HTPKV_MODEL_DIR)");
-        return;
-    };
+    let files = test_support::stories::stories260k();
     let ckpt = Checkpoint::load(&files.checkpoint).unwrap();
     // Window 16 on layers 0, 2 and 4 at context 64: 60 tokens, so the windows bite.
     let config = model::llama2c::llama_config(&ckpt.config).with_layer_windows(&[0, 2, 4], 16);
@@ -223,7 +214,6 @@ fn windowed_layers_through_the_cache_match_the_float_oracle_for_every_strategy()
 /// its mask, `attention_mask_w16` for the sliding layers, from the plan).
 mod quantized {
     use super::*;
-    use crate::common;
     use htpkv::reference::ReferenceBackend;
     use htpkv::session::Session;
     use model::llama2c::Tokenizer;
@@ -280,7 +270,7 @@ mod quantized {
         let mut o = CompileOptions::new(CONTEXT, vec![1, 4]);
         o.kv_dtype = kv;
         o.weights = weights;
-        common::compile(ckpt, tok, config, &o)
+        test_support::compile::compile(ckpt, tok, config, &o)
     }
 
     fn worst(got: &[(usize, Vec<f32>)], want: &[Vec<f32>]) -> f32 {
@@ -337,14 +327,7 @@ mod quantized {
     /// is 0.049), and the unwindowed model answers differently.
     #[test]
     fn quantized_windowed_graphs_through_a_session_follow_the_windowed_float_model() {
-        let Ok(files) = ModelFiles::discover(None) else {
-            assert!(
-                std::env::var("CI").is_err(),
-                "stories260K is missing under CI"
-            );
-            eprintln!("SKIPPED: the stories260K model is absent (set HTPKV_MODEL_DIR)");
-            return;
-        };
+        let files = test_support::stories::stories260k();
         let ckpt = Arc::new(Checkpoint::load(&files.checkpoint).unwrap());
         let tok = Tokenizer::load(&files.tokenizer, ckpt.config.vocab_size).unwrap();
         let plain = model::llama2c::llama_config(&ckpt.config);

@@ -1,12 +1,10 @@
 //! Long conversations on the embedded stories260K: prefix reuse against cold runs, and the overflow
 //! policies (slides with re-rotated or kept positions, restarts) under every strategy.
 
-mod common;
-
 use htpkv::reference::ReferenceBackend;
 use htpkv::session::{Overflow, Session, SlidePositions};
 use kv_manager::{HostAllocator, Strategy};
-use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
+use model::llama2c::{Checkpoint, Tokenizer};
 use ref_backend::CompiledModel;
 use std::sync::Arc;
 
@@ -22,7 +20,7 @@ const STRATEGIES: [Strategy; 5] = [
 ];
 
 fn model() -> (Checkpoint, Tokenizer) {
-    let files = ModelFiles::discover(None).expect("the embedded stories260K model");
+    let files = test_support::stories::stories260k();
     let ckpt = Checkpoint::load(&files.checkpoint).expect("checkpoint loads");
     let tok = Tokenizer::load(&files.tokenizer, ckpt.config.vocab_size).expect("tokenizer loads");
     (ckpt, tok)
@@ -30,7 +28,7 @@ fn model() -> (Checkpoint, Tokenizer) {
 
 /// stories260K compiled with W8A8 (u8 K/V, so re-rotation requantizes) for `context` and AR [1, 8].
 fn compile(ckpt: &Checkpoint, tok: &Tokenizer, context: usize) -> Arc<CompiledModel> {
-    common::compile_u8(ckpt, tok, context, &[1, 8])
+    test_support::compile::compile_u8(ckpt, tok, context, &[1, 8])
 }
 
 fn session(

@@ -9,47 +9,23 @@ use htpkv::qnn_memory::{DEFAULT_MAX_HANDLES, QnnMemory};
 use htpkv::reference::ReferenceBackend;
 use htpkv::session::{GenerateOptions, Session};
 use kv_manager::{HostAllocator, Strategy};
-use std::path::PathBuf;
 use std::sync::Arc;
 
-fn reference_qnn_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("test binary directory");
-    for dir in [deps.to_path_buf(), deps.join("..")] {
-        let p = dir.join("libhtpkv_ref_qnn.so");
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!(
-        "libhtpkv_ref_qnn.so was not built next to {} (it is a dev-dependency cdylib)",
-        deps.display()
-    );
-}
-
-fn options(
-    update: Strategy,
-    backend: BackendChoice,
-    cache: &std::path::Path,
-) -> Option<EngineOptions> {
-    if model::llama2c::ModelFiles::discover(None).is_err() {
-        eprintln!("SKIPPED: the stories260K model is absent (set HTPKV_MODEL_DIR)");
-        return None;
-    }
-    Some(EngineOptions {
+fn options(update: Strategy, backend: BackendChoice, cache: &std::path::Path) -> EngineOptions {
+    EngineOptions {
         strategy: update,
         backend,
         kv_dtype: quant::DataType::U8,
         context: Some(160),
         cache_dir: Some(cache.to_path_buf()),
         ..EngineOptions::default()
-    })
+    }
 }
 
 #[test]
 fn generation_through_the_qnn_library_is_bit_identical() {
     let cache = std::env::temp_dir().join(format!("htpkv-qnn-test-{}", std::process::id()));
-    let lib = reference_qnn_library();
+    let lib = test_support::files::ref_qnn_library();
     let generate = GenerateOptions {
         max_tokens: 150,
         sampler: Default::default(),
@@ -60,9 +36,7 @@ fn generation_through_the_qnn_library_is_bit_identical() {
         Strategy::SmartMask,
         Strategy::Naive,
     ] {
-        let Some(local) = options(update, BackendChoice::Reference, &cache) else {
-            return;
-        };
+        let local = options(update, BackendChoice::Reference, &cache);
         let qnn = EngineOptions {
             backend: BackendChoice::Qnn {
                 backend_lib: lib.clone(),
@@ -90,13 +64,11 @@ fn generation_through_the_qnn_library_is_bit_identical() {
 #[test]
 fn qnn_logits_equal_in_process_logits_and_handles_are_cached() {
     let cache = std::env::temp_dir().join(format!("htpkv-qnn-test2-{}", std::process::id()));
-    let Some(opts) = options(Strategy::Conveyor, BackendChoice::Reference, &cache) else {
-        return;
-    };
+    let opts = options(Strategy::Conveyor, BackendChoice::Reference, &cache);
     let engine = Engine::open(&opts, &mut |_| {}).unwrap();
     let path = engine.compiled_path().to_path_buf();
     let compiled = Arc::new(ref_backend::CompiledModel::read(&path).unwrap());
-    let lib = reference_qnn_library();
+    let lib = test_support::files::ref_qnn_library();
     let memories = [QnnMemory::Host, QnnMemory::Client, QnnMemory::SharedBuffer];
     for (strategy, memory) in [
         Strategy::SHIFT_2X,
@@ -148,9 +120,7 @@ fn qnn_logits_equal_in_process_logits_and_handles_are_cached() {
 #[test]
 fn bad_qnn_paths_give_typed_errors() {
     let cache = std::env::temp_dir().join(format!("htpkv-qnn-test3-{}", std::process::id()));
-    let Some(local) = options(Strategy::SHIFT_2X, BackendChoice::Reference, &cache) else {
-        return;
-    };
+    let local = options(Strategy::SHIFT_2X, BackendChoice::Reference, &cache);
     for (lib, needle) in [
         ("/nonexistent/libQnnHtp.so", "/nonexistent/libQnnHtp.so"),
         ("libc.so.6", "QnnInterface_getProviders"),
@@ -181,15 +151,13 @@ fn bad_qnn_paths_give_typed_errors() {
 #[test]
 fn windowed_generation_through_the_qnn_library_is_bit_identical() {
     let cache = std::env::temp_dir().join(format!("htpkv-qnn-windows-{}", std::process::id()));
-    let lib = reference_qnn_library();
+    let lib = test_support::files::ref_qnn_library();
     let generate = GenerateOptions {
         max_tokens: 100,
         sampler: Default::default(),
     };
     for update in [Strategy::SHIFT_2X, Strategy::Naive] {
-        let Some(local) = options(update, BackendChoice::Reference, &cache) else {
-            return;
-        };
+        let local = options(update, BackendChoice::Reference, &cache);
         let local = EngineOptions {
             ar: vec![1, 4],
             layer_windows: vec!["0,2,4:16".parse().unwrap(), "1:8".parse().unwrap()],

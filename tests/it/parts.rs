@@ -4,24 +4,22 @@
 //! u16-quantized logits — gives exactly the whole model's logits (quantized the same way), step for
 //! step and token for token.
 
-mod common;
-
 use htpkv::backend::{
     Backend, BackendError, GraphDesc, InputBuffer, IoRole, IoTensor, OutputBuffer, PartOf,
 };
 use htpkv::reference::ReferenceBackend;
 use htpkv::session::{Session, SessionError};
 use kv_manager::{HostAllocator, Strategy};
-use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
+use model::llama2c::{Checkpoint, Tokenizer};
 use quant::{DataType, Encoding, QuantSpec, ScaleOffset};
 use ref_backend::CompiledModel;
 use std::sync::Arc;
 
 fn compiled() -> Arc<CompiledModel> {
-    let files = ModelFiles::discover(None).expect("the stories260K model (set HTPKV_MODEL_DIR)");
+    let files = test_support::stories::stories260k();
     let ckpt = Checkpoint::load(&files.checkpoint).expect("checkpoint loads");
     let tok = Tokenizer::load(&files.tokenizer, ckpt.config.vocab_size).expect("tokenizer loads");
-    common::compile_u8(&ckpt, &tok, ckpt.config.seq_len, &[1, 8])
+    test_support::compile::compile_u8(&ckpt, &tok, ckpt.config.seq_len, &[1, 8])
 }
 
 /// The u16 encoding of the split model's logits.

@@ -1,31 +1,19 @@
 //! The runtime against its oracles: the float reference model (llama2c), the four KV strategies
 //! against each other, prefill against token-by-token decode.
 
-mod common;
-
-use common::{STRATEGIES, session};
 use htpkv::backend::Backend;
 use htpkv::reference::ReferenceBackend;
 use htpkv::session::Session;
 use kv_manager::Strategy;
-use model::llama2c::{Checkpoint, FloatModel, ModelFiles, Tokenizer};
+use model::llama2c::{Checkpoint, FloatModel, Tokenizer};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType};
 use std::sync::Arc;
+use test_support::runtime::{STRATEGIES, session};
 
-fn model() -> Option<(Arc<Checkpoint>, Tokenizer)> {
-    match ModelFiles::discover(None) {
-        Ok(files) => {
-            let ckpt = Checkpoint::load(&files.checkpoint).expect("checkpoint loads");
-            let tok =
-                Tokenizer::load(&files.tokenizer, ckpt.config.vocab_size).expect("tokenizer loads");
-            Some((Arc::new(ckpt), tok))
-        }
-        Err(e) => {
-            eprintln!("SKIPPED: the stories260K model is absent (set HTPKV_MODEL_DIR): {e}");
-            None
-        }
-    }
+fn model() -> (Arc<Checkpoint>, Tokenizer) {
+    let (ckpt, tok) = test_support::stories::stories260k_loaded();
+    (Arc::new(ckpt), tok)
 }
 
 fn compile(
@@ -54,7 +42,7 @@ fn compile_ckpt(ckpt: &Checkpoint, prompts: &[Vec<u32>], opts: &CompileOptions) 
 /// Greedy from BOS: the f32 path equals the float reference token for token for 256 tokens.
 #[test]
 fn f32_path_matches_the_float_reference_for_256_tokens() {
-    let Some((ckpt, tok)) = model() else { return };
+    let (ckpt, tok) = model();
     let compiled = compile(&ckpt, &tok, DataType::F32, WeightType::F32, &[1, 32]);
     let mut float = FloatModel::new(ckpt.clone());
     let mut s = session(&compiled, Strategy::SHIFT_2X);
@@ -90,7 +78,7 @@ fn f32_path_matches_the_float_reference_for_256_tokens() {
 /// Prefill with AR-32 then decode equals AR-1 all the way.
 #[test]
 fn prefill_with_ar32_equals_ar1_all_the_way() {
-    let Some((ckpt, tok)) = model() else { return };
+    let (ckpt, tok) = model();
     let compiled = compile(&ckpt, &tok, DataType::F32, WeightType::F32, &[1, 32]);
     let prompt = tok.encode(
         "Once upon a time, there was a little dog named Max. Max liked to run in the big green park with his friend, a small cat.",
@@ -120,7 +108,7 @@ fn prefill_with_ar32_equals_ar1_all_the_way() {
 /// For one compiled (quantized) model, every strategy yields bit-identical logits at every step.
 #[test]
 fn all_strategies_give_bit_identical_logits() {
-    let Some((ckpt, tok)) = model() else { return };
+    let (ckpt, tok) = model();
     let compiled = compile(&ckpt, &tok, DataType::U8, WeightType::I8, &[1, 32]);
     let prompt = tok.encode(
         "One day, a little girl named Lily found a needle in her room.",
@@ -170,7 +158,7 @@ fn all_strategies_give_bit_identical_logits() {
 /// Generation stops at the context limit with the typed reason, and the session reports it.
 #[test]
 fn generation_stops_at_the_context_limit() {
-    let Some((ckpt, tok)) = model() else { return };
+    let (ckpt, tok) = model();
     let mut opts = CompileOptions::new(48, vec![1, 8]);
     opts.kv_dtype = DataType::F32;
     opts.weights = WeightType::F32;
@@ -219,7 +207,7 @@ fn scratch_dir(name: &str) -> std::path::PathBuf {
 /// (including `shift` -> `smart_mask`): the next logits are bit-identical to never having stopped.
 #[test]
 fn restoring_a_saved_session_continues_bit_identically_under_every_strategy() {
-    let Some((ckpt, tok)) = model() else { return };
+    let (ckpt, tok) = model();
     let compiled = compile(&ckpt, &tok, DataType::U8, WeightType::I8, &[1, 32]);
     let prompt = tok.encode(
         "Once upon a time, there was a big bear who lived in a cave near the river.",
@@ -260,7 +248,7 @@ fn restoring_a_saved_session_continues_bit_identically_under_every_strategy() {
 #[test]
 fn a_bad_session_file_is_refused_and_changes_nothing() {
     use htpkv::persist::PersistError;
-    let Some((ckpt, tok)) = model() else { return };
+    let (ckpt, tok) = model();
     let compiled = compile(&ckpt, &tok, DataType::U8, WeightType::I8, &[1, 32]);
     let dir = scratch_dir("bad");
     let mut source = session(&compiled, Strategy::SHIFT_2X);
@@ -411,7 +399,7 @@ fn a_bad_session_file_is_refused_and_changes_nothing() {
 #[test]
 fn feed_last_lets_a_resumed_generation_continue_the_same_text() {
     use htpkv::session::{GenerateOptions, SessionError};
-    let Some((ckpt, tok)) = model() else { return };
+    let (ckpt, tok) = model();
     let mut opts = CompileOptions::new(48, vec![1, 8]);
     opts.kv_dtype = DataType::U16;
     let prompts = [tok.encode("Once upon a time", true, false)];

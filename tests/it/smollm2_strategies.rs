@@ -18,7 +18,7 @@ use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType};
 
 fn compiled() -> Option<Arc<CompiledModel>> {
-    let path = model::fetched::smollm2_gguf("smollm2_strategies")?;
+    let path = test_support::fetched::smollm2_gguf("smollm2_strategies")?;
     let m = GgufModel::load(&path).expect("SmolLM2 loads");
     let mut o = CompileOptions::new(32, vec![1, 8]);
     o.kv_dtype = DataType::U8;
