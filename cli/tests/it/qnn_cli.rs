@@ -9,9 +9,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-mod common;
-
-use common::library;
+use test_support::files::built_library;
 
 fn scratch() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("htpkv-qnn-cli-{}", std::process::id()));
@@ -91,7 +89,7 @@ fn compiled() -> &'static Path {
 }
 
 fn inspect_foreign(mode: &str) -> Value {
-    let lib = library("libqnn_ffi_testlib.so");
+    let lib = built_library("libqnn_ffi_testlib.so");
     let o = htpkv(
         &[
             "inspect",
@@ -156,7 +154,7 @@ fn inspect_lists_a_foreign_v1_binary_and_its_text_table() {
     assert_eq!(graphs.len(), 2);
     assert!(graphs.iter().all(|g| g["graph_info_version"] == 1));
     assert!(graphs.iter().all(|g| g["spill_fill_bytes"].is_null()));
-    let lib = library("libqnn_ffi_testlib.so");
+    let lib = built_library("libqnn_ffi_testlib.so");
     let o = htpkv(
         &[
             "inspect",
@@ -193,7 +191,7 @@ fn graphs_without_versions(doc: &Value) -> Value {
 
 #[test]
 fn the_reference_library_describes_the_same_graphs_in_every_layout() {
-    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = built_library("libhtpkv_ref_qnn.so");
     let file = compiled().to_str().unwrap();
     let docs: Vec<Value> = ["3", "2", "1"]
         .iter()
@@ -236,7 +234,7 @@ fn the_reference_library_describes_the_same_graphs_in_every_layout() {
 }
 
 fn generate(extra: &[&str], env: &[(&str, &str)]) -> Value {
-    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = built_library("libhtpkv_ref_qnn.so");
     let mut args = vec!["generate", "Once upon a time", "--steps", "40", "--json"];
     args.extend(["--compiled", compiled().to_str().unwrap()]);
     args.extend(["--qnn-backend", lib.to_str().unwrap()]);
@@ -272,7 +270,7 @@ fn generate_through_qnn_gives_the_reference_text_in_every_layout_and_memory() {
 
 #[test]
 fn strict_mode_refuses_an_explicit_host_choice_with_a_clear_error() {
-    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = built_library("libhtpkv_ref_qnn.so");
     let file = compiled().to_str().unwrap();
     let args = [
         "generate",
@@ -325,7 +323,7 @@ fn the_handle_cap_deregisters_least_recently_used_handles() {
 /// with success; a full disk is an error saying so.
 #[test]
 fn inspect_and_compile_survive_closed_and_full_stdout() {
-    let lib = library("libqnn_ffi_testlib.so");
+    let lib = built_library("libqnn_ffi_testlib.so");
     let out = scratch().join("pipe.htpkv");
     let commands: [Vec<&str>; 2] = [
         vec![
@@ -407,7 +405,7 @@ fn bundle(name: &str, eos: &str) -> PathBuf {
 
 #[test]
 fn a_genie_bundle_generates_the_tokens_of_the_compiled_file() {
-    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = built_library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
     let steps = [
         "--steps",
@@ -440,7 +438,7 @@ fn foreign_binaries_need_a_qnn_backend_and_a_fitting_convention() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--backend qnn"), "{err}");
 
-    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = built_library("libhtpkv_ref_qnn.so");
     let tok = dir.join("tokenizer.json");
     let args = [
         "generate",
@@ -508,7 +506,7 @@ fn compiled_per_layer() -> &'static Path {
 
 #[test]
 fn ai_hub_names_are_detected_and_give_the_same_tokens() {
-    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = built_library("libhtpkv_ref_qnn.so");
     let file = compiled_per_layer().to_str().unwrap();
     let inspect = inspect_json(
         file,
@@ -548,7 +546,7 @@ fn ai_hub_names_are_detected_and_give_the_same_tokens() {
 
 #[test]
 fn executorch_layout_is_detected_by_index_and_gives_the_same_tokens() {
-    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = built_library("libhtpkv_ref_qnn.so");
     let file = compiled_per_layer().to_str().unwrap();
     let env = [("HTPKV_REF_QNN_NAMES", "executorch")];
     let inspect = inspect_json(file, lib.to_str().unwrap(), &env);
@@ -591,7 +589,7 @@ fn executorch_layout_is_detected_by_index_and_gives_the_same_tokens() {
 /// names cannot express is refused with the reason.
 #[test]
 fn compile_executorch_writes_a_file_the_library_presents_as_executorch() {
-    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = built_library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
     let out = compile_s64("s64-et.htpkv", &["--convention", "executorch"]);
     let inspect = inspect_json(out.to_str().unwrap(), lib, &[]);
@@ -671,7 +669,7 @@ fn compile_aihub_bundle(name: &str, extra: &[&str]) -> PathBuf {
 /// library, the greedy tokens of the one-binary `htpkv` convention.
 #[test]
 fn compiled_aihub_parts_bundle_gives_the_tokens_of_one_binary() {
-    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = built_library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
     let dir = compile_aihub_bundle("parts-bundle", &["--context", "64"]);
     let mut six = vec![
@@ -743,7 +741,7 @@ fn compiled_aihub_parts_bundle_gives_the_tokens_of_one_binary() {
 /// `htpkv` convention at context 64, with `smart_mask` (the QNN default) and `naive`.
 #[test]
 fn a_bundle_of_two_context_lengths_moves_up_and_gives_the_same_tokens() {
-    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = built_library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
     let dir = compile_aihub_bundle("contexts-bundle", &["--contexts", "32,64"]);
     for c in [32, 64] {
@@ -784,7 +782,7 @@ fn a_bundle_of_two_context_lengths_moves_up_and_gives_the_same_tokens() {
 /// for a KV type other than u8 before any work.
 #[test]
 fn a_bundle_with_kv_zero_point_128_runs() {
-    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = built_library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
     let zp = ["--context", "64", "--kv-zero-point", "128"];
     let dir = compile_aihub_bundle("zp-bundle", &zp);
@@ -827,31 +825,18 @@ fn a_bundle_with_kv_zero_point_128_runs() {
     );
 }
 
-/// SmolLM2-135M-Instruct (GGUF Q4_1), fetched by `scripts/fetch-smollm2.sh`; a failure under
-/// `CI=true` when missing, else skipped with a message.
-fn smollm2() -> Option<PathBuf> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if path.is_file() {
-        return Some(path);
-    }
-    let msg = format!(
-        "{} is missing: run scripts/fetch-smollm2.sh",
-        path.display()
-    );
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
-    eprintln!("SKIPPED: {msg}");
-    None
-}
-
 /// `htpkv compile --model SmolLM2.gguf --parts 3 --convention aihub` writes a Genie bundle (the
 /// tokenizer.json made from the GGUF's vocabulary) that generates, through `--bundle` and the
 /// reference library, the greedy tokens of the same model compiled as one `htpkv` binary under the
 /// same genie_config.json. Small and fast: context 32, f16 weights, short calibration.
 #[test]
 fn a_smollm2_bundle_of_three_parts_gives_the_tokens_of_one_binary() {
-    let Some(model) = smollm2() else { return };
-    let lib = library("libhtpkv_ref_qnn.so");
+    let Some(model) = test_support::fetched::smollm2_gguf(
+        "a_smollm2_bundle_of_three_parts_gives_the_tokens_of_one_binary",
+    ) else {
+        return;
+    };
+    let lib = built_library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
     let dir = scratch().join("smollm2-bundle");
     let one = scratch().join("smollm2-one");
@@ -922,7 +907,7 @@ fn error_line(o: &Output) -> String {
 /// a bundle's part-set errors named neither `genie_config.json` nor `ctx-bins`.
 #[test]
 fn errors_about_context_binaries_name_the_file_once() {
-    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = built_library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
     let garbage = scratch().join("garbage.bin");
     std::fs::write(&garbage, b"not a context binary").unwrap();
@@ -970,7 +955,7 @@ fn generate_qnn(args: &[&str], lib: &str) -> Output {
 /// dimensions) must match the binaries' heads; htpkv rotates whole heads.
 #[test]
 fn a_bundle_rope_dim_other_than_half_the_head_is_refused_naming_the_field() {
-    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = built_library("libhtpkv_ref_qnn.so");
     let dir = bundle("rope-dim", "2");
     let config = dir.join("genie_config.json");
     let text = std::fs::read_to_string(&config).unwrap();

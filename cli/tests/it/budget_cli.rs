@@ -317,7 +317,7 @@ fn budget_sessions_cost_n_regions_plus_the_shared_part() {
 
 #[test]
 fn budget_and_plan_of_a_model_follow_the_ar_default_of_generate_and_take_ar() {
-    let Some(model) = model::fetched::smollm2_gguf("budget_of_a_model_at_context_64") else {
+    let Some(model) = test_support::fetched::smollm2_gguf("budget_of_a_model_at_context_64") else {
         return;
     };
     let model = model.to_str().unwrap();

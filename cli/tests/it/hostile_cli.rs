@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{compile_args, htpkv, model_dir};
+use crate::htpkv;
+use test_support::cli::compile_args;
+use test_support::stories::stories260k_dir;
 
 /// A copy of the model in `work/other` whose checkpoint differs in one bit of its last weight;
 /// returns the directory and the altered checkpoint's bytes.
@@ -22,7 +23,7 @@ fn altered_model(dir: &Path, work: &Path) -> (PathBuf, Vec<u8>) {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    common::scratch("hostile", name)
+    test_support::files::scratch("hostile", name)
 }
 
 fn stderr(o: &Output) -> String {
@@ -55,7 +56,7 @@ fn run(args: &[String], cache: &Path) -> Output {
 /// Row 5: /dev/zero as checkpoint or tokenizer was read without a cap (10 GB, hang).
 #[test]
 fn dev_zero_inputs_fail_fast() {
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let work = scratch("zero");
     let out = work.join("m.htpkv");
     let started = Instant::now();
@@ -97,7 +98,7 @@ fn dev_zero_inputs_fail_fast() {
 /// Row 7: `--out` a device, FIFO, symlink or the checkpoint itself was replaced by a file.
 #[test]
 fn compile_never_clobbers_special_files_or_its_inputs() {
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let work = scratch("clobber");
     let o = run(&compile_args(&dir, Path::new("/dev/null"), &[]), &work);
     assert_eq!(
@@ -144,7 +145,7 @@ fn compile_never_clobbers_special_files_or_its_inputs() {
 /// Row 8: a compile that cannot be read back replaced the good file first.
 #[test]
 fn a_failed_compile_keeps_the_existing_output() {
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let work = scratch("keep");
     let out = work.join("good.htpkv");
     std::fs::write(&out, b"the good file").unwrap();
@@ -163,7 +164,7 @@ fn a_failed_compile_keeps_the_existing_output() {
 /// Rows 9, 12 and 14 on one compiled file.
 #[test]
 fn a_compiled_file_decides_and_must_match_its_checkpoint() {
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let work = scratch("compiled");
     let out = work.join("u8.htpkv");
     let o = run(&compile_args(&dir, &out, &["--kv-dtype", "u8"]), &work);
@@ -243,7 +244,7 @@ fn a_compiled_file_decides_and_must_match_its_checkpoint() {
 /// Row 12: a cache entry compiled from another checkpoint is recompiled, not used.
 #[test]
 fn a_cache_entry_from_another_checkpoint_is_recompiled() {
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let work = scratch("cache");
     let cache = work.join("cache");
     let args = |model_dir: &Path| -> Vec<String> {
@@ -292,7 +293,7 @@ fn a_cache_entry_from_another_checkpoint_is_recompiled() {
 /// Row 16: options are checked before anything is compiled.
 #[test]
 fn every_option_is_checked_before_compiling() {
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let work = scratch("options");
     let cache = work.join("cache");
     let cases: [(&[&str], &str); 6] = [
@@ -331,7 +332,7 @@ fn every_option_is_checked_before_compiling() {
 /// Row 6: a 24,000-token prompt was tokenized for 132 s before being refused.
 #[test]
 fn an_overlong_prompt_is_refused_fast() {
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let work = scratch("prompt");
     let prompt = "Once upon a time, there was a little girl named Lily. ".repeat(2000);
     let started = Instant::now();

@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{compile_args, model_dir};
+use test_support::cli::compile_args;
+use test_support::stories::stories260k_dir;
 
 fn scratch(name: &str) -> PathBuf {
-    common::scratch("hostile-files", name)
+    test_support::files::scratch("hostile-files", name)
 }
 
 fn s(p: &Path) -> &str {
@@ -89,7 +89,7 @@ fn model_copy(work: &Path) -> PathBuf {
     let m = work.join("model");
     std::fs::create_dir_all(&m).unwrap();
     for f in ["stories260K.bin", "tok512.bin"] {
-        std::fs::copy(model_dir().join(f), m.join(f)).unwrap();
+        std::fs::copy(stories260k_dir().join(f), m.join(f)).unwrap();
     }
     m
 }
@@ -258,7 +258,7 @@ fn special_files_as_inputs_are_refused_without_blocking() {
         eprintln!("SKIPPED the FIFO cases: mkfifo unavailable");
         return;
     }
-    let tok = model_dir().join("tok512.bin");
+    let tok = stories260k_dir().join("tok512.bin");
     let out = work.join("o.htpkv");
     let cases: Vec<(Vec<&str>, String)> = vec![
         (
@@ -312,7 +312,7 @@ fn qnn_memory_is_refused_with_the_reference_backend() {
         &[
             "generate",
             "--model",
-            s(&model_dir()),
+            s(&stories260k_dir()),
             "--steps",
             "1",
             "--qnn-memory",
@@ -344,7 +344,7 @@ fn compile_bundle(dir: &Path, out: &Path, cache: &Path) -> Output {
 #[test]
 fn a_bundle_is_written_whole_or_not_at_all() {
     let work = scratch("bundle");
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let out = work.join("bundle");
     let o = compile_bundle(&dir, &out, &work);
     assert!(o.status.success(), "{o:?}");

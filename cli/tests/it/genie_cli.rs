@@ -3,8 +3,6 @@
 //! crash its process). Skipped with a message when the libraries are missing; a failure under
 //! `CI` (which runs the fetch script).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -50,9 +48,9 @@ fn from_bos(libs: &QnnLibs, dir: &Path, config: &Path, max: &str) -> (Output, Va
 /// The fetched libraries and a fresh `htpkv compile --parts 2 --convention aihub` bundle of
 /// stories260K (`None` when the libraries are missing outside CI).
 fn setup(test: &str, name: &str) -> Option<(QnnLibs, PathBuf, PathBuf)> {
-    let libs = QnnLibs::fetched_for_test(test)?;
-    let dir = common::scratch("genie_cli", name);
-    let o = common::compile_aihub(&dir, "bundle", &["--parts", "2"]);
+    let libs = test_support::fetched::qnn_libs(test)?;
+    let dir = test_support::files::scratch("genie_cli", name);
+    let o = crate::compile_aihub(&dir, "bundle", &["--parts", "2"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let config = dir.join("bundle").join("genie_config.json");
     Some((libs, dir, config))
@@ -132,7 +130,7 @@ fn genie_refuses_reference_format_binaries_at_dialog_create() {
 /// under AI Hub's ONNX names).
 #[test]
 fn genie_and_htpkv_give_the_same_tokens_from_htpkvs_own_htp_bundle() {
-    let Some(libs) = QnnLibs::fetched_for_test("genie_and_htpkv_same_tokens") else {
+    let Some(libs) = test_support::fetched::qnn_libs("genie_and_htpkv_same_tokens") else {
         return;
     };
     let split = ["--parts", "3", "--split", "aihub"];
@@ -142,8 +140,8 @@ fn genie_and_htpkv_give_the_same_tokens_from_htpkvs_own_htp_bundle() {
 }
 
 fn same_tokens_from_one_bundle(libs: &QnnLibs, (weights, kv): (&str, &str), extra: &[&str]) {
-    let dir = common::scratch("genie_cli", &format!("peer-{weights}-{kv}"));
-    let tok = common::stories_tokenizer_json(&dir);
+    let dir = test_support::files::scratch("genie_cli", &format!("peer-{weights}-{kv}"));
+    let tok = test_support::stories::stories_tokenizer_json(&dir);
     let bundle = dir.join("bundle");
     let cache = dir.join("cache");
     let compile = [
@@ -166,7 +164,7 @@ fn same_tokens_from_one_bundle(libs: &QnnLibs, (weights, kv): (&str, &str), extr
         bundle.to_str().unwrap(),
     ];
     let compile: Vec<&str> = compile.iter().chain(extra).copied().collect();
-    let o = common::htpkv(&compile, &cache);
+    let o = crate::htpkv(&compile, &cache);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // From BOS alone: a story. (With this test's byte-level tokenizer "Once upon a time" is 17
     // one-character tokens; from those the two runtimes part at the 8th generated token, see the
@@ -183,7 +181,7 @@ fn same_tokens_from_one_bundle(libs: &QnnLibs, (weights, kv): (&str, &str), extr
         "32",
         "--json",
     ];
-    let o = common::htpkv(&generate, &cache);
+    let o = crate::htpkv(&generate, &cache);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let ours: Value = serde_json::from_slice(&o.stdout).unwrap();
     let ids: Vec<u32> = serde_json::from_value(ours["prompt_token_ids"].clone()).unwrap();
@@ -223,10 +221,11 @@ fn same_tokens_from_one_bundle(libs: &QnnLibs, (weights, kv): (&str, &str), extr
 /// the configuration it had read, a FIFO or a device. It now goes through the one writer.
 #[test]
 fn genie_run_out_never_replaces_the_config() {
-    let Some(libs) = QnnLibs::fetched_for_test("genie_run_out_never_replaces_the_config") else {
+    let Some(libs) = test_support::fetched::qnn_libs("genie_run_out_never_replaces_the_config")
+    else {
         return;
     };
-    let dir = common::scratch("genie", "out-config");
+    let dir = test_support::files::scratch("genie", "out-config");
     let config = dir.join("genie_config.json");
     std::fs::write(&config, b"{}").unwrap();
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_genie-run"))

@@ -2,16 +2,14 @@
 //! exports (part 1 the embedding alone, the hidden state named after AI Hub's ONNX tensors) run
 //! through `--bundle` and the reference QNN library with the tokens of htpkv's own split.
 
-mod common;
-
 use std::path::Path;
 
-use common::library;
+use test_support::files::built_library;
 
 use serde_json::Value;
 
 fn compile(dir: &Path, name: &str, parts: &str, split: &str) -> std::process::Output {
-    common::compile_aihub(dir, name, &["--parts", parts, "--split", split])
+    crate::compile_aihub(dir, name, &["--parts", parts, "--split", split])
 }
 
 fn inspect(file: &Path, lib: &str) -> Value {
@@ -22,7 +20,7 @@ fn inspect(file: &Path, lib: &str) -> Value {
         lib,
         "--json",
     ];
-    let o = common::htpkv(&args, Path::new("/nonexistent"));
+    let o = crate::htpkv(&args, Path::new("/nonexistent"));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     serde_json::from_slice(&o.stdout).unwrap()
 }
@@ -48,7 +46,7 @@ fn tokens(bundle: &Path, lib: &str, cache: &Path) -> Value {
         "40",
         "--json",
     ];
-    let o = common::htpkv(&args, cache);
+    let o = crate::htpkv(&args, cache);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
     doc["tokens"].clone()
@@ -59,9 +57,9 @@ fn tokens(bundle: &Path, lib: &str, cache: &Path) -> Value {
 /// bundle generates the tokens of htpkv's balanced two-part bundle.
 #[test]
 fn an_ai_hub_split_bundle_names_the_hidden_state_and_gives_the_same_tokens() {
-    let lib = library("libhtpkv_ref_qnn.so");
+    let lib = built_library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
-    let dir = common::scratch("aihub_split_cli", "three");
+    let dir = test_support::files::scratch("aihub_split_cli", "three");
     let o = compile(&dir, "aihub3", "3", "aihub");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = compile(&dir, "balanced2", "2", "balanced");
@@ -108,19 +106,19 @@ fn an_ai_hub_split_bundle_names_the_hidden_state_and_gives_the_same_tokens() {
 /// AI Hub's split refuses a count that leaves a part without layers, and other conventions.
 #[test]
 fn an_ai_hub_split_that_cannot_be_made_is_refused() {
-    let dir = common::scratch("aihub_split_cli", "refused");
+    let dir = test_support::files::scratch("aihub_split_cli", "refused");
     let o = compile(&dir, "five", "5", "aihub");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(err.contains("2 layers per part fill only 3 parts"), "{err}");
-    let tok = common::stories_tokenizer_json(&dir);
+    let tok = test_support::stories::stories_tokenizer_json(&dir);
     let refused = |extra: &[&str]| {
         let mut args = vec!["compile", "--ar", "1,8", "--parts", "2", "--split", "aihub"];
         args.extend(extra);
         args.extend(["--tokenizer-json", tok.to_str().unwrap()]);
         let out = dir.join("refused");
         args.extend(["--out", out.to_str().unwrap()]);
-        let o = common::htpkv(&args, &dir.join("cache"));
+        let o = crate::htpkv(&args, &dir.join("cache"));
         assert!(!o.status.success());
         String::from_utf8_lossy(&o.stderr).into_owned()
     };

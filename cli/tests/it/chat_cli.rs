@@ -5,8 +5,8 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-mod common;
-use common::{htpkv, model_dir};
+use crate::htpkv;
+use test_support::stories::stories260k_dir;
 
 fn ok_stdout(o: &Output) -> String {
     assert!(
@@ -39,8 +39,8 @@ fn chat(args: &[&str], stdin: &str, cache: &Path) -> Output {
 
 #[test]
 fn chat_answers_each_line_resets_and_quits_on_the_story_model() {
-    let cache = common::scratch("chat", "story");
-    let dir = model_dir();
+    let cache = test_support::files::scratch("chat", "story");
+    let dir = stories260k_dir();
     let dir = dir.to_str().unwrap();
     let args = ["--model", dir, "--steps", "16"];
     let o = chat(
@@ -66,8 +66,8 @@ fn chat_answers_each_line_resets_and_quits_on_the_story_model() {
 
 #[test]
 fn generate_json_reports_peak_memory_and_rejects_a_non_model_file() {
-    let cache = common::scratch("chat", "json");
-    let dir = model_dir();
+    let cache = test_support::files::scratch("chat", "json");
+    let dir = stories260k_dir();
     let o = htpkv(
         &[
             "generate",
@@ -104,10 +104,11 @@ fn generate_json_reports_peak_memory_and_rejects_a_non_model_file() {
 
 #[test]
 fn smollm2_answers_the_capital_of_france_with_f32_weights_and_kv() {
-    let Some(model) = model::fetched::smollm2_gguf("smollm2_answers_the_capital_of_france") else {
+    let Some(model) = test_support::fetched::smollm2_gguf("smollm2_answers_the_capital_of_france")
+    else {
         return;
     };
-    let cache = common::scratch("chat", "smollm2");
+    let cache = test_support::files::scratch("chat", "smollm2");
     let o = htpkv(
         &[
             "generate",
@@ -131,8 +132,8 @@ fn smollm2_answers_the_capital_of_france_with_f32_weights_and_kv() {
 
 #[test]
 fn a_chat_longer_than_the_context_slides_with_overflow_slide() {
-    let cache = common::scratch("chat", "slide");
-    let dir = model_dir();
+    let cache = test_support::files::scratch("chat", "slide");
+    let dir = stories260k_dir();
     let dir = dir.to_str().unwrap();
     let args = ["--model", dir, "--steps", "12", "--context", "64"];
     let turns = "Once upon a time\nThe dog ran\n".repeat(6);
@@ -154,8 +155,8 @@ fn a_chat_longer_than_the_context_slides_with_overflow_slide() {
 
 #[test]
 fn a_chat_line_of_megabytes_is_refused_before_it_is_tokenized() {
-    let cache = common::scratch("chat", "huge");
-    let dir = model_dir();
+    let cache = test_support::files::scratch("chat", "huge");
+    let dir = stories260k_dir();
     let dir = dir.to_str().unwrap();
     let line = "a".repeat(32 << 20) + "\n";
     let o = chat(
@@ -175,7 +176,7 @@ fn a_chat_line_of_megabytes_is_refused_before_it_is_tokenized() {
 /// Issue 21, finding 13: `--tokenizer FILE` alone is about --tokenizer, not --bundle/--convention.
 #[test]
 fn a_tokenizer_without_binaries_is_named_as_the_option_given() {
-    let cache = common::scratch("chat", "tokenizer-alone");
+    let cache = test_support::files::scratch("chat", "tokenizer-alone");
     let o = htpkv(
         &[
             "generate",

@@ -3,11 +3,11 @@
 use std::path::PathBuf;
 use std::process::Output;
 
-mod common;
-use common::{htpkv, model_dir};
+use crate::htpkv;
+use test_support::stories::stories260k_dir;
 
 fn scratch(name: &str) -> PathBuf {
-    common::scratch("cli", name)
+    test_support::files::scratch("cli", name)
 }
 
 fn text(o: &Output) -> String {
@@ -21,7 +21,7 @@ fn text(o: &Output) -> String {
 
 #[test]
 fn generate_streams_the_known_story_and_every_strategy_agrees() {
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let cache = scratch("gen");
     let dir = dir.to_str().unwrap();
     let mut outputs = Vec::new();
@@ -61,7 +61,7 @@ fn generate_streams_the_known_story_and_every_strategy_agrees() {
 
 #[test]
 fn generate_json_holds_text_and_stats() {
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let cache = scratch("json");
     let o = htpkv(
         &[
@@ -101,7 +101,7 @@ fn missing_model_says_where_to_get_it() {
 
 #[test]
 fn compile_writes_a_file_and_rejects_a_truncated_checkpoint() {
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let work = scratch("compile");
     let out = work.join("model.htpkv");
     let ckpt = dir.join("stories260K.bin");
@@ -185,7 +185,7 @@ fn compile_writes_a_file_and_rejects_a_truncated_checkpoint() {
 /// 20 tokens saved, then 20 resumed (under another strategy) read exactly like one run of 40.
 #[test]
 fn generate_save_then_resume_continues_the_same_text() {
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let work = scratch("resume");
     let (dir, file) = (dir.to_str().unwrap(), work.join("story.session"));
     let file = file.to_str().unwrap();
@@ -230,7 +230,7 @@ fn generate_save_then_resume_continues_the_same_text() {
 /// saved and resumed across slides gives the same text as one run; `stop` ends at the context.
 #[test]
 fn generate_slides_past_the_context_and_resumes_across_slides() {
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let work = scratch("slide");
     let (dir, file) = (dir.to_str().unwrap(), work.join("chat.session"));
     let file = file.to_str().unwrap();
@@ -297,7 +297,7 @@ fn generate_slides_past_the_context_and_resumes_across_slides() {
 }
 
 fn eval(extra: &[&str], cache: &std::path::Path) -> serde_json::Value {
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let file = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../ref_backend/examples/data/declaration.txt"
@@ -353,7 +353,7 @@ fn eval_refuses_texts_it_cannot_score() {
     let empty = cache.join("empty.txt");
     std::fs::create_dir_all(&cache).unwrap();
     std::fs::write(&empty, "").unwrap();
-    let dir = model_dir();
+    let dir = stories260k_dir();
     for (file, expected) in [
         (empty.to_str().unwrap(), "at least 2 are needed"),
         ("/dev/zero", "/dev/zero"),

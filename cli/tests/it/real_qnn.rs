@@ -4,18 +4,16 @@
 //! with htpkv's KV manager. Skipped with a message when the libraries are absent; a failure under
 //! `CI` (CI fetches them).
 
-mod common;
-
-use common::{htpkv, scratch};
-use htpkv::qnn_libs::QnnLibs;
+use crate::htpkv;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use test_support::files::scratch;
 
 const STEPS: &str = "24";
 
 fn libs(test: &str) -> Option<(PathBuf, PathBuf)> {
-    let libs = QnnLibs::fetched_for_test(test)?;
+    let libs = test_support::fetched::qnn_libs(test)?;
     Some((libs.backend(), libs.system()))
 }
 

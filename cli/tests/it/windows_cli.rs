@@ -3,8 +3,8 @@
 
 use std::process::Output;
 
-mod common;
-use common::{htpkv, model_dir};
+use crate::htpkv;
+use test_support::stories::stories260k_dir;
 
 fn ok(o: &Output) -> String {
     assert!(
@@ -26,7 +26,7 @@ fn err(o: &Output) -> String {
 
 /// `generate` on stories260K at context 64, AR 1,4, with `extra` options.
 fn generate(cache: &std::path::Path, extra: &[&str]) -> Output {
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let mut args = vec![
         "generate",
         "--model-dir",
@@ -44,7 +44,7 @@ fn generate(cache: &std::path::Path, extra: &[&str]) -> Output {
 
 #[test]
 fn generate_with_layer_windows_runs_a_windowed_model_cached_apart() {
-    let cache = common::scratch("windows", "generate");
+    let cache = test_support::files::scratch("windows", "generate");
     let plain = ok(&generate(&cache, &[]));
     let shift = ok(&generate(&cache, &["--layer-window", "0,2,4:16"]));
     let naive = ok(&generate(
@@ -96,9 +96,9 @@ fn generate_with_layer_windows_runs_a_windowed_model_cached_apart() {
 
 #[test]
 fn compile_with_layer_windows_writes_a_file_generate_runs() {
-    let cache = common::scratch("windows", "compile");
+    let cache = test_support::files::scratch("windows", "compile");
     let out = cache.join("w.htpkv");
-    let dir = model_dir();
+    let dir = stories260k_dir();
     let o = htpkv(
         &[
             "compile",
