@@ -35,7 +35,8 @@ pub fn op() -> impl proptest::strategy::Strategy<Value = Op> {
 #[derive(Debug)]
 pub struct Rng(pub u64);
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    /// The next pseudo-random value.
+    pub fn next_u64(&mut self) -> u64 {
         // xorshift64*
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -114,7 +115,7 @@ pub fn apply_checked(
                     for i in 0..n {
                         let mut rng =
                             Rng((seed ^ ((b * 64 + i) as u64).wrapping_mul(0x9E37_79B9)) | 1);
-                        let row: Vec<u8> = (0..d * e).map(|_| rng.next() as u8).collect();
+                        let row: Vec<u8> = (0..d * e).map(|_| rng.next_u64() as u8).collect();
                         for c in 0..d {
                             let at = out.offset + out.element_offset(h, i, c, e);
                             region[at..at + e].copy_from_slice(&row[c * e..(c + 1) * e]);

@@ -69,7 +69,7 @@ type Rows = Vec<Vec<Vec<u8>>>;
 
 fn row(seed: u64, buffer: usize, q: usize, bytes: usize) -> Vec<u8> {
     let mut rng = Rng((seed ^ ((buffer * 64 + q) as u64).wrapping_mul(0x9E37_79B9)) | 1);
-    (0..bytes).map(|_| rng.next() as u8).collect()
+    (0..bytes).map(|_| rng.next_u64() as u8).collect()
 }
 
 /// Writes the step's new rows (as a graph would) and returns them per query row and buffer.

@@ -213,7 +213,7 @@ fn run(
                 for t in 0..plan.tensor_count() {
                     let out = plan.new_output(t);
                     for byte in &mut region[out.offset..out.offset + out.bytes] {
-                        *byte = rng.next() as u8;
+                        *byte = rng.next_u64() as u8;
                     }
                     for h in 0..out.shape[0] {
                         let b = geometry.buffer_index(out.layer, out.head.unwrap_or(h), out.kind);

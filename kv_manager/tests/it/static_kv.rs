@@ -57,7 +57,7 @@ fn fill(cache: &mut KvCache, seed: u64) -> Vec<Vec<u8>> {
     let mut all = Vec::new();
     for t in cross.tensors(&g) {
         let bytes: Vec<u8> = (0..cross.tensor_bytes(&g).unwrap())
-            .map(|_| rng.next() as u8)
+            .map(|_| rng.next_u64() as u8)
             .collect();
         cache
             .fill_cross(&t, &cross.tensor_encoding(&g, &t), &bytes)
