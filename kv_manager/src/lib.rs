@@ -59,7 +59,7 @@
 //! - `naive`: a slot window of K rows instead of W_max (the window slides left every commit, so it
 //!   holds exactly the last K tokens), plus max(ar) output rows.
 //!
-//! Invariants (checked by `tests/windows.rs` against a row-list reference, with the region size):
+//! Invariants (checked by `tests/it/windows.rs` against a row-list reference, with the region size):
 //! - [`KvCache::first_held`]`(layer)` is the oldest token the layer still holds: it grows to
 //!   `len - K` on commits, drops to the new length on a rollback below it, is 0 after a reset and
 //!   `len - min(len, W - 1)` after an import or an eviction (they restore only the window). Every

@@ -40,7 +40,8 @@
 //!
 //! The test model is SmolLM2-135M-Instruct (GGUF Q4_1), fetched by `scripts/fetch-smollm2.sh`
 //! into `models/smollm2-135m-instruct/`. Its tests fail when the file is missing and `CI` is
-//! set, and are skipped with a message otherwise. Try it with
+//! set, and are skipped with a message otherwise (the rule of the workspace's unpublished
+//! `test_support::fetched`). Try it with
 //! `cargo run --release -p model --example chat -- models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf "What is the capital of France?"`.
 //!
 //! ```no_run
@@ -64,7 +65,6 @@ pub mod checksum;
 mod config;
 pub mod encdec;
 mod error;
-pub mod fetched;
 pub mod forward;
 pub mod fsio;
 pub mod gguf;

@@ -4,7 +4,6 @@
 //! grid: the HTP must read the weights per output channel and the encodings as QNN defines them
 //! (`real = (q + offset) * scale`).
 
-use htpkv::qnn_libs::QnnLibs;
 use qnn_compile::Fixed;
 use qnn_compile::emit::Emitter;
 use qnn_compile::w8a16::{W8Matrix, output_encoding};
@@ -66,7 +65,7 @@ fn expected(w: &W8Matrix, x: &[f32]) -> Vec<f64> {
 
 #[test]
 fn the_w8a16_product_on_the_real_htp_matches_the_same_arithmetic_in_f64() {
-    let Some(libs) = QnnLibs::fetched_for_test("w8a16_product") else {
+    let Some(libs) = test_support::fetched::qnn_libs("w8a16_product") else {
         return;
     };
     let lib = QnnLibrary::load(libs.backend()).unwrap();

@@ -1,3 +1,4 @@
+// Its own binary: built only with `--features check-bindings` (bindgen needs libclang), and the generated bindings name it.
 //! Keeps `src/bindings.rs` in sync with `include/htpkv_qnn.h`: regenerates the bindings with
 //! bindgen (pinned options from `bindgen_config.rs`; needs libclang, e.g. `apt-get install
 //! libclang-dev`) and fails when they differ from the checked-in file, ignoring whitespace.

@@ -34,17 +34,15 @@
 
 #[path = "accuracy/ablation.rs"]
 mod ablation;
-#[path = "../tests/common/mod.rs"]
-mod common;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{Harness, argmax};
-use model::ops::kl_logits;
+use model::ops::{argmax, kl_logits};
 use model::{FloatModel, LoadedModel, Message, Site, Tap, WeightSource};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType, compile};
+use test_support::harness::Harness;
 
 /// Tokens of the text that are scored (teacher-forced).
 const TEXT_TOKENS: usize = 512;

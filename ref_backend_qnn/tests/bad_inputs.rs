@@ -1,7 +1,6 @@
+// Its own binary: .ci/run runs the two FFI test binaries (ffi_roundtrip, bad_inputs) under valgrind, alone and small.
 //! Bad inputs through the FFI path: each gives a typed error (or a QNN error code at the raw
 //! C boundary), never a crash.
-
-mod common;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -63,7 +62,7 @@ fn library_without_the_entry_point_is_symbol_missing() {
 
 #[test]
 fn wrong_api_versions_are_no_compatible_provider() {
-    let lib = common::built_library("libqnn_ffi_testlib.so");
+    let lib = test_support::files::built_library("libqnn_ffi_testlib.so");
     match QnnLibrary::load(&lib) {
         Err(QnnError::NoCompatibleProvider { found, needed, .. }) => {
             let versions: Vec<String> = found.iter().map(|p| p.api.to_string()).collect();
@@ -105,28 +104,28 @@ struct Setup {
     info: qnn_ffi::BinaryInfo,
 }
 
-fn setup() -> Option<Setup> {
-    let (ckpt, tok) = common::real_model()?;
-    let (_, bytes) = common::compiled(&ckpt, &tok, 16);
-    let system = QnnSystemLibrary::load(common::ref_library()).expect("system");
+fn setup() -> Setup {
+    let (ckpt, tok) = test_support::stories::stories260k_loaded();
+    let (_, bytes) = test_support::compile::compiled_ar1(&ckpt, &tok, 16);
+    let system = QnnSystemLibrary::load(test_support::files::ref_qnn_library()).expect("system");
     let info = SystemContext::new(&system)
         .expect("sysctx")
         .binary_info(&bytes)
         .expect("info");
-    let lib = QnnLibrary::load(common::ref_library()).expect("backend lib");
+    let lib = QnnLibrary::load(test_support::files::ref_qnn_library()).expect("backend lib");
     let backend = Backend::new(&lib, None).expect("backend");
-    Some(Setup {
+    Setup {
         lib,
         backend,
         bytes,
         info,
-    })
+    }
 }
 
 #[test]
 fn corrupted_and_truncated_binaries_are_rejected() {
-    let Some(s) = setup() else { return };
-    let system = QnnSystemLibrary::load(common::ref_library()).expect("system");
+    let s = setup();
+    let system = QnnSystemLibrary::load(test_support::files::ref_qnn_library()).expect("system");
     let truncated = &s.bytes[..s.bytes.len() / 2];
     let mut corrupted = s.bytes.clone();
     let mid = corrupted.len() / 3;
@@ -157,7 +156,7 @@ fn corrupted_and_truncated_binaries_are_rejected() {
 
 #[test]
 fn unknown_graph_names_are_typed_errors() {
-    let Some(s) = setup() else { return };
+    let s = setup();
     let context = Context::from_binary(&s.backend, None, &s.bytes).expect("context");
     match s.info.graph("no_such_graph") {
         Err(QnnError::UnknownGraph { name, available }) => {
@@ -179,7 +178,7 @@ fn unknown_graph_names_are_typed_errors() {
 
 #[test]
 fn wrong_tensor_sizes_are_rejected_by_the_wrapper_and_the_backend() {
-    let Some(s) = setup() else { return };
+    let s = setup();
     let context = Context::from_binary(&s.backend, None, &s.bytes).expect("context");
     let g = &s.info.graphs[0];
     let graph = context
@@ -343,7 +342,7 @@ fn wrong_tensor_sizes_are_rejected_by_the_wrapper_and_the_backend() {
 
 #[test]
 fn bad_memory_registrations_and_handles_are_rejected() {
-    let Some(s) = setup() else { return };
+    let s = setup();
     let context = Context::from_binary(&s.backend, None, &s.bytes).expect("context");
     let mut region = vec![0u8; 4096];
     let base = region.as_mut_ptr();
@@ -414,7 +413,7 @@ fn bad_memory_registrations_and_handles_are_rejected() {
 
 #[test]
 fn raw_entry_points_reject_null_and_unknown_handles() {
-    let lib = QnnLibrary::load(common::ref_library()).expect("lib");
+    let lib = QnnLibrary::load(test_support::files::ref_qnn_library()).expect("lib");
     let t = lib.table();
     // SAFETY: every call passes NULL or bogus handles that the backend must reject.
     unsafe {

@@ -1,3 +1,4 @@
+// Its own binary: .ci/run runs the two FFI test binaries (ffi_roundtrip, bad_inputs) under valgrind, alone and small.
 //! The whole QNN FFI path on a desktop: dlopen `libhtpkv_ref_qnn.so`, read the compiled
 //! stories260K file's metadata through the system provider, create a context from it, and
 //! generate greedily through `graphExecute` — once with client buffers (a left-padded window
@@ -6,8 +7,6 @@
 //! does). Logits must equal the in-process `ref_backend` execution bit for bit at every step.
 //!
 //! `HTPKV_FFI_STEPS` limits the number of greedy steps (the CI's valgrind run uses few).
-
-mod common;
 
 use kv_manager::{HostAllocator, Region};
 use qnn_ffi::{
@@ -273,15 +272,14 @@ fn run_mem_handles(
 
 #[test]
 fn ffi_generation_is_bit_identical_to_in_process() {
-    let Some((ckpt, tok)) = common::real_model() else {
-        return;
-    };
-    let (model, bytes) = common::compiled(&ckpt, &tok, CONTEXT);
+    let (ckpt, tok) = test_support::stories::stories260k_loaded();
+    let (model, bytes) = test_support::compile::compiled_ar1(&ckpt, &tok, CONTEXT);
     let reference = model.graph_for_ar(1).expect("AR-1 graph");
     let steps = steps();
 
     // Metadata through the system provider.
-    let system = QnnSystemLibrary::load(common::ref_library()).expect("load system provider");
+    let system = QnnSystemLibrary::load(test_support::files::ref_qnn_library())
+        .expect("load system provider");
     let info = SystemContext::new(&system)
         .expect("system context")
         .binary_info(&bytes)
@@ -303,7 +301,7 @@ fn ffi_generation_is_bit_identical_to_in_process() {
     }
 
     // The backend.
-    let lib = QnnLibrary::load(common::ref_library()).expect("load backend");
+    let lib = QnnLibrary::load(test_support::files::ref_qnn_library()).expect("load backend");
     assert_eq!(lib.provider().name.as_deref(), Some("htpkv_ref"));
     let log = Log::new(&lib, LogLevel::Warn).expect("log");
     let backend = Backend::new(&lib, Some(&log)).expect("backend");

@@ -71,29 +71,6 @@ impl QnnLibs {
             .all(|p| p.is_file())
             .then_some(libs)
     }
-
-    /// The fetched libraries for the test named `test`; `None` (after printing why) when they are
-    /// missing outside CI.
-    ///
-    /// # Panics
-    /// When they are missing and `CI` is set: CI runs `scripts/fetch-qnn.sh`, so absence there must
-    /// fail the test rather than skip it (the rule of [`model::fetched`]).
-    pub fn fetched_for_test(test: &str) -> Option<QnnLibs> {
-        if let Some(libs) = QnnLibs::fetched() {
-            return Some(libs);
-        }
-        let place = match std::env::var_os(ENV_QNN_DIR) {
-            Some(dir) if !dir.is_empty() => format!("${ENV_QNN_DIR}={}", Path::new(&dir).display()),
-            _ => default_root().map_or_else(
-                || "no HOME to find the cache folder".to_string(),
-                |p| p.display().to_string(),
-            ),
-        };
-        let msg = format!("the QNN libraries are missing ({place}): {FETCH_QNN}");
-        assert!(std::env::var_os("CI").is_none(), "{test}: {msg}");
-        eprintln!("SKIPPED {test}: {msg}");
-        None
-    }
 }
 
 /// The QNN backend library a command uses: `explicit` (its `--qnn-backend`), else

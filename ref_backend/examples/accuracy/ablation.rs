@@ -15,13 +15,12 @@ use std::collections::HashMap;
 use model::forward::{
     self, Activations, FloatCache, FloatKernels, Input, Kernels, Output, Pass, Positions,
 };
-use model::ops::{Rope, kl_logits};
+use model::ops::{Rope, argmax, kl_logits};
 use model::{LayerTensor, LlamaConfig, NoTap, Tensor, WeightSource};
 use quant::{QuantSpec, ScaleOffset, quantize_value};
 use ref_backend::CompiledModel;
 
 use crate::Error;
-use crate::common::argmax;
 
 /// One group of sites quantized together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,371 @@
+//! `htpkv generate` and `htpkv compile` as a user runs them.
+
+use std::path::PathBuf;
+use std::process::Output;
+
+use crate::htpkv;
+use test_support::stories::stories260k_dir;
+
+fn scratch(name: &str) -> PathBuf {
+    test_support::files::scratch("cli", name)
+}
+
+fn text(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+#[test]
+fn generate_streams_the_known_story_and_every_strategy_agrees() {
+    let dir = stories260k_dir();
+    let cache = scratch("gen");
+    let dir = dir.to_str().unwrap();
+    let mut outputs = Vec::new();
+    for update in ["shift", "conveyor", "smart_mask", "naive"] {
+        let o = htpkv(
+            &[
+                "generate",
+                "--model-dir",
+                dir,
+                "--steps",
+                "40",
+                "--update",
+                update,
+            ],
+            &cache,
+        );
+        outputs.push(text(&o));
+    }
+    assert!(
+        outputs[0].starts_with("Once upon a time, there was a little girl named Lily."),
+        "{}",
+        outputs[0]
+    );
+    assert!(
+        outputs.iter().all(|o| *o == outputs[0]),
+        "strategies disagree: {outputs:#?}"
+    );
+    // The compiled model was cached on first use and reused after.
+    let cached: Vec<_> = std::fs::read_dir(&cache).unwrap().collect();
+    assert_eq!(
+        cached.len(),
+        1,
+        "one compiled file expected in {}",
+        cache.display()
+    );
+}
+
+#[test]
+fn generate_json_holds_text_and_stats() {
+    let dir = stories260k_dir();
+    let cache = scratch("json");
+    let o = htpkv(
+        &[
+            "generate",
+            "Lily and Ben",
+            "--model-dir",
+            dir.to_str().unwrap(),
+            "--steps",
+            "16",
+            "--json",
+            "--kv-dtype",
+            "f32",
+            "--weights",
+            "f32",
+        ],
+        &cache,
+    );
+    let doc: serde_json::Value = serde_json::from_str(&text(&o)).expect("one JSON document");
+    assert!(doc["text"].as_str().unwrap().len() > 10);
+    assert_eq!(doc["generated_tokens"], 16);
+    assert!(doc["kv"]["region_bytes"].as_u64().unwrap() > 0);
+    assert!(doc["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn missing_model_says_where_to_get_it() {
+    let cache = scratch("missing");
+    let o = htpkv(&["generate", "--model-dir", "/nonexistent/models"], &cache);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("/nonexistent/models"), "{err}");
+    assert!(
+        err.contains("b0a507e7ad0f626624f17112325e66691f9076d622e1d3274d103d00299f2696"),
+        "{err}"
+    );
+}
+
+#[test]
+fn compile_writes_a_file_and_rejects_a_truncated_checkpoint() {
+    let dir = stories260k_dir();
+    let work = scratch("compile");
+    let out = work.join("model.htpkv");
+    let ckpt = dir.join("stories260K.bin");
+    let tok = dir.join("tok512.bin");
+    let o = htpkv(
+        &[
+            "compile",
+            "--model",
+            ckpt.to_str().unwrap(),
+            "--tokenizer",
+            tok.to_str().unwrap(),
+            "--context",
+            "128",
+            "--ar",
+            "1,16",
+            "--kv-dtype",
+            "u8",
+            "--weights",
+            "i8",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &work,
+    );
+    text(&o);
+    assert!(std::fs::metadata(&out).unwrap().len() > 1000);
+    // The compiled file runs.
+    let o = htpkv(
+        &[
+            "generate",
+            "--model-dir",
+            dir.to_str().unwrap(),
+            "--compiled",
+            out.to_str().unwrap(),
+            "--steps",
+            "8",
+        ],
+        &work,
+    );
+    assert!(!text(&o).trim().is_empty());
+    // A truncated checkpoint is refused with what was expected.
+    let bytes = std::fs::read(&ckpt).unwrap();
+    let short = work.join("short.bin");
+    std::fs::write(&short, &bytes[..bytes.len() / 2]).unwrap();
+    let o = htpkv(
+        &[
+            "compile",
+            "--model",
+            short.to_str().unwrap(),
+            "--tokenizer",
+            tok.to_str().unwrap(),
+            "--out",
+            work.join("x").to_str().unwrap(),
+        ],
+        &work,
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("1056540") || err.contains("1,056,540"),
+        "{err}"
+    );
+    // A truncated compiled file is refused too.
+    let compiled = std::fs::read(&out).unwrap();
+    let cut = work.join("cut.htpkv");
+    std::fs::write(&cut, &compiled[..compiled.len() - 100]).unwrap();
+    let o = htpkv(
+        &[
+            "generate",
+            "--model-dir",
+            dir.to_str().unwrap(),
+            "--compiled",
+            cut.to_str().unwrap(),
+        ],
+        &work,
+    );
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cut.htpkv"));
+}
+
+/// 20 tokens saved, then 20 resumed (under another strategy) read exactly like one run of 40.
+#[test]
+fn generate_save_then_resume_continues_the_same_text() {
+    let dir = stories260k_dir();
+    let work = scratch("resume");
+    let (dir, file) = (dir.to_str().unwrap(), work.join("story.session"));
+    let file = file.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model-dir", dir];
+        args.extend_from_slice(extra);
+        text(&htpkv(&args, &work))
+            .trim_end_matches('\n')
+            .to_string()
+    };
+    let first = run(&["--steps", "20", "--save", file, "--update", "shift"]);
+    let second = run(&["--steps", "20", "--resume", file, "--update", "smart_mask"]);
+    let whole = run(&["--steps", "40"]);
+    assert!(
+        first.len() > 20 && second.len() > 20,
+        "{first:?} {second:?}"
+    );
+    assert_eq!(format!("{first}{second}"), whole);
+    // A file that is not a session: a clear error, no text.
+    let bogus = work.join("bogus.session");
+    std::fs::write(&bogus, b"hello").unwrap();
+    let o = htpkv(
+        &[
+            "generate",
+            "--model-dir",
+            dir,
+            "--resume",
+            bogus.to_str().unwrap(),
+        ],
+        &work,
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--resume") && err.contains("truncated"),
+        "{err}"
+    );
+    assert!(o.stdout.is_empty());
+}
+
+/// `--overflow slide` goes past the context (more than 3x), shows each slide in the JSON, and a run
+/// saved and resumed across slides gives the same text as one run; `stop` ends at the context.
+#[test]
+fn generate_slides_past_the_context_and_resumes_across_slides() {
+    let dir = stories260k_dir();
+    let work = scratch("slide");
+    let (dir, file) = (dir.to_str().unwrap(), work.join("chat.session"));
+    let file = file.to_str().unwrap();
+    let base = [
+        "generate",
+        "--model-dir",
+        dir,
+        "--context",
+        "64",
+        "--ar",
+        "1,8",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        text(&htpkv(&args, &work))
+    };
+    let doc: serde_json::Value = serde_json::from_str(&run(&[
+        "Once upon a time",
+        "--steps",
+        "200",
+        "--overflow",
+        "slide",
+        "--keep",
+        "4",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(doc["generated_tokens"], 200, "{doc}");
+    let slides = doc["slides"].as_array().unwrap();
+    assert!(slides.len() >= 9, "{doc}");
+    assert!(
+        slides
+            .iter()
+            .all(|s| s["rows_moved"] == 160 && s["dropped"] == 14)
+    );
+    assert!(
+        slides
+            .iter()
+            .all(|s| s["requant"]["elements"].as_u64() > Some(0))
+    );
+    let stopped: serde_json::Value =
+        serde_json::from_str(&run(&["Once upon a time", "--steps", "200", "--json"])).unwrap();
+    assert_eq!(stopped["stop"], "ContextFull");
+    let slide = ["--overflow", "slide", "--keep", "4"];
+    let mut first = vec!["Once upon a time", "--steps", "100", "--save", file];
+    first.extend_from_slice(&slide);
+    let mut second = vec!["--steps", "100", "--resume", file, "--update", "naive"];
+    second.extend_from_slice(&slide);
+    let mut whole = vec!["Once upon a time", "--steps", "200"];
+    whole.extend_from_slice(&slide);
+    let (first, second, whole) = (run(&first), run(&second), run(&whole));
+    assert_eq!(
+        format!(
+            "{}{}",
+            first.trim_end_matches('\n'),
+            second.trim_end_matches('\n')
+        ),
+        whole.trim_end_matches('\n')
+    );
+    let bad = htpkv(&[&base[..], &["--overflow", "sideways"]].concat(), &work);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown overflow policy `sideways`"));
+}
+
+fn eval(extra: &[&str], cache: &std::path::Path) -> serde_json::Value {
+    let dir = stories260k_dir();
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../ref_backend/examples/data/declaration.txt"
+    );
+    let mut args = vec![
+        "eval",
+        "--model",
+        dir.to_str().unwrap(),
+        "--text",
+        file,
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    serde_json::from_str(&text(&htpkv(&args, cache))).unwrap()
+}
+
+/// `htpkv eval` scores a text against the f32 model: the reference executor with f32 weights and
+/// K/V is the f32 forward's own arithmetic, so a correct alignment of positions gives KL 0 and
+/// full agreement exactly (an off-by-one would not); the default quantized run is close but not
+/// equal, and both perplexities are finite and alike.
+#[test]
+fn eval_scores_a_text_against_the_f32_model() {
+    let cache = scratch("eval");
+    let exact = eval(
+        &["--tokens", "64", "--weights", "f32", "--kv-dtype", "f32"],
+        &cache,
+    );
+    assert_eq!(exact["positions"], 64, "{exact}");
+    assert_eq!(exact["mean_kl"], 0.0, "{exact}");
+    assert_eq!(exact["top1_agreement"], 1.0, "{exact}");
+    assert_eq!(exact["perplexity"], exact["f32_perplexity"], "{exact}");
+    let q = eval(
+        &["--tokens", "64", "--weights", "i8", "--kv-dtype", "u8"],
+        &cache,
+    );
+    let (kl, top1) = (
+        q["mean_kl"].as_f64().unwrap(),
+        q["top1_agreement"].as_f64().unwrap(),
+    );
+    assert!(kl > 0.0 && kl < 0.05, "{q}");
+    assert!((0.8..1.0).contains(&top1), "{q}");
+    let (p, pf) = (
+        q["perplexity"].as_f64().unwrap(),
+        q["f32_perplexity"].as_f64().unwrap(),
+    );
+    assert!(p.is_finite() && (p / pf - 1.0).abs() < 0.2, "{q}");
+}
+
+/// A text that cannot be scored is refused naming the file; a device is refused unread.
+#[test]
+fn eval_refuses_texts_it_cannot_score() {
+    let cache = scratch("eval-bad");
+    let empty = cache.join("empty.txt");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::write(&empty, "").unwrap();
+    let dir = stories260k_dir();
+    for (file, expected) in [
+        (empty.to_str().unwrap(), "at least 2 are needed"),
+        ("/dev/zero", "/dev/zero"),
+    ] {
+        let o = htpkv(
+            &["eval", "--model", dir.to_str().unwrap(), "--text", file],
+            &cache,
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(expected),
+            "{file}: {err}"
+        );
+    }
+}

@@ -1,0 +1,50 @@
+//! The CLI's integration tests, one binary (`cargo test -p htpkv-cli --test it`), one module per
+//! old test file; each runs the `htpkv` and `genie-run` binaries in child processes. What only
+//! needs the binary under test is here; the rest they share is in `test_support`.
+
+mod aihub_split_cli;
+mod budget_cli;
+mod chat_cli;
+mod generate_cli;
+mod genie_cli;
+mod hostile_budget_cli;
+mod hostile_cli;
+mod hostile_files_cli;
+mod model_budget_cli;
+mod qnn_cli;
+mod real_qnn;
+mod windows_cli;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Runs the `htpkv` binary with compiled models cached in `cache` and no model override.
+pub fn htpkv(args: &[&str], cache: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_htpkv"))
+        .args(args)
+        .env("HTPKV_CACHE_DIR", cache)
+        .env_remove("HTPKV_MODEL_DIR")
+        .output()
+        .expect("runs")
+}
+
+/// `htpkv compile --context 64 --ar 1,8 --convention aihub --tokenizer-json … --out dir/name`
+/// with `extra` options (`--parts N`, `--split S`, …), stories260K, compiled models cached in
+/// `dir/cache`.
+pub fn compile_aihub(dir: &Path, name: &str, extra: &[&str]) -> Output {
+    let tok = test_support::stories::stories_tokenizer_json(dir);
+    let out = dir.join(name);
+    let mut args = vec![
+        "compile",
+        "--context",
+        "64",
+        "--ar",
+        "1,8",
+        "--convention",
+        "aihub",
+    ];
+    args.extend(extra);
+    args.extend(["--tokenizer-json", tok.to_str().unwrap()]);
+    args.extend(["--out", out.to_str().unwrap()]);
+    htpkv(&args, &dir.join("cache"))
+}
