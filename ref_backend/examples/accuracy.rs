@@ -68,6 +68,7 @@ type Error = Box<dyn std::error::Error>;
 fn main() -> Result<(), Error> {
     let mut args = std::env::args().skip(1);
     let (mut path, mut json, mut ablate, mut rules_only) = (None, false, false, false);
+    let mut smooth: Option<f32> = None;
     let mut rules: Vec<ablation::WeightRule> = ["channel", "channel-mse", "block:32", "lpbq:64"]
         .iter()
         .map(|r| r.parse())
@@ -81,6 +82,9 @@ fn main() -> Result<(), Error> {
             "--json" => json = true,
             "--ablate" => ablate = true,
             "--rules-only" => (ablate, rules_only) = (true, true),
+            "--smooth-down" => {
+                smooth = Some(args.next().ok_or("--smooth-down needs alpha")?.parse()?)
+            }
             "--weight-rules" => rules = list(args.next())?,
             "--kv" => kvs = list(args.next())?,
             "--weights" => wts = list(args.next())?,
@@ -106,7 +110,7 @@ fn main() -> Result<(), Error> {
     if ablate {
         let calibration = calibration(&m, chats_cal)?;
         let kv = *kvs.first().ok_or("--kv is empty")?;
-        let setup = (kv, cal_tokens, fingerprint, rules_only);
+        let setup = (kv, cal_tokens, fingerprint, rules_only, smooth);
         return ablate_sites(&m, tokens, &calibration, setup, &rules, json);
     }
     let mut text_kv = KvValues::new(&m.config);
@@ -168,7 +172,7 @@ fn ablate_sites(
     m: &LoadedModel,
     tokens: &[u32],
     calibration: &[Vec<u32>],
-    (kv, cal_tokens, fingerprint, rules_only): (DataType, usize, [u8; 32], bool),
+    (kv, cal_tokens, fingerprint, rules_only, smooth): (DataType, usize, [u8; 32], bool, Option<f32>),
     rules: &[ablation::WeightRule],
     json: bool,
 ) -> Result<(), Error> {
@@ -176,20 +180,21 @@ fn ablate_sites(
     o.kv_dtype = kv;
     o.weights = WeightType::I8;
     o.calibration_tokens = cal_tokens;
-    let q = compile(
-        &m.config,
-        &*m.weights,
-        calibration,
-        &o,
-        fingerprint,
-        &mut |_| {},
-    )?;
+    let smoothed = match smooth {
+        Some(alpha) => Some(ablation::smooth_down(&m.config, &*m.weights, calibration, alpha)?),
+        None => None,
+    };
+    let weights: &dyn WeightSource = match &smoothed {
+        Some(s) => s,
+        None => &*m.weights,
+    };
+    let q = compile(&m.config, weights, calibration, &o, fingerprint, &mut |_| {})?;
     let text = &tokens[..tokens.len() - 1];
     let run_widened = |sites: &[ablation::Site], widen: f32| {
-        ablation::logits(&m.config, &*m.weights, &q, (sites, widen), text)
+        ablation::logits(&m.config, weights, &q, (sites, widen), text)
     };
     let run = |sites: &[ablation::Site]| run_widened(sites, 1.0);
-    let float = run(&[])?;
+    let float = ablation::logits(&m.config, &*m.weights, &q, (&[], 1.0), text)?;
     let mut rows = Vec::new();
     let mut row = |label: String, (top1, kl): (f64, f64)| {
         eprintln!("{label:<40} top-1 {:6.2}%  mean KL {kl:.5}", top1 * 100.0);
@@ -211,7 +216,7 @@ fn ablate_sites(
     let exec = teacher_forced(&q, tokens, &float);
     row("the executor itself".into(), exec);
     for &rule in rules {
-        let got = ablation::rule_logits(&m.config, &*m.weights, &q, rule, text)?;
+        let got = ablation::rule_logits(&m.config, weights, &q, rule, text)?;
         row(
             format!("every weight, {rule:?}"),
             ablation::score(&float, &got),
