@@ -30,6 +30,17 @@
 //!
 //! Nothing else changes: the cache, snapshots, evictions, relayouts, beams, the budget tool, the
 //! config schema and every command line take strategies through [`Strategy`] and its spellings.
+//!
+//! For example, the whole of `conveyor` is this diff (everything else compiles unchanged):
+//!
+//! ```text
+//! kv_manager/src/strategy/conveyor.rs  new   struct Conveyor; impl Rule: new (one span of stride S),
+//!                                            bind, token_row, predict
+//! kv_manager/src/strategy/mod.rs       +1    mod conveyor;
+//!                                      +1    Strategy::Conveyor (the enum arm)
+//!                                      +3    its arms in Strategy::name, Strategy::rule, Strategy::ALL
+//! cli/src/budget.rs                    +1    its dash pattern in strategy_style
+//! ```
 
 mod conveyor;
 mod shift;
