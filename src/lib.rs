@@ -23,6 +23,7 @@ pub mod qnn_memory;
 pub mod reference;
 pub mod sampler;
 pub mod session;
+pub mod speculate;
 pub mod text;
 
 pub use engine::{Engine, Model};

@@ -1,0 +1,266 @@
+//! Speculative decoding on the embedded stories260K: verification steps commit exactly what AR-1
+//! steps would, and greedy generation with prompt lookup gives plain decoding's tokens under every
+//! strategy, across slides, a save/restore and further turns.
+
+use htpkv::reference::ReferenceBackend;
+use htpkv::sampler::SamplerOptions;
+use htpkv::session::{GenerateOptions, Generation, Overflow, Session, SlidePositions, StopReason};
+use htpkv::speculate::{PromptLookup, SpecKind, Speculation};
+use htpkv::text::ChatFormat;
+use kv_manager::{HostAllocator, Strategy};
+use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
+use ref_backend::{CompileOptions, CompiledModel};
+use std::sync::Arc;
+
+const STRATEGIES: [Strategy; 4] = [
+    Strategy::SHIFT_2X,
+    Strategy::Conveyor,
+    Strategy::SmartMask,
+    Strategy::Naive,
+];
+
+fn model() -> (Checkpoint, Tokenizer) {
+    let files = ModelFiles::discover(None).expect("the embedded stories260K model");
+    let ckpt = Checkpoint::load(&files.checkpoint).expect("checkpoint loads");
+    let tok = Tokenizer::load(&files.tokenizer, ckpt.config.vocab_size).expect("tokenizer loads");
+    (ckpt, tok)
+}
+
+/// stories260K with the engine's defaults (u16 K/V, i8 weights) for `context` and `ar`.
+fn compile(ckpt: &Checkpoint, tok: &Tokenizer, context: usize, ar: &[usize]) -> Arc<CompiledModel> {
+    let opts = CompileOptions::new(context, ar.to_vec());
+    let config = model::llama2c::llama_config(&ckpt.config);
+    let prompts = htpkv::engine::calibration_sequences(tok, &ChatFormat::new(None)).unwrap();
+    let compiled = ref_backend::compile(&config, ckpt, &prompts, &opts, ckpt.sha256(), &mut |_| {});
+    Arc::new(compiled.expect("compiles"))
+}
+
+fn session(
+    model: &Arc<CompiledModel>,
+    ckpt: &Checkpoint,
+    strategy: Strategy,
+) -> Session<ReferenceBackend> {
+    let backend = ReferenceBackend::new(model.clone());
+    let mut s = Session::new(backend, strategy, &HostAllocator::default()).expect("session");
+    s.set_rope(&model::llama2c::llama_config(&ckpt.config).rope);
+    s
+}
+
+fn bits(logits: &[f32]) -> Vec<u32> {
+    logits.iter().map(|x| x.to_bits()).collect()
+}
+
+fn greedy(max_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        sampler: SamplerOptions::default(),
+    }
+}
+
+/// Verifying five tokens and accepting two leaves the cache as two AR-1 steps leave it: the same
+/// logits for those rows, the same last logits, the same next step, under every strategy.
+#[test]
+fn accepting_k_of_n_verified_rows_equals_k_decode_steps() {
+    let (ckpt, tok) = model();
+    let compiled = compile(&ckpt, &tok, 64, &[1, 5, 16]);
+    let prompt = tok.encode("Once upon a time, there was a little dog.", true, false);
+    let run = [&tok.encode(" The dog", false, false)[..2], &[7, 9, 11]].concat();
+    assert_eq!(run.len(), 5, "{run:?}");
+    for strategy in STRATEGIES {
+        let mut plain = session(&compiled, &ckpt, strategy);
+        plain.prefill(&prompt).unwrap();
+        let mut rows = Vec::new();
+        for &t in &run[..2] {
+            rows.extend(bits(plain.decode(t).unwrap()));
+        }
+        let mut spec = session(&compiled, &ckpt, strategy);
+        spec.prefill(&prompt).unwrap();
+        assert_eq!(spec.verify_variant(run.len()), Some(5));
+        let verified = bits(spec.verify(&run).unwrap());
+        assert_eq!(verified[..rows.len()], rows[..], "{}", strategy.name());
+        let err = spec.accept(&[run[0], run[2]]).unwrap_err();
+        assert!(err.to_string().contains("not a non-empty prefix"), "{err}");
+        spec.accept(&run[..2]).unwrap();
+        assert_eq!(spec.tokens(), plain.tokens());
+        assert_eq!(bits(spec.last_logits()), bits(plain.last_logits()));
+        assert!(spec.accept(&run[..1]).is_err(), "accepted twice");
+        let next = tok.encode(" ran", false, false)[0];
+        assert_eq!(
+            bits(spec.decode(next).unwrap()),
+            bits(plain.decode(next).unwrap()),
+            "{}: the step after a partial commit",
+            strategy.name()
+        );
+    }
+}
+
+/// Turn 1 (slides on the way), a save and a restore into a fresh session, turn 2 (more slides),
+/// turn 3 stopped by the callback: the generations, the cached tokens and the last logits.
+fn conversation(
+    model: &Arc<CompiledModel>,
+    ckpt: &Checkpoint,
+    tok: &Tokenizer,
+    strategy: Strategy,
+    mut speculation: Option<&mut Speculation>,
+) -> (Vec<Generation>, Vec<u32>, Vec<u32>) {
+    let overflow = Overflow::Slide {
+        n_keep: 4,
+        chunk: 16,
+        positions: SlidePositions::Rerotate,
+    };
+    let dir = std::env::temp_dir().join(format!("htpkv-speculate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!(
+        "{}-{}.session",
+        strategy.name(),
+        speculation.is_some()
+    ));
+    let mut s = session(model, ckpt, strategy);
+    s.set_overflow(overflow).unwrap();
+    let turns = [
+        ("Once upon a time, there was a little girl named Lily.", 150),
+        (" Lily said", 120),
+        (" Then", 80),
+    ];
+    let mut out = Vec::new();
+    for (i, (prompt, max)) in turns.into_iter().enumerate() {
+        let mut pieces = 0;
+        let mut on_text = |_: &str| {
+            pieces += 1;
+            i < 2 || pieces < 30
+        };
+        let g = match speculation.as_deref_mut() {
+            Some(spec) => (spec.generate(&mut s, tok, prompt, &greedy(max), &mut on_text))
+                .map_err(|e| e.to_string()),
+            None => {
+                (s.generate(tok, prompt, &greedy(max), &mut on_text)).map_err(|e| e.to_string())
+            }
+        };
+        out.push(g.expect("generates"));
+        if i == 0 {
+            s.save(&path, &[]).unwrap();
+            s = session(model, ckpt, strategy);
+            s.set_overflow(overflow).unwrap();
+            s.restore(&path).unwrap();
+        }
+    }
+    std::fs::remove_file(&path).unwrap();
+    assert!(
+        s.slides().len() >= 2,
+        "{}: {:?}",
+        strategy.name(),
+        s.slides()
+    );
+    (out, s.tokens().to_vec(), bits(s.last_logits()))
+}
+
+/// Greedy prompt lookup gives plain decoding's text under every strategy, across slides, a
+/// save/restore and turns; rejected rows cost no copy with `shift`/`conveyor`.
+#[test]
+fn greedy_prompt_lookup_is_lossless_under_every_strategy() {
+    let (ckpt, tok) = model();
+    let compiled = compile(&ckpt, &tok, 96, &[1, 5, 16]);
+    for strategy in STRATEGIES {
+        let plain = conversation(&compiled, &ckpt, &tok, strategy, None);
+        let mut spec = Speculation::new(Box::new(PromptLookup::new(4)));
+        let fast = conversation(&compiled, &ckpt, &tok, strategy, Some(&mut spec));
+        let name = strategy.name();
+        for (p, f) in plain.0.iter().zip(&fast.0) {
+            assert_eq!(p.text, f.text, "{name}");
+            assert_eq!((&p.tokens, p.stop), (&f.tokens, f.stop), "{name}");
+        }
+        assert_eq!(plain.0[2].stop, StopReason::Callback);
+        assert_eq!(plain.1, fast.1, "{name}: cached tokens");
+        assert_eq!(plain.2, fast.2, "{name}: last logits");
+        let st = spec.stats();
+        assert!(st.accepted > 10 && st.verify_calls > 10, "{name}: {st:?}");
+        assert!(st.tokens_per_call() > 1.2, "{name}: {st:?}");
+        assert!(
+            st.rolled_back_rows > 0 && st.plain_calls > 0,
+            "{name}: {st:?}"
+        );
+        let committed = st.tokens - st.plain_calls;
+        let g = &session(&compiled, &ckpt, strategy)
+            .cache()
+            .spec()
+            .geometry
+            .clone();
+        let token_bytes = g.buffers() * g.row_bytes();
+        match strategy {
+            Strategy::SmartMask => {
+                assert_eq!(st.commit_bytes_copied, committed * token_bytes, "{st:?}")
+            }
+            Strategy::Naive => assert!(st.commit_bytes_copied > 0, "{st:?}"),
+            _ => assert_eq!(st.commit_bytes_copied, 0, "{name}: {st:?}"),
+        }
+    }
+}
+
+#[test]
+fn speculator_specs_parse_and_bad_ones_are_refused() {
+    assert_eq!(
+        SpecKind::parse("prompt-lookup").unwrap(),
+        SpecKind::PromptLookup {
+            k: SpecKind::DEFAULT_LOOKUP_K
+        }
+    );
+    assert_eq!(
+        SpecKind::parse("prompt-lookup:7").unwrap(),
+        SpecKind::PromptLookup { k: 7 }
+    );
+    assert_eq!(SpecKind::parse("prompt-lookup:7").unwrap().verify_ar(), 8);
+    for bad in [
+        "prompt-lookup:0",
+        "prompt-lookup:x",
+        "prompt-lookup:65",
+        "guess",
+    ] {
+        let e = SpecKind::parse(bad).unwrap_err();
+        assert_eq!(e.kind(), "bad_option", "{bad}");
+        assert!(
+            e.to_string().starts_with(&format!("--speculate {bad}:")),
+            "{e}"
+        );
+    }
+}
+
+/// A callback that stops the generation after any piece (one of the proposed tokens or the next
+/// one) leaves the tokens and the cache as plain decoding leaves them; so do the token budget and
+/// the end of a story.
+#[test]
+fn stopping_anywhere_leaves_what_plain_decoding_leaves() {
+    let (ckpt, tok) = model();
+    let compiled = compile(&ckpt, &tok, 256, &[1, 5, 16]);
+    let prompt = "Once upon a time, there was a little girl named Lily. Lily liked to play.";
+    let run = |stop_after: usize, max: usize, spec: Option<&mut Speculation>| {
+        let mut s = session(&compiled, &ckpt, Strategy::SHIFT_2X);
+        let mut pieces = 0;
+        let mut on_text = |_: &str| {
+            pieces += 1;
+            pieces < stop_after
+        };
+        let g = match spec {
+            Some(spec) => spec.generate(&mut s, &tok, prompt, &greedy(max), &mut on_text),
+            None => Ok(s
+                .generate(&tok, prompt, &greedy(max), &mut on_text)
+                .unwrap()),
+        };
+        let g = g.unwrap();
+        (g.tokens, g.stop, s.tokens().to_vec(), bits(s.last_logits()))
+    };
+    let mut spec = Speculation::new(Box::new(PromptLookup::new(4)));
+    let mut stops = Vec::new();
+    for (stop_after, max) in (1..40).map(|n| (n, 200)).chain((1..30).map(|m| (500, m))) {
+        let plain = run(stop_after, max, None);
+        let fast = run(stop_after, max, Some(&mut spec));
+        assert!(
+            fast == plain,
+            "stopped after {stop_after} pieces or {max} tokens: {:?} {:?}",
+            (&fast.0, fast.1, &fast.2),
+            (&plain.0, plain.1, &plain.2)
+        );
+        stops.push(plain.1);
+    }
+    assert!(stops.contains(&StopReason::Callback) && stops.contains(&StopReason::MaxTokens));
+    assert!(spec.stats().accepted >= 5, "{:?}", spec.stats());
+}
