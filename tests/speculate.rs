@@ -162,9 +162,13 @@ fn greedy_prompt_lookup_is_lossless_under_every_strategy() {
     let compiled = compile(&ckpt, &tok, 96, &[1, 5, 16]);
     for strategy in STRATEGIES {
         let plain = conversation(&compiled, &ckpt, &tok, strategy, None);
-        let mut spec = Speculation::new(Box::new(PromptLookup::new(4)));
+        let mut spec = Speculation::new(Box::new(PromptLookup::new(4))).verifying_all();
         let fast = conversation(&compiled, &ckpt, &tok, strategy, Some(&mut spec));
         let name = strategy.name();
+        // The planner's choice of how many tokens to verify changes nothing either.
+        let mut planned = Speculation::new(Box::new(PromptLookup::new(4)));
+        let adaptive = conversation(&compiled, &ckpt, &tok, strategy, Some(&mut planned));
+        assert!(plain == adaptive, "{name}: with the planner");
         for (p, f) in plain.0.iter().zip(&fast.0) {
             assert_eq!(p.text, f.text, "{name}");
             assert_eq!((&p.tokens, p.stop), (&f.tokens, f.stop), "{name}");
@@ -248,7 +252,7 @@ fn stopping_anywhere_leaves_what_plain_decoding_leaves() {
         let g = g.unwrap();
         (g.tokens, g.stop, s.tokens().to_vec(), bits(s.last_logits()))
     };
-    let mut spec = Speculation::new(Box::new(PromptLookup::new(4)));
+    let mut spec = Speculation::new(Box::new(PromptLookup::new(4))).verifying_all();
     let mut stops = Vec::new();
     for (stop_after, max) in (1..40).map(|n| (n, 200)).chain((1..30).map(|m| (500, m))) {
         let plain = run(stop_after, max, None);

@@ -24,6 +24,7 @@ use crate::session::{
 };
 use std::time::Instant;
 
+mod planner;
 pub mod prompt_lookup;
 mod stats;
 
@@ -64,6 +65,9 @@ fn during(what: &'static str) -> impl FnOnce(SessionError) -> SpeculateError {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Proposal {
     pub tokens: Vec<u32>,
+    /// The speculator's confidence class (prompt lookup: the length of the n-gram matched): the
+    /// planner estimates acceptance per class to decide how many tokens to verify.
+    pub class: usize,
 }
 
 /// Something that guesses the tokens that follow: the one interface of every speculator.
@@ -145,6 +149,9 @@ fn parse_k(arg: &str, default: usize) -> Result<usize, String> {
 pub struct Speculation {
     speculator: Box<dyn Speculator>,
     stats: SpecStats,
+    planner: planner::Planner,
+    /// Verify every proposed token that fits, not the planner's choice.
+    verify_all: bool,
 }
 
 impl std::fmt::Debug for Speculation {
@@ -209,7 +216,17 @@ impl Speculation {
         Speculation {
             speculator,
             stats: SpecStats::default(),
+            planner: planner::Planner::default(),
+            verify_all: false,
         }
+    }
+
+    /// Verifies every proposed token (that fits a compiled variant) instead of the number the
+    /// planner expects to be fastest: for backends where a wide step costs about a narrow one,
+    /// and for tests.
+    pub fn verifying_all(mut self) -> Speculation {
+        self.verify_all = true;
+        self
     }
 
     /// The speculator's spelling.
@@ -295,28 +312,42 @@ impl Speculation {
             _ => self.speculator.propose(&history, want)?,
         };
         proposal.tokens.truncate(want);
-        let variant = session.verify_variant(1 + proposal.tokens.len());
-        let Some(ar) = variant.filter(|_| !proposal.tokens.is_empty()) else {
-            session
-                .decode(next)
-                .map_err(during("a plain decode step"))?;
-            self.stats.plain_step(started.elapsed().as_secs_f64());
-            return Ok(Next::Go(None));
+        let (class, available) = (proposal.class, proposal.tokens.len());
+        let variant = |n| session.verify_variant(n);
+        let k = match self.verify_all {
+            true => (1..=available)
+                .rev()
+                .find(|&k| variant(1 + k).is_some_and(|ar| ar > k)),
+            false => Some(self.planner.choose(class, available, variant)),
         };
-        proposal.tokens.truncate(ar - 1);
+        let k = k.unwrap_or(0);
+        proposal.tokens.truncate(k);
         let propose_seconds = started.elapsed().as_secs_f64();
-        self.verify(session, out, next, &proposal, sampler, ar)
-            .map(|(next, committed)| {
-                let seconds = started.elapsed().as_secs_f64();
-                session.record_decode(committed, seconds);
-                self.stats.propose_seconds += propose_seconds;
-                self.stats.verify_step(ar, seconds - propose_seconds);
-                next
-            })
+        self.stats.propose_seconds += propose_seconds;
+        let ar = match session.verify_variant(1 + k) {
+            Some(ar) if k > 0 => ar,
+            _ => {
+                session
+                    .decode(next)
+                    .map_err(during("a plain decode step"))?;
+                let seconds = started.elapsed().as_secs_f64() - propose_seconds;
+                self.stats.plain_step(seconds);
+                self.planner.step(1, seconds);
+                return Ok(Next::Go(None));
+            }
+        };
+        let (next, committed, accepted) =
+            self.verify(session, out, next, &proposal, sampler, ar)?;
+        let seconds = started.elapsed().as_secs_f64();
+        session.record_decode(committed, seconds);
+        self.stats.verify_step(ar, seconds - propose_seconds);
+        self.planner.step(ar, seconds - propose_seconds);
+        self.planner.outcome(class, k, accepted);
+        Ok(next)
     }
 
     /// Verifies `next` and the proposal in one AR-`ar` step, emits the accepted tokens and commits
-    /// them; returns what comes next and the rows committed.
+    /// them; returns what comes next, the rows committed and the proposed tokens accepted.
     fn verify<B: Backend>(
         &mut self,
         session: &mut Session<B>,
@@ -325,7 +356,7 @@ impl Speculation {
         proposal: &Proposal,
         sampler: &mut Sampler,
         ar: usize,
-    ) -> Result<(Next, usize), SpeculateError> {
+    ) -> Result<(Next, usize, usize), SpeculateError> {
         let mut run = Vec::with_capacity(1 + proposal.tokens.len());
         run.push(next);
         run.extend_from_slice(&proposal.tokens);
@@ -367,7 +398,7 @@ impl Speculation {
         let copies = [before_commit - before_plan, copied(session) - before_commit];
         self.stats
             .outcome(proposal.tokens.len(), accepted, keep, ar, copies);
-        Ok((result, keep))
+        Ok((result, keep, accepted))
     }
 }
 
