@@ -7,7 +7,11 @@
 //! and plain steps) and the speedup over plain decoding of the same prompts.
 //!
 //! `cargo run --release --example spec_bench -- [--json] [--model GGUF] [--tokens N]
-//!  [--speculate prompt-lookup:2,prompt-lookup:4] [--repeat R]`
+//!  [--speculate prompt-lookup:4,prompt-lookup:8@all] [--repeat R] [--update STRATEGY]`
+//!
+//! A speculator spelled with `@all` verifies every proposed token
+//! ([`Speculation::verifying_all`]); without it the planner picks how many (on a CPU, where an
+//! AR-n step costs several AR-1 steps, it verifies only proposals likely to be accepted).
 //!
 //! Without `--model` it runs the embedded stories260K on story prompts. With a chat model
 //! (SmolLM2-135M-Instruct) the prompts are chat questions of four kinds: rewrite (a paragraph to
@@ -23,7 +27,7 @@ use model::Message;
 use std::path::PathBuf;
 
 /// The chat prompts: (kind, text).
-const CHAT_PROMPTS: [(&str, &str); 8] = [
+const CHAT_PROMPTS: [(&str, &str); 10] = [
     (
         "rewrite",
         "Fix the spelling mistakes in this paragraph and write it out again: The comittee met on \
@@ -36,6 +40,19 @@ const CHAT_PROMPTS: [(&str, &str); 8] = [
         "Rewrite this paragraph, replacing every 'car' with 'bicycle': My car is old but \
          reliable. Every morning I take the car to work, and on weekends the car carries us to \
          the lake. When the car needs repairs, I fix the car myself in the garage.",
+    ),
+    (
+        "rewrite",
+        "Write this paragraph out again with the name Tom changed to Anna: Tom opened the small \
+         bakery on Main Street in 1998. Every morning Tom baked bread, rolls and apple pies, and \
+         by seven o'clock the line of customers reached the corner. Tom still uses his \
+         grandmother's recipe for the pies.",
+    ),
+    (
+        "rewrite",
+        "Edit this paragraph so that it is in the past tense: The train leaves the station at \
+         noon. Maria sits by the window and watches the fields go by. She reads a book about \
+         old castles and drinks a cup of tea. At four o'clock the train arrives in the city.",
     ),
     (
         "summarise",
@@ -76,8 +93,10 @@ struct Args {
     json: bool,
     model: Option<PathBuf>,
     tokens: usize,
-    speculators: Vec<SpecKind>,
+    /// Each speculator and whether it verifies every proposed token.
+    speculators: Vec<(SpecKind, bool)>,
     repeat: usize,
+    update: Option<String>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -87,8 +106,9 @@ fn parse_args() -> anyhow::Result<Args> {
         tokens: 128,
         speculators: vec![],
         repeat: 1,
+        update: None,
     };
-    let mut specs = "prompt-lookup:2,prompt-lookup:4".to_string();
+    let mut specs = "prompt-lookup:4,prompt-lookup:4@all".to_string();
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |what: &str| it.next().with_context(|| format!("{arg} {what}"));
@@ -98,11 +118,13 @@ fn parse_args() -> anyhow::Result<Args> {
             "--tokens" => a.tokens = value("N")?.parse()?,
             "--speculate" => specs = value("LIST")?,
             "--repeat" => a.repeat = value("R")?.parse()?,
+            "--update" => a.update = Some(value("STRATEGY")?),
             other => bail!("unknown argument `{other}`"),
         }
     }
     for s in specs.split(',') {
-        a.speculators.push(SpecKind::parse(s)?);
+        let (spec, all) = s.strip_suffix("@all").map_or((s, false), |s| (s, true));
+        a.speculators.push((SpecKind::parse(spec)?, all));
     }
     ensure!(
         a.repeat > 0 && a.tokens > 0,
@@ -125,10 +147,18 @@ fn run(
     prompt: &str,
     chat: bool,
     tokens: usize,
-    spec: Option<&SpecKind>,
+    spec: Option<(&(SpecKind, bool), &EngineOptions)>,
 ) -> anyhow::Result<Run> {
     engine.reset();
-    engine.set_speculation(spec.map(|k| Speculation::new(k.build())));
+    let context = engine.session().cache().spec().geometry.context;
+    let speculation = match spec {
+        Some(((k, all), options)) => {
+            let s = Speculation::new(k.open(options, context)?);
+            Some(if *all { s.verifying_all() } else { s })
+        }
+        None => None,
+    };
+    engine.set_speculation(speculation);
     let options = GenerateOptions {
         max_tokens: tokens,
         sampler: SamplerOptions::default(),
@@ -158,6 +188,8 @@ struct Totals {
     proposed: usize,
     accepted: usize,
     commit_bytes: usize,
+    /// Tokens committed by verification steps.
+    verified_tokens: usize,
 }
 
 impl Totals {
@@ -170,6 +202,7 @@ impl Totals {
             self.proposed += s.proposed;
             self.accepted += s.accepted;
             self.commit_bytes += s.commit_bytes_copied;
+            self.verified_tokens += s.tokens - s.plain_calls;
         } else {
             self.calls += r.decode_tokens;
             self.committed += r.decode_tokens;
@@ -188,8 +221,8 @@ impl Totals {
             "decode_seconds": self.decode_seconds,
             "decode_tokens_per_second": self.rate(),
             "speedup": self.rate() / plain.rate(),
-            "commit_bytes_copied_per_token": self.commit_bytes as f64
-                / (self.committed.max(1)) as f64,
+            "commit_bytes_copied_per_accepted_token": self.commit_bytes as f64
+                / (self.verified_tokens.max(1)) as f64,
         })
     }
 }
@@ -198,14 +231,17 @@ fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let chat = args.model.is_some();
     let mut ar: Vec<usize> = vec![1, 32];
-    ar.extend(args.speculators.iter().map(SpecKind::verify_ar));
+    ar.extend(args.speculators.iter().map(|(k, _)| k.verify_ar()));
     ar.sort_unstable();
     ar.dedup();
-    let options = EngineOptions {
+    let mut options = EngineOptions {
         model_dir: args.model.clone(),
         ar: ar.clone(),
         ..EngineOptions::default()
     };
+    if let Some(name) = &args.update {
+        options.strategy = EngineOptions::parse_strategy(name)?;
+    }
     let mut engine = Engine::open(&options, &mut |line| eprintln!("{line}"))?;
     let prompts: Vec<(&str, &str)> = if chat {
         CHAT_PROMPTS.to_vec()
@@ -213,7 +249,13 @@ fn main() -> anyhow::Result<()> {
         STORY_PROMPTS.iter().map(|p| ("story", *p)).collect()
     };
     let names: Vec<String> = std::iter::once("plain".to_string())
-        .chain(args.speculators.iter().map(|k| k.build().name()))
+        .chain((args.speculators.iter()).map(|(k, all)| {
+            let name = match k {
+                SpecKind::PromptLookup { k } => format!("prompt-lookup:{k}"),
+                SpecKind::Draft { k, .. } => format!("draft:{k}"),
+            };
+            name + if *all { "@all" } else { "" }
+        }))
         .collect();
     // totals[kind][speculator]
     let mut kinds: Vec<(&str, Vec<Totals>)> = Vec::new();
@@ -222,12 +264,11 @@ fn main() -> anyhow::Result<()> {
         for &(kind, prompt) in &prompts {
             let plain = run(&mut engine, prompt, chat, args.tokens, None)?;
             let mut row = vec![plain];
-            for k in &args.speculators {
-                let r = run(&mut engine, prompt, chat, args.tokens, Some(k))?;
+            for (k, name) in args.speculators.iter().zip(&names[1..]) {
+                let r = run(&mut engine, prompt, chat, args.tokens, Some((k, &options)))?;
                 ensure!(
                     r.generation.tokens == row[0].generation.tokens,
-                    "{}: the text differs from plain decoding on `{prompt}`",
-                    k.build().name()
+                    "{name}: the text differs from plain decoding on `{prompt}`"
                 );
                 row.push(r);
             }
@@ -291,6 +332,10 @@ fn run_json(kind: &str, prompt: &str, names: &[String], row: &[Run]) -> serde_js
                 "speedup": rate / plain_rate,
                 "tokens_per_call": r.spec.as_ref().map_or(1.0, SpecStats::tokens_per_call),
                 "acceptance_rate": r.spec.as_ref().map(SpecStats::acceptance_rate),
+                "plain_step_seconds": r.spec.as_ref().and_then(SpecStats::plain_step_seconds),
+                "verify_steps": r.spec.as_ref().map(|s| s.variants.iter().map(|(ar, n, secs)| {
+                    serde_json::json!({"ar": ar, "calls": n, "mean_seconds": secs / *n as f64})
+                }).collect::<Vec<_>>()),
             })
         })
         .collect();

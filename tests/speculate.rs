@@ -110,11 +110,9 @@ fn conversation(
     };
     let dir = std::env::temp_dir().join(format!("htpkv-speculate-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!(
-        "{}-{}.session",
-        strategy.name(),
-        speculation.is_some()
-    ));
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("{}-{run}.session", strategy.name()));
     let mut s = session(model, ckpt, strategy);
     s.set_overflow(overflow).unwrap();
     let turns = [
@@ -267,4 +265,57 @@ fn stopping_anywhere_leaves_what_plain_decoding_leaves() {
     }
     assert!(stops.contains(&StopReason::Callback) && stops.contains(&StopReason::MaxTokens));
     assert!(spec.stats().accepted >= 5, "{:?}", spec.stats());
+}
+
+/// A draft: the same model built with i8 weights and u8 K/V proposing for an f16-weight target.
+/// Greedy text as plain decoding's under `shift` and `smart_mask` across slides, a save/restore
+/// and turns; the draft agrees with the target on most tokens.
+#[test]
+fn a_lower_precision_draft_is_lossless_and_mostly_accepted() {
+    use htpkv::speculate::draft::DraftModel;
+    let (ckpt, tok) = model();
+    let mut opts = CompileOptions::new(96, vec![1, 5, 16]);
+    opts.weights = ref_backend::WeightType::F16;
+    let config = model::llama2c::llama_config(&ckpt.config);
+    let prompts = htpkv::engine::calibration_sequences(&tok, &ChatFormat::new(None)).unwrap();
+    let target = ref_backend::compile(&config, &ckpt, &prompts, &opts, ckpt.sha256(), &mut |_| {});
+    let target = Arc::new(target.unwrap());
+    let mut draft_opts = CompileOptions::new(96, vec![1, 16]);
+    draft_opts.kv_dtype = quant::DataType::U8;
+    let draft = ref_backend::compile(
+        &config,
+        &ckpt,
+        &prompts,
+        &draft_opts,
+        ckpt.sha256(),
+        &mut |_| {},
+    );
+    let draft = Arc::new(draft.unwrap());
+    for strategy in [Strategy::SHIFT_2X, Strategy::SmartMask] {
+        let plain = conversation(&target, &ckpt, &tok, strategy, None);
+        let proposer = DraftModel::new(session(&draft, &ckpt, strategy), 4, "draft".into());
+        let mut spec = Speculation::new(Box::new(proposer)).verifying_all();
+        let fast = conversation(&target, &ckpt, &tok, strategy, Some(&mut spec));
+        assert!(plain == fast, "{}", strategy.name());
+        let st = spec.stats();
+        assert!(st.acceptance_rate() > 0.5, "{st:?}");
+        assert!(st.tokens_per_call() > 2.0, "{st:?}");
+    }
+    let kind = SpecKind::parse("draft:models/x.gguf:3").unwrap();
+    assert_eq!(
+        kind,
+        SpecKind::Draft {
+            path: "models/x.gguf".into(),
+            k: 3
+        }
+    );
+    let kind = SpecKind::parse("draft:C:dir").unwrap();
+    assert_eq!(
+        kind,
+        SpecKind::Draft {
+            path: "C:dir".into(),
+            k: 4
+        }
+    );
+    assert!(SpecKind::parse("draft").is_err() && SpecKind::parse("draft:m:0").is_err());
 }

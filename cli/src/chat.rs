@@ -16,7 +16,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     }
     let (mut engine, checked, _) = open_engine(&args)?;
     set_overflow(&args, &mut engine)?;
-    speculate::attach(&args, &mut engine)?;
+    speculate::attach(&args, &checked.run.engine, &mut engine)?;
     let start = |engine: &mut htpkv::engine::Engine| -> anyhow::Result<()> {
         if let Some(system) = &args.system {
             engine.append_turn("system", system)?;

@@ -156,9 +156,10 @@ pub struct GenerateArgs {
           value_parser = beam_count)]
     n: Option<usize>,
     /// Speculative decoding: prompt-lookup[:K] (propose the K tokens that followed the last
-    /// occurrence of the text's ending; K 4 by default). Greedy output is unchanged; proposals are
-    /// verified in one AR-(K+1) step (compiled when --ar is not given). See the README's
-    /// "Speculative decoding".
+    /// occurrence of the text's ending; K 4 by default) or draft:PATH[:K] (a second model sharing
+    /// the tokenizer, compiled with i8 weights and u8 K/V, proposes K tokens). Greedy output is
+    /// unchanged; proposals are verified in one AR-(K+1) step (compiled when --ar is not given).
+    /// See the README's "Speculative decoding".
     #[arg(long, value_name = "SPEC", conflicts_with_all = ["beams", "n"])]
     pub speculate: Option<String>,
 }
@@ -437,7 +438,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         engine.session_mut().restore(path).context("--resume")?;
     }
     set_overflow(&args, &mut engine)?;
-    speculate::attach(&args, &mut engine)?;
+    speculate::attach(&args, &checked.run.engine, &mut engine)?;
     if beams::wanted(&args) {
         return beams::run(&args, &checked, &mut engine);
     }

@@ -8,6 +8,11 @@
 //!   and generated tokens) is looked up earlier in it, and the K tokens that followed are proposed.
 //!   No extra model; it pays off when the answer copies the prompt (rewrite, edit, summarise,
 //!   code with identifiers from the question).
+//! - `draft:PATH[:K]` ([`draft`]): a second model sharing the tokenizer proposes K tokens greedily
+//!   on its own session and cache.
+//!
+//! How many proposed tokens a step verifies is the [`planner`]'s choice (or all of them:
+//! [`Speculation::verifying_all`]).
 //!
 //! **Lossless.** With greedy sampling the text is exactly plain decoding's: a proposed token is
 //! accepted only where the target's own argmax of that row equals it, and the cache is left as
@@ -22,9 +27,11 @@ use crate::sampler::Sampler;
 use crate::session::{
     GenerateOptions, Generation, Overflow, Session, SessionError, StopReason, TextCodec, Utf8Stream,
 };
+use std::path::PathBuf;
 use std::time::Instant;
 
-mod planner;
+pub mod draft;
+pub mod planner;
 pub mod prompt_lookup;
 mod stats;
 
@@ -86,15 +93,19 @@ pub trait Speculator: Send {
 pub enum SpecKind {
     /// `prompt-lookup[:K]`.
     PromptLookup { k: usize },
+    /// `draft:PATH[:K]`.
+    Draft { path: PathBuf, k: usize },
 }
 
 impl SpecKind {
     /// Default K of `prompt-lookup` (see the README's measurements).
     pub const DEFAULT_LOOKUP_K: usize = 4;
+    /// Default K of `draft`.
+    pub const DEFAULT_DRAFT_K: usize = 4;
     /// Largest K accepted (a verification step runs K + 1 rows).
     pub const MAX_K: usize = 64;
 
-    /// Parses `prompt-lookup[:K]`.
+    /// Parses `prompt-lookup[:K]` or `draft:PATH[:K]` (a PATH ending in `:N` needs `:K` after it).
     pub fn parse(spec: &str) -> Result<SpecKind, SpeculateError> {
         let bad = |reason: String| SpeculateError::Parse {
             spec: spec.to_owned(),
@@ -105,8 +116,19 @@ impl SpecKind {
             "prompt-lookup" => Ok(SpecKind::PromptLookup {
                 k: parse_k(arg, Self::DEFAULT_LOOKUP_K).map_err(bad)?,
             }),
+            "draft" if !arg.is_empty() => {
+                let (path, k) = match arg.rsplit_once(':') {
+                    Some((path, k)) if k.parse::<usize>().is_ok() => (path, k),
+                    _ => (arg, ""),
+                };
+                Ok(SpecKind::Draft {
+                    path: PathBuf::from(path),
+                    k: parse_k(k, Self::DEFAULT_DRAFT_K).map_err(bad)?,
+                })
+            }
+            "draft" => Err(bad("draft needs a model: draft:PATH[:K]".into())),
             other => Err(bad(format!(
-                "unknown speculator `{other}` (expected prompt-lookup[:K])"
+                "unknown speculator `{other}` (expected prompt-lookup[:K] or draft:PATH[:K])"
             ))),
         }
     }
@@ -114,7 +136,7 @@ impl SpecKind {
     /// Tokens proposed per step at most.
     pub fn k(&self) -> usize {
         match *self {
-            SpecKind::PromptLookup { k } => k,
+            SpecKind::PromptLookup { k } | SpecKind::Draft { k, .. } => k,
         }
     }
 
@@ -123,11 +145,17 @@ impl SpecKind {
         self.k() + 1
     }
 
-    /// The speculator.
-    pub fn build(&self) -> Box<dyn Speculator> {
-        match *self {
-            SpecKind::PromptLookup { k } => Box::new(PromptLookup::new(k)),
-        }
+    /// The speculator for a target opened with `target` at context length `context` (a draft
+    /// model is opened and compiled as [`draft::open`] says).
+    pub fn open(
+        &self,
+        target: &crate::engine::EngineOptions,
+        context: usize,
+    ) -> Result<Box<dyn Speculator>, crate::engine::EngineError> {
+        Ok(match self {
+            SpecKind::PromptLookup { k } => Box::new(PromptLookup::new(*k)),
+            SpecKind::Draft { path, k } => Box::new(draft::open(target, context, path, *k)?),
+        })
     }
 }
 

@@ -2,6 +2,7 @@
 //! (`htpkv::speculate`), its AR variant and its counters in `--stats` and `--json`.
 
 use super::GenerateArgs;
+use anyhow::Context;
 use htpkv::engine::Engine;
 use htpkv::speculate::{SpecKind, SpecStats, Speculation};
 
@@ -24,8 +25,13 @@ pub fn default_ar(args: &GenerateArgs, mut ar: Vec<usize>) -> Vec<usize> {
     ar
 }
 
-/// Sets the engine's speculation when --speculate is given.
-pub fn attach(args: &GenerateArgs, engine: &mut Engine) -> anyhow::Result<()> {
+/// Sets the engine's speculation when --speculate is given (a draft model is opened with the
+/// target's `options`).
+pub fn attach(
+    args: &GenerateArgs,
+    options: &htpkv::engine::EngineOptions,
+    engine: &mut Engine,
+) -> anyhow::Result<()> {
     let Some(kind) = kind(args)? else {
         return Ok(());
     };
@@ -37,7 +43,10 @@ pub fn attach(args: &GenerateArgs, engine: &mut Engine) -> anyhow::Result<()> {
             kind.verify_ar()
         );
     }
-    let speculator = kind.build();
+    let context = g.context;
+    let speculator = kind
+        .open(options, context)
+        .with_context(|| format!("--speculate {}", args.speculate.as_deref().unwrap_or("")))?;
     engine.set_speculation(Some(Speculation::new(speculator)));
     Ok(())
 }
