@@ -2,20 +2,26 @@
 //! the expected tokens per second, from the step times and the acceptance measured so far.
 //!
 //! A step verifying `k` proposed tokens on AR-n costs the mean measured time of an AR-n step
-//! (before the first one, the AR-1 step's: every variant is tried once) and is expected to run `1 + p + p^2 + ... + p^k` tokens into the cache, `p` the share of
-//! proposed tokens of the proposal's class accepted so far (a speculator puts proposals in classes
-//! by its confidence: prompt lookup by the length of the n-gram matched), counted with one
-//! accepted and one rejected token before the first. On HTP an AR-n step costs little more than an
+//! (before the first one, the AR-1 step's: every variant is tried once) and is expected to run
+//! `1 + mean(min(a, k))` tokens into the cache, `a` the accepted counts of the earlier
+//! verifications of the proposal's class (a speculator puts proposals in classes by its
+//! confidence: prompt lookup by the length of the n-gram matched; a verification that accepted
+//! every proposed token counts as accepting any longer proposal too), with one verification
+//! accepting everything counted before the first. Acceptance is all-or-nothing more often than
+//! geometric (a copied span is accepted whole), which the mean of the counts keeps. On HTP an AR-n step costs little more than an
 //! AR-1 step, so long proposals win; on a CPU an AR-n step costs nearly n AR-1 steps, so only
 //! proposals likely to be accepted are verified and the others decode plainly.
+
+/// An accepted count standing for "every proposed token" (so also any longer proposal's).
+const ALL: usize = usize::MAX / 2;
 
 /// Measured step times and acceptance.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Planner {
     /// (AR, steps, seconds) of every variant run.
     costs: Vec<(usize, usize, f64)>,
-    /// Per proposal class: (proposed, accepted).
-    classes: Vec<(usize, usize)>,
+    /// Per proposal class: the accepted count of each verification ([`ALL`]: every token).
+    classes: Vec<Vec<usize>>,
 }
 
 impl Planner {
@@ -30,16 +36,17 @@ impl Planner {
     /// Records the outcome of a verification of `proposed` tokens of `class`.
     pub(crate) fn outcome(&mut self, class: usize, proposed: usize, accepted: usize) {
         if self.classes.len() <= class {
-            self.classes.resize(class + 1, (0, 0));
+            self.classes.resize(class + 1, Vec::new());
         }
-        let c = &mut self.classes[class];
-        (c.0, c.1) = (c.0 + proposed, c.1 + accepted);
+        let count = if accepted >= proposed { ALL } else { accepted };
+        self.classes[class].push(count);
     }
 
-    /// The acceptance estimate of `class`.
-    fn acceptance(&self, class: usize) -> f64 {
-        let (proposed, accepted) = self.classes.get(class).copied().unwrap_or((0, 0));
-        (accepted as f64 + 1.0) / (proposed as f64 + 2.0)
+    /// Tokens a verification of `k` proposed tokens of `class` is expected to commit.
+    fn expected(&self, class: usize, k: usize) -> f64 {
+        let seen = self.classes.get(class).map_or(&[][..], Vec::as_slice);
+        let accepted: usize = seen.iter().map(|&a| a.min(k)).sum::<usize>() + k;
+        1.0 + accepted as f64 / (seen.len() + 1) as f64
     }
 
     /// Mean time of an AR-`ar` step (in AR-1 steps' units before any AR-1 step is measured).
@@ -60,11 +67,9 @@ impl Planner {
         available: usize,
         variant: impl Fn(usize) -> Option<usize>,
     ) -> usize {
-        let p = self.acceptance(class);
         let mut best = (0, 1.0 / self.cost(1));
-        let mut expected = 1.0;
         for k in 1..=available {
-            expected += p.powi(k as i32);
+            let expected = self.expected(class, k);
             let Some(ar) = variant(1 + k).filter(|&ar| ar > k) else {
                 break;
             };
@@ -100,8 +105,10 @@ mod tests {
         cpu.step(1, 0.040);
         cpu.step(3, 0.090);
         cpu.step(5, 0.130); // CPU-like: AR-n costs nearly n AR-1
-        cpu.outcome(1, 100, 20);
-        cpu.outcome(3, 100, 95);
+        for _ in 0..10 {
+            cpu.outcome(1, 4, 0); // short matches: rejected
+            cpu.outcome(3, 4, 4); // long matches: copied whole
+        }
         assert_eq!(cpu.choose(1, 4, smallest(&[1, 3, 5])), 0);
         assert_eq!(cpu.choose(3, 4, smallest(&[1, 3, 5])), 4);
         // No variant with room: plain.
