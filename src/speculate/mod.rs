@@ -394,21 +394,22 @@ impl Speculation {
             .verify(&run)
             .map_err(during("a verification step"))?;
         let vocab = logits.len() / run.len();
-        let mut accepted = 0;
+        // Each row is sampled as plain decoding samples it; a proposed token is accepted when the
+        // sample is that token, and the first sample that differs is the next token (so every
+        // emitted token is a sample of the target's distribution given the text before it).
+        let (mut accepted, mut differing) = (0, None);
         for (row, &token) in logits.chunks_exact(vocab).zip(&proposal.tokens) {
-            if sampler
-                .sample(row)
-                .map_err(SessionError::from)
-                .map_err(during("sampling"))?
-                != token
-            {
+            let sampled =
+                (sampler.sample(row).map_err(SessionError::from)).map_err(during("sampling"))?;
+            if sampled != token {
+                differing = Some(sampled);
                 break;
             }
             accepted += 1;
         }
         let before_commit = copied(session);
         // Emit the accepted tokens as plain decoding would sample them.
-        let mut result = Next::Go(None);
+        let mut result = Next::Go(differing);
         let mut keep = 1 + accepted;
         for (i, &token) in proposal.tokens[..accepted].iter().enumerate() {
             if out.codec.is_stop(token) {
