@@ -131,6 +131,8 @@ pub enum EngineError {
     },
     #[error(transparent)]
     Session(#[from] SessionError),
+    #[error(transparent)]
+    Speculate(#[from] crate::speculate::SpeculateError),
     #[error("{0}")]
     BadOption(String),
     /// An I/O failure: the message says what was done to which file, the I/O error is the source.
@@ -169,6 +171,7 @@ impl EngineError {
             EngineError::Format(e) => e.kind(),
             EngineError::CheckpointMismatch { .. } => "bad_model",
             EngineError::Session(e) => e.kind(),
+            EngineError::Speculate(e) => e.kind(),
             EngineError::BadOption(_) => "bad_option",
             EngineError::Io { .. } | EngineError::File(_) => "io",
             EngineError::Qnn(e) => e.kind(),
@@ -750,6 +753,8 @@ pub struct Engine {
     session: Session<Box<dyn Backend>>,
     /// The conversation so far when [`Engine::append_turn`] is used.
     chat: Option<Chat>,
+    /// Speculative decoding, when set ([`Engine::set_speculation`]).
+    speculation: Option<crate::speculate::Speculation>,
 }
 
 /// A multi-turn conversation: its turns and the text fed to the model so far.
@@ -796,6 +801,7 @@ impl Engine {
             model,
             session,
             chat: None,
+            speculation: None,
         })
     }
 
@@ -870,9 +876,7 @@ impl Engine {
         self.session.prefill_reusing(&full)?;
         let reused = self.session.stats().reused_tokens - reused_before;
         let fed = full[reused.min(full.len())..].to_vec();
-        let mut generation = self
-            .session
-            .generate(&self.model.tokenizer, "", options, on_text)?;
+        let mut generation = self.decode_text("", options, on_text)?;
         generation.prompt_tokens = fed;
         Ok(generation)
     }
@@ -894,15 +898,37 @@ impl Engine {
         options: &GenerateOptions,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Generation, EngineError> {
-        let generation = self
-            .session
-            .generate(&self.model.tokenizer, prompt, options, on_text)?;
+        let generation = self.decode_text(prompt, options, on_text)?;
         if let Some(chat) = &mut self.chat {
             chat.text.push_str(prompt);
             chat.text.push_str(&generation.text);
             chat.turns.push(Message::new("assistant", &generation.text));
         }
         Ok(generation)
+    }
+
+    /// [`Session::generate`], or its speculative form when speculation is set.
+    fn decode_text(
+        &mut self,
+        prompt: &str,
+        options: &GenerateOptions,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Generation, EngineError> {
+        let codec = &self.model.tokenizer;
+        Ok(match &mut self.speculation {
+            Some(s) => s.generate(&mut self.session, codec, prompt, options, on_text)?,
+            None => self.session.generate(codec, prompt, options, on_text)?,
+        })
+    }
+
+    /// Generates with speculative decoding from now on (`None`: plain decoding again).
+    pub fn set_speculation(&mut self, speculation: Option<crate::speculate::Speculation>) {
+        self.speculation = speculation;
+    }
+
+    /// Speculative decoding in use, with its counters.
+    pub fn speculation(&self) -> Option<&crate::speculate::Speculation> {
+        self.speculation.as_ref()
     }
 
     /// Runs `text` into the cache without generating (BOS first when the cache is empty); returns the

@@ -25,5 +25,6 @@ pub use htpkv_runtime::{backend, convention, persist, sampler, session, text};
 
 pub mod bundle;
 pub mod engine;
+pub mod speculate;
 
 pub use engine::{Engine, Model};

@@ -6,7 +6,7 @@
 //! conversation adds (see `Engine::append_turn`), so with `--overflow slide` (or `restart`) a chat
 //! longer than the context goes on, the policy dropping the oldest turns' tokens.
 
-use crate::generate::{GenerateArgs, open_engine, print_stats, set_overflow, stream};
+use crate::generate::{GenerateArgs, open_engine, print_stats, set_overflow, speculate, stream};
 use anyhow::Context;
 use std::io::{BufRead, Write};
 
@@ -16,6 +16,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     }
     let (mut engine, checked, _) = open_engine(&args)?;
     set_overflow(&args, &mut engine)?;
+    speculate::attach(&args, &checked.run.engine, &mut engine)?;
     let start = |engine: &mut htpkv::engine::Engine| -> anyhow::Result<()> {
         if let Some(system) = &args.system {
             engine.append_turn("system", system)?;

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 mod beams;
 mod foreign;
+pub mod speculate;
 
 /// Which model runs, and where: the options `generate`, `chat` and `eval` share.
 #[derive(Debug, clap::Args)]
@@ -154,6 +155,13 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "N", conflicts_with_all = ["chat", "save", "resume"],
           value_parser = beam_count)]
     n: Option<usize>,
+    /// Speculative decoding: prompt-lookup[:K] (propose the K tokens that followed the last
+    /// occurrence of the text's ending; K 4 by default) or draft:PATH[:K] (a second model sharing
+    /// the tokenizer, compiled with i8 weights and u8 K/V, proposes K tokens). Greedy output is
+    /// unchanged; proposals are verified in one AR-(K+1) step (compiled when --ar is not given).
+    /// See the README's "Speculative decoding".
+    #[arg(long, value_name = "SPEC", conflicts_with_all = ["beams", "n"])]
+    pub speculate: Option<String>,
 }
 
 /// A count of beams or samples on one cache (`--beams`, `--n`): 1 to
@@ -276,7 +284,9 @@ pub fn check_run(
 }
 
 fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
-    let run = check_run(&args.run, |ar| beams::default_ar(args, ar))?;
+    let run = check_run(&args.run, |ar| {
+        speculate::default_ar(args, beams::default_ar(args, ar))
+    })?;
     let generate = GenerateOptions {
         max_tokens: args.steps,
         sampler: SamplerOptions {
@@ -407,6 +417,7 @@ pub fn set_overflow(args: &GenerateArgs, engine: &mut Engine) -> anyhow::Result<
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    speculate::check(&args)?;
     if foreign::wanted(&args) {
         return foreign::run(&args, &check_args(&args)?);
     }
@@ -427,6 +438,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         engine.session_mut().restore(path).context("--resume")?;
     }
     set_overflow(&args, &mut engine)?;
+    speculate::attach(&args, &checked.run.engine, &mut engine)?;
     if beams::wanted(&args) {
         return beams::run(&args, &checked, &mut engine);
     }
@@ -531,6 +543,7 @@ fn finish(
             "overflow": args.overflow,
             "slides": engine.session().slides().iter().map(slide_json).collect::<Vec<_>>(),
             "reused_tokens": stats.reused_tokens,
+            "speculation": speculate::json(engine),
             "kv": {
                 "region_bytes": kv.region_bytes,
                 "bytes_copied": kv.bytes_copied,
@@ -589,6 +602,9 @@ pub fn print_stats(engine: &Engine, strategy: kv_manager::Strategy) {
         );
         for e in engine.session().slides() {
             eprintln!("{}", slide_line(e));
+        }
+        if let Some(line) = speculate::stats_line(engine) {
+            eprintln!("{line}");
         }
         if let Some(m) = engine.memory_report() {
             eprintln!(

@@ -172,7 +172,13 @@ fn ablate_sites(
     m: &LoadedModel,
     tokens: &[u32],
     calibration: &[Vec<u32>],
-    (kv, cal_tokens, fingerprint, rules_only, smooth): (DataType, usize, [u8; 32], bool, Option<f32>),
+    (kv, cal_tokens, fingerprint, rules_only, smooth): (
+        DataType,
+        usize,
+        [u8; 32],
+        bool,
+        Option<f32>,
+    ),
     rules: &[ablation::WeightRule],
     json: bool,
 ) -> Result<(), Error> {
@@ -181,14 +187,26 @@ fn ablate_sites(
     o.weights = WeightType::I8;
     o.calibration_tokens = cal_tokens;
     let smoothed = match smooth {
-        Some(alpha) => Some(ablation::smooth_down(&m.config, &*m.weights, calibration, alpha)?),
+        Some(alpha) => Some(ablation::smooth_down(
+            &m.config,
+            &*m.weights,
+            calibration,
+            alpha,
+        )?),
         None => None,
     };
     let weights: &dyn WeightSource = match &smoothed {
         Some(s) => s,
         None => &*m.weights,
     };
-    let q = compile(&m.config, weights, calibration, &o, fingerprint, &mut |_| {})?;
+    let q = compile(
+        &m.config,
+        weights,
+        calibration,
+        &o,
+        fingerprint,
+        &mut |_| {},
+    )?;
     let text = &tokens[..tokens.len() - 1];
     let run_widened = |sites: &[ablation::Site], widen: f32| {
         ablation::logits(&m.config, weights, &q, (sites, widen), text)

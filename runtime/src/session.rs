@@ -19,6 +19,7 @@ mod beam;
 mod contexts;
 mod cross;
 mod overflow;
+mod verify;
 pub use beam::{Beam, BeamMemory, BeamOptions, BeamSearch, Samples, decode_text};
 use contexts::Tiers;
 pub use overflow::{Overflow, SlideEvent, SlidePositions};
@@ -475,6 +476,8 @@ pub struct Session<B: Backend> {
     keep_floor: Option<usize>,
     /// The context lengths the session may move its cache to.
     tiers: Tiers,
+    /// Tokens of the step [`Session::verify`] ran and not yet accepted.
+    verified: Vec<u32>,
 }
 
 /// The cache-buffer index of a K/V tensor.
@@ -637,6 +640,7 @@ impl<B: Backend> Session<B> {
             slides: Vec::new(),
             keep_floor: None,
             tiers,
+            verified: Vec::new(),
         })
     }
 

@@ -12,4 +12,5 @@ mod parts;
 mod qnn_backend;
 mod runtime;
 mod smollm2_strategies;
+mod speculate;
 mod windows;

@@ -230,19 +230,29 @@ pub fn smooth_down<'a>(
     }
     let mut replaced = HashMap::new();
     for (l, xmax) in max.0.iter().enumerate() {
-        let (up_t, down_t) = (Tensor::Layer(l, LayerTensor::Up), Tensor::Layer(l, LayerTensor::Down));
+        let (up_t, down_t) = (
+            Tensor::Layer(l, LayerTensor::Up),
+            Tensor::Layer(l, LayerTensor::Down),
+        );
         let mut up = w.tensor(up_t).ok_or("no Up")?.to_vec();
         let mut down = w.tensor(down_t).ok_or("no Down")?.to_vec();
         let h = c.hidden_dim;
         let wmax: Vec<f32> = (0..h)
-            .map(|ch| down.iter().skip(ch).step_by(h).fold(0.0f32, |m, v| m.max(v.abs())))
+            .map(|ch| {
+                down.iter()
+                    .skip(ch)
+                    .step_by(h)
+                    .fold(0.0f32, |m, v| m.max(v.abs()))
+            })
             .collect();
         for ch in 0..h {
             let sc = xmax[ch].powf(alpha) / wmax[ch].powf(1.0 - alpha);
             if !(sc.is_finite() && sc > 0.0) {
                 continue;
             }
-            up[ch * c.dim..(ch + 1) * c.dim].iter_mut().for_each(|v| *v /= sc);
+            up[ch * c.dim..(ch + 1) * c.dim]
+                .iter_mut()
+                .for_each(|v| *v /= sc);
             down.iter_mut().skip(ch).step_by(h).for_each(|v| *v *= sc);
         }
         replaced.insert(up_t, up);

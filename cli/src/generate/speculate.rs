@@ -1,0 +1,130 @@
+//! `--speculate` of `generate` and `chat`: speculative decoding with a speculator
+//! (`htpkv::speculate`), its AR variant and its counters in `--stats` and `--json`.
+
+use super::GenerateArgs;
+use anyhow::Context;
+use htpkv::engine::Engine;
+use htpkv::speculate::{SpecKind, SpecStats, Speculation};
+
+/// The speculator asked for, parsed before any work.
+pub fn kind(args: &GenerateArgs) -> anyhow::Result<Option<SpecKind>> {
+    (args.speculate.as_deref())
+        .map(SpecKind::parse)
+        .transpose()
+        .map_err(anyhow::Error::from)
+}
+
+/// The AR variants compiled when --ar is not given: the default ones plus K + 1, so a
+/// verification step runs the next token and K proposed ones in one graph run.
+pub fn default_ar(args: &GenerateArgs, mut ar: Vec<usize>) -> Vec<usize> {
+    if let Ok(Some(kind)) = kind(args) {
+        ar.push(kind.verify_ar());
+        ar.sort_unstable();
+        ar.dedup();
+    }
+    ar
+}
+
+/// Sets the engine's speculation when --speculate is given (a draft model is opened with the
+/// target's `options`).
+pub fn attach(
+    args: &GenerateArgs,
+    options: &htpkv::engine::EngineOptions,
+    engine: &mut Engine,
+) -> anyhow::Result<()> {
+    let Some(kind) = kind(args)? else {
+        return Ok(());
+    };
+    let g = &engine.session().cache().spec().geometry;
+    if !g.ar_variants.iter().any(|&ar| ar >= 2) {
+        anyhow::bail!(
+            "--speculate needs an AR variant of 2 or more rows to verify proposals; the model has {:?} (add {} to --ar)",
+            g.ar_variants,
+            kind.verify_ar()
+        );
+    }
+    let context = g.context;
+    let speculator = kind
+        .open(options, context)
+        .with_context(|| format!("--speculate {}", args.speculate.as_deref().unwrap_or("")))?;
+    engine.set_speculation(Some(Speculation::new(speculator)));
+    Ok(())
+}
+
+/// The `--stats` line of speculative decoding.
+pub fn stats_line(engine: &Engine) -> Option<String> {
+    let spec = engine.speculation()?;
+    let s = spec.stats();
+    let variants: Vec<String> = (s.variants.iter())
+        .map(|(ar, calls, _)| format!("{calls} AR-{ar}"))
+        .collect();
+    let speedup = s
+        .estimated_speedup()
+        .map_or("n/a (no plain step to time)".into(), |x| format!("{x:.2}x"));
+    Some(format!(
+        "speculation ({}): {:.2} tokens per target call ({} tokens in {} calls: {} verifications, \
+         {} plain AR-1 steps), {}/{} proposed tokens accepted ({:.1}%), {} rows rolled back, \
+         {:.1} KV bytes copied per accepted token ({} by commits, {} by plans), speedup {} \
+         (estimated against this run's AR-1 steps)",
+        spec.name(),
+        s.tokens_per_call(),
+        s.tokens,
+        s.calls,
+        variants.join(" + "),
+        s.plain_calls,
+        s.accepted,
+        s.proposed,
+        100.0 * s.acceptance_rate(),
+        s.rolled_back_rows,
+        s.bytes_copied_per_token(),
+        s.commit_bytes_copied,
+        s.plan_bytes_copied,
+        speedup
+    ))
+}
+
+/// The `--json` object of speculative decoding (`null` without it).
+pub fn json(engine: &Engine) -> serde_json::Value {
+    match engine.speculation() {
+        Some(spec) => stats_json(&spec.name(), spec.stats()),
+        None => serde_json::Value::Null,
+    }
+}
+
+/// The counters as JSON.
+pub fn stats_json(name: &str, s: &SpecStats) -> serde_json::Value {
+    serde_json::json!({
+        "speculator": name,
+        "tokens_per_call": s.tokens_per_call(),
+        "calls": s.calls,
+        "verify_calls": s.verify_calls,
+        "plain_calls": s.plain_calls,
+        "tokens": s.tokens,
+        "proposed": s.proposed,
+        "accepted": s.accepted,
+        "acceptance_rate": s.acceptance_rate(),
+        "rolled_back_rows": s.rolled_back_rows,
+        "padded_rows": s.padded_rows,
+        "bytes_copied_per_accepted_token": s.bytes_copied_per_token(),
+        "commit_bytes_copied": s.commit_bytes_copied,
+        "plan_bytes_copied": s.plan_bytes_copied,
+        "propose_seconds": s.propose_seconds,
+        "verify_seconds": s.verify_seconds,
+        "plain_seconds": s.plain_seconds,
+        "estimated_speedup": s.estimated_speedup(),
+        "variants": s.variants.iter().map(|(ar, calls, seconds)| serde_json::json!({
+            "ar": ar, "calls": calls, "seconds": seconds,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Checks --speculate against the other options.
+pub fn check(args: &GenerateArgs) -> anyhow::Result<()> {
+    if kind(args)?.is_some() && super::foreign::wanted(args) {
+        anyhow::bail!(
+            "--speculate runs on htpkv's own compiled models; binaries of other tools \
+             (--bundle, --convention, --tokenizer, several --compiled) are not supported yet"
+        );
+    }
+    Ok(())
+}

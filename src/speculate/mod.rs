@@ -1,0 +1,456 @@
+//! Speculative decoding on the static graphs: a [`Speculator`] proposes the tokens that may follow,
+//! one AR-n step of the target model verifies them all ([`Session::verify`]), and the accepted
+//! ones are committed with `commit(k)` ([`Session::accept`]); the rejected rows are dropped (free
+//! with `shift`/`conveyor`, whose commit is a pointer move).
+//!
+//! Speculators ([`SpecKind`], CLI `--speculate`):
+//! - `prompt-lookup[:K]` ([`prompt_lookup`]): the longest suffix n-gram of the text so far (prompt
+//!   and generated tokens) is looked up earlier in it, and the K tokens that followed are proposed.
+//!   No extra model; it pays off when the answer copies the prompt (rewrite, edit, summarise,
+//!   code with identifiers from the question).
+//! - `draft:PATH[:K]` ([`draft`]): a second model sharing the tokenizer proposes K tokens greedily
+//!   on its own session and cache.
+//!
+//! How many proposed tokens a step verifies is the [`planner`]'s choice (or all of them:
+//! [`Speculation::verifying_all`]).
+//!
+//! **Lossless.** With greedy sampling the text is exactly plain decoding's: a proposed token is
+//! accepted only where the target's own argmax of that row equals it, and the cache is left as
+//! plain decoding leaves it (the step's last token is never cached when the token budget ends, a
+//! stop token is never cached, slides happen at the same length: when the rows of a verification
+//! step do not fit, the step is a plain AR-1 decode with the overflow policy). This holds because
+//! each row's logits of an AR-n step equal the AR-1 step's (the reference executor's sums are exact
+//! integers; tested for every strategy in `tests/speculate.rs`).
+
+use crate::backend::Backend;
+use crate::sampler::Sampler;
+use crate::session::{
+    GenerateOptions, Generation, Overflow, Session, SessionError, StopReason, TextCodec, Utf8Stream,
+};
+use std::path::PathBuf;
+use std::time::Instant;
+
+pub mod draft;
+pub mod planner;
+pub mod prompt_lookup;
+mod stats;
+
+pub use prompt_lookup::PromptLookup;
+pub use stats::SpecStats;
+
+/// Errors of speculative decoding.
+#[derive(Debug, thiserror::Error)]
+pub enum SpeculateError {
+    /// A `--speculate` value that cannot be used (the message says why).
+    #[error("--speculate {spec}: {reason}")]
+    Parse { spec: String, reason: String },
+    /// A step of the target (or draft) model failed.
+    #[error("speculative decoding: {what}")]
+    Session {
+        what: &'static str,
+        #[source]
+        source: SessionError,
+    },
+}
+
+impl SpeculateError {
+    /// The error's kind: `bad_option`, or the session error's.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SpeculateError::Parse { .. } => "bad_option",
+            SpeculateError::Session { source, .. } => source.kind(),
+        }
+    }
+}
+
+/// Wraps a session error with what was being done.
+fn during(what: &'static str) -> impl FnOnce(SessionError) -> SpeculateError {
+    move |source| SpeculateError::Session { what, source }
+}
+
+/// Tokens proposed to follow the text so far.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Proposal {
+    pub tokens: Vec<u32>,
+    /// The speculator's confidence class (prompt lookup: the length of the n-gram matched): the
+    /// planner estimates acceptance per class to decide how many tokens to verify.
+    pub class: usize,
+}
+
+/// Something that guesses the tokens that follow: the one interface of every speculator.
+pub trait Speculator: Send {
+    /// The speculator's spelling (`prompt-lookup:4`).
+    fn name(&self) -> String;
+    /// Tokens proposed per step at most (K).
+    fn max_proposal(&self) -> usize;
+    /// Proposes at most `max` tokens to follow `history`: every token of the text so far (the
+    /// cached ones, then the next token, which is not cached yet).
+    fn propose(&mut self, history: &[u32], max: usize) -> Result<Proposal, SpeculateError>;
+}
+
+/// Which speculator, as `--speculate` spells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpecKind {
+    /// `prompt-lookup[:K]`.
+    PromptLookup { k: usize },
+    /// `draft:PATH[:K]`.
+    Draft { path: PathBuf, k: usize },
+}
+
+impl SpecKind {
+    /// Default K of `prompt-lookup` (see the README's measurements).
+    pub const DEFAULT_LOOKUP_K: usize = 4;
+    /// Default K of `draft`.
+    pub const DEFAULT_DRAFT_K: usize = 4;
+    /// Largest K accepted (a verification step runs K + 1 rows).
+    pub const MAX_K: usize = 64;
+
+    /// Parses `prompt-lookup[:K]` or `draft:PATH[:K]` (a PATH ending in `:N` needs `:K` after it).
+    pub fn parse(spec: &str) -> Result<SpecKind, SpeculateError> {
+        let bad = |reason: String| SpeculateError::Parse {
+            spec: spec.to_owned(),
+            reason,
+        };
+        let (name, arg) = spec.split_once(':').unwrap_or((spec, ""));
+        match name {
+            "prompt-lookup" => Ok(SpecKind::PromptLookup {
+                k: parse_k(arg, Self::DEFAULT_LOOKUP_K).map_err(bad)?,
+            }),
+            "draft" if !arg.is_empty() => {
+                let (path, k) = match arg.rsplit_once(':') {
+                    Some((path, k)) if k.parse::<usize>().is_ok() => (path, k),
+                    _ => (arg, ""),
+                };
+                Ok(SpecKind::Draft {
+                    path: PathBuf::from(path),
+                    k: parse_k(k, Self::DEFAULT_DRAFT_K).map_err(bad)?,
+                })
+            }
+            "draft" => Err(bad("draft needs a model: draft:PATH[:K]".into())),
+            other => Err(bad(format!(
+                "unknown speculator `{other}` (expected prompt-lookup[:K] or draft:PATH[:K])"
+            ))),
+        }
+    }
+
+    /// Tokens proposed per step at most.
+    pub fn k(&self) -> usize {
+        match *self {
+            SpecKind::PromptLookup { k } | SpecKind::Draft { k, .. } => k,
+        }
+    }
+
+    /// The AR variant a verification step wants: K + 1 rows (the next token and K proposed).
+    pub fn verify_ar(&self) -> usize {
+        self.k() + 1
+    }
+
+    /// The speculator for a target opened with `target` at context length `context` (a draft
+    /// model is opened and compiled as [`draft::open`] says).
+    pub fn open(
+        &self,
+        target: &crate::engine::EngineOptions,
+        context: usize,
+    ) -> Result<Box<dyn Speculator>, crate::engine::EngineError> {
+        Ok(match self {
+            SpecKind::PromptLookup { k } => Box::new(PromptLookup::new(*k)),
+            SpecKind::Draft { path, k } => Box::new(draft::open(target, context, path, *k)?),
+        })
+    }
+}
+
+/// K from `arg` (`default` when empty): 1 to [`SpecKind::MAX_K`].
+fn parse_k(arg: &str, default: usize) -> Result<usize, String> {
+    if arg.is_empty() {
+        return Ok(default);
+    }
+    match arg.parse::<usize>() {
+        Ok(k) if (1..=SpecKind::MAX_K).contains(&k) => Ok(k),
+        _ => Err(format!(
+            "K must be a number from 1 to {}, got `{arg}`",
+            SpecKind::MAX_K
+        )),
+    }
+}
+
+/// A speculator and its counters: what a session generates with instead of plain decoding.
+pub struct Speculation {
+    speculator: Box<dyn Speculator>,
+    stats: SpecStats,
+    planner: planner::Planner,
+    /// Verify every proposed token that fits, not the planner's choice.
+    verify_all: bool,
+}
+
+impl std::fmt::Debug for Speculation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Speculation")
+            .field("speculator", &self.speculator.name())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+/// What the generation loop does after one step.
+enum Next {
+    /// Go on; `Some(token)` is the next token, already chosen by the step.
+    Go(Option<u32>),
+    Stop(StopReason),
+}
+
+/// The generated text so far, streamed as [`Session::generate`] streams it.
+struct Output<'a> {
+    codec: &'a dyn TextCodec,
+    on_text: &'a mut dyn FnMut(&str) -> bool,
+    tokens: Vec<u32>,
+    text: String,
+    utf8: Utf8Stream,
+    prev: u32,
+    max: usize,
+}
+
+impl Output<'_> {
+    /// Adds a generated token; `Some` when generation ends after it (the callback asked to stop,
+    /// or the token budget is spent).
+    fn push(&mut self, token: u32) -> Option<StopReason> {
+        self.tokens.push(token);
+        let piece = self.utf8.push(&self.codec.decode_piece(self.prev, token));
+        self.text.push_str(&piece);
+        self.prev = token;
+        if !piece.is_empty() && !(self.on_text)(&piece) {
+            return Some(StopReason::Callback);
+        }
+        (self.tokens.len() == self.max).then_some(StopReason::MaxTokens)
+    }
+
+    fn finish(mut self, prompt_tokens: Vec<u32>, stop: StopReason) -> Generation {
+        let tail = self.utf8.finish();
+        if !tail.is_empty() {
+            self.text.push_str(&tail);
+            (self.on_text)(&tail);
+        }
+        Generation {
+            prompt_tokens,
+            tokens: self.tokens,
+            text: self.text,
+            stop,
+        }
+    }
+}
+
+impl Speculation {
+    /// Speculative decoding with `speculator`.
+    pub fn new(speculator: Box<dyn Speculator>) -> Speculation {
+        Speculation {
+            speculator,
+            stats: SpecStats::default(),
+            planner: planner::Planner::default(),
+            verify_all: false,
+        }
+    }
+
+    /// Verifies every proposed token (that fits a compiled variant) instead of the number the
+    /// planner expects to be fastest: for backends where a wide step costs about a narrow one,
+    /// and for tests.
+    pub fn verifying_all(mut self) -> Speculation {
+        self.verify_all = true;
+        self
+    }
+
+    /// The speculator's spelling.
+    pub fn name(&self) -> String {
+        self.speculator.name()
+    }
+
+    /// Counters since construction.
+    pub fn stats(&self) -> &SpecStats {
+        &self.stats
+    }
+
+    /// [`Session::generate`] with speculative decoding: same arguments, same result (with greedy
+    /// sampling, the same tokens), fewer target steps when proposals are accepted.
+    pub fn generate<B: Backend>(
+        &mut self,
+        session: &mut Session<B>,
+        codec: &dyn TextCodec,
+        prompt: &str,
+        options: &GenerateOptions,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Generation, SpeculateError> {
+        let mut sampler = Sampler::new(options.sampler)
+            .map_err(SessionError::from)
+            .map_err(during("the sampler options"))?;
+        let prompt_tokens = start(session, codec, prompt)?;
+        let mut out = Output {
+            codec,
+            on_text,
+            tokens: Vec::new(),
+            text: String::new(),
+            utf8: Utf8Stream::default(),
+            prev: *session.tokens().last().unwrap_or(&crate::session::BOS),
+            max: options.max_tokens,
+        };
+        let mut stop = StopReason::MaxTokens;
+        let mut chosen = None;
+        while out.tokens.len() < options.max_tokens {
+            let next = match chosen.take() {
+                Some(t) => t,
+                None => session.sample(&mut sampler).map_err(during("sampling"))?,
+            };
+            if codec.is_stop(next) {
+                stop = StopReason::EndOfText;
+                break;
+            }
+            if let Some(s) = out.push(next) {
+                stop = s;
+                break;
+            }
+            if session.overflow() == Overflow::Stop && session.len() + 1 > session.capacity() {
+                stop = StopReason::ContextFull;
+                break;
+            }
+            match self.step(session, &mut out, next, &mut sampler)? {
+                Next::Go(t) => chosen = t,
+                Next::Stop(s) => {
+                    stop = s;
+                    break;
+                }
+            }
+        }
+        Ok(out.finish(prompt_tokens, stop))
+    }
+
+    /// Runs `next` into the cache, with as many proposed tokens after it as are accepted.
+    fn step<B: Backend>(
+        &mut self,
+        session: &mut Session<B>,
+        out: &mut Output<'_>,
+        next: u32,
+        sampler: &mut Sampler,
+    ) -> Result<Next, SpeculateError> {
+        let started = Instant::now();
+        // Tokens emitted after `next` stay below the budget, so the last one is never cached
+        // (as plain decoding leaves it).
+        let budget = out.max - out.tokens.len() - 1;
+        let mut history = session.tokens().to_vec();
+        history.push(next);
+        let want = self.speculator.max_proposal().min(budget);
+        let mut proposal = match want {
+            0 => Proposal::default(),
+            _ => self.speculator.propose(&history, want)?,
+        };
+        proposal.tokens.truncate(want);
+        let (class, available) = (proposal.class, proposal.tokens.len());
+        let variant = |n| session.verify_variant(n);
+        let k = match self.verify_all {
+            true => (1..=available)
+                .rev()
+                .find(|&k| variant(1 + k).is_some_and(|ar| ar > k)),
+            false => Some(self.planner.choose(class, available, variant)),
+        };
+        let k = k.unwrap_or(0);
+        proposal.tokens.truncate(k);
+        let propose_seconds = started.elapsed().as_secs_f64();
+        self.stats.propose_seconds += propose_seconds;
+        let ar = match session.verify_variant(1 + k) {
+            Some(ar) if k > 0 => ar,
+            _ => {
+                session
+                    .decode(next)
+                    .map_err(during("a plain decode step"))?;
+                let seconds = started.elapsed().as_secs_f64() - propose_seconds;
+                self.stats.plain_step(seconds);
+                self.planner.step(1, seconds);
+                return Ok(Next::Go(None));
+            }
+        };
+        let (next, committed, accepted) =
+            self.verify(session, out, next, &proposal, sampler, ar)?;
+        let seconds = started.elapsed().as_secs_f64();
+        session.record_decode(committed, seconds);
+        self.stats.verify_step(ar, seconds - propose_seconds);
+        self.planner.step(ar, seconds - propose_seconds);
+        self.planner.outcome(class, k, accepted);
+        Ok(next)
+    }
+
+    /// Verifies `next` and the proposal in one AR-`ar` step, emits the accepted tokens and commits
+    /// them; returns what comes next, the rows committed and the proposed tokens accepted.
+    fn verify<B: Backend>(
+        &mut self,
+        session: &mut Session<B>,
+        out: &mut Output<'_>,
+        next: u32,
+        proposal: &Proposal,
+        sampler: &mut Sampler,
+        ar: usize,
+    ) -> Result<(Next, usize, usize), SpeculateError> {
+        let mut run = Vec::with_capacity(1 + proposal.tokens.len());
+        run.push(next);
+        run.extend_from_slice(&proposal.tokens);
+        let copied = |s: &Session<B>| s.cache().counters().bytes_copied;
+        let before_plan = copied(session);
+        let logits = session
+            .verify(&run)
+            .map_err(during("a verification step"))?;
+        let vocab = logits.len() / run.len();
+        // Each row is sampled as plain decoding samples it; a proposed token is accepted when the
+        // sample is that token, and the first sample that differs is the next token (so every
+        // emitted token is a sample of the target's distribution given the text before it).
+        let (mut accepted, mut differing) = (0, None);
+        for (row, &token) in logits.chunks_exact(vocab).zip(&proposal.tokens) {
+            let sampled =
+                (sampler.sample(row).map_err(SessionError::from)).map_err(during("sampling"))?;
+            if sampled != token {
+                differing = Some(sampled);
+                break;
+            }
+            accepted += 1;
+        }
+        let before_commit = copied(session);
+        // Emit the accepted tokens as plain decoding would sample them.
+        let mut result = Next::Go(differing);
+        let mut keep = 1 + accepted;
+        for (i, &token) in proposal.tokens[..accepted].iter().enumerate() {
+            if out.codec.is_stop(token) {
+                (keep, result) = (1 + i, Next::Stop(StopReason::EndOfText));
+                break;
+            }
+            if let Some(s) = out.push(token) {
+                (keep, result) = (1 + i, Next::Stop(s));
+                break;
+            }
+        }
+        session
+            .accept(&run[..keep])
+            .map_err(during("committing accepted tokens"))?;
+        let copies = [before_commit - before_plan, copied(session) - before_commit];
+        self.stats
+            .outcome(proposal.tokens.len(), accepted, keep, ar, copies);
+        Ok((result, keep, accepted))
+    }
+}
+
+/// Tokenizes and prefills `prompt` as [`Session::generate`] does (an empty prompt continues from
+/// the last logits); returns the prompt's tokens.
+fn start<B: Backend>(
+    session: &mut Session<B>,
+    codec: &dyn TextCodec,
+    prompt: &str,
+) -> Result<Vec<u32>, SpeculateError> {
+    let prompt_tokens = session
+        .encode_fitting(codec, prompt)
+        .map_err(during("tokenizing the prompt"))?;
+    let continuing = prompt_tokens.is_empty() && !session.last_logits().is_empty();
+    if prompt_tokens.is_empty() && !continuing {
+        return Err(during("starting")(SessionError::Input(
+            "the prompt encodes to no tokens".into(),
+        )));
+    }
+    if !continuing {
+        session
+            .prefill(&prompt_tokens)
+            .map_err(during("prefilling the prompt"))?;
+    }
+    Ok(prompt_tokens)
+}
