@@ -253,6 +253,9 @@ fn main() -> anyhow::Result<()> {
             let name = match k {
                 SpecKind::PromptLookup { k } => format!("prompt-lookup:{k}"),
                 SpecKind::Draft { k, .. } => format!("draft:{k}"),
+                SpecKind::Lookahead { window, ngram, cap } => {
+                    format!("lookahead:{window},{ngram},{cap}")
+                }
             };
             name + if *all { "@all" } else { "" }
         }))

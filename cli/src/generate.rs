@@ -156,8 +156,9 @@ pub struct GenerateArgs {
           value_parser = beam_count)]
     n: Option<usize>,
     /// Speculative decoding: prompt-lookup[:K] (propose the K tokens that followed the last
-    /// occurrence of the text's ending; K 4 by default) or draft:PATH[:K] (a second model sharing
-    /// the tokenizer, compiled with i8 weights and u8 K/V, proposes K tokens). Greedy output is
+    /// occurrence of the text's ending; K 4 by default), lookahead[:W,N,G] (Jacobi guesses over
+    /// the verification rows and an n-gram pool; 4,3,8 by default) or draft:PATH[:K] (a second
+    /// model sharing the tokenizer, compiled with i8 weights and u8 K/V, proposes K tokens). Greedy output is
     /// unchanged; proposals are verified in one AR-(K+1) step (compiled when --ar is not given).
     /// See the README's "Speculative decoding".
     #[arg(long, value_name = "SPEC", conflicts_with_all = ["beams", "n"])]

@@ -10,6 +10,8 @@
 //!   code with identifiers from the question).
 //! - `draft:PATH[:K]` ([`draft`]): a second model sharing the tokenizer proposes K tokens greedily
 //!   on its own session and cache.
+//! - `lookahead[:W,N,G]` ([`lookahead`]): Jacobi iteration over the verification rows with an
+//!   n-gram pool (Genie's `lade` window, n-gram size and pool cap); no extra model.
 //!
 //! How many proposed tokens a step verifies is the [`planner`]'s choice (or all of them:
 //! [`Speculation::verifying_all`]).
@@ -31,10 +33,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 pub mod draft;
+pub mod lookahead;
 pub mod planner;
 pub mod prompt_lookup;
 mod stats;
 
+pub use lookahead::Lookahead;
 pub use prompt_lookup::PromptLookup;
 pub use stats::SpecStats;
 
@@ -86,6 +90,13 @@ pub trait Speculator: Send {
     /// Proposes at most `max` tokens to follow `history`: every token of the text so far (the
     /// cached ones, then the next token, which is not cached yet).
     fn propose(&mut self, history: &[u32], max: usize) -> Result<Proposal, SpeculateError>;
+    /// What the verification of `run` (the next token, then the proposed tokens verified) found:
+    /// `greedy[i]` is the target's greedy token after `run[..=i]`, and the first `accepted`
+    /// proposed tokens were accepted. Speculators that learn from the target's rows (lookahead's
+    /// Jacobi guesses and n-gram pool) use it; the default ignores it.
+    fn observe(&mut self, run: &[u32], greedy: &[u32], accepted: usize) {
+        let _ = (run, greedy, accepted);
+    }
 }
 
 /// Which speculator, as `--speculate` spells it.
@@ -95,6 +106,12 @@ pub enum SpecKind {
     PromptLookup { k: usize },
     /// `draft:PATH[:K]`.
     Draft { path: PathBuf, k: usize },
+    /// `lookahead[:W,N,G]`: a window of W Jacobi guesses, N-grams, at most G per first token.
+    Lookahead {
+        window: usize,
+        ngram: usize,
+        cap: usize,
+    },
 }
 
 impl SpecKind {
@@ -104,6 +121,8 @@ impl SpecKind {
     pub const DEFAULT_DRAFT_K: usize = 4;
     /// Largest K accepted (a verification step runs K + 1 rows).
     pub const MAX_K: usize = 64;
+    /// Default `lookahead` W, N, G.
+    pub const DEFAULT_LOOKAHEAD: (usize, usize, usize) = (4, 3, 8);
 
     /// Parses `prompt-lookup[:K]` or `draft:PATH[:K]` (a PATH ending in `:N` needs `:K` after it).
     pub fn parse(spec: &str) -> Result<SpecKind, SpeculateError> {
@@ -116,6 +135,10 @@ impl SpecKind {
             "prompt-lookup" => Ok(SpecKind::PromptLookup {
                 k: parse_k(arg, Self::DEFAULT_LOOKUP_K).map_err(bad)?,
             }),
+            "lookahead" => {
+                let (window, ngram, cap) = parse_lookahead(arg).map_err(bad)?;
+                Ok(SpecKind::Lookahead { window, ngram, cap })
+            }
             "draft" if !arg.is_empty() => {
                 let (path, k) = match arg.rsplit_once(':') {
                     Some((path, k)) if k.parse::<usize>().is_ok() => (path, k),
@@ -128,7 +151,8 @@ impl SpecKind {
             }
             "draft" => Err(bad("draft needs a model: draft:PATH[:K]".into())),
             other => Err(bad(format!(
-                "unknown speculator `{other}` (expected prompt-lookup[:K] or draft:PATH[:K])"
+                "unknown speculator `{other}` (expected prompt-lookup[:K], lookahead[:W,N,G] or \
+                 draft:PATH[:K])"
             ))),
         }
     }
@@ -137,6 +161,7 @@ impl SpecKind {
     pub fn k(&self) -> usize {
         match *self {
             SpecKind::PromptLookup { k } | SpecKind::Draft { k, .. } => k,
+            SpecKind::Lookahead { window, ngram, .. } => window.max(ngram - 1),
         }
     }
 
@@ -155,7 +180,37 @@ impl SpecKind {
         Ok(match self {
             SpecKind::PromptLookup { k } => Box::new(PromptLookup::new(*k)),
             SpecKind::Draft { path, k } => Box::new(draft::open(target, context, path, *k)?),
+            SpecKind::Lookahead { window, ngram, cap } => {
+                Box::new(Lookahead::new(*window, *ngram, *cap))
+            }
         })
+    }
+}
+
+/// `W,N,G` of `lookahead` (the defaults when empty): W and N - 1 from 1 to [`SpecKind::MAX_K`],
+/// G from 1 to 1024.
+fn parse_lookahead(arg: &str) -> Result<(usize, usize, usize), String> {
+    if arg.is_empty() {
+        return Ok(SpecKind::DEFAULT_LOOKAHEAD);
+    }
+    let nums: Vec<usize> = arg
+        .split(',')
+        .map(|v| v.parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("expected W,N,G (three numbers), got `{arg}`"))?;
+    match nums[..] {
+        [w, n, g]
+            if (1..=SpecKind::MAX_K).contains(&w)
+                && (2..=SpecKind::MAX_K + 1).contains(&n)
+                && (1..=1024).contains(&g) =>
+        {
+            Ok((w, n, g))
+        }
+        _ => Err(format!(
+            "expected W,N,G with W from 1 to {max}, N from 2 to {}, G from 1 to 1024, got `{arg}`",
+            SpecKind::MAX_K + 1,
+            max = SpecKind::MAX_K
+        )),
     }
 }
 
@@ -407,6 +462,11 @@ impl Speculation {
             }
             accepted += 1;
         }
+        let greedy: Vec<u32> = logits
+            .chunks_exact(vocab)
+            .map(|row| model::ops::argmax(row) as u32)
+            .collect();
+        self.speculator.observe(&run, &greedy, accepted);
         let before_commit = copied(session);
         // Emit the accepted tokens as plain decoding would sample them.
         let mut result = Next::Go(differing);
