@@ -926,6 +926,28 @@ impl Engine {
         self.speculation = speculation;
     }
 
+    /// Turns on speculative decoding with `kind` for this session (`target`: the options it was
+    /// opened with, which a draft model follows). Refused (`bad_option`) when no AR variant of two
+    /// or more rows can verify a proposal.
+    pub fn speculate(
+        &mut self,
+        kind: &crate::speculate::SpecKind,
+        target: &EngineOptions,
+    ) -> Result<(), EngineError> {
+        let g = &self.session.cache().spec().geometry;
+        if !g.ar_variants.iter().any(|&ar| ar >= 2) {
+            return Err(EngineError::BadOption(format!(
+                "speculative decoding needs an AR variant of 2 or more rows to verify proposals; \
+                 the model has {:?} (add {})",
+                g.ar_variants,
+                kind.verify_ar()
+            )));
+        }
+        let speculator = kind.open(target, g.context)?;
+        self.speculation = Some(crate::speculate::Speculation::new(speculator));
+        Ok(())
+    }
+
     /// Speculative decoding in use, with its counters.
     pub fn speculation(&self) -> Option<&crate::speculate::Speculation> {
         self.speculation.as_ref()

@@ -19,6 +19,7 @@ pub fn check(data: &[u8]) {
         .split(',')
         .filter_map(|n| n.trim().parse().ok())
         .collect();
+    let speculate = text();
     let args = OpenArgs {
         model_dir,
         compiled,
@@ -31,6 +32,7 @@ pub fn check(data: &[u8]) {
         context: numbers.first().copied().unwrap_or(0),
         ar: numbers.iter().skip(1).copied().collect(),
         cache_dir,
+        speculate,
     };
     if let Ok(options) = args.to_engine_options() {
         if let Some(c) = options.context {

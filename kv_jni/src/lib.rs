@@ -169,10 +169,15 @@ fn call_token_callback(
 
 /// The open options Java passed (a `SessionOptions`), read field by field and checked.
 fn open_options(env: &mut Env<'_>, options: &JObject<'_>) -> Result<EngineOptions, GlueError> {
+    open_args(env, options)?.to_engine_options()
+}
+
+/// The fields of a `SessionOptions`.
+fn open_args(env: &mut Env<'_>, options: &JObject<'_>) -> Result<OpenArgs, GlueError> {
     if options.is_null() {
         return Err(GlueError::bad_option("options must not be null"));
     }
-    env.with_local_frame(32, |env| -> Result<EngineOptions, GlueError> {
+    env.with_local_frame(32, |env| -> Result<OpenArgs, GlueError> {
         let ar = env
             .get_field(options, jni_str!("arVariants"), jni_sig!("[I"))?
             .l()?;
@@ -196,8 +201,9 @@ fn open_options(env: &mut Env<'_>, options: &JObject<'_>) -> Result<EngineOption
                 .i()?,
             ar: ar_values,
             cache_dir: string_field(env, options, jni_str!("cacheDir"))?,
+            speculate: string_field(env, options, jni_str!("speculate"))?,
         };
-        args.to_engine_options()
+        Ok(args)
     })
 }
 
@@ -226,8 +232,12 @@ pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeOpen<'local>(
     options: JObject<'local>,
 ) -> jlong {
     entry(&mut env, |env| {
-        let options = open_options(env, &options)?;
-        let engine = Engine::open(&options, &mut log_progress)?;
+        let args = open_args(env, &options)?;
+        let options = args.to_engine_options()?;
+        let mut engine = Engine::open(&options, &mut log_progress)?;
+        if let Some(kind) = args.speculation()? {
+            engine.speculate(&kind, &options)?;
+        }
         Ok(SESSIONS.insert(engine))
     })
 }
@@ -525,11 +535,14 @@ pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeStats<'local>(
     handle: jlong,
 ) -> JObject<'local> {
     entry(&mut env, |env| {
-        let s = SESSIONS.with(handle, |engine| Ok(engine.stats()))?;
+        let (s, spec) = SESSIONS.with(handle, |engine| {
+            let spec = engine.speculation().map(|x| x.stats().clone());
+            Ok((engine.stats(), spec.unwrap_or_default()))
+        })?;
         let kv = &s.kv;
         Ok(env.new_object(
             jni_str!("org/htpkv/Stats"),
-            jni_sig!("(JDJDJJJJJJJJJ)V"),
+            jni_sig!("(JDJDJJJJJJJJJJJJ)V"),
             &[
                 JValue::Long(to_jlong(s.prefill_tokens)),
                 JValue::Double(s.prefill_seconds),
@@ -544,6 +557,9 @@ pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeStats<'local>(
                 JValue::Long(to_jlong(kv.worst_step_bytes_copied)),
                 JValue::Long(to_jlong(kv.peak_bytes_in_use)),
                 JValue::Long(to_jlong(kv.region_bytes)),
+                JValue::Long(to_jlong(spec.calls)),
+                JValue::Long(to_jlong(spec.tokens)),
+                JValue::Long(to_jlong(spec.accepted)),
             ],
         )?)
     })

@@ -7,6 +7,7 @@ use crate::error::GlueError;
 use htpkv::engine::{BackendChoice, EngineOptions};
 use htpkv::sampler::SamplerOptions;
 use htpkv::session::{GenerateOptions, StopReason};
+use htpkv::speculate::SpecKind;
 use std::path::PathBuf;
 
 /// The arguments of `HtpkvSession.open`, as Java passed them.
@@ -35,6 +36,9 @@ pub struct OpenArgs {
     /// Where compiled models are cached (None: the engine's default; an Android app passes its
     /// `cacheDir`, since `$HOME` is not set there).
     pub cache_dir: Option<String>,
+    /// Speculative decoding as `--speculate` spells it (`prompt-lookup[:K]`, `lookahead[:W,N,G]`,
+    /// `draft:PATH[:K]`); None: plain decoding.
+    pub speculate: Option<String>,
 }
 
 impl OpenArgs {
@@ -103,8 +107,20 @@ impl OpenArgs {
                 .iter()
                 .map(|&n| positive(n, "an AR variant"))
                 .collect::<Result<_, _>>()?;
+        } else if let Some(kind) = self.speculation()? {
+            // As `--speculate` does: the verification variant joins the default ones.
+            options.ar.push(kind.verify_ar());
+            options.ar.sort_unstable();
+            options.ar.dedup();
         }
         Ok(options)
+    }
+
+    /// The speculative decoding asked for (`bad_option` naming the spelling when it does not parse).
+    pub fn speculation(&self) -> Result<Option<SpecKind>, GlueError> {
+        non_empty(&self.speculate)
+            .map(|spec| SpecKind::parse(spec).map_err(|e| GlueError::new(e.kind(), e.to_string())))
+            .transpose()
     }
 }
 
@@ -206,6 +222,7 @@ mod tests {
             context: 256,
             ar: vec![1, 64],
             cache_dir: some("/cache"),
+            speculate: None,
         };
         let o = args.to_engine_options().unwrap();
         assert_eq!(o.model_dir, Some(PathBuf::from("/m")));
@@ -227,6 +244,24 @@ mod tests {
         assert_eq!(o.context, Some(256));
         assert_eq!(o.ar, vec![1, 64]);
         assert_eq!(o.cache_dir, Some(PathBuf::from("/cache")));
+    }
+
+    #[test]
+    fn speculation_adds_its_verification_variant_unless_variants_are_given() {
+        let spec = |s: &str, ar: Vec<i32>| OpenArgs {
+            speculate: some(s),
+            ar,
+            ..Default::default()
+        };
+        let o = spec("prompt-lookup:4", vec![]).to_engine_options().unwrap();
+        assert!(o.ar.contains(&5), "{:?}", o.ar);
+        let o = spec("prompt-lookup:4", vec![1, 8])
+            .to_engine_options()
+            .unwrap();
+        assert_eq!(o.ar, vec![1, 8]);
+        let err = spec("guess", vec![]).to_engine_options().unwrap_err();
+        assert_eq!(err.kind(), KIND_BAD_OPTION);
+        assert!(err.to_string().contains("guess"), "{err}");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use super::GenerateArgs;
 use anyhow::Context;
 use htpkv::engine::Engine;
-use htpkv::speculate::{SpecKind, SpecStats, Speculation};
+use htpkv::speculate::{SpecKind, SpecStats};
 
 /// The speculator asked for, parsed before any work.
 pub fn kind(args: &GenerateArgs) -> anyhow::Result<Option<SpecKind>> {
@@ -35,19 +35,9 @@ pub fn attach(
     let Some(kind) = kind(args)? else {
         return Ok(());
     };
-    let g = &engine.session().cache().spec().geometry;
-    if !g.ar_variants.iter().any(|&ar| ar >= 2) {
-        anyhow::bail!(
-            "--speculate needs an AR variant of 2 or more rows to verify proposals; the model has {:?} (add {} to --ar)",
-            g.ar_variants,
-            kind.verify_ar()
-        );
-    }
-    let context = g.context;
-    let speculator = kind
-        .open(options, context)
+    engine
+        .speculate(&kind, options)
         .with_context(|| format!("--speculate {}", args.speculate.as_deref().unwrap_or("")))?;
-    engine.set_speculation(Some(Speculation::new(speculator)));
     Ok(())
 }
 

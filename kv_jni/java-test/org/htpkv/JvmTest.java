@@ -115,6 +115,7 @@ public final class JvmTest {
                 fail("open_reference_session", e);
             }
             test("strategies_give_the_same_text", () -> strategiesAgree(reference));
+            test("speculation_gives_the_same_text", () -> speculationAgrees(reference));
             test("model_sessions_on_threads_give_the_same_text", () -> modelSessions(reference));
             test("chat_slides_saves_and_restores", JvmTest::chatSlidesSavesRestores);
             test("small_context_fills_up", JvmTest::smallContext);
@@ -431,6 +432,33 @@ public final class JvmTest {
                     check(st.bytesCopied() > 0, strategy + " copied no bytes: " + st);
                 }
             }
+        }
+    }
+
+    /** Speculative decoding (prompt lookup, lookahead) gives plain decoding's greedy text. */
+    static void speculationAgrees(String expected) {
+        String plain;
+        try (HtpkvSession s = HtpkvSession.open(options().build())) {
+            plain = s.generate(PROMPT, STEPS).text();
+            checkEquals(0L, s.stats().speculationCalls());
+        }
+        if (expected != null) {
+            checkEquals(expected, plain);
+        }
+        for (String spec : new String[] {"prompt-lookup", "lookahead:4,3,8"}) {
+            try (HtpkvSession s = HtpkvSession.open(options().speculate(spec).build())) {
+                Generation g = s.generate(PROMPT, STEPS);
+                check(plain.equals(g.text()), spec + " generated '" + g.text() + "', plain '" + plain + "'");
+                Stats st = s.stats();
+                check(st.speculationCalls() > 0 && st.speculationTokensPerCall() >= 1.0,
+                        spec + ": " + st.speculationCalls() + " calls, " + st.speculationTokens() + " tokens");
+            }
+        }
+        try {
+            HtpkvSession.open(options().speculate("guess").build()).close();
+            check(false, "speculate(\"guess\") was accepted");
+        } catch (HtpkvException e) {
+            check("bad_option".equals(e.kind()), "kind " + e.kind() + ": " + e.getMessage());
         }
     }
 

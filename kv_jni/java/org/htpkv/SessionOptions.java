@@ -21,6 +21,7 @@ public final class SessionOptions {
     final int context;
     final int[] arVariants;
     final String cacheDir;
+    final String speculate;
 
     private SessionOptions(Builder b) {
         this.modelDir = b.modelDir;
@@ -34,6 +35,7 @@ public final class SessionOptions {
         this.context = b.context;
         this.arVariants = b.arVariants == null ? null : b.arVariants.clone();
         this.cacheDir = b.cacheDir;
+        this.speculate = b.speculate;
     }
 
     /** A builder with everything unset (the engine's defaults). */
@@ -47,7 +49,7 @@ public final class SessionOptions {
                 + ", qnnBackendLib=" + qnnBackendLib + ", qnnSystemLib=" + qnnSystemLib
                 + ", strategy=" + strategy + ", kvDtype=" + kvDtype + ", weights=" + weights
                 + ", context=" + context + ", arVariants=" + Arrays.toString(arVariants)
-                + ", cacheDir=" + cacheDir + "}";
+                + ", cacheDir=" + cacheDir + ", speculate=" + speculate + "}";
     }
 
     /** Builds {@link SessionOptions}. */
@@ -63,8 +65,20 @@ public final class SessionOptions {
         private int context;
         private int[] arVariants;
         private String cacheDir;
+        private String speculate;
 
         private Builder() {}
+
+        /**
+         * Speculative decoding, spelled as the CLI's {@code --speculate}: {@code prompt-lookup[:K]},
+         * {@code lookahead[:W,N,G]} or {@code draft:PATH[:K]}. Greedy text is unchanged; the
+         * verification AR variant joins the default ones when {@link #arVariants} is not set.
+         * {@link Stats#speculationTokensPerCall()} shows what it bought.
+         */
+        public Builder speculate(String speculate) {
+            this.speculate = speculate;
+            return this;
+        }
 
         /** Directory holding the model checkpoint and tokenizer (e.g. stories260K). */
         public Builder modelDir(String modelDir) {

@@ -18,12 +18,16 @@ public final class Stats {
     private final long worstStepBytesCopied;
     private final long peakBytesInUse;
     private final long regionBytes;
+    private final long speculationCalls;
+    private final long speculationTokens;
+    private final long speculationAccepted;
 
     /** Creates the stats (called by the native code; the argument order is part of the JNI glue). */
     public Stats(long prefillTokens, double prefillSeconds, long decodeTokens, double decodeSeconds,
             long steps, long tokensCommitted, long bytesCopied, long rebases, long handles,
             long maxWindowOffsetsPerBuffer, long worstStepBytesCopied, long peakBytesInUse,
-            long regionBytes) {
+            long regionBytes, long speculationCalls, long speculationTokens,
+            long speculationAccepted) {
         this.prefillTokens = prefillTokens;
         this.prefillSeconds = prefillSeconds;
         this.decodeTokens = decodeTokens;
@@ -37,6 +41,9 @@ public final class Stats {
         this.worstStepBytesCopied = worstStepBytesCopied;
         this.peakBytesInUse = peakBytesInUse;
         this.regionBytes = regionBytes;
+        this.speculationCalls = speculationCalls;
+        this.speculationTokens = speculationTokens;
+        this.speculationAccepted = speculationAccepted;
     }
 
     /** Prompt tokens processed. */
@@ -65,6 +72,17 @@ public final class Stats {
     public long peakBytesInUse() { return peakBytesInUse; }
     /** Size of the KV region in bytes. */
     public long regionBytes() { return regionBytes; }
+    /** Target model calls of speculative decoding (verifications and plain steps; 0 without it). */
+    public long speculationCalls() { return speculationCalls; }
+    /** Tokens generated with speculative decoding. */
+    public long speculationTokens() { return speculationTokens; }
+    /** Proposed tokens accepted by verification. */
+    public long speculationAccepted() { return speculationAccepted; }
+
+    /** Tokens per target call of speculative decoding (0 without it). */
+    public double speculationTokensPerCall() {
+        return speculationCalls > 0 ? (double) speculationTokens / speculationCalls : 0.0;
+    }
 
     /** Prompt tokens per second (0 before any prompt). */
     public double prefillTokensPerSecond() {
