@@ -115,6 +115,14 @@ pub struct GenerateArgs {
     /// Nucleus sampling threshold (with temperature > 0).
     #[arg(long, default_value_t = 0.9)]
     top_p: f32,
+    /// Keep only the K most likely tokens (with temperature > 0; 0: all). Applied before
+    /// --min-p and --top-p.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    top_k: usize,
+    /// Keep only tokens at least P times as likely as the most likely one (with temperature > 0;
+    /// 0: all). Applied after --top-k, before --top-p.
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    min_p: f32,
     /// Random seed (with temperature > 0).
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -293,6 +301,8 @@ fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
         sampler: SamplerOptions {
             temperature: args.temperature,
             top_p: args.top_p,
+            top_k: args.top_k,
+            min_p: args.min_p,
             seed: args.seed,
         },
     };

@@ -140,6 +140,7 @@ pub fn generate_options(
             temperature,
             top_p,
             seed: seed as u64,
+            ..SamplerOptions::default()
         },
     })
 }

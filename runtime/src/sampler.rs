@@ -1,4 +1,5 @@
-//! Token sampling: greedy, temperature and top-p (nucleus), reproducible from a seed.
+//! Token sampling: greedy, or temperature then top-k, min-p and top-p (nucleus), in that order,
+//! reproducible from a seed.
 
 /// How the next token is chosen from the logits.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -8,6 +9,10 @@ pub struct SamplerOptions {
     /// Nucleus sampling: keep the smallest set of tokens whose probability adds up to `top_p`
     /// (1.0 or more disables it).
     pub top_p: f32,
+    /// Keep the `top_k` most likely tokens (0 disables it).
+    pub top_k: usize,
+    /// Keep the tokens at least `min_p` times as likely as the most likely one (0 disables it).
+    pub min_p: f32,
     /// Seed of the random number generator.
     pub seed: u64,
 }
@@ -17,6 +22,8 @@ impl Default for SamplerOptions {
         SamplerOptions {
             temperature: 0.0,
             top_p: 0.9,
+            top_k: 0,
+            min_p: 0.0,
             seed: 42,
         }
     }
@@ -29,6 +36,8 @@ pub enum SamplerError {
     Temperature(f32),
     #[error("top_p must be in (0, 1], got {0}")]
     TopP(f32),
+    #[error("min_p must be in [0, 1), got {0}")]
+    MinP(f32),
     #[error("cannot sample from empty logits")]
     Empty,
 }
@@ -49,6 +58,9 @@ impl Sampler {
         }
         if !(options.top_p > 0.0 && options.top_p <= 1.0) {
             return Err(SamplerError::TopP(options.top_p));
+        }
+        if !(0.0..1.0).contains(&options.min_p) {
+            return Err(SamplerError::MinP(options.min_p));
         }
         Ok(Sampler {
             options,
@@ -104,24 +116,42 @@ impl Sampler {
             p.0 /= sum;
         }
         let r = self.next_f32();
-        if self.options.top_p < 1.0 {
-            self.probs
-                .sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            let mut cumulative = 0.0;
-            let mut last = self.probs.len() - 1;
-            for (i, p) in self.probs.iter().enumerate() {
-                cumulative += p.0;
-                if cumulative >= self.options.top_p {
-                    last = i;
-                    break;
-                }
-            }
-            let kept = &self.probs[..=last];
-            let total: f32 = kept.iter().map(|p| p.0).sum();
-            return Ok(pick(kept, r * total));
+        let o = self.options;
+        if o.top_p >= 1.0 && o.top_k == 0 && o.min_p == 0.0 {
+            return Ok(pick(&self.probs, r));
         }
-        Ok(pick(&self.probs, r))
+        let kept = truncate(&mut self.probs, o.top_k, o.min_p, o.top_p);
+        let total: f32 = kept.iter().map(|p| p.0).sum();
+        Ok(pick(kept, r * total))
     }
+}
+
+/// The tokens `probs` keeps, most likely first (ties to the lower id): the `top_k` most likely
+/// (0: all), of those the ones at least `min_p` times the most likely, of those the smallest run
+/// whose probability adds up to `top_p`.
+pub fn truncate(probs: &mut [(f32, u32)], top_k: usize, min_p: f32, top_p: f32) -> &[(f32, u32)] {
+    probs.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut last = probs.len();
+    if top_k > 0 {
+        last = last.min(top_k);
+    }
+    let floor = probs.first().map_or(0.0, |p| p.0) * min_p;
+    last = probs[..last]
+        .iter()
+        .take_while(|p| p.0 >= floor)
+        .count()
+        .max(1);
+    if top_p < 1.0 {
+        let mut cumulative = 0.0;
+        for (i, p) in probs[..last].iter().enumerate() {
+            cumulative += p.0;
+            if cumulative >= top_p {
+                last = i + 1;
+                break;
+            }
+        }
+    }
+    &probs[..last]
 }
 
 /// The `k` most likely tokens with their log-probabilities (a log-softmax in f64), most likely first;
@@ -197,6 +227,7 @@ mod tests {
             temperature: 1.0,
             top_p: 1.0,
             seed: 7,
+            ..Default::default()
         };
         let logits = [0.0f32, (3.0f32).ln(), f32::NEG_INFINITY];
         let draw = |opts| {
@@ -220,6 +251,7 @@ mod tests {
             temperature: 1.0,
             top_p: 0.8,
             seed: 3,
+            ..Default::default()
         })
         .unwrap();
         let draws: Vec<u32> = (0..3000).map(|_| s.sample(&logits).unwrap()).collect();
@@ -242,6 +274,65 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(Sampler::new(bad_p).unwrap_err(), SamplerError::TopP(0.0));
+        for min_p in [1.0, -0.1, f32::NAN] {
+            let bad = SamplerOptions {
+                min_p,
+                ..Default::default()
+            };
+            assert!(
+                matches!(Sampler::new(bad), Err(SamplerError::MinP(_))),
+                "{min_p}"
+            );
+        }
+    }
+
+    /// Each stage against its direct computation on fixed probabilities 0.4, 0.3, 0.2, 0.06, 0.04.
+    #[test]
+    fn top_k_min_p_and_top_p_keep_what_their_definitions_keep() {
+        let probs = [(0.2, 2), (0.4, 0), (0.04, 4), (0.3, 1), (0.06, 3)];
+        let kept = |k, min_p, top_p| {
+            let mut p = probs.to_vec();
+            truncate(&mut p, k, min_p, top_p)
+                .iter()
+                .map(|p| p.1)
+                .collect::<Vec<u32>>()
+        };
+        assert_eq!(kept(0, 0.0, 1.0), vec![0, 1, 2, 3, 4]);
+        assert_eq!(kept(2, 0.0, 1.0), vec![0, 1]);
+        assert_eq!(kept(1, 0.0, 1.0), vec![0]);
+        // min_p 0.5: at least 0.2 (half of 0.4) stays.
+        assert_eq!(kept(0, 0.5, 1.0), vec![0, 1, 2]);
+        assert_eq!(kept(0, 0.76, 1.0), vec![0]);
+        // top_p 0.75: 0.4 + 0.3 = 0.7 < 0.75, so 0.2 joins.
+        assert_eq!(kept(0, 0.0, 0.75), vec![0, 1, 2]);
+        // The stages compose: top-k 4, then min-p 0.1 (>= 0.04: drops id 4), then top-p 0.95.
+        assert_eq!(kept(4, 0.1, 0.95), vec![0, 1, 2, 3]);
+        assert_eq!(kept(4, 0.2, 0.95), vec![0, 1, 2]);
+    }
+
+    /// Sampling with top-k draws only the kept tokens, in proportion to their probabilities.
+    #[test]
+    fn top_k_sampling_follows_the_renormalized_distribution() {
+        let logits = [0.4f32.ln(), 0.3f32.ln(), 0.2f32.ln(), 0.1f32.ln()];
+        let mut s = Sampler::new(SamplerOptions {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 2,
+            seed: 11,
+            ..Default::default()
+        })
+        .unwrap();
+        let draws: Vec<u32> = (0..6000).map(|_| s.sample(&logits).unwrap()).collect();
+        assert!(draws.iter().all(|&t| t < 2), "a token outside the top 2");
+        let zeros = draws.iter().filter(|&&t| t == 0).count() as f64 / draws.len() as f64;
+        assert!((zeros - 4.0 / 7.0).abs() < 0.03, "token 0 drawn {zeros}");
+        let greedy_like = SamplerOptions {
+            temperature: 1.0,
+            top_k: 1,
+            ..Default::default()
+        };
+        let mut one = Sampler::new(greedy_like).unwrap();
+        assert!((0..100).all(|_| one.sample(&logits).unwrap() == 0));
     }
 
     #[test]

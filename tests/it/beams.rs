@@ -218,6 +218,7 @@ fn n_samples_share_the_prefill_and_each_equals_its_own_generation() {
         temperature: 0.9,
         top_p: 0.95,
         seed: 11,
+        ..SamplerOptions::default()
     };
     let max = 40;
     // Sample i alone: a session of its own, sampler seeded 11 + i, as `generate` does.

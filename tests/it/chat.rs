@@ -23,6 +23,7 @@ fn greedy(max_tokens: usize) -> GenerateOptions {
             temperature: 0.0,
             top_p: 0.9,
             seed: 1,
+            ..SamplerOptions::default()
         },
     }
 }

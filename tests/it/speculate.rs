@@ -380,6 +380,7 @@ fn sampling_with_proposals_keeps_the_target_distribution() {
                 temperature: 1.5,
                 top_p: 1.0,
                 seed,
+                ..SamplerOptions::default()
             },
         };
         let g = match spec {

@@ -369,3 +369,28 @@ fn eval_refuses_texts_it_cannot_score() {
         );
     }
 }
+
+/// `--top-k 1` leaves one candidate, so sampling at any temperature gives the greedy text;
+/// `--top-k 2` at a high temperature does not; a `--min-p` outside [0, 1) is refused by name.
+#[test]
+fn top_k_and_min_p_truncate_sampling() {
+    let dir = stories260k_dir();
+    let (cache, dir) = (scratch("topk"), dir.to_str().unwrap().to_owned());
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model-dir", &dir, "--steps", "40"];
+        args.extend_from_slice(extra);
+        htpkv(&args, &cache)
+    };
+    let greedy = text(&run(&[]));
+    let hot = ["--temperature", "1.5", "--seed", "9"];
+    let top1 = text(&run(&[&hot[..], &["--top-k", "1"]].concat()));
+    assert_eq!(top1, greedy);
+    let top2 = text(&run(&[&hot[..], &["--top-k", "2", "--top-p", "1"]].concat()));
+    assert_ne!(top2, greedy);
+    let bad = run(&["--temperature", "1", "--min-p", "1.5"]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("min_p must be in [0, 1)"),
+        "{err}"
+    );
+}
