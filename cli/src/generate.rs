@@ -123,6 +123,19 @@ pub struct GenerateArgs {
     /// 0: all). Applied after --top-k, before --top-p.
     #[arg(long, value_name = "P", default_value_t = 0.0)]
     min_p: f32,
+    /// Repetition penalty over the last --penalty-last-n tokens (1: off): a seen token's positive
+    /// logit is divided by it, a negative one multiplied. Applies to greedy decoding too.
+    #[arg(long, value_name = "R", default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Subtracted once from the logit of every token seen in the last --penalty-last-n tokens.
+    #[arg(long, value_name = "X", default_value_t = 0.0)]
+    presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it occurs in the last --penalty-last-n tokens.
+    #[arg(long, value_name = "X", default_value_t = 0.0)]
+    frequency_penalty: f32,
+    /// How many of the latest tokens (prompt included) the penalties look at.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    penalty_last_n: usize,
     /// Random seed (with temperature > 0).
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -303,6 +316,10 @@ fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
             top_p: args.top_p,
             top_k: args.top_k,
             min_p: args.min_p,
+            repeat_penalty: args.repeat_penalty,
+            presence_penalty: args.presence_penalty,
+            frequency_penalty: args.frequency_penalty,
+            penalty_last_n: args.penalty_last_n,
             seed: args.seed,
         },
     };

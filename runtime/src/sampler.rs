@@ -13,6 +13,15 @@ pub struct SamplerOptions {
     pub top_k: usize,
     /// Keep the tokens at least `min_p` times as likely as the most likely one (0 disables it).
     pub min_p: f32,
+    /// Repetition penalty over the last `penalty_last_n` tokens (1.0 disables it): a positive
+    /// logit of a token seen there is divided by it, a negative one multiplied.
+    pub repeat_penalty: f32,
+    /// Subtracted once from the logit of every token seen in the last `penalty_last_n` tokens.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it occurs in the last `penalty_last_n`.
+    pub frequency_penalty: f32,
+    /// How many of the latest tokens the penalties look at.
+    pub penalty_last_n: usize,
     /// Seed of the random number generator.
     pub seed: u64,
 }
@@ -24,6 +33,10 @@ impl Default for SamplerOptions {
             top_p: 0.9,
             top_k: 0,
             min_p: 0.0,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
             seed: 42,
         }
     }
@@ -38,9 +51,18 @@ pub enum SamplerError {
     TopP(f32),
     #[error("min_p must be in [0, 1), got {0}")]
     MinP(f32),
+    #[error("repeat_penalty must be a finite number > 0, got {0}")]
+    RepeatPenalty(f32),
+    #[error("presence_penalty and frequency_penalty must be finite, got {0}")]
+    Penalty(f32),
+    #[error("penalty_last_n must be at most {max}, got {0}", max = MAX_PENALTY_LAST_N)]
+    PenaltyLastN(usize),
     #[error("cannot sample from empty logits")]
     Empty,
 }
+
+/// The most tokens the penalties look back over.
+pub const MAX_PENALTY_LAST_N: usize = 1 << 20;
 
 /// A sampler with its own random state.
 #[derive(Debug, Clone)]
@@ -48,6 +70,8 @@ pub struct Sampler {
     options: SamplerOptions,
     state: u64,
     probs: Vec<(f32, u32)>,
+    /// The penalized logits (scratch of [`Sampler::sample_after`]).
+    penalized: Vec<f32>,
 }
 
 impl Sampler {
@@ -62,11 +86,23 @@ impl Sampler {
         if !(0.0..1.0).contains(&options.min_p) {
             return Err(SamplerError::MinP(options.min_p));
         }
+        if !(options.repeat_penalty.is_finite() && options.repeat_penalty > 0.0) {
+            return Err(SamplerError::RepeatPenalty(options.repeat_penalty));
+        }
+        for p in [options.presence_penalty, options.frequency_penalty] {
+            if !p.is_finite() {
+                return Err(SamplerError::Penalty(p));
+            }
+        }
+        if options.penalty_last_n > MAX_PENALTY_LAST_N {
+            return Err(SamplerError::PenaltyLastN(options.penalty_last_n));
+        }
         Ok(Sampler {
             options,
             // xorshift must not start at zero
             state: options.seed.max(1),
             probs: Vec::new(),
+            penalized: Vec::new(),
         })
     }
 
@@ -82,6 +118,26 @@ impl Sampler {
         self.state ^= self.state >> 27;
         let r = self.state.wrapping_mul(0x2545_F491_4F6C_DD1D);
         (r >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Chooses the token that follows `history` (every token before it): the penalties apply to
+    /// the last `penalty_last_n` of them, then [`Sampler::sample`]. Without penalties it is
+    /// `sample`.
+    pub fn sample_after(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, SamplerError> {
+        let o = self.options;
+        let off =
+            o.repeat_penalty == 1.0 && o.presence_penalty == 0.0 && o.frequency_penalty == 0.0;
+        if off || o.penalty_last_n == 0 {
+            return self.sample(logits);
+        }
+        let mut penalized = std::mem::take(&mut self.penalized);
+        penalized.clear();
+        penalized.extend_from_slice(logits);
+        let recent = &history[history.len().saturating_sub(o.penalty_last_n)..];
+        penalize(&mut penalized, recent, &o);
+        let token = self.sample(&penalized);
+        self.penalized = penalized;
+        token
     }
 
     /// Chooses the next token. Greedy picks the first maximum; NaN logits are never chosen.
@@ -123,6 +179,26 @@ impl Sampler {
         let kept = truncate(&mut self.probs, o.top_k, o.min_p, o.top_p);
         let total: f32 = kept.iter().map(|p| p.0).sum();
         Ok(pick(kept, r * total))
+    }
+}
+
+/// Applies the repetition, presence and frequency penalties of `o` for the tokens of `recent` to
+/// `logits` (ids beyond the logits are ignored).
+pub fn penalize(logits: &mut [f32], recent: &[u32], o: &SamplerOptions) {
+    let mut seen: Vec<u32> = recent
+        .iter()
+        .copied()
+        .filter(|&t| (t as usize) < logits.len())
+        .collect();
+    seen.sort_unstable();
+    for run in seen.chunk_by(|a, b| a == b) {
+        let l = &mut logits[run[0] as usize];
+        *l = if *l > 0.0 {
+            *l / o.repeat_penalty
+        } else {
+            *l * o.repeat_penalty
+        };
+        *l -= o.presence_penalty + o.frequency_penalty * run.len() as f32;
     }
 }
 
@@ -308,6 +384,47 @@ mod tests {
         // The stages compose: top-k 4, then min-p 0.1 (>= 0.04: drops id 4), then top-p 0.95.
         assert_eq!(kept(4, 0.1, 0.95), vec![0, 1, 2, 3]);
         assert_eq!(kept(4, 0.2, 0.95), vec![0, 1, 2]);
+    }
+
+    /// The penalties against their definitions on fixed logits.
+    #[test]
+    fn penalties_follow_their_definitions() {
+        let o = SamplerOptions {
+            repeat_penalty: 2.0,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..Default::default()
+        };
+        let mut logits = [4.0f32, -1.0, 3.0, 1.0];
+        // Token 0 twice (4 / 2, less 0.5 once and 0.25 twice), token 1 once (-1 x 2, less 0.5
+        // and 0.25), token 9 (out of range) ignored; 2 and 3 unseen.
+        penalize(&mut logits, &[0, 1, 0, 9], &o);
+        assert_eq!(logits, [4.0 / 2.0 - 0.5 - 0.5, -2.0 - 0.5 - 0.25, 3.0, 1.0]);
+        // Greedy after the history: 0 would win (4.0), but its penalty leaves 2 the largest.
+        let mut s = Sampler::new(o).unwrap();
+        assert_eq!(s.sample(&[4.0, -1.0, 3.0, 1.0]).unwrap(), 0);
+        assert_eq!(
+            s.sample_after(&[4.0, -1.0, 3.0, 1.0], &[0, 1, 0]).unwrap(),
+            2
+        );
+        // Only the last `penalty_last_n` tokens count.
+        let mut s = Sampler::new(SamplerOptions {
+            penalty_last_n: 1,
+            ..o
+        })
+        .unwrap();
+        assert_eq!(
+            s.sample_after(&[4.0, -1.0, 3.0, 1.0], &[0, 0, 1]).unwrap(),
+            0
+        );
+        let bad = SamplerOptions {
+            repeat_penalty: 0.0,
+            ..Default::default()
+        };
+        assert_eq!(
+            Sampler::new(bad).unwrap_err(),
+            SamplerError::RepeatPenalty(0.0)
+        );
     }
 
     /// Sampling with top-k draws only the kept tokens, in proportion to their probabilities.

@@ -1034,14 +1034,14 @@ impl<B: Backend> Session<B> {
         self.prefill(&tokens[keep..])
     }
 
-    /// Samples a token from the last logits.
+    /// Samples a token from the last logits (the penalties look at the cached tokens).
     pub fn sample(&self, sampler: &mut Sampler) -> Result<u32, SessionError> {
         if self.last_logits.is_empty() {
             return Err(SessionError::Input(
                 "no logits yet: prefill or decode first".into(),
             ));
         }
-        Ok(sampler.sample(&self.last_logits)?)
+        Ok(sampler.sample_after(&self.last_logits, &self.tokens)?)
     }
 }
 

@@ -445,6 +445,8 @@ impl Speculation {
         run.extend_from_slice(&proposal.tokens);
         let copied = |s: &Session<B>| s.cache().counters().bytes_copied;
         let before_plan = copied(session);
+        // Row i follows the cached tokens and run[..=i]: the penalties see what plain decoding sees.
+        let mut history = [session.tokens(), &run[..1]].concat();
         let logits = session
             .verify(&run)
             .map_err(during("a verification step"))?;
@@ -454,12 +456,14 @@ impl Speculation {
         // emitted token is a sample of the target's distribution given the text before it).
         let (mut accepted, mut differing) = (0, None);
         for (row, &token) in logits.chunks_exact(vocab).zip(&proposal.tokens) {
-            let sampled =
-                (sampler.sample(row).map_err(SessionError::from)).map_err(during("sampling"))?;
+            let sampled = (sampler.sample_after(row, &history))
+                .map_err(SessionError::from)
+                .map_err(during("sampling"))?;
             if sampled != token {
                 differing = Some(sampled);
                 break;
             }
+            history.push(token);
             accepted += 1;
         }
         let greedy: Vec<u32> = logits

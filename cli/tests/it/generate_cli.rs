@@ -394,3 +394,33 @@ fn top_k_and_min_p_truncate_sampling() {
         "{err}"
     );
 }
+
+/// A repetition penalty changes the greedy story (stories260K repeats its names), and speculative
+/// decoding under the same penalty gives the same text as plain decoding: both penalize what
+/// precedes each token.
+#[test]
+fn penalties_change_greedy_text_and_speculation_keeps_it() {
+    let dir = stories260k_dir();
+    let (cache, dir) = (scratch("penalty"), dir.to_str().unwrap().to_owned());
+    // A prompt whose story repeats itself, so that prompt lookup's proposals are accepted.
+    let prompt = "Tom had a red ball. Tom liked the red ball. One day, Tom lost the red ball.";
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", prompt, "--model-dir", &dir, "--steps", "80"];
+        args.extend_from_slice(extra);
+        htpkv(&args, &cache)
+    };
+    let plain = text(&run(&[]));
+    let penalty = ["--repeat-penalty", "1.1", "--penalty-last-n", "32"];
+    let penalized = text(&run(&penalty));
+    assert_ne!(penalized, plain);
+    let spec = text(&run(
+        &[&penalty[..], &["--speculate", "prompt-lookup"]].concat()
+    ));
+    assert_eq!(spec, penalized);
+    let bad = run(&["--repeat-penalty", "0"]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("repeat_penalty must be"),
+        "{err}"
+    );
+}

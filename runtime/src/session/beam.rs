@@ -177,6 +177,7 @@ impl<B: Backend> Session<B> {
             .collect::<Result<Vec<_>, _>>()?;
         self.prefill(prompt)?;
         let first = self.last_logits.clone();
+        let before = self.tokens.clone();
         let mut kv = BeamKv::new(&self.cache, n)?;
         let mut memory = BeamMemory::default();
         let mut tokens = vec![Vec::new(); n];
@@ -189,7 +190,8 @@ impl<B: Backend> Session<B> {
                 if stops[i].is_some() {
                     continue;
                 }
-                let next = samplers[i].sample(&logits[i])?;
+                let history = [&before[..], &tokens[i][..]].concat();
+                let next = samplers[i].sample_after(&logits[i], &history)?;
                 if is_stop(next) {
                     stops[i] = Some(StopReason::EndOfText);
                     continue;
