@@ -1,9 +1,8 @@
 //! `htpkv chat` (stdin piped) and `htpkv generate --chat`, on the embedded stories260K model and
 //! on SmolLM2 (GGUF).
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use crate::htpkv;
 use test_support::stories::stories260k_dir;
@@ -18,23 +17,7 @@ fn ok_stdout(o: &Output) -> String {
 }
 
 fn chat(args: &[&str], stdin: &str, cache: &Path) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_htpkv"))
-        .arg("chat")
-        .args(args)
-        .env("HTPKV_CACHE_DIR", cache)
-        .env_remove("HTPKV_MODEL_DIR")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    crate::htpkv_with_stdin(&[&["chat"], args].concat(), cache, stdin)
 }
 
 #[test]

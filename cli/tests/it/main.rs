@@ -16,17 +16,37 @@ mod real_qnn;
 mod speculate_cli;
 mod windows_cli;
 
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+
+/// The `htpkv` binary with `args`, compiled models cached in `cache` and no model override.
+fn htpkv_command(args: &[&str], cache: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_htpkv"));
+    command
+        .args(args)
+        .env("HTPKV_CACHE_DIR", cache)
+        .env_remove("HTPKV_MODEL_DIR");
+    command
+}
 
 /// Runs the `htpkv` binary with compiled models cached in `cache` and no model override.
 pub fn htpkv(args: &[&str], cache: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_htpkv"))
-        .args(args)
-        .env("HTPKV_CACHE_DIR", cache)
-        .env_remove("HTPKV_MODEL_DIR")
-        .output()
-        .expect("runs")
+    htpkv_command(args, cache).output().expect("runs")
+}
+
+/// [`htpkv`] with `stdin` written to its standard input (`htpkv chat`'s turns).
+pub fn htpkv_with_stdin(args: &[&str], cache: &Path, stdin: &str) -> Output {
+    let mut child = htpkv_command(args, cache)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).unwrap();
+    drop(input);
+    child.wait_with_output().unwrap()
 }
 
 /// `htpkv compile --context 64 --ar 1,8 --convention aihub --tokenizer-json … --out dir/name`

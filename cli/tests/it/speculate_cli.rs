@@ -1,9 +1,8 @@
 //! `--speculate` of `htpkv generate` and `htpkv chat` as a user runs them: the same text as plain
 //! decoding, the counters in `--stats` and `--json`, clear refusals.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::Output;
 
 /// The embedded stories260K model.
 fn model_dir() -> String {
@@ -13,26 +12,6 @@ fn model_dir() -> String {
 
 fn scratch(name: &str) -> PathBuf {
     test_support::files::scratch("spec-cli", name)
-}
-
-/// Runs `htpkv` with `args` (compiled models cached in `cache`), `stdin` piped in.
-fn htpkv(args: &[&str], cache: &Path, stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_htpkv"))
-        .args(args)
-        .env("HTPKV_CACHE_DIR", cache)
-        .env_remove("HTPKV_MODEL_DIR")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("htpkv runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
 }
 
 fn ok(o: &Output) -> (String, String) {
@@ -52,18 +31,18 @@ fn generate_and_chat_print_plain_decodings_text_and_the_counters() {
         "--steps",
         "150",
     ];
-    let (plain, _) = ok(&htpkv(&base, &cache, ""));
+    let (plain, _) = ok(&crate::htpkv(&base, &cache));
     for update in ["shift", "smart_mask"] {
         let spec = [&base[..], &["--speculate", "prompt-lookup:3", "--stats"]].concat();
         let spec = [&spec[..], &["--update", update]].concat();
-        let (text, stats) = ok(&htpkv(&spec, &cache, ""));
+        let (text, stats) = ok(&crate::htpkv(&spec, &cache));
         assert_eq!(text, plain, "{update}");
         assert!(stats.contains("speculation (prompt-lookup:3):"), "{stats}");
         assert!(stats.contains("tokens per target call"), "{stats}");
         assert!(stats.contains("speedup"), "{stats}");
     }
     let json = [&base[..], &["--speculate", "prompt-lookup", "--json"]].concat();
-    let (doc, _) = ok(&htpkv(&json, &cache, ""));
+    let (doc, _) = ok(&crate::htpkv(&json, &cache));
     let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
     let spec = &doc["speculation"];
     assert_eq!(spec["speculator"], "prompt-lookup:4", "{doc}");
@@ -72,9 +51,9 @@ fn generate_and_chat_print_plain_decodings_text_and_the_counters() {
     assert_eq!(doc["ar"], serde_json::json!([1, 5, 32]), "K + 1 compiled");
     let turns = "Lily saw a cat.\nThe cat was sad.\n";
     let chat = ["chat", "--model", &model, "--steps", "60"];
-    let (plain, _) = ok(&htpkv(&chat, &cache, turns));
+    let (plain, _) = ok(&crate::htpkv_with_stdin(&chat, &cache, turns));
     let spec = [&chat[..], &["--speculate", "prompt-lookup:2"]].concat();
-    assert_eq!(ok(&htpkv(&spec, &cache, turns)).0, plain);
+    assert_eq!(ok(&crate::htpkv_with_stdin(&spec, &cache, turns)).0, plain);
 }
 
 #[test]
@@ -92,7 +71,7 @@ fn bad_speculators_and_models_without_a_wide_variant_are_refused() {
         ),
     ] {
         let all = [&["generate", "--model", &model, "--steps", "5"][..], &args].concat();
-        let o = htpkv(&all, &cache, "");
+        let o = crate::htpkv(&all, &cache);
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success() && err.contains(says), "{args:?}: {err}");
     }
