@@ -120,14 +120,21 @@ impl Sampler {
         (r >> 40) as f32 / (1u64 << 24) as f32
     }
 
+    /// How many of the latest tokens [`Sampler::sample_after`] reads: `penalty_last_n`, or 0 when
+    /// no penalty is set. A caller assembling a history needs no more ([`recent`]).
+    pub fn history_len(&self) -> usize {
+        let o = &self.options;
+        let off =
+            o.repeat_penalty == 1.0 && o.presence_penalty == 0.0 && o.frequency_penalty == 0.0;
+        if off { 0 } else { o.penalty_last_n }
+    }
+
     /// Chooses the token that follows `history` (every token before it): the penalties apply to
     /// the last `penalty_last_n` of them, then [`Sampler::sample`]. Without penalties it is
     /// `sample`.
     pub fn sample_after(&mut self, logits: &[f32], history: &[u32]) -> Result<u32, SamplerError> {
         let o = self.options;
-        let off =
-            o.repeat_penalty == 1.0 && o.presence_penalty == 0.0 && o.frequency_penalty == 0.0;
-        if off || o.penalty_last_n == 0 {
+        if self.history_len() == 0 {
             return self.sample(logits);
         }
         let mut penalized = std::mem::take(&mut self.penalized);
@@ -180,6 +187,20 @@ impl Sampler {
         let total: f32 = kept.iter().map(|p| p.0).sum();
         Ok(pick(kept, r * total))
     }
+}
+
+/// The last `n` tokens of `parts` joined (a history kept in pieces: the cached tokens, then the
+/// ones generated since).
+pub fn recent(parts: &[&[u32]], n: usize) -> Vec<u32> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut skip = total - n.min(total);
+    let mut out = Vec::with_capacity(total - skip);
+    for part in parts {
+        let from = skip.min(part.len());
+        skip -= from;
+        out.extend_from_slice(&part[from..]);
+    }
+    out
 }
 
 /// Applies the repetition, presence and frequency penalties of `o` for the tokens of `recent` to
@@ -384,6 +405,14 @@ mod tests {
         // The stages compose: top-k 4, then min-p 0.1 (>= 0.04: drops id 4), then top-p 0.95.
         assert_eq!(kept(4, 0.1, 0.95), vec![0, 1, 2, 3]);
         assert_eq!(kept(4, 0.2, 0.95), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn recent_keeps_the_last_n_tokens_of_the_pieces() {
+        assert_eq!(recent(&[&[1, 2, 3], &[4, 5]], 3), vec![3, 4, 5]);
+        assert_eq!(recent(&[&[1, 2, 3], &[4, 5]], 1), vec![5]);
+        assert_eq!(recent(&[&[1, 2], &[3]], 9), vec![1, 2, 3]);
+        assert_eq!(recent(&[&[1, 2], &[3]], 0), Vec::<u32>::new());
     }
 
     /// The penalties against their definitions on fixed logits.

@@ -446,7 +446,8 @@ impl Speculation {
         let copied = |s: &Session<B>| s.cache().counters().bytes_copied;
         let before_plan = copied(session);
         // Row i follows the cached tokens and run[..=i]: the penalties see what plain decoding sees.
-        let mut history = [session.tokens(), &run[..1]].concat();
+        let keep = sampler.history_len();
+        let mut history = crate::sampler::recent(&[session.tokens(), &run[..1]], keep);
         let logits = session
             .verify(&run)
             .map_err(during("a verification step"))?;

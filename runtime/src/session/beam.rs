@@ -190,7 +190,8 @@ impl<B: Backend> Session<B> {
                 if stops[i].is_some() {
                     continue;
                 }
-                let history = [&before[..], &tokens[i][..]].concat();
+                let keep = samplers[i].history_len();
+                let history = crate::sampler::recent(&[&before, &tokens[i]], keep);
                 let next = samplers[i].sample_after(&logits[i], &history)?;
                 if is_stop(next) {
                     stops[i] = Some(StopReason::EndOfText);
