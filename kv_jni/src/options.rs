@@ -109,9 +109,7 @@ impl OpenArgs {
                 .collect::<Result<_, _>>()?;
         } else if let Some(kind) = self.speculation()? {
             // As `--speculate` does: the verification variant joins the default ones.
-            options.ar.push(kind.verify_ar());
-            options.ar.sort_unstable();
-            options.ar.dedup();
+            options.ar = kind.with_verify_ar(options.ar);
         }
         Ok(options)
     }

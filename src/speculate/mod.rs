@@ -170,6 +170,15 @@ impl SpecKind {
         self.k() + 1
     }
 
+    /// `ar` with [`verify_ar`](Self::verify_ar) added (sorted, without repeats): the default
+    /// variants when speculation asks for none of its own.
+    pub fn with_verify_ar(&self, mut ar: Vec<usize>) -> Vec<usize> {
+        ar.push(self.verify_ar());
+        ar.sort_unstable();
+        ar.dedup();
+        ar
+    }
+
     /// The speculator for a target opened with `target` at context length `context` (a draft
     /// model is opened and compiled as [`draft::open`] says).
     pub fn open(
