@@ -189,7 +189,7 @@ fn ablate_sites(
     let smoothed = match smooth {
         Some(alpha) => Some(ablation::smooth_down(
             &m.config,
-            &*m.weights,
+            &m.weights,
             calibration,
             alpha,
         )?),

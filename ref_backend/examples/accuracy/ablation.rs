@@ -11,12 +11,13 @@
 //! quantizes something this list does not name.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use model::forward::{
     self, Activations, FloatCache, FloatKernels, Input, Kernels, Output, Pass, Positions,
 };
 use model::ops::{Rope, argmax, kl_logits};
-use model::{LayerTensor, LlamaConfig, NoTap, Tensor, WeightSource};
+use model::{FloatModel, LayerTensor, LlamaConfig, NoTap, Tensor, WeightSource};
 use quant::{QuantSpec, ScaleOffset, quantize_value};
 use ref_backend::CompiledModel;
 
@@ -220,14 +221,24 @@ impl model::Tap for HiddenMax {
 /// it. Returns the weights with `Up` and `Down` replaced.
 pub fn smooth_down<'a>(
     c: &LlamaConfig,
-    w: &'a dyn WeightSource,
+    weights: &'a Arc<model::Weights>,
     sequences: &[Vec<u32>],
     alpha: f32,
 ) -> Result<impl WeightSource + 'a, Error> {
     let mut max = HiddenMax(vec![vec![0.0; c.hidden_dim]; c.n_layers]);
+    let longest = sequences.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let mut f = FloatModel::new(c.clone(), Arc::clone(weights), longest)?;
     for seq in sequences.iter().filter(|s| !s.is_empty()) {
-        observe(c, w, seq, &mut max)?;
+        let positions: Vec<usize> = (0..seq.len()).collect();
+        let pass = Pass {
+            layers: 0..c.n_layers,
+            input: Input::Tokens(seq),
+            positions: Positions::Ids(&positions),
+            output: Output::Hidden,
+        };
+        f.run_pass(0, &pass, &mut max)?;
     }
+    let w: &dyn WeightSource = &**weights;
     let mut replaced = HashMap::new();
     for (l, xmax) in max.0.iter().enumerate() {
         let (up_t, down_t) = (
@@ -259,38 +270,6 @@ pub fn smooth_down<'a>(
         replaced.insert(down_t, down);
     }
     Ok(Overlay { base: w, replaced })
-}
-
-/// One causal f32 pass over `tokens`, `tap` observing it.
-fn observe(
-    c: &LlamaConfig,
-    w: &dyn WeightSource,
-    tokens: &[u32],
-    tap: &mut dyn model::Tap,
-) -> Result<(), Error> {
-    let rope = Rope::new(c.head_dim, &c.rope);
-    let mut cache = FloatCache::new(c, tokens.len())?;
-    let (mut scores, mut last) = (vec![0.0; tokens.len()], vec![0.0; c.vocab_size]);
-    let mut transposed = Vec::new();
-    let positions: Vec<usize> = (0..tokens.len()).collect();
-    let pass = Pass {
-        layers: 0..c.n_layers,
-        input: Input::Tokens(tokens),
-        positions: Positions::Ids(&positions),
-        output: Output::Hidden,
-    };
-    let mut k = FloatKernels {
-        config: c,
-        weights: w,
-        cache: &mut cache,
-        pos0: 0,
-        scores: &mut scores,
-        logits: &mut last,
-        transposed: &mut transposed,
-    };
-    let mut acts = Activations::new(c, tokens.len());
-    forward::run(c, &rope, &mut k, &mut acts, &pass, tap)?;
-    Ok(())
 }
 
 /// The f32 weights, with some matrices replaced by the executor's i8 weights dequantized.
