@@ -162,6 +162,7 @@ fn run(
     let options = GenerateOptions {
         max_tokens: tokens,
         sampler: SamplerOptions::default(),
+        ..GenerateOptions::default()
     };
     let before = engine.stats();
     let generation = if chat {

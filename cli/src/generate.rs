@@ -139,6 +139,9 @@ pub struct GenerateArgs {
     /// Random seed (with temperature > 0).
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Stop when the text contains STR (repeatable; matched across tokens, never printed).
+    #[arg(long, value_name = "STR")]
+    stop: Vec<String>,
     /// Print speed, KV counters and peak memory to stderr.
     #[arg(long)]
     pub stats: bool,
@@ -322,8 +325,13 @@ fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
             penalty_last_n: args.penalty_last_n,
             seed: args.seed,
         },
+        stop: args.stop.clone(),
+        cancel: None,
+        constraint: None,
+        ..GenerateOptions::default()
     };
     Sampler::new(generate.sampler)?;
+    generate.check()?;
     Ok(Checked { run, generate })
 }
 
@@ -551,6 +559,7 @@ fn finish(
             "generated_tokens": generation.tokens.len(),
             "tokens": generation.tokens,
             "stop": format!("{:?}", generation.stop),
+            "finish_reason": generation.stop.finish_reason(),
             "backend": engine.session().backend().name(),
             "update": strategy.name(),
             "qnn_memory": engine.memory_report().map(|m| serde_json::json!({
@@ -589,7 +598,11 @@ fn finish(
             "stopped: the context of {} tokens is full (use --context to compile a longer one, up to the model's, or --overflow slide to go on)",
             engine.capacity() + 1
         ),
-        StopReason::EndOfText | StopReason::MaxTokens | StopReason::Callback => {}
+        StopReason::Cancelled => eprintln!("stopped: cancelled"),
+        StopReason::EndOfText
+        | StopReason::StopString
+        | StopReason::MaxTokens
+        | StopReason::Callback => {}
     }
     if args.stats {
         print_stats(engine, strategy);

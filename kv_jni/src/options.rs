@@ -132,15 +132,15 @@ pub fn generate_options(
 ) -> Result<GenerateOptions, GlueError> {
     let max_tokens = usize::try_from(max_tokens)
         .map_err(|_| GlueError::bad_option(format!("maxTokens must be >= 0, got {max_tokens}")))?;
-    Ok(GenerateOptions {
+    Ok(GenerateOptions::new(
         max_tokens,
-        sampler: SamplerOptions {
+        SamplerOptions {
             temperature,
             top_p,
             seed: seed as u64,
             ..SamplerOptions::default()
         },
-    })
+    ))
 }
 
 /// A Java `int` that must be a length or position (>= 0).
@@ -166,6 +166,8 @@ pub fn stop_name(stop: StopReason) -> &'static str {
         StopReason::MaxTokens => "max_tokens",
         StopReason::ContextFull => "context_full",
         StopReason::Callback => "callback",
+        StopReason::StopString => "stop_string",
+        StopReason::Cancelled => "cancelled",
     }
 }
 

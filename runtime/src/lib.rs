@@ -4,6 +4,7 @@
 //!   executor in `htpkv_reference`, QNN context binaries in `htpkv_qnn`) and the graph IO it binds;
 //! - [`session`]: a [`session::Session`] runs steps over the KV cache (`kv_manager`), with beams,
 //!   cross-attention, overflow rules and several contexts;
+//! - [`constraint`]: the logit-mask seam of constrained decoding (JSON schema, regex, grammar);
 //! - [`sampler`], [`text`] (tokenizers and chat formats), [`convention`] (which tensor is which);
 //! - [`persist`]: a session saved to a file and restored.
 //!
@@ -11,6 +12,7 @@
 //! them together.
 
 pub mod backend;
+pub mod constraint;
 pub mod convention;
 pub mod persist;
 pub mod sampler;

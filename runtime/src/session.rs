@@ -5,7 +5,7 @@ use crate::backend::{
     Backend, BackendError, GraphDesc, InputBuffer, IoRole, IoTensor, OutputBuffer,
 };
 use crate::convention::{self, MaskEncoding};
-use crate::sampler::{Sampler, SamplerError, SamplerOptions};
+use crate::sampler::{Sampler, SamplerError};
 use kv_manager::{
     CacheSpec, Counters, Geometry, Granularity, KLayout, KvCache, KvError, KvIo, KvTensor,
     RegionAllocator, Strategy, TensorKind, encodings_from_graphs,
@@ -18,10 +18,15 @@ use std::time::Instant;
 mod beam;
 mod contexts;
 mod cross;
+mod generate;
 mod overflow;
 mod verify;
 pub use beam::{Beam, BeamMemory, BeamOptions, BeamSearch, Samples, decode_text};
 use contexts::Tiers;
+pub use generate::{
+    Cancel, GenerateOptions, Generation, MAX_STOP_BYTES, MAX_STOPS, StopReason, TextOutput,
+    Utf8Stream, find_stop, stop_prefix_len,
+};
 pub use overflow::{Overflow, SlideEvent, SlidePositions};
 
 /// Errors of the runtime.
@@ -38,6 +43,8 @@ pub enum SessionError {
     Sampler(#[from] SamplerError),
     #[error(transparent)]
     Beam(#[from] kv_manager::BeamError),
+    #[error(transparent)]
+    Constraint(#[from] crate::constraint::ConstraintError),
     /// A runtime-made input (mask, RoPE table) or the logits could not be encoded or decoded.
     #[error("encoding a graph input or decoding the logits")]
     Encode(#[source] quant::QuantError),
@@ -62,7 +69,7 @@ pub enum SessionError {
 }
 
 impl SessionError {
-    /// The error's kind (`context_full`, `kv`, `bad_option`, `backend`, `bad_model`).
+    /// The error's kind (`context_full`, `kv`, `bad_option`, `backend`, `bad_model`, `constraint`).
     pub fn kind(&self) -> &'static str {
         match self {
             SessionError::PromptTooLong { .. } => "context_full",
@@ -73,6 +80,7 @@ impl SessionError {
                 "bad_option"
             }
             SessionError::Graphs(_) | SessionError::Encode(_) => "bad_model",
+            SessionError::Constraint(_) => "constraint",
         }
     }
 }
@@ -1045,80 +1053,6 @@ impl<B: Backend> Session<B> {
     }
 }
 
-/// Why generation stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopReason {
-    /// The model produced EOS or BOS (end of a story).
-    EndOfText,
-    /// `max_tokens` were generated.
-    MaxTokens,
-    /// The context is full.
-    ContextFull,
-    /// The token callback asked to stop.
-    Callback,
-}
-
-/// Options of one generation.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GenerateOptions {
-    pub max_tokens: usize,
-    pub sampler: SamplerOptions,
-}
-
-/// The result of one generation.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Generation {
-    pub prompt_tokens: Vec<u32>,
-    pub tokens: Vec<u32>,
-    pub text: String,
-    pub stop: StopReason,
-}
-
-/// Turns byte pieces into valid UTF-8 text as they stream: incomplete sequences wait for their next
-/// bytes, invalid bytes become U+FFFD.
-#[derive(Debug, Default, Clone)]
-pub struct Utf8Stream {
-    pending: Vec<u8>,
-}
-
-impl Utf8Stream {
-    /// Adds bytes; returns the text that is complete.
-    pub fn push(&mut self, bytes: &[u8]) -> String {
-        self.pending.extend_from_slice(bytes);
-        let mut out = String::new();
-        loop {
-            match std::str::from_utf8(&self.pending) {
-                Ok(s) => {
-                    out.push_str(s);
-                    self.pending.clear();
-                    return out;
-                }
-                Err(e) => {
-                    let valid = e.valid_up_to();
-                    out.push_str(std::str::from_utf8(&self.pending[..valid]).expect("validated"));
-                    match e.error_len() {
-                        Some(bad) => {
-                            out.push('\u{FFFD}');
-                            self.pending.drain(..valid + bad);
-                        }
-                        None => {
-                            self.pending.drain(..valid);
-                            return out;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Flushes what is left (an incomplete sequence becomes U+FFFD).
-    pub fn finish(&mut self) -> String {
-        let out = String::from_utf8_lossy(&self.pending).into_owned();
-        self.pending.clear();
-        out
-    }
-}
-
 /// Tokenizer operations generation needs (implemented for `model::llama2c::Tokenizer` here and for Hugging
 /// Face tokenizers in [`crate::text`]).
 pub trait TextCodec {
@@ -1211,67 +1145,5 @@ impl<B: Backend> Session<B> {
             });
         }
         Ok(tokens)
-    }
-
-    /// Generates text after `prompt`. When the cache is empty the prompt starts with BOS; otherwise it
-    /// continues the cached text, and an empty prompt continues from the last logits (e.g. of a
-    /// restored session). Text streams to `on_text` in valid UTF-8 pieces; returning false stops.
-    pub fn generate(
-        &mut self,
-        codec: &dyn TextCodec,
-        prompt: &str,
-        options: &GenerateOptions,
-        on_text: &mut dyn FnMut(&str) -> bool,
-    ) -> Result<Generation, SessionError> {
-        let mut sampler = Sampler::new(options.sampler)?;
-        let prompt_tokens = self.encode_fitting(codec, prompt)?;
-        let continuing = prompt_tokens.is_empty() && !self.last_logits.is_empty();
-        if prompt_tokens.is_empty() && !continuing {
-            return Err(SessionError::Input(
-                "the prompt encodes to no tokens".into(),
-            ));
-        }
-        if !continuing {
-            self.prefill(&prompt_tokens)?;
-        }
-        let mut prev = *self.tokens.last().unwrap_or(&BOS);
-        let mut tokens = Vec::new();
-        let mut text = String::new();
-        let mut utf8 = Utf8Stream::default();
-        let mut stop = StopReason::MaxTokens;
-        while tokens.len() < options.max_tokens {
-            let next = self.sample(&mut sampler)?;
-            if codec.is_stop(next) {
-                stop = StopReason::EndOfText;
-                break;
-            }
-            tokens.push(next);
-            let piece = utf8.push(&codec.decode_piece(prev, next));
-            text.push_str(&piece);
-            if !piece.is_empty() && !on_text(&piece) {
-                stop = StopReason::Callback;
-                break;
-            }
-            prev = next;
-            if tokens.len() == options.max_tokens {
-                break;
-            }
-            if self.overflow == Overflow::Stop && self.cache.len() + 1 > self.capacity() {
-                stop = StopReason::ContextFull;
-                break;
-            }
-            self.decode(next)?;
-        }
-        let tail = utf8.finish();
-        if !tail.is_empty() {
-            text.push_str(&tail);
-            on_text(&tail);
-        }
-        Ok(Generation {
-            prompt_tokens,
-            tokens,
-            text,
-            stop,
-        })
     }
 }

@@ -27,7 +27,7 @@
 use crate::backend::Backend;
 use crate::sampler::Sampler;
 use crate::session::{
-    GenerateOptions, Generation, Overflow, Session, SessionError, StopReason, TextCodec, Utf8Stream,
+    GenerateOptions, Generation, Session, SessionError, StopReason, TextCodec, TextOutput,
 };
 use std::path::PathBuf;
 use std::time::Instant;
@@ -262,46 +262,6 @@ enum Next {
     Stop(StopReason),
 }
 
-/// The generated text so far, streamed as [`Session::generate`] streams it.
-struct Output<'a> {
-    codec: &'a dyn TextCodec,
-    on_text: &'a mut dyn FnMut(&str) -> bool,
-    tokens: Vec<u32>,
-    text: String,
-    utf8: Utf8Stream,
-    prev: u32,
-    max: usize,
-}
-
-impl Output<'_> {
-    /// Adds a generated token; `Some` when generation ends after it (the callback asked to stop,
-    /// or the token budget is spent).
-    fn push(&mut self, token: u32) -> Option<StopReason> {
-        self.tokens.push(token);
-        let piece = self.utf8.push(&self.codec.decode_piece(self.prev, token));
-        self.text.push_str(&piece);
-        self.prev = token;
-        if !piece.is_empty() && !(self.on_text)(&piece) {
-            return Some(StopReason::Callback);
-        }
-        (self.tokens.len() == self.max).then_some(StopReason::MaxTokens)
-    }
-
-    fn finish(mut self, prompt_tokens: Vec<u32>, stop: StopReason) -> Generation {
-        let tail = self.utf8.finish();
-        if !tail.is_empty() {
-            self.text.push_str(&tail);
-            (self.on_text)(&tail);
-        }
-        Generation {
-            prompt_tokens,
-            tokens: self.tokens,
-            text: self.text,
-            stop,
-        }
-    }
-}
-
 impl Speculation {
     /// Speculative decoding with `speculator`.
     pub fn new(speculator: Box<dyn Speculator>) -> Speculation {
@@ -341,46 +301,41 @@ impl Speculation {
         options: &GenerateOptions,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Generation, SpeculateError> {
+        options.check().map_err(during("the generation options"))?;
+        if options.constraint.is_some() {
+            return Err(during("the generation options")(SessionError::Input(
+                "constrained output (a schema, regex or grammar) is not combined with speculative \
+                 decoding"
+                    .into(),
+            )));
+        }
         let mut sampler = Sampler::new(options.sampler)
             .map_err(SessionError::from)
             .map_err(during("the sampler options"))?;
-        let prompt_tokens = start(session, codec, prompt)?;
-        let mut out = Output {
-            codec,
-            on_text,
-            tokens: Vec::new(),
-            text: String::new(),
-            utf8: Utf8Stream::default(),
-            prev: *session.tokens().last().unwrap_or(&crate::session::BOS),
-            max: options.max_tokens,
-        };
-        let mut stop = StopReason::MaxTokens;
+        let prompt_tokens = session
+            .start_generation(codec, prompt)
+            .map_err(during("starting"))?;
+        let mut out = TextOutput::new(codec, options, session.tokens().last().copied(), on_text);
         let mut chosen = None;
-        while out.tokens.len() < options.max_tokens {
+        let stop = loop {
+            if let Some(s) = out.stop_before_first() {
+                break s;
+            }
             let next = match chosen.take() {
                 Some(t) => t,
                 None => session.sample(&mut sampler).map_err(during("sampling"))?,
             };
             if codec.is_stop(next) {
-                stop = StopReason::EndOfText;
-                break;
+                break StopReason::EndOfText;
             }
-            if let Some(s) = out.push(next) {
-                stop = s;
-                break;
-            }
-            if session.overflow() == Overflow::Stop && session.len() + 1 > session.capacity() {
-                stop = StopReason::ContextFull;
-                break;
+            if let Some(s) = out.push(next).or_else(|| session.stop_before_decode(&out)) {
+                break s;
             }
             match self.step(session, &mut out, next, &mut sampler)? {
                 Next::Go(t) => chosen = t,
-                Next::Stop(s) => {
-                    stop = s;
-                    break;
-                }
+                Next::Stop(s) => break s,
             }
-        }
+        };
         Ok(out.finish(prompt_tokens, stop))
     }
 
@@ -388,14 +343,14 @@ impl Speculation {
     fn step<B: Backend>(
         &mut self,
         session: &mut Session<B>,
-        out: &mut Output<'_>,
+        out: &mut TextOutput<'_>,
         next: u32,
         sampler: &mut Sampler,
     ) -> Result<Next, SpeculateError> {
         let started = Instant::now();
         // Tokens emitted after `next` stay below the budget, so the last one is never cached
         // (as plain decoding leaves it).
-        let budget = out.max - out.tokens.len() - 1;
+        let budget = out.budget_left() - 1;
         let mut history = session.tokens().to_vec();
         history.push(next);
         let want = self.speculator.max_proposal().min(budget);
@@ -443,7 +398,7 @@ impl Speculation {
     fn verify<B: Backend>(
         &mut self,
         session: &mut Session<B>,
-        out: &mut Output<'_>,
+        out: &mut TextOutput<'_>,
         next: u32,
         proposal: &Proposal,
         sampler: &mut Sampler,
@@ -486,7 +441,7 @@ impl Speculation {
         let mut result = Next::Go(differing);
         let mut keep = 1 + accepted;
         for (i, &token) in proposal.tokens[..accepted].iter().enumerate() {
-            if out.codec.is_stop(token) {
+            if out.codec().is_stop(token) {
                 (keep, result) = (1 + i, Next::Stop(StopReason::EndOfText));
                 break;
             }
@@ -503,28 +458,4 @@ impl Speculation {
             .outcome(proposal.tokens.len(), accepted, keep, ar, copies);
         Ok((result, keep, accepted))
     }
-}
-
-/// Tokenizes and prefills `prompt` as [`Session::generate`] does (an empty prompt continues from
-/// the last logits); returns the prompt's tokens.
-fn start<B: Backend>(
-    session: &mut Session<B>,
-    codec: &dyn TextCodec,
-    prompt: &str,
-) -> Result<Vec<u32>, SpeculateError> {
-    let prompt_tokens = session
-        .encode_fitting(codec, prompt)
-        .map_err(during("tokenizing the prompt"))?;
-    let continuing = prompt_tokens.is_empty() && !session.last_logits().is_empty();
-    if prompt_tokens.is_empty() && !continuing {
-        return Err(during("starting")(SessionError::Input(
-            "the prompt encodes to no tokens".into(),
-        )));
-    }
-    if !continuing {
-        session
-            .prefill(&prompt_tokens)
-            .map_err(during("prefilling the prompt"))?;
-    }
-    Ok(prompt_tokens)
 }

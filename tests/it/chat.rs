@@ -25,6 +25,7 @@ fn greedy(max_tokens: usize) -> GenerateOptions {
             seed: 1,
             ..SamplerOptions::default()
         },
+        ..GenerateOptions::default()
     }
 }
 

@@ -291,6 +291,7 @@ fn sessions_on_one_model_from_threads_give_the_sequential_texts() {
         let options = GenerateOptions {
             max_tokens: 150,
             sampler: Default::default(),
+            ..GenerateOptions::default()
         };
         s.generate(model.tokenizer(), prompt, &options, &mut |_| true)
             .expect("generate")

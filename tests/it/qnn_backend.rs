@@ -29,6 +29,7 @@ fn generation_through_the_qnn_library_is_bit_identical() {
     let generate = GenerateOptions {
         max_tokens: 150,
         sampler: Default::default(),
+        ..GenerateOptions::default()
     };
     for update in [
         Strategy::SHIFT_2X,
@@ -155,6 +156,7 @@ fn windowed_generation_through_the_qnn_library_is_bit_identical() {
     let generate = GenerateOptions {
         max_tokens: 100,
         sampler: Default::default(),
+        ..GenerateOptions::default()
     };
     for update in [Strategy::SHIFT_2X, Strategy::Naive] {
         let local = options(update, BackendChoice::Reference, &cache);

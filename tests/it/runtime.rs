@@ -171,6 +171,7 @@ fn generation_stops_at_the_context_limit() {
             &htpkv::session::GenerateOptions {
                 max_tokens: 1000,
                 sampler: Default::default(),
+                ..Default::default()
             },
             &mut |_| true,
         )
@@ -407,6 +408,7 @@ fn feed_last_lets_a_resumed_generation_continue_the_same_text() {
     let options = |max_tokens| GenerateOptions {
         max_tokens,
         sampler: Default::default(),
+        ..GenerateOptions::default()
     };
     let dir = scratch_dir("feed");
     let path = dir.join("s.session");

@@ -48,6 +48,7 @@ fn greedy(max_tokens: usize) -> GenerateOptions {
     GenerateOptions {
         max_tokens,
         sampler: SamplerOptions::default(),
+        ..GenerateOptions::default()
     }
 }
 
@@ -382,6 +383,7 @@ fn sampling_with_proposals_keeps_the_target_distribution() {
                 seed,
                 ..SamplerOptions::default()
             },
+            ..GenerateOptions::default()
         };
         let g = match spec {
             Some(spec) => spec.generate(&mut s, &tok, prompt, &options, &mut |_| true),
