@@ -7,7 +7,9 @@
 //! longer than the context goes on, the policy dropping the oldest turns' tokens.
 
 use crate::generate::{GenerateArgs, open_engine, print_stats, set_overflow, speculate, stream};
+use crate::interrupt;
 use anyhow::Context;
+use htpkv::session::GenerateOptions;
 use std::io::{BufRead, Write};
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
@@ -24,6 +26,10 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         Ok(())
     };
     start(&mut engine)?;
+    let options = GenerateOptions {
+        cancel: Some(interrupt::cancel_on_ctrl_c()),
+        ..checked.generate.clone()
+    };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     for line in std::io::stdin().lock().lines() {
@@ -40,9 +46,11 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         }
         engine.append_turn("user", &line)?;
         let mut failed = None;
-        engine.generate("", &checked.generate, &mut |piece| {
+        let generating = interrupt::Generating::start();
+        engine.generate("", &options, &mut |piece| {
             stream(&mut out, piece, &mut failed)
         })?;
+        drop(generating);
         if let Some(e) = failed {
             return Err(e).context("writing to stdout");
         }

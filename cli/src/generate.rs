@@ -1,5 +1,6 @@
 //! `htpkv generate`: stream a story from the model, compiled on first use.
 
+use crate::interrupt;
 use anyhow::Context;
 use htpkv::engine::{BackendChoice, Engine, EngineOptions, LayerWindows};
 use htpkv::sampler::{Sampler, SamplerOptions};
@@ -479,7 +480,11 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         return beams::run(&args, &checked, &mut engine);
     }
     let strategy = checked.run.engine.strategy;
-    let generate = checked.generate;
+    let generate = GenerateOptions {
+        cancel: Some(interrupt::cancel_on_ctrl_c()),
+        ..checked.generate
+    };
+    let generating = interrupt::Generating::start();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut write_failed = None;
@@ -504,6 +509,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             engine.generate(&args.prompt, &generate, &mut on_piece)?
         }
     };
+    drop(generating);
     finish(
         &args,
         &mut engine,

@@ -19,19 +19,23 @@
 //! `compile`, `bad_option`, `context_full`, `kv`, `backend`, `io`, `qnn`, `budget`) plus `closed`,
 //! `busy`, `poisoned`, `panic` and `jni` (see [`error`]).
 
+mod cancel;
 pub mod error;
 pub mod log;
 pub mod options;
 pub mod registry;
 
+use crate::cancel::Cancels;
 use crate::error::{GlueError, KIND_JNI, KIND_PANIC};
-use crate::options::{OpenArgs, generate_options, length, stop_name, to_jint, to_jlong};
+use crate::options::{
+    OpenArgs, SamplerArgs, generate_options, length, stop_name, to_jint, to_jlong,
+};
 use crate::registry::{Registry, lock};
 use htpkv::engine::{Engine, EngineOptions, Model, budget_json};
 use jni::errors::ErrorPolicy;
-use jni::objects::{JClass, JIntArray, JObject, JString, JThrowable, JValue};
+use jni::objects::{JClass, JIntArray, JObject, JObjectArray, JString, JThrowable, JValue};
 use jni::refs::Reference as _;
-use jni::sys::{jboolean, jfloat, jint, jlong};
+use jni::sys::{jboolean, jint, jlong};
 use jni::{Env, EnvUnowned, jni_sig, jni_str};
 use std::sync::Arc;
 
@@ -41,6 +45,8 @@ static SESSIONS: Registry<Engine> = Registry::new();
 /// Every open model (`org.htpkv.HtpkvModel`), by handle. A session holds its model, so closing a model
 /// does not end its sessions.
 static MODELS: Registry<Arc<Model>> = Registry::new();
+/// The cancel handles of the generations running (or waiting for their session), by session.
+static CANCELS: Cancels = Cancels::new();
 
 /// Compile-time check: an engine may move to whichever JVM thread calls.
 #[allow(dead_code)]
@@ -218,6 +224,80 @@ fn string_field(
         .l()?;
     let value = env.cast_local::<JString<'_>>(value)?;
     optional_string(env, &value)
+}
+
+/// The fields of a `SamplerOptions`.
+fn sampler_args(env: &mut Env<'_>, s: &JObject<'_>) -> Result<SamplerArgs, GlueError> {
+    if s.is_null() {
+        return Ok(SamplerArgs::default());
+    }
+    let mut float =
+        |name| -> Result<f32, GlueError> { Ok(env.get_field(s, name, jni_sig!("F"))?.f()?) };
+    let (temperature, top_p, min_p) = (
+        float(jni_str!("temperature"))?,
+        float(jni_str!("topP"))?,
+        float(jni_str!("minP"))?,
+    );
+    let (repeat_penalty, presence_penalty, frequency_penalty) = (
+        float(jni_str!("repeatPenalty"))?,
+        float(jni_str!("presencePenalty"))?,
+        float(jni_str!("frequencyPenalty"))?,
+    );
+    Ok(SamplerArgs {
+        temperature,
+        top_p,
+        top_k: env.get_field(s, jni_str!("topK"), jni_sig!("I"))?.i()?,
+        min_p,
+        repeat_penalty,
+        presence_penalty,
+        frequency_penalty,
+        penalty_last_n: env
+            .get_field(s, jni_str!("penaltyLastN"), jni_sig!("I"))?
+            .i()?,
+        seed: env.get_field(s, jni_str!("seed"), jni_sig!("J"))?.j()?,
+    })
+}
+
+/// A Java `String[]` (null: empty); a null element is refused (kind `bad_option`).
+fn string_array(
+    env: &mut Env<'_>,
+    array: &JObjectArray<'_>,
+    what: &str,
+) -> Result<Vec<String>, GlueError> {
+    if array.is_null() {
+        return Ok(Vec::new());
+    }
+    let len = array.len(env)?;
+    if len > htpkv::session::MAX_STOPS {
+        return Err(GlueError::bad_option(format!(
+            "{what}: {len} strings; at most {} are accepted",
+            htpkv::session::MAX_STOPS
+        )));
+    }
+    (0..len)
+        .map(|i| {
+            env.with_local_frame(4, |env| -> Result<String, GlueError> {
+                let item = array.get_element(env, i)?;
+                let item = env.cast_local::<JString<'_>>(item)?;
+                required_string(env, &item, what)
+            })
+        })
+        .collect()
+}
+
+/// `static native void nativeCancel(long handle)`: cancels the generation running on the session,
+/// or waiting for it (it stops at its next step boundary, stop reason `cancelled`); nothing when
+/// none is. Never waits for the session's lock.
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeCancel<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+) {
+    entry(&mut env, |_env| {
+        CANCELS.cancel(handle);
+        Ok(())
+    })
 }
 
 fn log_progress(line: &str) {
@@ -398,9 +478,11 @@ pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeClose<'local>(
     entry(&mut env, |_env| SESSIONS.remove(handle))
 }
 
-/// `static native Generation nativeGenerate(...)`: generates text after `prompt`, streaming pieces
-/// to `callback` (may be null). The callback returning false stops generation (stop reason
-/// `callback`); a Java exception thrown by it stops generation and propagates.
+/// `static native Generation nativeGenerate(...)`: generates text after `prompt` with `sampler`'s
+/// options (a `SamplerOptions`, never null: Java passes the greedy defaults) and `stop` strings
+/// (may be null), streaming pieces to `callback` (may be null). The callback returning false stops
+/// generation (stop reason `callback`); a Java exception thrown by it stops generation and
+/// propagates; `nativeCancel` from another thread stops it (stop reason `cancelled`).
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
 pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeGenerate<'local>(
@@ -409,14 +491,16 @@ pub extern "system" fn Java_org_htpkv_HtpkvSession_nativeGenerate<'local>(
     handle: jlong,
     prompt: JString<'local>,
     max_tokens: jint,
-    temperature: jfloat,
-    top_p: jfloat,
-    seed: jlong,
+    sampler: JObject<'local>,
+    stop: JObjectArray<'local>,
     callback: JObject<'local>,
 ) -> JObject<'local> {
     entry(&mut env, |env| {
         let prompt = required_string(env, &prompt, "prompt")?;
-        let options = generate_options(max_tokens, temperature, top_p, seed)?;
+        let sampler = sampler_args(env, &sampler)?;
+        let stop = string_array(env, &stop, "stop")?;
+        let mut options = generate_options(max_tokens, &sampler, stop)?;
+        let _running = CANCELS.register(handle, &mut options);
         let session = SESSIONS.get(handle)?;
         let mut engine = lock(&session)?;
         let mut callback_error: Option<GlueError> = None;

@@ -122,25 +122,62 @@ impl OpenArgs {
     }
 }
 
-/// Generation options from Java's `maxTokens` and sampler fields. The seed's 64 bits are used as
-/// they are (a negative Java `long` is a large seed).
+/// The fields of a Java `SamplerOptions`, as read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplerArgs {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: i32,
+    pub min_p: f32,
+    pub repeat_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub penalty_last_n: i32,
+    pub seed: i64,
+}
+
+impl Default for SamplerArgs {
+    /// The Java defaults, which are the runtime's.
+    fn default() -> Self {
+        let d = SamplerOptions::default();
+        SamplerArgs {
+            temperature: d.temperature,
+            top_p: d.top_p,
+            top_k: 0,
+            min_p: d.min_p,
+            repeat_penalty: d.repeat_penalty,
+            presence_penalty: d.presence_penalty,
+            frequency_penalty: d.frequency_penalty,
+            penalty_last_n: d.penalty_last_n as i32,
+            seed: d.seed as i64,
+        }
+    }
+}
+
+/// Generation options from Java's `maxTokens`, sampler fields and stop strings. The seed's 64 bits
+/// are used as they are (a negative Java `long` is a large seed); the values are checked by the
+/// sampler and the generation (kind `bad_option`).
 pub fn generate_options(
     max_tokens: i32,
-    temperature: f32,
-    top_p: f32,
-    seed: i64,
+    s: &SamplerArgs,
+    stop: Vec<String>,
 ) -> Result<GenerateOptions, GlueError> {
-    let max_tokens = usize::try_from(max_tokens)
-        .map_err(|_| GlueError::bad_option(format!("maxTokens must be >= 0, got {max_tokens}")))?;
-    Ok(GenerateOptions::new(
-        max_tokens,
-        SamplerOptions {
-            temperature,
-            top_p,
-            seed: seed as u64,
-            ..SamplerOptions::default()
-        },
-    ))
+    let max_tokens = length(max_tokens, "maxTokens")?;
+    let sampler = SamplerOptions {
+        temperature: s.temperature,
+        top_p: s.top_p,
+        top_k: length(s.top_k, "topK")?,
+        min_p: s.min_p,
+        repeat_penalty: s.repeat_penalty,
+        presence_penalty: s.presence_penalty,
+        frequency_penalty: s.frequency_penalty,
+        penalty_last_n: length(s.penalty_last_n, "penaltyLastN")?,
+        seed: s.seed as u64,
+    };
+    Ok(GenerateOptions {
+        stop,
+        ..GenerateOptions::new(max_tokens, sampler)
+    })
 }
 
 /// A Java `int` that must be a length or position (>= 0).
@@ -327,15 +364,30 @@ mod tests {
 
     #[test]
     fn generate_options_check_counts_and_keep_seed_bits() {
-        let g = generate_options(40, 0.0, 0.9, -1).unwrap();
+        let args = SamplerArgs {
+            seed: -1,
+            top_k: 40,
+            min_p: 0.05,
+            repeat_penalty: 1.1,
+            ..SamplerArgs::default()
+        };
+        let g = generate_options(40, &args, vec!["\n\n".into()]).unwrap();
         assert_eq!(g.max_tokens, 40);
         assert_eq!(g.sampler.seed, u64::MAX);
-        assert_eq!(
-            generate_options(-1, 0.0, 0.9, 1).unwrap_err().kind(),
-            KIND_BAD_OPTION
-        );
+        assert_eq!((g.sampler.top_k, g.sampler.min_p), (40, 0.05));
+        assert_eq!(g.sampler.repeat_penalty, 1.1);
+        assert_eq!(g.stop, ["\n\n"]);
+        assert_eq!(SamplerArgs::default().penalty_last_n, 64);
+        let bad = |a: SamplerArgs, n| generate_options(n, &a, vec![]).unwrap_err().kind();
+        assert_eq!(bad(SamplerArgs::default(), -1), KIND_BAD_OPTION);
+        let top_k = SamplerArgs {
+            top_k: -1,
+            ..SamplerArgs::default()
+        };
+        assert_eq!(bad(top_k, 1), KIND_BAD_OPTION);
         assert_eq!(length(-3, "len").unwrap_err().kind(), KIND_BAD_OPTION);
         assert_eq!(to_jint(usize::MAX), i32::MAX);
         assert_eq!(stop_name(StopReason::Callback), "callback");
+        assert_eq!(stop_name(StopReason::Cancelled), "cancelled");
     }
 }

@@ -10,6 +10,7 @@ mod genie_cli;
 mod hostile_budget_cli;
 mod hostile_cli;
 mod hostile_files_cli;
+mod interrupt_cli;
 mod model_budget_cli;
 mod qnn_cli;
 mod real_qnn;
@@ -21,7 +22,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 /// The `htpkv` binary with `args`, compiled models cached in `cache` and no model override.
-fn htpkv_command(args: &[&str], cache: &Path) -> Command {
+pub fn htpkv_command(args: &[&str], cache: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_htpkv"));
     command
         .args(args)

@@ -92,6 +92,11 @@ impl Cancel {
         self.flag().store(true, Ordering::Release);
     }
 
+    /// True when `other` is a clone of this handle (they share one flag).
+    pub fn same_flag(&self, other: &Cancel) -> bool {
+        std::ptr::eq(self.flag(), other.flag())
+    }
+
     /// True once [`Cancel::cancel`] was called.
     pub fn is_cancelled(&self) -> bool {
         self.flag().load(Ordering::Acquire)
@@ -435,5 +440,78 @@ impl<B: Backend> Session<B> {
             self.decode(next)?;
         };
         Ok(out.finish(prompt_tokens, stop))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stops(s: &[&str]) -> Vec<String> {
+        s.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_held_back_ending_is_the_longest_start_of_a_stop_string() {
+        assert_eq!(stop_prefix_len("hello wor", &stops(&["world"])), 3);
+        assert_eq!(stop_prefix_len("abc", &stops(&["c!", "bc?"])), 2);
+        assert_eq!(stop_prefix_len("abc", &stops(&["x", "cc"])), 1);
+        assert_eq!(stop_prefix_len("abc", &stops(&[])), 0);
+        // A whole stop string is a match, not a held-back start.
+        assert_eq!(stop_prefix_len("abc", &stops(&["bc"])), 0);
+        // A shorter text than the stop string: the whole text may be held back.
+        assert_eq!(stop_prefix_len("ab", &stops(&["abcdef"])), 2);
+        // Multi-byte: the ending starts on a character boundary.
+        let text = "café";
+        let k = stop_prefix_len(text, &stops(&["é!"]));
+        assert_eq!(k, 2);
+        assert!(text.is_char_boundary(text.len() - k));
+    }
+
+    #[test]
+    fn the_earliest_stop_string_wins() {
+        let s = stops(&["cd", "b"]);
+        assert_eq!(find_stop("abcd", 0, &s), Some(1));
+        assert_eq!(find_stop("abcd", 2, &s), Some(2));
+        assert_eq!(find_stop("abcd", 3, &s), None);
+    }
+
+    #[test]
+    fn finish_reasons_are_openais_names() {
+        use StopReason::*;
+        let names: Vec<_> = [
+            EndOfText,
+            StopString,
+            MaxTokens,
+            ContextFull,
+            Cancelled,
+            Callback,
+        ]
+        .map(StopReason::finish_reason)
+        .to_vec();
+        assert_eq!(
+            names,
+            [
+                "stop",
+                "stop",
+                "length",
+                "context",
+                "cancelled",
+                "cancelled"
+            ]
+        );
+    }
+
+    #[test]
+    fn clones_of_a_cancel_handle_share_one_flag() {
+        let a = Cancel::new();
+        let b = a.clone();
+        assert!(!b.is_cancelled());
+        a.cancel();
+        assert!(b.is_cancelled());
+        static FLAG: AtomicBool = AtomicBool::new(false);
+        let s = Cancel::from_static(&FLAG);
+        s.clone().cancel();
+        assert!(s.is_cancelled() && FLAG.load(Ordering::Relaxed));
     }
 }

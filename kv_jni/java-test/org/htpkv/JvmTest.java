@@ -105,6 +105,9 @@ public final class JvmTest {
                 test("greedy_repeats_after_reset_and_streams_all_text", () -> repeatsAfterReset(s));
                 test("callback_false_stops_generation", () -> callbackStops(s));
                 test("callback_exception_propagates_and_session_survives", () -> callbackThrows(s));
+                test("cancel_from_another_thread_stops_and_the_session_goes_on", () -> cancelStops(s));
+                test("stop_strings_end_the_text_unstreamed", () -> stopStrings(s));
+                test("sampler_chain_fields_reach_the_sampler", () -> samplerFields(s));
                 test("prefill_rollback_reset_length_capacity", () -> prefillRollback(s));
                 test("bad_generate_options_are_bad_option", () -> badGenerateOptions(s));
                 test("stats_count_the_work", () -> stats(s));
@@ -176,7 +179,7 @@ public final class JvmTest {
     static void forgedHandles() {
         for (long h : new long[] {0L, -1L, 123456789L, Long.MAX_VALUE}) {
             checkKind("closed", () -> HtpkvSession.nativeLength(h));
-            checkKind("closed", () -> HtpkvSession.nativeGenerate(h, "x", 1, 0f, 0.9f, 1L, null));
+            checkKind("closed", () -> HtpkvSession.nativeGenerate(h, "x", 1, SamplerOptions.greedy(), null, null));
             checkKind("closed", () -> HtpkvSession.nativeClose(h));
         }
     }
@@ -242,6 +245,74 @@ public final class JvmTest {
         checkEquals(String.join("", pieces), g.text());
         check(full.startsWith(g.text()) && g.text().length() < full.length(),
                 "stopped text '" + g.text() + "' is not a proper prefix of '" + full + "'");
+    }
+
+    /** cancel() from another thread while text streams: stops at a step boundary, never blocks. */
+    static void cancelStops(HtpkvSession s) {
+        s.reset();
+        String full = s.generate(PROMPT, STEPS).text();
+        s.reset();
+        AtomicInteger pieces = new AtomicInteger();
+        Generation g = s.generate(PROMPT, STEPS, null, piece -> {
+            if (pieces.incrementAndGet() == 3) {
+                Thread canceller = new Thread(s::cancel);
+                canceller.start();
+                try {
+                    canceller.join(10_000);
+                } catch (InterruptedException e) {
+                    throw new IllegalStateException(e);
+                }
+                check(!canceller.isAlive(), "cancel() blocked while the session generates");
+            }
+            return true;
+        });
+        checkEquals("cancelled", g.stopReason());
+        check(full.startsWith(g.text()) && g.text().length() < full.length(),
+                "cancelled text '" + g.text() + "' is not a proper prefix of '" + full + "'");
+        // Every generated token but the last is cached, as after any stop; the session goes on.
+        checkEquals(g.promptTokens() + g.generatedTokens() - 1, s.length());
+        checkEquals("max_tokens", s.generate("", 4).stopReason());
+        s.cancel(); // nothing runs: no effect on the next generation
+        checkEquals("max_tokens", s.generate("", 4).stopReason());
+    }
+
+    /** A stop string ends the text where it starts; it is in neither the text nor the stream. */
+    static void stopStrings(HtpkvSession s) {
+        s.reset();
+        String full = s.generate(PROMPT, STEPS).text();
+        String[] words = full.trim().split(" ");
+        String stop = " " + words[Math.min(3, words.length - 1)];
+        int cut = full.indexOf(stop);
+        check(cut >= 0, "no '" + stop + "' in '" + full + "'");
+        s.reset();
+        List<String> pieces = new ArrayList<>();
+        Generation g = s.generate(PROMPT, STEPS, null, List.of("never: zq", stop), piece -> pieces.add(piece));
+        checkEquals("stop_string", g.stopReason());
+        checkEquals(full.substring(0, cut), g.text());
+        checkEquals(g.text(), String.join("", pieces));
+        s.reset();
+        HtpkvException e = expectThrows(HtpkvException.class,
+                () -> s.generate(PROMPT, STEPS, null, List.of(""), null));
+        checkEquals("bad_option", e.kind());
+    }
+
+    /** top-k 1 at a high temperature is greedy; a bad top-k or min-p is bad_option. */
+    static void samplerFields(HtpkvSession s) {
+        s.reset();
+        String greedy = s.generate(PROMPT, STEPS).text();
+        s.reset();
+        SamplerOptions topK1 = SamplerOptions.builder().temperature(1.5f).topK(1).seed(7).build();
+        checkEquals(greedy, s.generate(PROMPT, STEPS, topK1, null).text());
+        s.reset();
+        SamplerOptions penalized = SamplerOptions.builder().repeatPenalty(1.3f).penaltyLastN(32).build();
+        String repeated = s.generate(PROMPT, STEPS, penalized, null).text();
+        check(!repeated.equals(greedy), "the repetition penalty changed nothing: '" + repeated + "'");
+        for (SamplerOptions bad : new SamplerOptions[] {
+                SamplerOptions.builder().topK(-1).build(), SamplerOptions.builder().minP(1.5f).build()}) {
+            s.reset();
+            HtpkvException e = expectThrows(HtpkvException.class, () -> s.generate(PROMPT, STEPS, bad, null));
+            checkEquals("bad_option", e.kind());
+        }
     }
 
     static void callbackThrows(HtpkvSession s) {

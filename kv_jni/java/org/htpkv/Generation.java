@@ -31,8 +31,9 @@ public final class Generation {
     }
 
     /**
-     * Why generation stopped: {@code "end_of_text"}, {@code "max_tokens"}, {@code "context_full"}
-     * or {@code "callback"}.
+     * Why generation stopped: {@code "end_of_text"}, {@code "stop_string"}, {@code "max_tokens"},
+     * {@code "context_full"}, {@code "cancelled"} ({@link HtpkvSession#cancel()}) or
+     * {@code "callback"}.
      */
     public String stopReason() {
         return stopReason;

@@ -1,5 +1,6 @@
 package org.htpkv;
 
+import java.util.List;
 import java.util.concurrent.atomic.AtomicLong;
 
 /**
@@ -67,8 +68,32 @@ public final class HtpkvSession implements AutoCloseable {
      *     {@code context_full}; an exception thrown by {@code callback} propagates unchanged
      */
     public Generation generate(String prompt, int maxTokens, SamplerOptions sampler, TokenCallback callback) {
+        return generate(prompt, maxTokens, sampler, null, callback);
+    }
+
+    /**
+     * {@link #generate(String, int, SamplerOptions, TokenCallback)} that also stops when the text
+     * contains one of {@code stop} (at most 16 strings of 1 to 1024 bytes; matched across tokens and
+     * never part of the text or of a streamed piece; stop reason {@code stop_string}).
+     */
+    public Generation generate(
+            String prompt, int maxTokens, SamplerOptions sampler, List<String> stop, TokenCallback callback) {
         SamplerOptions s = sampler == null ? SamplerOptions.greedy() : sampler;
-        return nativeGenerate(live(), prompt, maxTokens, s.temperature(), s.topP(), s.seed(), callback);
+        String[] stops = stop == null ? null : stop.toArray(new String[0]);
+        return nativeGenerate(live(), prompt, maxTokens, s, stops, callback);
+    }
+
+    /**
+     * Cancels the generation running on this session (or waiting for it), from any thread: it stops
+     * at its next step boundary with stop reason {@code cancelled}, the cache holding exactly the
+     * tokens it committed, so the session can go on or be saved. Does nothing when no generation
+     * runs; never blocks.
+     */
+    public void cancel() {
+        long h = handle.get();
+        if (h != 0) {
+            nativeCancel(h);
+        }
     }
 
     /** Greedy generation without streaming. */
@@ -203,8 +228,10 @@ public final class HtpkvSession implements AutoCloseable {
 
     static native void nativeClose(long handle);
 
-    static native Generation nativeGenerate(long handle, String prompt, int maxTokens, float temperature,
-            float topP, long seed, TokenCallback callback);
+    static native Generation nativeGenerate(long handle, String prompt, int maxTokens, SamplerOptions sampler,
+            String[] stop, TokenCallback callback);
+
+    static native void nativeCancel(long handle);
 
     static native int nativePrefill(long handle, String text);
 
