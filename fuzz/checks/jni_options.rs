@@ -2,7 +2,7 @@
 //! into the fields Java passes. Checking them must never panic, and accepted options must be
 //! the ones asked for.
 
-use kv_jni::options::{OpenArgs, generate_options};
+use kv_jni::options::{OpenArgs, SamplerArgs, generate_options};
 
 pub fn check(data: &[u8]) {
     let mut fields = data.split(|&b| b == 0xFF);
@@ -41,5 +41,27 @@ pub fn check(data: &[u8]) {
         assert!(options.ar.iter().all(|&n| n > 0));
     }
     let f = |i: usize| numbers.get(i).copied().unwrap_or(0);
-    let _ = generate_options(f(0), f(1) as f32 / 7.0, f(2) as f32 / 5.0, i64::from(f(3)));
+    let sampler = SamplerArgs {
+        temperature: f(1) as f32 / 7.0,
+        top_p: f(2) as f32 / 5.0,
+        top_k: f(4),
+        min_p: f(5) as f32 / 11.0,
+        penalty_last_n: f(6),
+        seed: i64::from(f(3)),
+        ..SamplerArgs::default()
+    };
+    let stop = stops_from(&numbers);
+    if let Ok(o) = generate_options(f(0), &sampler, stop) {
+        assert_eq!(i32::try_from(o.max_tokens).ok(), Some(f(0)));
+        assert!(o.sampler.top_k as i64 == i64::from(f(4)));
+    }
+}
+
+/// Stop strings from the numbers (some empty), for `generate_options` to carry or refuse later.
+fn stops_from(numbers: &[i32]) -> Vec<String> {
+    numbers
+        .iter()
+        .take(3)
+        .map(|n| "x".repeat((n.unsigned_abs() % 4) as usize))
+        .collect()
 }
