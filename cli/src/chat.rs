@@ -56,6 +56,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         }
         writeln!(out).and_then(|()| out.flush())?;
     }
+    if let Some(w) = crate::saturation::warning(&engine) {
+        eprintln!("{w}");
+    }
     if args.stats {
         print_stats(&engine, checked.run.engine.strategy);
     }

@@ -8,7 +8,7 @@
 
 use crate::generate::{RunArgs, check_run, open_run};
 use anyhow::Context;
-use htpkv::engine::OpenedModel;
+use htpkv::engine::{Engine, OpenedModel};
 use htpkv::session::TextCodec;
 use model::FloatModel;
 use model::fsio::{FileKind, read_capped};
@@ -119,11 +119,15 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         }
         Ok(score)
     })??;
-    report(&args, &score, started.elapsed().as_secs_f64())
+    if let Some(w) = crate::saturation::warning(&engine) {
+        eprintln!("{w}");
+    }
+    report(&args, &engine, &score, started.elapsed().as_secs_f64())
 }
 
-fn report(args: &EvalArgs, s: &Score, seconds: f64) -> anyhow::Result<()> {
+fn report(args: &EvalArgs, engine: &Engine, s: &Score, seconds: f64) -> anyhow::Result<()> {
     let n = s.positions as f64;
+    let saturation = crate::saturation::stats_line(engine);
     let doc = serde_json::json!({
         "text": args.text,
         "positions": s.positions,
@@ -133,6 +137,7 @@ fn report(args: &EvalArgs, s: &Score, seconds: f64) -> anyhow::Result<()> {
         "perplexity": s.perplexity(s.nll.0),
         "f32_perplexity": s.perplexity(s.nll.1),
         "seconds_per_position": seconds / n,
+        "kv_saturation": crate::saturation::json(engine),
     });
     crate::output::to_stdout(|out| {
         if args.json {
@@ -152,6 +157,10 @@ fn report(args: &EvalArgs, s: &Score, seconds: f64) -> anyhow::Result<()> {
             s.kl_max,
             s.perplexity(s.nll.0),
             s.perplexity(s.nll.1),
-        )
+        )?;
+        match &saturation {
+            Some(line) => writeln!(out, "{line}"),
+            None => Ok(()),
+        }
     })
 }

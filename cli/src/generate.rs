@@ -553,6 +553,9 @@ fn finish(
         }
         return Err(e).context("writing to stdout");
     }
+    if let Some(w) = crate::saturation::warning(engine) {
+        eprintln!("{w}");
+    }
     let stats = engine.stats();
     let kv = stats.kv;
     if args.json {
@@ -586,6 +589,7 @@ fn finish(
             "slides": engine.session().slides().iter().map(slide_json).collect::<Vec<_>>(),
             "reused_tokens": stats.reused_tokens,
             "speculation": speculate::json(engine),
+            "kv_saturation": crate::saturation::json(engine),
             "kv": {
                 "region_bytes": kv.region_bytes,
                 "bytes_copied": kv.bytes_copied,
@@ -650,6 +654,9 @@ pub fn print_stats(engine: &Engine, strategy: kv_manager::Strategy) {
             eprintln!("{}", slide_line(e));
         }
         if let Some(line) = speculate::stats_line(engine) {
+            eprintln!("{line}");
+        }
+        if let Some(line) = crate::saturation::stats_line(engine) {
             eprintln!("{line}");
         }
         if let Some(m) = engine.memory_report() {

@@ -15,6 +15,7 @@ mod inspect;
 mod interrupt;
 mod output;
 mod progress;
+mod saturation;
 
 /// htpkv: LLMs as static-shape graphs with an application-managed KV cache.
 #[derive(Debug, Parser)]

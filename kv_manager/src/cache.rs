@@ -1,6 +1,7 @@
 //! The cache: one region, one strategy, and the step protocol `plan` -> (graph runs) -> `commit`.
 
 use crate::counters::HandleTracker;
+use crate::saturation::Saturation;
 use crate::strategy::{Cx, Moved, Rule};
 pub(crate) use crate::strategy::{RowRef, copy_row};
 use crate::{
@@ -36,6 +37,8 @@ pub struct KvCache {
     /// Per layer: the first token whose rows the layer still holds (0 for a global layer; a
     /// sliding layer keeps its last [`crate::Geometry::kept_rows`] tokens).
     first_held: Vec<usize>,
+    /// Committed K/V codes at their encoding's extremes, per buffer.
+    saturation: Saturation,
 }
 
 impl KvCache {
@@ -70,8 +73,10 @@ impl KvCache {
             ..Counters::default()
         };
         let first_held = vec![0; g.layers];
+        let saturation = Saturation::new(g.buffers());
         Ok(KvCache {
             first_held,
+            saturation,
             spec,
             rule,
             region,
@@ -192,6 +197,7 @@ impl KvCache {
             });
         }
         self.pending = None;
+        self.count_saturation(accepted);
         self.with_rule(|rule, cx| rule.commit(cx, ar, accepted));
         self.len += accepted;
         self.counters.tokens_committed += accepted;
@@ -205,6 +211,43 @@ impl KvCache {
             }
         }
         Ok(())
+    }
+
+    /// Committed K/V codes at their encoding's extremes, per buffer, since the cache was made.
+    pub fn saturation(&self) -> &Saturation {
+        &self.saturation
+    }
+
+    /// Adds the saturated codes of the first `accepted` new rows of the planned step (still where
+    /// the graph wrote them: the strategies move rows only in their commit).
+    fn count_saturation(&mut self, accepted: usize) {
+        let g = &self.spec.geometry;
+        if !g.dtype.is_fixed_point() {
+            return;
+        }
+        let elem = self.plan.elem_bytes;
+        let region = self.region.as_slice();
+        for index in 0..self.plan.tensor_count() {
+            let binding = self.plan.new_output(index);
+            for head in 0..self.plan.heads_per_tensor {
+                let id = self.plan.tensors[index];
+                let buffer = g.buffer_index(id.layer, id.head.unwrap_or(head), id.kind);
+                let spec = &self.spec.encodings[buffer];
+                let codes = (0..accepted).flat_map(|row| {
+                    (0..g.head_dim).map(move |c| {
+                        let at = binding.offset + binding.element_offset(head, row, c, elem);
+                        match elem {
+                            1 => u16::from(region[at]),
+                            _ => u16::from_le_bytes([region[at], region[at + 1]]),
+                        }
+                    })
+                });
+                let (saturated, values) = crate::saturation::count_saturated(spec, codes);
+                let b = &mut self.saturation.buffers[buffer];
+                b.saturated += saturated;
+                b.values += values;
+            }
+        }
     }
 
     /// The first token whose rows `layer` still holds: 0 for a global layer, and for a sliding

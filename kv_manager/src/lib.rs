@@ -102,6 +102,7 @@ mod plan;
 pub mod predict;
 mod region;
 mod relayout;
+pub mod saturation;
 pub mod size;
 pub mod snapshot;
 pub mod static_kv;
@@ -119,6 +120,7 @@ pub use geometry::{
 };
 pub use plan::{Plan, TensorBinding, TensorId, WindowMask};
 pub use region::{HostAllocator, REGION_ALIGN, Region, RegionAllocator, RegionMemory};
+pub use saturation::{BufferSaturation, Saturation};
 pub use size::{
     MAX_AR_VARIANTS, MAX_BUFFERS, MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS,
     MAX_RESERVE_ROWS, Size,

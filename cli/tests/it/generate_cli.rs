@@ -424,3 +424,39 @@ fn penalties_change_greedy_text_and_speculation_keeps_it() {
         "{err}"
     );
 }
+
+/// `--json` counts the committed K/V codes (every layer, KV head, K and V, head dim, for every
+/// cached token) and those at the encoding's extremes; `--stats` prints the line; a float cache has
+/// none.
+#[test]
+fn json_and_stats_report_kv_saturation() {
+    let dir = stories260k_dir();
+    let cache = scratch("saturation");
+    let dir = dir.to_str().unwrap();
+    let args = [
+        "generate",
+        "Once upon a time",
+        "--model",
+        dir,
+        "--steps",
+        "40",
+    ];
+    let o = htpkv(&[&args[..], &["--json"]].concat(), &cache);
+    let doc: serde_json::Value = serde_json::from_str(&text(&o)).unwrap();
+    let cached =
+        doc["prompt_tokens"].as_u64().unwrap() + doc["generated_tokens"].as_u64().unwrap() - 1;
+    // stories260K: 5 layers, 4 KV heads, head dim 8, K and V.
+    let s = &doc["kv_saturation"];
+    assert_eq!(s["codes"].as_u64().unwrap(), cached * 5 * 4 * 8 * 2, "{s}");
+    assert!(s["saturated_codes"].as_u64().unwrap() <= s["codes"].as_u64().unwrap());
+    let stats = htpkv(&[&args[..], &["--stats"]].concat(), &cache);
+    let err = String::from_utf8_lossy(&stats.stderr);
+    assert!(err.contains("kv saturation: "), "{err}");
+    let float = htpkv(
+        &[&args[..], &["--kv-dtype", "f32", "--json"]].concat(),
+        &cache,
+    );
+    let doc: serde_json::Value = serde_json::from_str(&text(&float)).unwrap();
+    assert_eq!(doc["kv_saturation"]["codes"], 0);
+    std::fs::remove_dir_all(&cache).unwrap();
+}

@@ -3,6 +3,7 @@
 
 mod beams;
 mod oracle;
+mod saturation;
 mod slide;
 mod snapshot;
 mod static_kv;
