@@ -9,7 +9,7 @@ use test_support::kv::{cache, configs};
 /// that differs per buffer.
 fn code(layer: usize, head: usize, kind: TensorKind, row: usize, c: usize) -> u8 {
     let k = usize::from(kind == TensorKind::Value);
-    if (layer * 7 + head * 3 + k + row * 2 + c) % 5 == 0 {
+    if (layer * 7 + head * 3 + k + row * 2 + c).is_multiple_of(5) {
         [0, 255][(row + c) % 2]
     } else {
         1 + ((row + c) % 250) as u8
