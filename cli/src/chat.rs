@@ -56,7 +56,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         }
         writeln!(out).and_then(|()| out.flush())?;
     }
-    if let Some(w) = crate::saturation::warning(&engine) {
+    if let Some(w) = crate::saturation::warning(engine.session().cache()) {
         eprintln!("{w}");
     }
     if args.stats {

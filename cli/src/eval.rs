@@ -6,10 +6,13 @@
 //! `FloatModel`, the oracle); at each position the two next-token distributions are compared:
 //! top-1 agreement, mean and largest KL(f32 ‖ run), and both runs' perplexity of the text.
 
-use crate::generate::{RunArgs, check_run, open_run};
+use crate::generate::{RunArgs, check_run, foreign, open_run};
 use anyhow::Context;
+use htpkv::backend::Backend;
 use htpkv::engine::{Engine, OpenedModel};
+use htpkv::session::Session;
 use htpkv::session::TextCodec;
+use kv_manager::KvCache;
 use model::FloatModel;
 use model::fsio::{FileKind, read_capped};
 use model::ops::{argmax, kl_logits, log_sum_exp};
@@ -82,52 +85,85 @@ fn tokens_of(codec: &dyn TextCodec, text: &str, n: usize) -> Vec<u32> {
     ids
 }
 
-pub fn run(args: EvalArgs) -> anyhow::Result<()> {
-    if args.run.bundle.is_some() {
-        anyhow::bail!(
-            "eval --bundle: not yet (a bundle carries no weights for the f32 oracle); use --compiled \
-             FILE --model PATH"
+/// The session `eval` scores: the engine `generate` would open, or binaries made by other tools.
+enum Opened {
+    Engine(Engine),
+    Foreign(foreign::Foreign),
+}
+
+impl Opened {
+    fn open(args: &EvalArgs) -> anyhow::Result<Opened> {
+        let checked = check_run(&args.run, |ar| ar)?;
+        if !foreign::wanted(&args.run) {
+            return Ok(Opened::Engine(open_run(&args.run, &checked, args.json)?.0));
+        }
+        anyhow::ensure!(
+            args.run.model_dir.is_some(),
+            "eval of context binaries made by other tools (--bundle, --convention, several \
+             --compiled) needs --model PATH: the same model's weights for the f32 oracle (a \
+             binary carries none)"
         );
+        Ok(Opened::Foreign(foreign::open(&args.run, &checked.engine)?))
     }
+
+    fn codec(&self) -> &dyn TextCodec {
+        match self {
+            Opened::Engine(e) => e.tokenizer(),
+            Opened::Foreign(f) => &f.codec,
+        }
+    }
+
+    fn session(&mut self) -> &mut Session<Box<dyn Backend>> {
+        match self {
+            Opened::Engine(e) => e.session_mut(),
+            Opened::Foreign(f) => &mut f.session,
+        }
+    }
+}
+
+pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     let bytes = read_capped(&args.text, FileKind::TEXT)?;
     let text = String::from_utf8(bytes)
         .with_context(|| format!("--text {} is not UTF-8", args.text.display()))?;
-    let checked = check_run(&args.run, |ar| ar)?;
-    let (mut engine, _) = open_run(&args.run, &checked, args.json)?;
-    let n = args.tokens.min(engine.capacity());
-    let tokens = tokens_of(engine.tokenizer(), &text, n + 1);
+    let mut opened = Opened::open(&args)?;
+    let n = args.tokens.min(opened.session().capacity());
+    let tokens = tokens_of(opened.codec(), &text, n + 1);
     anyhow::ensure!(
         tokens.len() >= 2,
         "--text {} gives {} token(s): at least 2 are needed to score one prediction",
         args.text.display(),
         tokens.len()
     );
-    let opened = OpenedModel::open(args.run.model_dir.as_deref())?;
+    let oracle = OpenedModel::open(args.run.model_dir.as_deref())?;
+    anyhow::ensure!(
+        oracle.config.vocab_size == opened.session().vocab_size(),
+        "the f32 model ({} tokens) and the run ({} logits) are not the same model",
+        oracle.config.vocab_size,
+        opened.session().vocab_size()
+    );
     let started = Instant::now();
-    let score = opened.with_weights(|w| -> anyhow::Result<Score> {
-        let context = tokens.len().min(opened.config.context_length);
-        let mut float = FloatModel::new(opened.config.clone(), Arc::new(w), context)?;
+    let score = oracle.with_weights(|w| -> anyhow::Result<Score> {
+        let context = tokens.len().min(oracle.config.context_length);
+        let mut float = FloatModel::new(oracle.config.clone(), Arc::new(w), context)?;
         let mut score = Score::default();
         let scored = tokens.len().min(n);
         for (pos, &t) in tokens[..scored].iter().enumerate() {
-            let run = engine
-                .session_mut()
-                .decode(t)
-                .map_err(htpkv::engine::EngineError::from)?;
+            let run = (opened.session().decode(t)).map_err(htpkv::engine::EngineError::from)?;
             let f = float.forward(t, pos)?;
             score.add(f, run, tokens.get(pos + 1).copied());
         }
         Ok(score)
     })??;
-    if let Some(w) = crate::saturation::warning(&engine) {
+    let cache = opened.session().cache();
+    if let Some(w) = crate::saturation::warning(cache) {
         eprintln!("{w}");
     }
-    report(&args, &engine, &score, started.elapsed().as_secs_f64())
+    report(&args, cache, &score, started.elapsed().as_secs_f64())
 }
 
-fn report(args: &EvalArgs, engine: &Engine, s: &Score, seconds: f64) -> anyhow::Result<()> {
+fn report(args: &EvalArgs, cache: &KvCache, s: &Score, seconds: f64) -> anyhow::Result<()> {
     let n = s.positions as f64;
-    let saturation = crate::saturation::stats_line(engine);
+    let saturation = crate::saturation::stats_line(cache);
     let doc = serde_json::json!({
         "text": args.text,
         "positions": s.positions,
@@ -137,7 +173,7 @@ fn report(args: &EvalArgs, engine: &Engine, s: &Score, seconds: f64) -> anyhow::
         "perplexity": s.perplexity(s.nll.0),
         "f32_perplexity": s.perplexity(s.nll.1),
         "seconds_per_position": seconds / n,
-        "kv_saturation": crate::saturation::json(engine),
+        "kv_saturation": crate::saturation::json(cache),
     });
     crate::output::to_stdout(|out| {
         if args.json {

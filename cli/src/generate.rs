@@ -13,7 +13,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 mod beams;
-mod foreign;
+pub mod foreign;
 pub mod speculate;
 
 /// Which model runs, and where: the options `generate`, `chat` and `eval` share.
@@ -454,7 +454,7 @@ pub fn set_overflow(args: &GenerateArgs, engine: &mut Engine) -> anyhow::Result<
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     speculate::check(&args)?;
-    if foreign::wanted(&args) {
+    if foreign::wanted(&args.run) {
         return foreign::run(&args, &check_args(&args)?);
     }
     if args.system.is_some() && args.chat.is_none() {
@@ -553,7 +553,7 @@ fn finish(
         }
         return Err(e).context("writing to stdout");
     }
-    if let Some(w) = crate::saturation::warning(engine) {
+    if let Some(w) = crate::saturation::warning(engine.session().cache()) {
         eprintln!("{w}");
     }
     let stats = engine.stats();
@@ -589,7 +589,7 @@ fn finish(
             "slides": engine.session().slides().iter().map(slide_json).collect::<Vec<_>>(),
             "reused_tokens": stats.reused_tokens,
             "speculation": speculate::json(engine),
-            "kv_saturation": crate::saturation::json(engine),
+            "kv_saturation": crate::saturation::json(engine.session().cache()),
             "kv": {
                 "region_bytes": kv.region_bytes,
                 "bytes_copied": kv.bytes_copied,
@@ -656,7 +656,7 @@ pub fn print_stats(engine: &Engine, strategy: kv_manager::Strategy) {
         if let Some(line) = speculate::stats_line(engine) {
             eprintln!("{line}");
         }
-        if let Some(line) = crate::saturation::stats_line(engine) {
+        if let Some(line) = crate::saturation::stats_line(engine.session().cache()) {
             eprintln!("{line}");
         }
         if let Some(m) = engine.memory_report() {

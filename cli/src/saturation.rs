@@ -1,9 +1,8 @@
 //! KV saturation in `--stats`, `--json` and a warning: the committed K/V codes at their encoding's
 //! extremes (`kv_manager::saturation`), the first sign that a fixed-point cache clips the text.
 
-use htpkv::engine::Engine;
-use kv_manager::TensorKind;
 use kv_manager::saturation::Worst;
+use kv_manager::{KvCache, TensorKind};
 
 /// Above this saturated fraction in one buffer (and [`WARN_MIN_CODES`] codes), a warning names it.
 pub const WARN_RATE: f64 = 0.01;
@@ -17,19 +16,18 @@ fn kind(k: TensorKind) -> &'static str {
     }
 }
 
-fn worst(engine: &Engine) -> Option<Worst> {
-    let cache = engine.session().cache();
+fn worst(cache: &KvCache) -> Option<Worst> {
     cache.saturation().worst(&cache.spec().geometry)
 }
 
 /// `kv_saturation` of `--json`: the totals and the worst buffer.
-pub fn json(engine: &Engine) -> serde_json::Value {
-    let total = engine.session().cache().saturation().total();
+pub fn json(cache: &KvCache) -> serde_json::Value {
+    let total = cache.saturation().total();
     serde_json::json!({
         "saturated_codes": total.saturated,
         "codes": total.values,
         "rate": total.rate(),
-        "worst": worst(engine).map(|w| serde_json::json!({
+        "worst": worst(cache).map(|w| serde_json::json!({
             "layer": w.layer,
             "head": w.head,
             "kind": kind(w.kind),
@@ -41,8 +39,8 @@ pub fn json(engine: &Engine) -> serde_json::Value {
 }
 
 /// The `--stats` line (fixed-point caches only).
-pub fn stats_line(engine: &Engine) -> Option<String> {
-    let total = engine.session().cache().saturation().total();
+pub fn stats_line(cache: &KvCache) -> Option<String> {
+    let total = cache.saturation().total();
     if total.values == 0 {
         return None;
     }
@@ -52,7 +50,7 @@ pub fn stats_line(engine: &Engine) -> Option<String> {
         total.values,
         100.0 * total.rate()
     );
-    if let Some(w) = worst(engine) {
+    if let Some(w) = worst(cache) {
         line.push_str(&format!(
             "; worst: layer {} head {} {} ({:.4}%)",
             w.layer,
@@ -65,8 +63,8 @@ pub fn stats_line(engine: &Engine) -> Option<String> {
 }
 
 /// The warning, when the worst buffer passes the threshold.
-pub fn warning(engine: &Engine) -> Option<String> {
-    let w = worst(engine).filter(|w| w.counts.rate() > WARN_RATE)?;
+pub fn warning(cache: &KvCache) -> Option<String> {
+    let w = worst(cache).filter(|w| w.counts.rate() > WARN_RATE)?;
     (w.counts.saturated >= WARN_MIN_CODES).then(|| {
         format!(
             "warning: {:.2}% of the {} codes of layer {} head {} ({} of {}) are at their encoding's \

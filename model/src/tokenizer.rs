@@ -59,6 +59,12 @@ impl HfTokenizer {
     /// Reads a `tokenizer.json`. `add_bos` is the id to prepend in [`encode`](Self::encode)
     /// when its post-processor does not already (pass `None` to rely on the file).
     /// The file is read under [`crate::fsio::FileKind::TOKENIZER`]'s cap.
+    /// The same tokenizer prepending `add_bos` (none: no BOS) in [`encode`](Self::encode).
+    pub fn with_bos(self, add_bos: Option<u32>) -> Self {
+        HfTokenizer { add_bos, ..self }
+    }
+
+    /// Reads a `tokenizer.json`. (See [`with_bos`](Self::with_bos).)
     pub fn from_file(path: &Path, add_bos: Option<u32>) -> Result<Self, Error> {
         let bytes = crate::fsio::read_capped(path, crate::fsio::FileKind::TOKENIZER)?;
         let inner = tokenizers::Tokenizer::from_bytes(&bytes)

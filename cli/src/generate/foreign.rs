@@ -2,13 +2,15 @@
 //! Qualcomm's tools (or any tool) run through a QNN backend library, with a Hugging Face tokenizer,
 //! no checkpoint and no weights.
 
-use super::{Checked, GenerateArgs};
+use super::{Checked, GenerateArgs, RunArgs};
+use crate::interrupt;
 use anyhow::Context;
+use htpkv::backend::Backend;
 use htpkv::bundle::Bundle;
-use htpkv::engine::BackendChoice;
+use htpkv::engine::{BackendChoice, EngineOptions};
 use htpkv::qnn::{QnnBackend, QnnOpenOptions};
-use htpkv::sampler::Sampler;
-use htpkv::session::Session;
+use htpkv::session::{GenerateOptions, Session};
+use htpkv::text::HfCodec;
 use model::{HfTokenizer, RopeConfig, RopePairing};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -26,11 +28,11 @@ const EOS_NAMES: [&str; 5] = [
 ];
 
 /// True when the options ask for binaries made by other tools.
-pub(super) fn wanted(args: &GenerateArgs) -> bool {
-    args.run.bundle.is_some()
-        || args.run.convention.is_some()
-        || args.run.tokenizer.is_some()
-        || args.run.compiled.len() > 1
+pub fn wanted(run: &RunArgs) -> bool {
+    run.bundle.is_some()
+        || run.convention.is_some()
+        || run.tokenizer.is_some()
+        || run.compiled.len() > 1
 }
 
 /// What a run needs besides the QNN libraries.
@@ -48,8 +50,8 @@ struct Model {
     rope_dim: Option<(PathBuf, usize)>,
 }
 
-fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
-    if let Some(dir) = &args.run.bundle {
+fn model_of(run: &RunArgs) -> anyhow::Result<Model> {
+    if let Some(dir) = &run.bundle {
         let b = Bundle::open(dir)?;
         let origin = format!(
             "the context binaries listed in `dialog.engine.model.binary.ctx-bins` of {}",
@@ -66,10 +68,10 @@ fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
             rope_dim: b.rope_dim.map(|d| (dir.join("genie_config.json"), d)),
         });
     }
-    if args.run.compiled.is_empty() {
+    if run.compiled.is_empty() {
         let given: Vec<&str> = [
-            (args.run.tokenizer.is_some(), "--tokenizer"),
-            (args.run.convention.is_some(), "--convention"),
+            (run.tokenizer.is_some(), "--tokenizer"),
+            (run.convention.is_some(), "--convention"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
@@ -85,15 +87,14 @@ fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
             given.join(" and ")
         );
     }
-    let tokenizer = args
-        .run
+    let tokenizer = run
         .tokenizer
         .clone()
         .context("context binaries made by other tools need --tokenizer tokenizer.json")?;
     Ok(Model {
-        binaries: args.run.compiled.clone(),
+        binaries: run.compiled.clone(),
         tokenizer,
-        rope: args.run.rope_theta.map(|theta| RopeConfig {
+        rope: run.rope_theta.map(|theta| RopeConfig {
             theta,
             scaling: None,
             pairing: RopePairing::HalfSplit,
@@ -106,16 +107,27 @@ fn model_of(args: &GenerateArgs) -> anyhow::Result<Model> {
     })
 }
 
-pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> {
+/// Context binaries made by other tools, opened on a QNN library as one session, with their
+/// tokenizer (the model's BOS and stop tokens set).
+pub struct Foreign {
+    pub session: Session<Box<dyn Backend>>,
+    pub codec: HfCodec,
+    convention: String,
+    binaries: usize,
+}
+
+/// Opens `--bundle DIR` or `--compiled FILE… [--convention …] --tokenizer …` on the QNN library
+/// of `engine` (refused for another backend, naming what to add).
+pub fn open(run: &RunArgs, engine: &EngineOptions) -> anyhow::Result<Foreign> {
+    let m = model_of(run)?;
     let BackendChoice::Qnn {
         backend_lib,
         system_lib,
         memory,
         max_handles,
-    } = &checked.run.engine.backend
+    } = &engine.backend
     else {
-        let m = model_of(args)?;
-        let what = match &args.run.bundle {
+        let what = match &run.bundle {
             Some(dir) => format!("--bundle {}", dir.display()),
             None => format!("{} context binaries", m.binaries.len()),
         };
@@ -124,21 +136,10 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
              a desktop, the reference library libhtpkv_ref_qnn.so)"
         );
     };
-    let m = model_of(args)?;
-    let convention = args
-        .run
-        .convention
-        .as_deref()
+    let convention = (run.convention.as_deref())
         .map(htpkv::convention::named_or_file)
         .transpose()?;
-    // Read under the tokenizer cap (a regular file only).
-    let tok = HfTokenizer::from_file(&m.tokenizer, None)?;
-    let mut stops = m.stops.clone();
-    let mut bos = m.bos;
-    if args.run.bundle.is_none() {
-        stops.extend(EOS_NAMES.iter().filter_map(|n| tok.token_to_id(n)));
-        bos = BOS_NAMES.iter().find_map(|n| tok.token_to_id(n));
-    }
+    let codec = codec_of(run, &m)?;
     let paths: Vec<&Path> = m.binaries.iter().map(PathBuf::as_path).collect();
     let options = QnnOpenOptions {
         memory: *memory,
@@ -148,10 +149,35 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
     let qnn = QnnBackend::open_binaries(backend_lib, system_lib.as_deref(), &paths, &options)
         .with_context(|| format!("cannot open {}", m.origin))?;
     let allocator = qnn.region_allocator();
-    let convention_name = qnn.convention().name.clone();
-    let mut session = Session::with_contexts(qnn, checked.run.engine.strategy, allocator, m.rope)
+    let convention = qnn.convention().name.clone();
+    let backend: Box<dyn Backend> = Box::new(qnn);
+    let session = Session::with_contexts(backend, engine.strategy, allocator, m.rope.clone())
         .map_err(htpkv::engine::EngineError::from)
         .with_context(|| format!("{} do not form one model", m.origin))?;
+    check_declared(&m, &session)?;
+    Ok(Foreign {
+        session,
+        codec,
+        convention,
+        binaries: m.binaries.len(),
+    })
+}
+
+/// The tokenizer with the model's BOS (the bundle's, else looked up by name) and stop tokens.
+fn codec_of(run: &RunArgs, m: &Model) -> anyhow::Result<HfCodec> {
+    // Read under the tokenizer cap (a regular file only).
+    let tok = HfTokenizer::from_file(&m.tokenizer, None)?;
+    let mut stops = m.stops.clone();
+    let mut bos = m.bos;
+    if run.bundle.is_none() {
+        stops.extend(EOS_NAMES.iter().filter_map(|n| tok.token_to_id(n)));
+        bos = BOS_NAMES.iter().find_map(|n| tok.token_to_id(n));
+    }
+    Ok(HfCodec::new(tok.with_bos(bos), stops))
+}
+
+/// The bundle's rope-dim, context and vocabulary against the graphs.
+fn check_declared(m: &Model, session: &Session<Box<dyn Backend>>) -> anyhow::Result<()> {
     if let Some((config, rope_dim)) = &m.rope_dim {
         // rope-dim is the width of the cos/sin tables: half the rotated dimensions of a head.
         let head_dim = session.cache().spec().geometry.head_dim;
@@ -174,68 +200,53 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
             session.vocab_size()
         );
     }
-    let room = session.capacity();
-    let codec = htpkv::text::HfCodec::new(tok, Vec::new());
-    htpkv::session::check_text_fits(&codec, &args.prompt, room, bos.is_some())
+    Ok(())
+}
+
+pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> {
+    let Foreign {
+        mut session,
+        codec,
+        convention,
+        binaries,
+    } = open(&args.run, &checked.run.engine)?;
+    // A prompt that cannot fit is refused before it is printed.
+    session
+        .encode_fitting(&codec, &args.prompt)
         .map_err(htpkv::engine::EngineError::from)?;
-    let tok = codec.tokenizer();
-    let mut prompt: Vec<u32> = bos.into_iter().collect();
-    prompt.extend(tok.encode(&args.prompt, false)?);
-    if prompt.is_empty() || prompt.len() > room {
-        anyhow::bail!(
-            "the prompt has {} tokens; the context holds 1 to {room}",
-            prompt.len()
-        );
-    }
-    let mut sampler = Sampler::new(checked.generate.sampler)?;
+    let options = GenerateOptions {
+        cancel: Some(interrupt::cancel_on_ctrl_c()),
+        ..checked.generate.clone()
+    };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    let mut failed = None;
     if !args.json {
-        write!(out, "{}", args.prompt)?;
-        out.flush()?;
+        super::stream(&mut out, &args.prompt, &mut failed);
     }
-    session
-        .prefill(&prompt)
+    let generating = interrupt::Generating::start();
+    let generation = session
+        .generate(&codec, &args.prompt, &options, &mut |piece| {
+            args.json || super::stream(&mut out, piece, &mut failed)
+        })
         .map_err(htpkv::engine::EngineError::from)?;
-    let mut stream = tok.stream(true);
-    let (mut tokens, mut text, mut stop) = (Vec::new(), String::new(), "MaxTokens");
-    while tokens.len() < args.steps {
-        let next = session.sample(&mut sampler)?;
-        if stops.contains(&next) {
-            stop = "EndOfText";
-            break;
-        }
-        tokens.push(next);
-        if let Some(piece) = stream.step(next)? {
-            text.push_str(&piece);
-            if !args.json {
-                out.write_all(piece.as_bytes())?;
-                out.flush()?;
-            }
-        }
-        if tokens.len() == args.steps {
-            break;
-        }
-        if session.len() + 1 > session.capacity() {
-            stop = "ContextFull";
-            break;
-        }
-        session
-            .decode(next)
-            .map_err(htpkv::engine::EngineError::from)?;
+    drop(generating);
+    if let Some(e) = failed.filter(|e| e.kind() != std::io::ErrorKind::BrokenPipe) {
+        return Err(e).context("writing to stdout");
     }
     let stats = session.stats();
     if args.json {
         let doc = serde_json::json!({
             "prompt": args.prompt,
-            "text": text,
-            "prompt_tokens": prompt.len(),
-            "prompt_token_ids": prompt,
-            "generated_tokens": tokens.len(),
-            "tokens": tokens,
-            "stop": stop,
-            "convention": convention_name,
-            "binaries": m.binaries.len(),
+            "text": generation.text,
+            "prompt_tokens": generation.prompt_tokens.len(),
+            "prompt_token_ids": generation.prompt_tokens,
+            "generated_tokens": generation.tokens.len(),
+            "tokens": generation.tokens,
+            "stop": format!("{:?}", generation.stop),
+            "finish_reason": generation.stop.finish_reason(),
+            "convention": convention,
+            "binaries": binaries,
             "context": session.context(),
             "contexts": session.context_lengths(),
             "relayouts": stats.kv.relayouts,
@@ -244,15 +255,18 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
             "kv_dtype": session.cache().spec().geometry.dtype.to_string(),
             "prefill_tokens_per_second": stats.prefill_tokens_per_second(),
             "decode_tokens_per_second": stats.decode_tokens_per_second(),
+            "kv_saturation": crate::saturation::json(session.cache()),
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
         writeln!(out)?;
     }
+    if let Some(w) = crate::saturation::warning(session.cache()) {
+        eprintln!("{w}");
+    }
     if args.stats {
         eprintln!(
-            "convention {convention_name}, {} binaries: prefill {}, decode {}",
-            m.binaries.len(),
+            "convention {convention}, {binaries} binaries: prefill {}, decode {}",
             super::rate(stats.prefill_tokens_per_second()),
             super::rate(stats.decode_tokens_per_second())
         );

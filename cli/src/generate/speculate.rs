@@ -108,7 +108,7 @@ pub fn stats_json(name: &str, s: &SpecStats) -> serde_json::Value {
 
 /// Checks --speculate against the other options.
 pub fn check(args: &GenerateArgs) -> anyhow::Result<()> {
-    if kind(args)?.is_some() && super::foreign::wanted(args) {
+    if kind(args)?.is_some() && super::foreign::wanted(&args.run) {
         anyhow::bail!(
             "--speculate runs on htpkv's own compiled models; binaries of other tools \
              (--bundle, --convention, --tokenizer, several --compiled) are not supported yet"

@@ -991,3 +991,38 @@ fn a_bundle_rope_dim_other_than_half_the_head_is_refused_naming_the_field() {
         );
     }
 }
+
+/// `htpkv eval --bundle DIR --model PATH`: an AI Hub bundle scored against the f32 model whose
+/// weights `--model` gives (a bundle carries none), through the reference QNN library; without
+/// `--model` it is refused naming what is missing.
+#[test]
+fn eval_scores_a_bundle_against_the_f32_model() {
+    let lib = built_library("libhtpkv_ref_qnn.so");
+    let lib = lib.to_str().unwrap();
+    // stories260K's own tokenizer (the test tokenizer of `compile_aihub_bundle` spells other text).
+    let root = scratch().join("eval-bundle");
+    std::fs::create_dir_all(&root).unwrap();
+    let o = crate::compile_aihub(&root, "bundle", &["--kv-dtype", "u8", "--parts", "2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let dir = root.join("bundle");
+    let model = test_support::stories::stories260k_dir();
+    let text = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../ref_backend/examples/data/declaration.txt"
+    );
+    let mut args = vec!["eval", "--bundle", dir.to_str().unwrap(), "--text", text];
+    args.extend(["--tokens", "32", "--backend", "qnn", "--qnn-backend", lib]);
+    let refused = htpkv(&args, &[]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("needs --model PATH"),
+        "{err}"
+    );
+    args.extend(["--model", model.to_str().unwrap(), "--json"]);
+    let doc = ok_json(&htpkv(&args, &[]));
+    assert_eq!(doc["positions"], 32, "{doc}");
+    let kl = doc["mean_kl"].as_f64().unwrap();
+    assert!(kl > 0.0 && kl < 0.1, "{doc}");
+    assert!(doc["top1_agreement"].as_f64().unwrap() > 0.7, "{doc}");
+    assert!(doc["kv_saturation"]["codes"].as_u64().unwrap() > 0, "{doc}");
+}
