@@ -87,7 +87,7 @@ fn tokens_of(codec: &dyn TextCodec, text: &str, n: usize) -> Vec<u32> {
 
 /// The session `eval` scores: the engine `generate` would open, or binaries made by other tools.
 enum Opened {
-    Engine(Engine),
+    Engine(Box<Engine>),
     Foreign(foreign::Foreign),
 }
 
@@ -95,7 +95,9 @@ impl Opened {
     fn open(args: &EvalArgs) -> anyhow::Result<Opened> {
         let checked = check_run(&args.run, |ar| ar)?;
         if !foreign::wanted(&args.run) {
-            return Ok(Opened::Engine(open_run(&args.run, &checked, args.json)?.0));
+            return Ok(Opened::Engine(Box::new(
+                open_run(&args.run, &checked, args.json)?.0,
+            )));
         }
         anyhow::ensure!(
             args.run.model_dir.is_some(),

@@ -151,7 +151,7 @@ pub fn open(run: &RunArgs, engine: &EngineOptions) -> anyhow::Result<Foreign> {
     let allocator = qnn.region_allocator();
     let convention = qnn.convention().name.clone();
     let backend: Box<dyn Backend> = Box::new(qnn);
-    let session = Session::with_contexts(backend, engine.strategy, allocator, m.rope.clone())
+    let session = Session::with_contexts(backend, engine.strategy, allocator, m.rope)
         .map_err(htpkv::engine::EngineError::from)
         .with_context(|| format!("{} do not form one model", m.origin))?;
     check_declared(&m, &session)?;
