@@ -88,7 +88,7 @@ fn tokens_of(codec: &dyn TextCodec, text: &str, n: usize) -> Vec<u32> {
 /// The session `eval` scores: the engine `generate` would open, or binaries made by other tools.
 enum Opened {
     Engine(Box<Engine>),
-    Foreign(foreign::Foreign),
+    Foreign(Box<foreign::Foreign>),
 }
 
 impl Opened {
@@ -105,7 +105,10 @@ impl Opened {
              --compiled) needs --model PATH: the same model's weights for the f32 oracle (a \
              binary carries none)"
         );
-        Ok(Opened::Foreign(foreign::open(&args.run, &checked.engine)?))
+        Ok(Opened::Foreign(Box::new(foreign::open(
+            &args.run,
+            &checked.engine,
+        )?)))
     }
 
     fn codec(&self) -> &dyn TextCodec {
