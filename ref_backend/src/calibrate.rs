@@ -96,7 +96,7 @@ impl Tap for Observers {
 
 impl Observers {
     fn new(c: &LlamaConfig, opts: &CompileOptions) -> Observers {
-        let act = if opts.weights == crate::WeightType::I8 {
+        let act = if opts.weights.is_integer() {
             (0..c.n_layers * 4 + 1)
                 .map(|_| MinMaxObserver::new())
                 .collect()

@@ -150,6 +150,19 @@ fn convert_matrix(
                 source,
             })?
         }
+        // The embedding (also the tied classifier) keeps 8 bits, as AI Hub's W4A16 models keep
+        // their LM head at 8 bits and llama.cpp's 4-bit types keep it at 6: measured on SmolLM2.
+        WeightType::I4 if matches!(t, Tensor::TokenEmbedding | Tensor::Output) => {
+            convert_matrix(data, rows, cols, WeightType::I8, t)?
+        }
+        WeightType::I4 => {
+            Matrix::quantize_lpbq(data, rows, cols, crate::LPBQ_BLOCK).map_err(|source| {
+                CompileError::Quant {
+                    what: format!("weight matrix {t}"),
+                    source,
+                }
+            })?
+        }
         WeightType::F16 => Matrix::float(data, rows, cols, true),
         WeightType::F32 => Matrix::float(data, rows, cols, false),
     })

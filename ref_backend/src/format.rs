@@ -608,6 +608,7 @@ fn read_options(s: &mut Reader<'_>) -> Result<CompileOptions, FormatError> {
         0 => WeightType::I8,
         1 => WeightType::F16,
         2 => WeightType::F32,
+        3 => WeightType::I4,
         c => return Err(s.corrupt_at(at, format!("unknown weight type code {c}"))),
     };
     let at = s.offset();
@@ -824,7 +825,7 @@ fn read_encodings(
 ) -> Result<(Vec<ScaleOffset>, Vec<QuantSpec>), FormatError> {
     let at = s.offset();
     let n = s.count("activation encodings", 8)?;
-    let want = if o.weights == WeightType::I8 {
+    let want = if o.weights.is_integer() {
         c.n_layers * 4 + 1
     } else {
         0
@@ -923,7 +924,8 @@ fn read_matrix(
     let at = s.offset();
     let kind = s.u8(&format!("{name} kind"))?;
     let want = match wt {
-        WeightType::I8 => 0,
+        // i4 values are stored as their products with the block multipliers (i8).
+        WeightType::I8 | WeightType::I4 => 0,
         WeightType::F16 => 1,
         WeightType::F32 => 2,
     };

@@ -88,6 +88,10 @@ mod progress;
 mod types;
 mod validate;
 
+/// Inputs per block of the 4-bit weights ([`WeightType::I4`]), chosen by measurement (README,
+/// "Accuracy on SmolLM2").
+pub const LPBQ_BLOCK: usize = 32;
+
 pub use ::model::checksum::crc32;
 pub use calibrate::U8_KV_PERCENTILE;
 pub use compile::compile;

@@ -100,6 +100,33 @@ impl I8Matrix<'_> {
     }
 }
 
+/// One row of [`Matrix::quantize_lpbq`]: the row's scale and the values times their block's
+/// multiplier.
+pub(crate) fn lpbq_row(row: &[f32], block: usize) -> Result<(f32, Vec<i8>), QuantError> {
+    let absmax = |b: &[f32]| {
+        b.iter()
+            .filter(|v| v.is_finite())
+            .fold(0.0f32, |a, v| a.max(v.abs()))
+    };
+    let blocks: Vec<f32> = row.chunks(block.max(1)).map(|b| absmax(b) / 7.0).collect();
+    let top = blocks.iter().fold(0.0f32, |a, &b| a.max(b));
+    if top == 0.0 {
+        return Ok((1.0, vec![0; row.len()]));
+    }
+    let scale = top / 15.0;
+    ScaleOffset::new(scale, 0)?;
+    let mut out = Vec::with_capacity(row.len());
+    for (b, &bs) in row.chunks(block.max(1)).zip(&blocks) {
+        let m = (bs / scale).round().clamp(1.0, 15.0);
+        let step = scale * m;
+        out.extend(b.iter().map(|&v| {
+            let v = if v.is_finite() { v } else { 0.0 };
+            ((v / step).round().clamp(-8.0, 7.0) * m) as i8
+        }));
+    }
+    Ok((scale, out))
+}
+
 /// A weight matrix, row-major `(rows, cols)`, `y = W x`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Matrix {
@@ -139,6 +166,28 @@ impl Matrix {
                 row.iter()
                     .map(|&v| quant::quantize::<i8>(v, so).clamp(-127, 127)),
             );
+        }
+        Ok(Matrix::from_i8(rows, cols, scales, q))
+    }
+
+    /// Quantizes `w` to 4 bits with QNN's blockwise-expansion encoding ("LPBQ"): per row, each
+    /// block of `block` inputs gets the scale `max|w| / 7`; the row's scale is the largest of them
+    /// over 15, and each block's 4-bit multiplier `m` in `[1, 15]` is its scale over the row's,
+    /// rounded; values are `round(w / (row scale * m))` in `[-8, 7]`. The matrix holds `q * m` (at
+    /// most 120 in magnitude, an exact i8) with the row's scale, so `w = q * m * scale` is what
+    /// the i8 kernels multiply.
+    pub(crate) fn quantize_lpbq(
+        w: &[f32],
+        rows: usize,
+        cols: usize,
+        block: usize,
+    ) -> Result<Matrix, QuantError> {
+        let mut scales = Vec::with_capacity(rows);
+        let mut q = Vec::with_capacity(rows * cols);
+        for row in w.chunks_exact(cols.max(1)).take(rows) {
+            let (scale, values) = lpbq_row(row, block)?;
+            scales.push(scale);
+            q.extend(values);
         }
         Ok(Matrix::from_i8(rows, cols, scales, q))
     }
@@ -948,5 +997,39 @@ mod tests {
         let worst = I32_CHUNK as i64 * 127 * 32768;
         assert!(worst <= i64::from(i32::MAX));
         assert!((I32_CHUNK as i64 + 1) * 127 * 32768 > i64::from(i32::MAX));
+    }
+}
+
+#[cfg(test)]
+mod lpbq_tests {
+    use super::*;
+
+    /// Every value is within half a step of its block's grid, unless it is the block's largest and
+    /// the multiplier's rounding clipped it; the products fit an i8 and are multiples of the
+    /// block's multiplier.
+    #[test]
+    fn lpbq_rows_stay_within_half_a_step() {
+        let mut state = 0x1234_5678_9abc_def0u64;
+        let mut rand = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        let row: Vec<f32> = (0..256)
+            .map(|i| rand() * if i / 64 == 2 { 0.05 } else { 1.0 })
+            .collect();
+        let (scale, q) = lpbq_row(&row, 64).unwrap();
+        let mut worst = 0.0f32;
+        for (b, (wb, qb)) in row.chunks(64).zip(q.chunks(64)).enumerate() {
+            let bmax = wb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let m = ((bmax / 7.0) / scale).round().clamp(1.0, 15.0);
+            for (&w, &v) in wb.iter().zip(qb) {
+                assert_eq!(f32::from(v) % m, 0.0, "block {b}");
+                let err = (w - f32::from(v) * scale).abs();
+                worst = worst.max(err / (bmax / 7.0));
+            }
+        }
+        assert!(worst < 0.75, "worst error {worst} block steps");
     }
 }

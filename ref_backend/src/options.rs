@@ -113,7 +113,7 @@ impl CompileOptions {
 
     /// True when compiling needs calibration (fixed-point KV or i8 weights).
     pub fn needs_calibration(&self) -> bool {
-        self.kv_dtype.is_fixed_point() || self.weights == WeightType::I8
+        self.kv_dtype.is_fixed_point() || self.weights.is_integer()
     }
 
     /// The canonical byte form (also the options section of the file format).
@@ -128,6 +128,7 @@ impl CompileOptions {
             WeightType::I8 => 0,
             WeightType::F16 => 1,
             WeightType::F32 => 2,
+            WeightType::I4 => 3,
         });
         w.u8(match self.k_layout {
             KLayout::Rows => 0,

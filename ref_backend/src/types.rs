@@ -76,6 +76,12 @@ pub enum WeightType {
     /// Signed 8-bit, symmetric, one scale per output channel (matrix row); matmul inputs are
     /// quantized to i16 with static encodings and accumulated in integers (W8A16).
     I8,
+    /// 4-bit weights with QNN's blockwise-expansion encoding ("LPBQ", W4A16): one scale per output
+    /// channel times a 4-bit integer multiplier per block of [`crate::LPBQ_BLOCK`] inputs, values in
+    /// `[-8, 7]`. Each value times its block's multiplier is at most 120 in magnitude, so the
+    /// executor holds it as that i8 product and runs the i8 kernels unchanged, exactly. The
+    /// embedding (the tied classifier) and an untied classifier stay i8.
+    I4,
     /// IEEE half, widened to f32 at load; matmuls in f32.
     F16,
     /// IEEE single; matmuls in f32.
@@ -83,10 +89,17 @@ pub enum WeightType {
 }
 
 impl WeightType {
-    /// Lowercase name (`i8`, `f16`, `f32`).
+    /// True for the integer weights (i8, i4), whose matmuls take i16 inputs with static
+    /// encodings.
+    pub const fn is_integer(self) -> bool {
+        matches!(self, WeightType::I8 | WeightType::I4)
+    }
+
+    /// Lowercase name (`i8`, `i4`, `f16`, `f32`).
     pub const fn name(self) -> &'static str {
         match self {
             WeightType::I8 => "i8",
+            WeightType::I4 => "i4",
             WeightType::F16 => "f16",
             WeightType::F32 => "f32",
         }
@@ -98,10 +111,11 @@ impl std::str::FromStr for WeightType {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "i8" => Ok(WeightType::I8),
+            "i4" => Ok(WeightType::I4),
             "f16" => Ok(WeightType::F16),
             "f32" => Ok(WeightType::F32),
             _ => Err(format!(
-                "unknown weight type `{s}` (expected i8, f16 or f32)"
+                "unknown weight type `{s}` (expected i8, i4, f16 or f32)"
             )),
         }
     }

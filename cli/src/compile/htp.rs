@@ -46,6 +46,11 @@ fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
     if args.calibration_prompts.is_some() && reference_options(args, 2).is_none() {
         bad.push("--calibration-prompts without --kv-dtype u8/u16 or --weights i8 (nothing to calibrate)");
     }
+    if args.weights == Some(WeightType::I4) {
+        bad.push(
+            "--weights i4 (the blockwise-expansion encoding is not lowered to QNN yet; i8 or f32)",
+        );
+    }
     if args.tokenizer_json.is_some() && args.convention != Naming::AiHub {
         bad.push("--tokenizer-json (for an aihub bundle)");
     }

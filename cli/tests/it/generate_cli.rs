@@ -344,6 +344,13 @@ fn eval_scores_a_text_against_the_f32_model() {
         q["f32_perplexity"].as_f64().unwrap(),
     );
     assert!(p.is_finite() && (p / pf - 1.0).abs() < 0.2, "{q}");
+    // 4-bit LPBQ weights run, further from the f32 model than i8.
+    let q4 = eval(
+        &["--tokens", "64", "--weights", "i4", "--kv-dtype", "u8"],
+        &cache,
+    );
+    let kl4 = q4["mean_kl"].as_f64().unwrap();
+    assert!(kl4 > kl && kl4.is_finite(), "i4 {q4} i8 {q}");
 }
 
 /// A text that cannot be scored is refused naming the file; a device is refused unread.

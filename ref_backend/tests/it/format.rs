@@ -37,6 +37,13 @@ fn models() -> Vec<CompiledModel> {
             KLayout::Transposed,
             Granularity::PerHead,
         ),
+        (
+            false,
+            DataType::U16,
+            WeightType::I4,
+            KLayout::Rows,
+            Granularity::PerHead,
+        ),
     ];
     for (shared, kv, w, layout, gran) in configs {
         let ckpt = test_support::stories::synthetic(shared);
