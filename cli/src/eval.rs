@@ -29,6 +29,10 @@ pub struct EvalArgs {
     /// Positions to score (at most the context; fewer when the text is shorter).
     #[arg(long, default_value_t = 256)]
     tokens: usize,
+    /// Feed the first N positions without scoring them (llama-perplexity scores only the second
+    /// half of each chunk: `--tokens 512 --skip 256` scores what it scores in its first chunk).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    skip: usize,
     /// One JSON document on stdout instead of a line.
     #[arg(long)]
     json: bool,
@@ -44,8 +48,9 @@ struct Score {
     agree: usize,
     kl_sum: f64,
     kl_max: f64,
-    /// Negative log-likelihoods of the text's next tokens, summed (run, f32).
+    /// Negative log-likelihoods of the text's next tokens, summed (run, f32), and how many.
     nll: (f64, f64),
+    predicted: usize,
 }
 
 impl Score {
@@ -59,11 +64,12 @@ impl Score {
             let nll = |l: &[f32]| log_sum_exp(l) - f64::from(l[t as usize]);
             self.nll.0 += nll(run);
             self.nll.1 += nll(float);
+            self.predicted += 1;
         }
     }
 
     fn perplexity(&self, nll: f64) -> f64 {
-        (nll / self.positions.saturating_sub(1).max(1) as f64).exp()
+        (nll / self.predicted.max(1) as f64).exp()
     }
 }
 
@@ -139,6 +145,12 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         args.text.display(),
         tokens.len()
     );
+    anyhow::ensure!(
+        args.skip + 1 < tokens.len().min(n),
+        "--skip {} leaves no position to score among the {} fed",
+        args.skip,
+        tokens.len().min(n)
+    );
     let oracle = OpenedModel::open(args.run.model_dir.as_deref())?;
     anyhow::ensure!(
         oracle.config.vocab_size == opened.session().vocab_size(),
@@ -155,7 +167,9 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         for (pos, &t) in tokens[..scored].iter().enumerate() {
             let run = (opened.session().decode(t)).map_err(htpkv::engine::EngineError::from)?;
             let f = float.forward(t, pos)?;
-            score.add(f, run, tokens.get(pos + 1).copied());
+            if pos >= args.skip {
+                score.add(f, run, tokens.get(pos + 1).copied());
+            }
         }
         Ok(score)
     })??;
@@ -172,6 +186,7 @@ fn report(args: &EvalArgs, cache: &KvCache, s: &Score, seconds: f64) -> anyhow::
     let doc = serde_json::json!({
         "text": args.text,
         "positions": s.positions,
+        "skipped": args.skip,
         "top1_agreement": s.agree as f64 / n,
         "mean_kl": s.kl_sum / n,
         "max_kl": s.kl_max,

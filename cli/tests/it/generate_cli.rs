@@ -329,6 +329,23 @@ fn eval_scores_a_text_against_the_f32_model() {
     assert_eq!(exact["mean_kl"], 0.0, "{exact}");
     assert_eq!(exact["top1_agreement"], 1.0, "{exact}");
     assert_eq!(exact["perplexity"], exact["f32_perplexity"], "{exact}");
+    // --skip feeds the first positions unscored (llama-perplexity's second half of a chunk).
+    let half = eval(
+        &[
+            "--tokens",
+            "64",
+            "--skip",
+            "32",
+            "--weights",
+            "f32",
+            "--kv-dtype",
+            "f32",
+        ],
+        &cache,
+    );
+    assert_eq!(half["positions"], 32, "{half}");
+    assert_eq!(half["mean_kl"], 0.0, "{half}");
+    assert_ne!(half["f32_perplexity"], exact["f32_perplexity"], "{half}");
     let q = eval(
         &["--tokens", "64", "--weights", "i8", "--kv-dtype", "u8"],
         &cache,
