@@ -13,4 +13,5 @@ mod qnn_backend;
 mod runtime;
 mod smollm2_strategies;
 mod speculate;
+mod structured;
 mod windows;
