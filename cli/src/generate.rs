@@ -332,7 +332,6 @@ fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
         stop: args.stop.clone(),
         cancel: None,
         constraint: None,
-        ..GenerateOptions::default()
     };
     Sampler::new(generate.sampler)?;
     generate.check()?;

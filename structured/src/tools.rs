@@ -366,11 +366,13 @@ pub fn parse_tool_calls(text: &str, tools: &[Tool]) -> ParsedOutput {
     }
     content.push_str(rest);
     let bare = content.trim();
-    if out.tool_calls.is_empty() && out.malformed.is_empty() && bare.starts_with('{') {
-        if let Ok((name, arguments)) = read_call(bare, tools) {
-            out.tool_calls.push(new_call(text, &out, name, arguments));
-            content.clear();
-        }
+    let only_text = out.tool_calls.is_empty() && out.malformed.is_empty();
+    if only_text
+        && bare.starts_with('{')
+        && let Ok((name, arguments)) = read_call(bare, tools)
+    {
+        out.tool_calls.push(new_call(text, &out, name, arguments));
+        content.clear();
     }
     out.content = content.trim().to_owned();
     out
