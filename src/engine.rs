@@ -755,6 +755,8 @@ pub struct Engine {
     chat: Option<Chat>,
     /// Speculative decoding, when set ([`Engine::set_speculation`]).
     speculation: Option<crate::speculate::Speculation>,
+    /// The `tools` the chat template renders ([`Engine::set_template_tools`]).
+    template_tools: Option<serde_json::Value>,
 }
 
 /// A multi-turn conversation: its turns and the text fed to the model so far.
@@ -802,7 +804,21 @@ impl Engine {
             session,
             chat: None,
             speculation: None,
+            template_tools: None,
         })
+    }
+
+    /// Passes `tools` (an OpenAI `tools` array) to the model's chat template from now on, in
+    /// [`Engine::chat`] and [`Engine::append_turn`]; `None` stops. Only templates that refer to
+    /// `tools` use them ([`Engine::template_takes_tools`]); for the others,
+    /// `htpkv_structured::tools` describes the tools in a system message instead.
+    pub fn set_template_tools(&mut self, tools: Option<serde_json::Value>) {
+        self.template_tools = tools;
+    }
+
+    /// True when the model's chat template describes tools itself.
+    pub fn template_takes_tools(&self) -> bool {
+        self.model.chat.takes_tools()
     }
 
     /// Adds a turn (`system`, `user`, `assistant`, ...) to the conversation and prefills only the
@@ -822,7 +838,8 @@ impl Engine {
             .text
             .len()
             .saturating_add(max_text_bytes(codec, self.session.capacity()));
-        let rendered = self.model.chat.render_capped(&turns, role == "user", cap)?;
+        let tools = self.template_tools.as_ref();
+        let rendered = (self.model.chat).render_with_tools(&turns, tools, role == "user", cap)?;
         let common = chat
             .text
             .char_indices()
@@ -858,7 +875,8 @@ impl Engine {
             check_text_fits(codec, &m.content, capacity, false)?;
         }
         let cap = max_text_bytes(codec, capacity);
-        let prompt = self.model.chat.render_capped(messages, true, cap)?;
+        let tools = self.template_tools.as_ref();
+        let prompt = (self.model.chat).render_with_tools(messages, tools, true, cap)?;
         check_text_fits(codec, &prompt, capacity, true)?;
         let full = codec.encode(&prompt, true);
         if full.is_empty() {

@@ -5,7 +5,9 @@
 //! [`Engine`] opens sessions on a provider, [`bundle`] reads Genie/AI Hub bundles. The pieces it
 //! puts together are crates of their own, re-exported here under their old paths:
 //! - the runtime (`htpkv_runtime`): [`backend`] (the provider seam), [`session`], [`sampler`],
-//!   [`text`], [`convention`], [`persist`];
+//!   [`text`], [`convention`], [`persist`], [`constraint`] (the seam of constrained decoding);
+//! - [`structured`] (`htpkv_structured`): JSON schema, regex and grammar constraints over
+//!   llguidance, and tool calls;
 //! - the providers: [`reference`] (`htpkv_reference`, the CPU executor) and [`qnn`],
 //!   [`qnn_memory`], [`qnn_libs`] (`htpkv_qnn`, QNN context binaries);
 //! - planning (`htpkv_planning`): [`config`] and [`budget`];
@@ -21,7 +23,8 @@ pub use quant;
 pub use htpkv_planning::{budget, config};
 pub use htpkv_qnn::{backend as qnn, libs as qnn_libs, memory as qnn_memory};
 pub use htpkv_reference as reference;
-pub use htpkv_runtime::{backend, convention, persist, sampler, session, text};
+pub use htpkv_runtime::{backend, constraint, convention, persist, sampler, session, text};
+pub use htpkv_structured as structured;
 
 pub mod bundle;
 pub mod engine;

@@ -6,7 +6,9 @@
 //! conversation adds (see `Engine::append_turn`), so with `--overflow slide` (or `restart`) a chat
 //! longer than the context goes on, the policy dropping the oldest turns' tokens.
 
-use crate::generate::{GenerateArgs, open_engine, print_stats, set_overflow, speculate, stream};
+use crate::generate::{
+    GenerateArgs, open_engine, print_stats, set_overflow, speculate, stream, structured,
+};
 use crate::interrupt;
 use anyhow::Context;
 use htpkv::session::GenerateOptions;
@@ -16,11 +18,15 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if !args.prompt.is_empty() {
         anyhow::bail!("`htpkv chat` reads its turns from stdin; it takes no prompt argument");
     }
-    let (mut engine, checked, _) = open_engine(&args)?;
+    structured::check(&args, true)?;
+    let (mut engine, mut checked, _) = open_engine(&args)?;
     set_overflow(&args, &mut engine)?;
     speculate::attach(&args, &checked.run.engine, &mut engine)?;
+    let plan = structured::Plan::new(&args, &mut engine)?;
+    plan.constrain(&mut checked.generate);
+    let system = plan.system(args.system.as_deref());
     let start = |engine: &mut htpkv::engine::Engine| -> anyhow::Result<()> {
-        if let Some(system) = &args.system {
+        if let Some(system) = &system {
             engine.append_turn("system", system)?;
         }
         Ok(())
@@ -47,20 +53,23 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         engine.append_turn("user", &line)?;
         let mut failed = None;
         let generating = interrupt::Generating::start();
-        engine.generate("", &options, &mut |piece| {
+        let answer = engine.generate("", &options, &mut |piece| {
             stream(&mut out, piece, &mut failed)
         })?;
         drop(generating);
         if let Some(e) = failed {
             return Err(e).context("writing to stdout");
         }
-        writeln!(out).and_then(|()| out.flush())?;
+        writeln!(out)?;
+        plan.print_calls(&answer.text, &mut out)?;
+        out.flush()?;
     }
     if let Some(w) = crate::saturation::warning(engine.session().cache()) {
         eprintln!("{w}");
     }
     if args.stats {
         print_stats(&engine, checked.run.engine.strategy);
+        plan.stats_line().into_iter().for_each(|l| eprintln!("{l}"));
     }
     Ok(())
 }

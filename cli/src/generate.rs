@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 mod beams;
 pub mod foreign;
 pub mod speculate;
+pub mod structured;
 
 /// Which model runs, and where: the options `generate`, `chat` and `eval` share.
 #[derive(Debug, clap::Args)]
@@ -188,6 +189,9 @@ pub struct GenerateArgs {
     /// See the README's "Speculative decoding".
     #[arg(long, value_name = "SPEC", conflicts_with_all = ["beams", "n"])]
     pub speculate: Option<String>,
+    /// Structured output and tool calls.
+    #[command(flatten)]
+    pub structured: structured::StructuredArgs,
 }
 
 /// A count of beams or samples on one cache (`--beams`, `--n`): 1 to
@@ -454,6 +458,7 @@ pub fn set_overflow(args: &GenerateArgs, engine: &mut Engine) -> anyhow::Result<
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     speculate::check(&args)?;
+    structured::check(&args, false)?;
     if foreign::wanted(&args.run) {
         return foreign::run(&args, &check_args(&args)?);
     }
@@ -479,10 +484,12 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         return beams::run(&args, &checked, &mut engine);
     }
     let strategy = checked.run.engine.strategy;
-    let generate = GenerateOptions {
+    let plan = structured::Plan::new(&args, &mut engine)?;
+    let mut generate = GenerateOptions {
         cancel: Some(interrupt::cancel_on_ctrl_c()),
         ..checked.generate
     };
+    plan.constrain(&mut generate);
     let generating = interrupt::Generating::start();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -493,7 +500,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             let mut messages = Vec::new();
             messages.extend(args.system.as_deref().map(|s| Message::new("system", s)));
             messages.push(Message::new("user", question));
-            engine.chat(&messages, &generate, &mut on_piece)?
+            engine.chat(&plan.messages(messages), &generate, &mut on_piece)?
         }
         None => {
             // A prompt that cannot fit is refused before it is printed.
@@ -511,7 +518,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     drop(generating);
     finish(
         &args,
-        &mut engine,
+        (&mut engine, &plan),
         strategy,
         &ran,
         generation,
@@ -534,7 +541,7 @@ pub fn stream(out: &mut impl Write, piece: &str, failed: &mut Option<std::io::Er
 /// Saves the session when asked, then prints the JSON document or the stats.
 fn finish(
     args: &GenerateArgs,
-    engine: &mut Engine,
+    (engine, plan): (&mut Engine, &structured::Plan),
     strategy: kv_manager::Strategy,
     ran: &Ran,
     generation: htpkv::session::Generation,
@@ -559,7 +566,7 @@ fn finish(
     let stats = engine.stats();
     let kv = stats.kv;
     if args.json {
-        let doc = serde_json::json!({
+        let mut doc = serde_json::json!({
             "prompt": args.chat.as_deref().unwrap_or(&args.prompt),
             "text": generation.text,
             "prompt_tokens": generation.prompt_tokens.len(),
@@ -598,10 +605,12 @@ fn finish(
                 "peak_bytes_in_use": kv.peak_bytes_in_use,
             },
         });
+        plan.json(&generation.text, &mut doc);
         writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
         return Ok(());
     }
     writeln!(out)?;
+    plan.print_calls(&generation.text, &mut out)?;
     match generation.stop {
         StopReason::ContextFull => eprintln!(
             "stopped: the context of {} tokens is full (use --context to compile a longer one, up to the model's, or --overflow slide to go on)",
@@ -615,6 +624,7 @@ fn finish(
     }
     if args.stats {
         print_stats(engine, strategy);
+        plan.stats_line().into_iter().for_each(|l| eprintln!("{l}"));
     }
     Ok(())
 }

@@ -213,11 +213,35 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         max_bytes: usize,
     ) -> Result<String, Error> {
+        self.render_with_tools(messages, None, add_generation_prompt, max_bytes)
+    }
+
+    /// True when the template refers to a `tools` variable: it describes tools to the model
+    /// itself when [`ChatTemplate::render_with_tools`] passes them.
+    pub fn mentions_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
+    /// [`ChatTemplate::render_capped`] with the variable `tools` set to `tools` (the JSON array
+    /// of an OpenAI request's `tools`, as Hugging Face templates expect it); `None` leaves
+    /// `tools` undefined.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&Json>,
+        add_generation_prompt: bool,
+        max_bytes: usize,
+    ) -> Result<String, Error> {
+        let tools = match tools {
+            Some(t) => context! { tools => minijinja::value::Serde(t) },
+            None => context! {},
+        };
         let ctx = context! {
             messages => minijinja::value::Serde(messages),
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
+            ..tools
         };
         let cap = max_bytes.min(MAX_RENDERED_BYTES);
         let mut out = CappedOutput {

@@ -1071,7 +1071,23 @@ pub trait TextCodec {
     fn is_stop(&self, token: u32) -> bool {
         token == EOS || token == BOS
     }
+    /// How many token ids the tokenizer has (ids are `0..vocab_size`), when it can list them:
+    /// constrained decoding (`htpkv_structured`) needs it, with [`TextCodec::token_bytes`].
+    /// `None` (the default) means the codec cannot be constrained.
+    fn vocab_size(&self) -> Option<usize> {
+        None
+    }
+    /// The bytes `token` adds to the text after an ordinary token: what a grammar matches it
+    /// against. Special tokens (BOS, EOS, `<|im_end|>`, ...) are spelled `\xFF` then their name,
+    /// llguidance's convention, so that no text can match them. The default is
+    /// [`TextCodec::decode_piece`] after token 0.
+    fn token_bytes(&self, token: u32) -> Vec<u8> {
+        self.decode_piece(0, token)
+    }
 }
+
+/// The first byte of a special token's [`TextCodec::token_bytes`]: never valid in UTF-8 text.
+pub const SPECIAL_TOKEN_MARKER: u8 = 0xFF;
 
 impl TextCodec for model::llama2c::Tokenizer {
     fn encode(&self, text: &str, bos: bool) -> Vec<u32> {
@@ -1083,6 +1099,25 @@ impl TextCodec for model::llama2c::Tokenizer {
     fn bytes_per_token(&self) -> Option<usize> {
         model::llama2c::Tokenizer::max_piece_bytes(self)
     }
+    fn vocab_size(&self) -> Option<usize> {
+        Some(model::llama2c::Tokenizer::vocab_size(self))
+    }
+    /// `<unk>`, BOS and EOS (ids 0 to 2) are special; every other piece is its bytes (with its
+    /// leading space, `<0xNN>` as the byte).
+    fn token_bytes(&self, token: u32) -> Vec<u8> {
+        const NAMES: [&str; 3] = ["<unk>", "<s>", "</s>"];
+        match NAMES.get(token as usize) {
+            Some(name) => special_bytes(name),
+            None => model::llama2c::Tokenizer::decode_piece(self, 0, token),
+        }
+    }
+}
+
+/// A special token's [`TextCodec::token_bytes`]: [`SPECIAL_TOKEN_MARKER`] then `name`.
+pub fn special_bytes(name: &str) -> Vec<u8> {
+    let mut out = vec![SPECIAL_TOKEN_MARKER];
+    out.extend_from_slice(name.as_bytes());
+    out
 }
 
 /// A lower bound on the number of tokens of `text` (without BOS) from the codec's

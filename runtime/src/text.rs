@@ -6,7 +6,7 @@
 //! llama2.c story models) gets the **plain fallback**: one `<role>: <text>` line per turn, in
 //! order, and `assistant: ` where an answer is to begin (with `add_generation_prompt`).
 
-use crate::session::TextCodec;
+use crate::session::{TextCodec, special_bytes};
 use model::{ChatTemplate, HfTokenizer, Message};
 use tokenizers::DecoderWrapper;
 
@@ -122,6 +122,20 @@ impl TextCodec for HfCodec {
     fn is_stop(&self, token: u32) -> bool {
         self.stops.contains(&token)
     }
+
+    fn vocab_size(&self) -> Option<usize> {
+        Some(self.tokenizer.inner().get_vocab_size(true))
+    }
+
+    /// Special tokens are spelled [`crate::session::SPECIAL_TOKEN_MARKER`] then their content; other tokens as
+    /// [`TextCodec::decode_piece`] spells them.
+    fn token_bytes(&self, token: u32) -> Vec<u8> {
+        let decoder = self.tokenizer.inner().get_added_tokens_decoder();
+        match decoder.get(&token).filter(|t| t.special) {
+            Some(t) => special_bytes(&t.content),
+            None => self.decode_piece(0, token),
+        }
+    }
 }
 
 impl TextCodec for Box<dyn TextCodec + Send + Sync> {
@@ -136,6 +150,12 @@ impl TextCodec for Box<dyn TextCodec + Send + Sync> {
     }
     fn is_stop(&self, token: u32) -> bool {
         (**self).is_stop(token)
+    }
+    fn vocab_size(&self) -> Option<usize> {
+        (**self).vocab_size()
+    }
+    fn token_bytes(&self, token: u32) -> Vec<u8> {
+        (**self).token_bytes(token)
     }
 }
 
@@ -176,8 +196,28 @@ impl ChatFormat {
         add_generation_prompt: bool,
         max_bytes: usize,
     ) -> Result<String, model::Error> {
+        self.render_with_tools(messages, None, add_generation_prompt, max_bytes)
+    }
+
+    /// True when the model's template describes tools itself (it refers to `tools`); otherwise
+    /// tools are described in a system message (`htpkv_structured::tools`).
+    pub fn takes_tools(&self) -> bool {
+        self.template
+            .as_ref()
+            .is_some_and(ChatTemplate::mentions_tools)
+    }
+
+    /// [`ChatFormat::render_capped`] passing `tools` (an OpenAI `tools` array) to the template;
+    /// the plain fallback ignores them.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        max_bytes: usize,
+    ) -> Result<String, model::Error> {
         match &self.template {
-            Some(t) => t.render_capped(messages, add_generation_prompt, max_bytes),
+            Some(t) => t.render_with_tools(messages, tools, add_generation_prompt, max_bytes),
             None => {
                 let mut out: String = messages
                     .iter()

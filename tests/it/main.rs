@@ -14,4 +14,5 @@ mod runtime;
 mod smollm2_strategies;
 mod speculate;
 mod stops;
+mod structured;
 mod windows;

@@ -15,6 +15,7 @@ mod model_budget_cli;
 mod qnn_cli;
 mod real_qnn;
 mod speculate_cli;
+mod structured_cli;
 mod windows_cli;
 
 use std::io::Write;

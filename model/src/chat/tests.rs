@@ -123,3 +123,24 @@ fn rendering_stops_at_the_output_cap() {
         Err(Error::TemplateLimit { .. })
     ));
 }
+
+#[test]
+fn tools_reach_a_template_that_refers_to_them() {
+    let source = "{% if tools %}[{{ tools[0].function.name }}]{% endif %}\
+                  {% for m in messages %}{{ m.content }}{% endfor %}";
+    let t = ChatTemplate::new(source, "<s>", "</s>").unwrap();
+    assert!(t.mentions_tools());
+    let m = [Message::new("user", "hi")];
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "now"}}]);
+    let with = t
+        .render_with_tools(&m, Some(&tools), true, 1 << 10)
+        .unwrap();
+    assert_eq!(with, "[now]hi");
+    assert_eq!(
+        t.render_chat(&m, true).unwrap(),
+        "hi",
+        "no tools: `tools` is undefined"
+    );
+    let plain = ChatTemplate::new("{% for m in messages %}{{ m.content }}{% endfor %}", "", "");
+    assert!(!plain.unwrap().mentions_tools());
+}

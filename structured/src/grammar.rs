@@ -1,0 +1,310 @@
+//! Constraints over llguidance: a [`Vocabulary`] (the tokenizer's token bytes, built once per
+//! model), an [`OutputFormat`] (JSON schema, regex, Lark grammar) compiled against it into a
+//! [`Grammar`], the [`ConstraintFactory`] a generation carries.
+
+use crate::StructuredError;
+use htpkv_runtime::constraint::{Constraint, ConstraintError, ConstraintFactory};
+use htpkv_runtime::session::TextCodec;
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
+use llguidance::{Matcher, ParserFactory, TokenParser};
+use serde_json::{Value, json};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// A tokenizer's vocabulary as llguidance sees it: every token's bytes
+/// ([`TextCodec::token_bytes`]) and the tokens that end the text ([`TextCodec::is_stop`]).
+/// Building it walks the whole vocabulary (tens of milliseconds for 49k tokens), so a server
+/// builds one per model and shares it.
+pub struct Vocabulary {
+    factory: ParserFactory,
+    stops: Vec<u32>,
+}
+
+impl std::fmt::Debug for Vocabulary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vocabulary")
+            .field("size", &self.size())
+            .field("stops", &self.stops)
+            .finish()
+    }
+}
+
+impl Vocabulary {
+    /// The vocabulary of `codec`. Refused (`unsupported`) when the codec cannot list its tokens
+    /// or has no stop token (a finished grammar must be able to end the text).
+    pub fn new(codec: &dyn TextCodec) -> Result<Vocabulary, StructuredError> {
+        let size = codec.vocab_size().ok_or_else(|| {
+            StructuredError::unsupported("tokenizer", "it does not list its vocabulary")
+        })?;
+        let size32 = u32::try_from(size)
+            .map_err(|_| StructuredError::unsupported("tokenizer", "vocabulary too large"))?;
+        let stops: Vec<u32> = (0..size32).filter(|&t| codec.is_stop(t)).collect();
+        let Some(&eos) = stops.first() else {
+            return Err(StructuredError::unsupported(
+                "tokenizer",
+                "no token ends the text, so a finished grammar could not end it",
+            ));
+        };
+        let words: Vec<Vec<u8>> = (0..size32).map(|t| codec.token_bytes(t)).collect();
+        let trie = TokTrie::from(&TokRxInfo::new(size32, eos), &words).with_eos_tokens(&stops);
+        let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| StructuredError::invalid_from("tokenizer", "llguidance refused it", e))?;
+        factory.quiet();
+        Ok(Vocabulary { factory, stops })
+    }
+
+    /// The number of token ids.
+    pub fn size(&self) -> usize {
+        self.factory.tok_env().tok_trie().vocab_size()
+    }
+
+    /// The tokens that end the text (a finished grammar allows these, and only these).
+    pub fn stop_tokens(&self) -> &[u32] {
+        &self.stops
+    }
+
+    /// Compiles `format` into a constraint factory; errors name `what` (the request's field,
+    /// e.g. `response_format.json_schema`).
+    pub fn compile(
+        self: &Arc<Self>,
+        format: &OutputFormat,
+        what: &str,
+    ) -> Result<Arc<Grammar>, StructuredError> {
+        let grammar = format.to_llguidance(what)?;
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| StructuredError::invalid_from(what, "it does not compile", e))?;
+        let mut probe = Matcher::new(Ok(parser.clone()));
+        probe
+            .compute_mask()
+            .map_err(|e| StructuredError::invalid_from(what, "no output can match it", e))?;
+        Ok(Arc::new(Grammar {
+            vocab: Arc::clone(self),
+            fresh: Mutex::new(parser),
+            stats: Arc::default(),
+        }))
+    }
+}
+
+/// What the output must be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputFormat {
+    /// A JSON value that validates against this JSON schema (draft 2020-12 as llguidance reads
+    /// it: `$ref`/`$defs`, `enum`, `const`, `minLength`/`maxLength`, `pattern`, `anyOf`, ...).
+    JsonSchema(Value),
+    /// Any JSON object (OpenAI's `json_object`).
+    JsonObject,
+    /// A text matching this regular expression whole (Rust `regex` syntax).
+    Regex(String),
+    /// A text of this Lark grammar (llguidance's dialect: `start: ...`, `%json {...}` inside).
+    Lark(String),
+}
+
+/// How generated JSON is spaced: one space after `,` and `:`, no other whitespace. The issue does
+/// not say; free whitespace lets a small model emit newlines for ever, and this is the spacing
+/// of Python's `json.dumps`, which models have seen most.
+fn json_spacing() -> Value {
+    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+}
+
+impl OutputFormat {
+    /// The format of an OpenAI `response_format`: `{"type":"json_schema","json_schema":{"schema":
+    /// {...}}}`, `{"type":"json_object"}`, or `{"type":"text"}` (`None`: no constraint).
+    pub fn from_response_format(value: &Value) -> Result<Option<OutputFormat>, StructuredError> {
+        let kind = value.get("type").and_then(Value::as_str);
+        match kind {
+            Some("text") => Ok(None),
+            Some("json_object") => Ok(Some(OutputFormat::JsonObject)),
+            Some("json_schema") => {
+                let schema = value
+                    .get("json_schema")
+                    .and_then(|s| s.get("schema"))
+                    .ok_or_else(|| {
+                        StructuredError::invalid(
+                            "response_format.json_schema.schema",
+                            "missing (a JSON schema object is expected)",
+                        )
+                    })?;
+                Ok(Some(OutputFormat::JsonSchema(schema.clone())))
+            }
+            _ => Err(StructuredError::invalid(
+                "response_format.type",
+                format!("expected text, json_object or json_schema, got {value}"),
+            )),
+        }
+    }
+
+    /// The schema with the JSON spacing ([`json_spacing`]) unless it sets its own `x-guidance`.
+    fn spaced_schema(schema: &Value, what: &str) -> Result<Value, StructuredError> {
+        let mut schema = schema.clone();
+        match &mut schema {
+            Value::Object(map) => {
+                map.entry("x-guidance").or_insert_with(json_spacing);
+            }
+            Value::Bool(true) => schema = json!({"x-guidance": json_spacing()}),
+            other => {
+                return Err(StructuredError::invalid(
+                    what,
+                    format!("a JSON schema is an object (or true), got {other}"),
+                ));
+            }
+        }
+        Ok(schema)
+    }
+
+    fn to_llguidance(&self, what: &str) -> Result<TopLevelGrammar, StructuredError> {
+        Ok(match self {
+            OutputFormat::JsonSchema(s) => {
+                TopLevelGrammar::from_json_schema(OutputFormat::spaced_schema(s, what)?)
+            }
+            OutputFormat::JsonObject => TopLevelGrammar::from_json_schema(
+                json!({"type": "object", "x-guidance": json_spacing()}),
+            ),
+            OutputFormat::Regex(r) => TopLevelGrammar::from_regex(r),
+            OutputFormat::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+        })
+    }
+}
+
+/// Mask counters shared by the generations of one [`Grammar`].
+#[derive(Debug, Default)]
+struct Counters {
+    masks: AtomicU64,
+    nanos: AtomicU64,
+}
+
+/// How much masking cost: masks computed and the time they took.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct MaskStats {
+    /// Masks computed (one per generated token).
+    pub masks: u64,
+    /// Their total time, in seconds.
+    pub seconds: f64,
+}
+
+impl MaskStats {
+    /// Milliseconds per mask (per generated token); 0 without masks.
+    pub fn ms_per_token(&self) -> f64 {
+        if self.masks == 0 {
+            0.0
+        } else {
+            self.seconds * 1e3 / self.masks as f64
+        }
+    }
+}
+
+/// A compiled output format: the [`ConstraintFactory`] of [`htpkv_runtime::session::GenerateOptions`].
+/// Each generation starts from a copy of the compiled parser.
+pub struct Grammar {
+    vocab: Arc<Vocabulary>,
+    fresh: Mutex<TokenParser>,
+    stats: Arc<Counters>,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammar")
+            .field("vocab", &self.vocab)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Grammar {
+    /// What masking cost so far, over every generation of this grammar.
+    pub fn stats(&self) -> MaskStats {
+        MaskStats {
+            masks: self.stats.masks.load(Ordering::Relaxed),
+            seconds: self.stats.nanos.load(Ordering::Relaxed) as f64 * 1e-9,
+        }
+    }
+
+    /// The grammar as the runtime's factory type.
+    pub fn factory(self: &Arc<Self>) -> Arc<dyn ConstraintFactory> {
+        Arc::clone(self) as Arc<dyn ConstraintFactory>
+    }
+}
+
+impl ConstraintFactory for Grammar {
+    fn start(&self) -> Result<Box<dyn Constraint>, ConstraintError> {
+        let parser = self
+            .fresh
+            .lock()
+            .map_err(|_| ConstraintError("the compiled grammar's lock is poisoned".into()))?
+            .clone();
+        Ok(Box::new(GrammarState {
+            matcher: Matcher::new(Ok(parser)),
+            vocab: Arc::clone(&self.vocab),
+            stats: Arc::clone(&self.stats),
+        }))
+    }
+}
+
+/// The parser state of one constrained generation.
+struct GrammarState {
+    matcher: Matcher,
+    vocab: Arc<Vocabulary>,
+    stats: Arc<Counters>,
+}
+
+/// The first line of an llguidance error (the rest is a dump of the parser's state).
+fn first_line(e: &impl std::fmt::Display) -> String {
+    let text = e.to_string();
+    text.lines().next().unwrap_or_default().to_owned()
+}
+
+impl std::fmt::Debug for GrammarState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarState")
+            .field("stopped", &self.matcher.is_stopped())
+            .finish()
+    }
+}
+
+impl Constraint for GrammarState {
+    /// Tokens the grammar refuses, and logits past the vocabulary (a model's padded rows), get
+    /// negative infinity.
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError> {
+        let started = Instant::now();
+        let allowed = self.matcher.compute_mask_or_eos().map_err(|e| {
+            ConstraintError(format!("computing the token mask: {}", first_line(&e)))
+        })?;
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.stats.nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.stats.masks.fetch_add(1, Ordering::Relaxed);
+        let size = self.vocab.size();
+        let mut any = false;
+        for (t, logit) in logits.iter_mut().enumerate() {
+            let ok = t < size && allowed.is_allowed(t as u32);
+            if ok {
+                any = true;
+            } else {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+        if !any {
+            return Err(ConstraintError(
+                "no token of the model may come next (the grammar cannot be completed)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A stop token ends the generation: the mask allowed it only where the grammar is complete,
+    /// so there is nothing to advance (llguidance's parser may have stopped already).
+    fn commit(&mut self, token: u32) -> Result<(), ConstraintError> {
+        if self.vocab.stop_tokens().contains(&token) && !self.matcher.is_error() {
+            return Ok(());
+        }
+        self.matcher.consume_token(token).map_err(|e| {
+            ConstraintError(format!(
+                "token {token} does not fit the grammar: {}",
+                first_line(&e)
+            ))
+        })
+    }
+}
