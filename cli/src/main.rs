@@ -12,6 +12,7 @@ mod generate;
 mod inspect;
 mod output;
 mod progress;
+mod serve;
 
 /// htpkv: LLMs as static-shape graphs with an application-managed KV cache.
 #[derive(Debug, Parser)]
@@ -39,6 +40,9 @@ enum Command {
     /// Score a text teacher-forced against the f32 model: top-1 agreement, KL, perplexity. Takes
     /// generate's model and backend options.
     Eval(Box<eval::EvalArgs>),
+    /// Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions,
+    /// /v1/completions, /v1/models, /health). Takes generate's model and backend options.
+    Serve(Box<serve::ServeArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -51,6 +55,7 @@ fn main() -> std::process::ExitCode {
         Command::Chat(args) => chat::run(*args),
         Command::Inspect(args) => inspect::run(args),
         Command::Eval(args) => eval::run(*args),
+        Command::Serve(args) => serve::run(*args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
