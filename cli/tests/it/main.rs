@@ -13,6 +13,7 @@ mod hostile_files_cli;
 mod model_budget_cli;
 mod qnn_cli;
 mod real_qnn;
+mod serve;
 mod speculate_cli;
 mod windows_cli;
 
