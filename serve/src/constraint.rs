@@ -145,3 +145,99 @@ pub fn tool_calls_in(
 fn unsupported(param: &str, message: &str) -> ApiError {
     ApiError::new(ErrorKind::Unsupported, message).with_param(param)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request(extra: serde_json::Value) -> ChatRequest {
+        let mut v = json!({"messages": [{"role": "user", "content": "hi"}]});
+        v.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn tools() -> serde_json::Value {
+        json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])
+    }
+
+    fn code_of(r: Result<Option<Arc<dyn ConstraintFactory>>, ApiError>) -> &'static str {
+        r.err().expect("refused").kind.code()
+    }
+
+    #[test]
+    fn free_text_needs_no_constraint() {
+        for extra in [
+            json!({}),
+            json!({"response_format": {"type": "text"}}),
+            json!({"tools": tools(), "tool_choice": "none"}),
+        ] {
+            let s = Structured::of(&request(extra.clone())).unwrap();
+            assert!(constraint_for(&s).unwrap().is_none(), "{extra}");
+            assert_eq!(tool_calls_in("text", &s).unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn constrained_requests_are_refused_as_unsupported_until_wired() {
+        let schema = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}});
+        for extra in [
+            json!({"response_format": schema}),
+            json!({"response_format": {"type": "json_object"}}),
+            json!({"tools": tools()}),
+            json!({"tools": tools(), "tool_choice": "required"}),
+            json!({"tools": tools(), "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+        ] {
+            let s = Structured::of(&request(extra.clone())).unwrap();
+            assert_eq!(code_of(constraint_for(&s)), "unsupported", "{extra}");
+        }
+    }
+
+    #[test]
+    fn malformed_tool_fields_are_bad_requests_naming_the_field() {
+        for (extra, param) in [
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (
+                json!({"tools": tools(), "tool_choice": "sometimes"}),
+                "tool_choice",
+            ),
+            (
+                json!({"tools": tools(), "tool_choice": {"type": "function", "function": {"name": "other"}}}),
+                "tool_choice",
+            ),
+            (
+                json!({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}),
+                "tools",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "bad name"}}]}),
+                "tools",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}),
+                "tools",
+            ),
+            (
+                json!({"tools": [tools()[0].clone(), tools()[0].clone()]}),
+                "tools",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema"}}),
+                "response_format",
+            ),
+            (
+                json!({"response_format": {"type": "yaml"}}),
+                "response_format",
+            ),
+        ] {
+            let e = Structured::of(&request(extra.clone())).unwrap_err();
+            assert_eq!(
+                (e.kind, e.param.as_deref()),
+                (ErrorKind::BadRequest, Some(param)),
+                "{extra}"
+            );
+        }
+    }
+}

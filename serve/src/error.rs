@@ -141,3 +141,39 @@ impl IntoResponse for ApiError {
         (self.kind.status(), axum::Json(self.body())).into_response()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_has_its_status_and_the_body_has_openai_fields() {
+        let statuses = [
+            (ErrorKind::BadRequest, 400),
+            (ErrorKind::Unsupported, 400),
+            (ErrorKind::ContextLength, 400),
+            (ErrorKind::NotFound, 404),
+            (ErrorKind::TooLarge, 413),
+            (ErrorKind::QueueFull, 429),
+            (ErrorKind::ShuttingDown, 503),
+            (ErrorKind::Internal, 500),
+        ];
+        for (kind, status) in statuses {
+            assert_eq!(kind.status().as_u16(), status, "{kind:?}");
+        }
+        let e = ApiError::bad_param("stop", "too many");
+        let body = e.body();
+        assert_eq!(body["error"]["message"], "too many");
+        assert_eq!(body["error"]["param"], "stop");
+        assert_eq!(body["error"]["code"], "bad_request");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+    }
+
+    #[test]
+    fn the_cause_is_the_source() {
+        let io = std::io::Error::other("disk");
+        let e = ApiError::new(ErrorKind::Internal, "failed").with_source(io);
+        let source = std::error::Error::source(&e).expect("a source");
+        assert_eq!(source.to_string(), "disk");
+    }
+}

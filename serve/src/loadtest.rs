@@ -387,3 +387,16 @@ impl Events {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let ms: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        let p = Percentiles::of(&ms);
+        assert_eq!((p.p50_ms, p.p95_ms, p.p99_ms), (50.0, 95.0, 99.0));
+        assert_eq!(Percentiles::of(&[]).p99_ms, 0.0);
+    }
+}
