@@ -164,7 +164,7 @@ mod tests {
     }
 
     fn code_of(r: Result<Option<Arc<dyn ConstraintFactory>>, ApiError>) -> &'static str {
-        r.err().expect("refused").kind.code()
+        r.expect_err("refused").kind.code()
     }
 
     #[test]
