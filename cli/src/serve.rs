@@ -56,7 +56,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async {
+    let served = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
             .with_context(|| format!("binding {}:{}", args.host, args.port))?;
@@ -67,7 +67,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         htpkv_serve::serve(listener, state, shutdown_signal()).await?;
         eprintln!("htpkv serve: shut down");
         anyhow::Ok(())
-    })
+    });
+    // A generation still blocked on a client that stopped reading ends when its stream is
+    // dropped; do not wait for it longer than this.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    served
 }
 
 /// The model's name: its file's stem or its folder's name.

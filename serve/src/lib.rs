@@ -67,19 +67,34 @@ pub fn state(first: htpkv::Engine, options: &ServeOptions) -> Result<Arc<AppStat
     )))
 }
 
+/// How long shutdown waits for open responses to end before it drops them (a client that stopped
+/// reading its stream would otherwise hold the server up).
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Serves on `listener` until `shutdown` resolves; then stops accepting, refuses new requests
-/// (503), cancels running generations and returns once every open response has ended.
+/// (503), cancels running generations and returns once every open response has ended, or after
+/// [`SHUTDOWN_GRACE`], dropping the connections still open.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let pool = state.pool.clone();
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            pool.close();
-        })
-        .await
-        .map_err(ServeError::Io)
+    let (began, shutting_down) = tokio::sync::oneshot::channel::<()>();
+    let graceful = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+        shutdown.await;
+        pool.close();
+        let _ = began.send(());
+    });
+    let grace_over = async {
+        if shutting_down.await.is_ok() {
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        served = graceful => served.map_err(ServeError::Io),
+        () = grace_over => Ok(()),
+    }
 }

@@ -226,7 +226,11 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if let Some(engine) = self.engine.take() {
+        if let Some(mut engine) = self.engine.take() {
+            // A generation that panicked may have left a step half done: start afresh.
+            if std::thread::panicking() {
+                engine.reset();
+            }
             // Given back before the permit (a field dropped after this), so that a permit always
             // finds an idle session.
             lock(&self.pool.idle).push(engine);
