@@ -730,6 +730,11 @@ impl Model {
         self.chat.has_template()
     }
 
+    /// How a conversation becomes a prompt: the model's chat template or the plain fallback.
+    pub fn chat_format(&self) -> &ChatFormat {
+        &self.chat
+    }
+
     /// The options the model was compiled with (`None` with the QNN backend).
     pub fn compiled_options(&self) -> Option<&CompileOptions> {
         self.compiled_options.as_ref()

@@ -16,6 +16,7 @@ mod interrupt;
 mod output;
 mod progress;
 mod saturation;
+mod serve;
 
 /// htpkv: LLMs as static-shape graphs with an application-managed KV cache.
 #[derive(Debug, Parser)]
@@ -43,6 +44,9 @@ enum Command {
     /// Score a text teacher-forced against the f32 model: top-1 agreement, KL, perplexity. Takes
     /// generate's model and backend options.
     Eval(Box<eval::EvalArgs>),
+    /// Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions,
+    /// /v1/completions, /v1/models, /health). Takes generate's model and backend options.
+    Serve(Box<serve::ServeArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -55,6 +59,7 @@ fn main() -> std::process::ExitCode {
         Command::Chat(args) => chat::run(*args),
         Command::Inspect(args) => inspect::run(args),
         Command::Eval(args) => eval::run(*args),
+        Command::Serve(args) => serve::run(*args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

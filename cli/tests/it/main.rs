@@ -14,6 +14,7 @@ mod interrupt_cli;
 mod model_budget_cli;
 mod qnn_cli;
 mod real_qnn;
+mod serve;
 mod speculate_cli;
 mod structured_cli;
 mod windows_cli;
