@@ -57,48 +57,6 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
 }
 
-/// A function the model may call.
-#[derive(Debug, Clone, Deserialize)]
-pub struct FunctionDef {
-    pub name: String,
-    #[serde(default)]
-    pub description: Option<String>,
-    /// The arguments' JSON schema.
-    #[serde(default)]
-    pub parameters: Option<Value>,
-    #[serde(default)]
-    pub strict: Option<bool>,
-}
-
-/// One entry of `tools`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct Tool {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub function: FunctionDef,
-}
-
-/// `tool_choice`: `none`, `auto`, `required`, or one named function.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToolChoice {
-    None,
-    Auto,
-    Required,
-    Function(String),
-}
-
-/// `response_format`: free text, any JSON object, or JSON that follows a schema.
-#[derive(Debug, Clone)]
-pub enum ResponseFormat {
-    Text,
-    JsonObject,
-    JsonSchema {
-        name: String,
-        schema: Value,
-        strict: bool,
-    },
-}
-
 /// The fields of `/v1/chat/completions` the server reads.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {
@@ -107,8 +65,11 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     #[serde(flatten)]
     pub common: CommonFields,
+    /// OpenAI's `tools` (parsed by `htpkv_structured::parse_tools`).
     #[serde(default)]
-    pub tools: Option<Vec<Tool>>,
+    pub tools: Option<Value>,
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
     #[serde(default)]
     pub tool_choice: Option<Value>,
     #[serde(default)]
@@ -256,72 +217,6 @@ impl ChatMessage {
                 })
                 .collect(),
         }
-    }
-}
-
-/// Parses `tool_choice`.
-pub fn parse_tool_choice(value: &Value) -> Result<ToolChoice, ApiError> {
-    let bad = || {
-        ApiError::bad_param(
-            "tool_choice",
-            "tool_choice must be \"none\", \"auto\", \"required\" or \
-             {\"type\":\"function\",\"function\":{\"name\":...}}",
-        )
-    };
-    match value {
-        Value::String(s) => match s.as_str() {
-            "none" => Ok(ToolChoice::None),
-            "auto" => Ok(ToolChoice::Auto),
-            "required" => Ok(ToolChoice::Required),
-            _ => Err(bad()),
-        },
-        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => o
-            .get("function")
-            .and_then(|f| f.get("name"))
-            .and_then(Value::as_str)
-            .map(|n| ToolChoice::Function(n.to_owned()))
-            .ok_or_else(bad),
-        _ => Err(bad()),
-    }
-}
-
-/// Parses `response_format`.
-pub fn parse_response_format(value: &Value) -> Result<ResponseFormat, ApiError> {
-    let param = "response_format";
-    match value.get("type").and_then(Value::as_str) {
-        Some("text") => Ok(ResponseFormat::Text),
-        Some("json_object") => Ok(ResponseFormat::JsonObject),
-        Some("json_schema") => {
-            let spec = value.get("json_schema").ok_or_else(|| {
-                ApiError::bad_param(
-                    param,
-                    "response_format json_schema needs a `json_schema` object",
-                )
-            })?;
-            let name = spec
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or("response");
-            let schema = spec.get("schema").cloned().ok_or_else(|| {
-                ApiError::bad_param(param, "response_format.json_schema needs a `schema`")
-            })?;
-            if !schema.is_object() && !schema.is_boolean() {
-                return Err(ApiError::bad_param(
-                    param,
-                    "a JSON schema is an object or a boolean",
-                ));
-            }
-            let strict = spec.get("strict").and_then(Value::as_bool).unwrap_or(false);
-            Ok(ResponseFormat::JsonSchema {
-                name: name.to_owned(),
-                schema,
-                strict,
-            })
-        }
-        _ => Err(ApiError::bad_param(
-            param,
-            "response_format.type must be text, json_object or json_schema",
-        )),
     }
 }
 

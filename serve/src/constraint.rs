@@ -1,18 +1,21 @@
-//! The seam for constrained output: `tools`, `tool_choice` and `response_format`.
+//! Constrained output: `tools`, `tool_choice` and `response_format`, through `htpkv_structured`
+//! (llguidance).
 //!
-//! The request fields are parsed and checked here ([`Structured::of`]); [`constraint_for`] is the
-//! ONE place that turns them into a decoding constraint, and [`tool_calls_in`] the one place that
-//! turns a constrained answer back into tool calls. Until the `htpkv_structured` crate
-//! (llguidance: JSON schema, regex, grammar; OpenAI's tool-call shapes) is wired in, every request
-//! that needs a constraint is refused with a 400 `unsupported` error naming the field; a request
-//! with `tool_choice: "none"` or `response_format: {"type":"text"}` needs none and is served.
+//! [`Structured::of`] parses and checks the request fields (with the structured crate's parsers,
+//! so the CLI and the server read OpenAI's shapes the same way); [`Structured::prepare`] is the one
+//! place that turns them into the conversation to render (tools in the template, or the tool
+//! system message) and the decoding constraint; [`Structured::tool_calls_in`] turns the answer
+//! back into OpenAI's `tool_calls`.
 
-use crate::api::{
-    ChatRequest, ResponseFormat, Tool, ToolChoice, parse_response_format, parse_tool_choice,
-};
+use crate::api::ChatRequest;
 use crate::error::{ApiError, ErrorKind};
 use htpkv_runtime::constraint::ConstraintFactory;
-use std::collections::HashSet;
+use htpkv_structured::{
+    OutputFormat, StructuredError, Tool, ToolChoice, Vocabulary, parse_tool_calls, parse_tools,
+    prepare_tool_chat,
+};
+use model::Message;
+use serde_json::Value;
 use std::sync::Arc;
 
 /// The checked `tools`, `tool_choice` and `response_format` of a chat request.
@@ -21,129 +24,127 @@ pub struct Structured {
     pub tools: Vec<Tool>,
     /// As given, else `auto` with tools and `none` without (OpenAI's defaults).
     pub tool_choice: ToolChoice,
-    pub response_format: ResponseFormat,
+    /// `json_object` or `json_schema` (`None`: free text).
+    pub format: Option<OutputFormat>,
+    /// `parallel_tool_calls` (OpenAI's default: true).
+    pub parallel: bool,
+}
+
+/// What a request renders and how its answer is constrained.
+#[derive(Debug)]
+pub struct Prepared {
+    pub messages: Vec<Message>,
+    /// `tools` for a chat template that takes them.
+    pub template_tools: Option<Value>,
+    pub constraint: Option<Arc<dyn ConstraintFactory>>,
+}
+
+impl From<StructuredError> for ApiError {
+    fn from(e: StructuredError) -> ApiError {
+        let kind = match e.kind() {
+            htpkv_structured::ErrorKind::Unsupported => ErrorKind::Unsupported,
+            _ => ErrorKind::BadRequest,
+        };
+        let param = e.what().split('.').next().unwrap_or("messages").to_owned();
+        ApiError::new(kind, e.to_string())
+            .with_param(&param)
+            .with_source(e)
+    }
 }
 
 impl Structured {
     /// Parses and checks the fields: tools are functions with unique, well-formed names and
-    /// object schemas; a named or `required` choice needs tools, and a named one must be among them.
+    /// object schemas; a named or `required` choice needs tools, and a named one must be among
+    /// them; a response format is a valid JSON schema (compiled in [`Structured::prepare`]).
     pub fn of(request: &ChatRequest) -> Result<Structured, ApiError> {
-        let tools = request.tools.clone().unwrap_or_default();
-        check_tools(&tools)?;
+        let tools = match &request.tools {
+            Some(v) => parse_tools(v)?,
+            None => Vec::new(),
+        };
         let tool_choice = match &request.tool_choice {
-            Some(v) => parse_tool_choice(v)?,
+            Some(v) => ToolChoice::from_json(v)?,
             None if tools.is_empty() => ToolChoice::None,
             None => ToolChoice::Auto,
         };
-        match &tool_choice {
-            ToolChoice::Required | ToolChoice::Function(_) if tools.is_empty() => {
-                return Err(ApiError::bad_param(
-                    "tool_choice",
-                    "tool_choice requires a tool call but `tools` is empty",
-                ));
-            }
-            ToolChoice::Function(name) if !tools.iter().any(|t| &t.function.name == name) => {
-                return Err(ApiError::bad_param(
-                    "tool_choice",
-                    format!("tool_choice names `{name}`, which is not among `tools`"),
-                ));
-            }
-            _ => {}
-        }
-        let response_format = match &request.response_format {
-            Some(v) => parse_response_format(v)?,
-            None => ResponseFormat::Text,
+        tool_choice.check(&tools)?;
+        let format = match &request.response_format {
+            Some(v) => OutputFormat::from_response_format(v)?,
+            None => None,
         };
-        Ok(Structured {
+        let s = Structured {
             tools,
             tool_choice,
-            response_format,
-        })
+            format,
+            parallel: request.parallel_tool_calls.unwrap_or(true),
+        };
+        if s.may_call_tools() && s.format.is_some() {
+            return Err(ApiError::bad_param(
+                "response_format",
+                "response_format json_object/json_schema and tool calls exclude each other: send \
+                 one, or tool_choice \"none\"",
+            ));
+        }
+        Ok(s)
     }
 
     /// True when the answer may be a tool call.
     pub fn may_call_tools(&self) -> bool {
         !self.tools.is_empty() && self.tool_choice != ToolChoice::None
     }
-}
 
-fn check_tools(tools: &[Tool]) -> Result<(), ApiError> {
-    let mut names = HashSet::new();
-    for tool in tools {
-        let name = &tool.function.name;
-        if tool.kind != "function" {
-            return Err(ApiError::bad_param(
-                "tools",
-                format!("tool type `{}`: only `function` tools exist", tool.kind),
-            ));
-        }
-        let well_formed = (1..=64).contains(&name.len())
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if !well_formed {
-            return Err(ApiError::bad_param(
-                "tools",
-                format!("function name `{name}`: 1 to 64 of a-z, A-Z, 0-9, _ and -"),
-            ));
-        }
-        if !names.insert(name.as_str()) {
-            return Err(ApiError::bad_param(
-                "tools",
-                format!("function `{name}` is listed twice"),
-            ));
-        }
-        if let Some(p) = &tool.function.parameters
-            && !p.is_object()
-        {
-            return Err(ApiError::bad_param(
-                "tools",
-                format!("function `{name}`: `parameters` must be a JSON schema object"),
-            ));
-        }
+    /// True when the request needs the model's vocabulary (a constraint, or a tool call to parse).
+    pub fn needs_vocabulary(&self) -> bool {
+        self.may_call_tools() || self.format.is_some()
     }
-    Ok(())
-}
 
-/// The decoding constraint of a request: `None` for free text. THE place where `htpkv_structured`
-/// is to be wired in: a JSON schema (`response_format`), any JSON object (`json_object`), and
-/// tool calls (`tools` with `tool_choice` `auto`, `required` or a named function, which must
-/// constrain the output to a valid call). Until then those are refused with 400 `unsupported`.
-pub fn constraint_for(
-    structured: &Structured,
-) -> Result<Option<Arc<dyn ConstraintFactory>>, ApiError> {
-    if structured.may_call_tools() {
-        return Err(unsupported(
-            "tools",
-            "tool calls (tools with tool_choice auto, required or a named function) need \
-             constrained decoding, which this server does not have yet; send tool_choice \"none\" \
-             or no tools",
-        ));
+    /// The conversation to render and the constraint: a response format's grammar, or the tool
+    /// call grammar of `required` or a named function (`auto` is parsed afterwards, unconstrained).
+    pub fn prepare(
+        &self,
+        vocab: Option<&Arc<Vocabulary>>,
+        messages: Vec<Message>,
+        template_takes_tools: bool,
+    ) -> Result<Prepared, ApiError> {
+        let Some(vocab) = vocab.filter(|_| self.needs_vocabulary()) else {
+            return Ok(Prepared {
+                messages,
+                template_tools: None,
+                constraint: None,
+            });
+        };
+        if let Some(format) = &self.format {
+            let grammar = vocab.compile(format, "response_format")?;
+            return Ok(Prepared {
+                messages,
+                template_tools: None,
+                constraint: Some(grammar.factory()),
+            });
+        }
+        let chat = prepare_tool_chat(
+            vocab,
+            &messages,
+            &self.tools,
+            &self.tool_choice,
+            self.parallel,
+            template_takes_tools,
+        )?;
+        Ok(Prepared {
+            messages: chat.messages,
+            template_tools: chat.template_tools,
+            constraint: chat.constraint.map(|g| g.factory()),
+        })
     }
-    match &structured.response_format {
-        ResponseFormat::Text => Ok(None),
-        ResponseFormat::JsonObject | ResponseFormat::JsonSchema { .. } => Err(unsupported(
-            "response_format",
-            "response_format json_object and json_schema need constrained decoding, which this \
-             server does not have yet; send {\"type\":\"text\"} or leave it out",
-        )),
+
+    /// The tool calls of a finished answer in OpenAI's shape, `None` when it holds none (plain
+    /// content, or a request without tools).
+    pub fn tool_calls_in(&self, text: &str) -> Option<Vec<Value>> {
+        if !self.may_call_tools() {
+            return None;
+        }
+        let parsed = parse_tool_calls(text, &self.tools);
+        let calls: Vec<Value> = parsed.tool_calls.iter().map(|c| c.to_openai()).collect();
+        (!calls.is_empty()).then_some(calls)
     }
-}
-
-/// The tool calls in a finished answer, `None` when it is plain content. THE place where the
-/// answer of a tool-calling request is to be parsed (with `htpkv_structured`'s tool-call parser)
-/// into OpenAI's `tool_calls` (and `finish_reason: "tool_calls"`). [`constraint_for`] refuses
-/// every tool-calling request for now, so no answer reaching here can hold a call.
-pub fn tool_calls_in(
-    _text: &str,
-    structured: &Structured,
-) -> Result<Option<Vec<serde_json::Value>>, ApiError> {
-    debug_assert!(!structured.may_call_tools(), "refused by constraint_for");
-    Ok(None)
-}
-
-fn unsupported(param: &str, message: &str) -> ApiError {
-    ApiError::new(ErrorKind::Unsupported, message).with_param(param)
 }
 
 #[cfg(test)]
@@ -151,7 +152,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn request(extra: serde_json::Value) -> ChatRequest {
+    fn request(extra: Value) -> ChatRequest {
         let mut v = json!({"messages": [{"role": "user", "content": "hi"}]});
         v.as_object_mut()
             .unwrap()
@@ -159,12 +160,8 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
-    fn tools() -> serde_json::Value {
+    fn tools() -> Value {
         json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])
-    }
-
-    fn code_of(r: Result<Option<Arc<dyn ConstraintFactory>>, ApiError>) -> &'static str {
-        r.expect_err("refused").kind.code()
     }
 
     #[test]
@@ -175,13 +172,15 @@ mod tests {
             json!({"tools": tools(), "tool_choice": "none"}),
         ] {
             let s = Structured::of(&request(extra.clone())).unwrap();
-            assert!(constraint_for(&s).unwrap().is_none(), "{extra}");
-            assert_eq!(tool_calls_in("text", &s).unwrap(), None);
+            assert!(!s.needs_vocabulary(), "{extra}");
+            let p = s.prepare(None, vec![], false).unwrap();
+            assert!(p.constraint.is_none());
+            assert_eq!(s.tool_calls_in("<tool_call>{}</tool_call>"), None);
         }
     }
 
     #[test]
-    fn constrained_requests_are_refused_as_unsupported_until_wired() {
+    fn constrained_requests_need_the_vocabulary() {
         let schema = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}});
         for extra in [
             json!({"response_format": schema}),
@@ -191,7 +190,7 @@ mod tests {
             json!({"tools": tools(), "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
         ] {
             let s = Structured::of(&request(extra.clone())).unwrap();
-            assert_eq!(code_of(constraint_for(&s)), "unsupported", "{extra}");
+            assert!(s.needs_vocabulary(), "{extra}");
         }
     }
 
@@ -212,15 +211,7 @@ mod tests {
                 "tools",
             ),
             (
-                json!({"tools": [{"type": "function", "function": {"name": "bad name"}}]}),
-                "tools",
-            ),
-            (
                 json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}),
-                "tools",
-            ),
-            (
-                json!({"tools": [tools()[0].clone(), tools()[0].clone()]}),
                 "tools",
             ),
             (
@@ -231,11 +222,15 @@ mod tests {
                 json!({"response_format": {"type": "yaml"}}),
                 "response_format",
             ),
+            (
+                json!({"tools": tools(), "response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
         ] {
             let e = Structured::of(&request(extra.clone())).unwrap_err();
-            assert_eq!(
-                (e.kind, e.param.as_deref()),
-                (ErrorKind::BadRequest, Some(param)),
+            assert_eq!(e.param.as_deref(), Some(param), "{extra}: {e:?}");
+            assert!(
+                matches!(e.kind, ErrorKind::BadRequest | ErrorKind::Unsupported),
                 "{extra}"
             );
         }

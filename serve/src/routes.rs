@@ -1,7 +1,7 @@
 //! The routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`.
 
 use crate::api::{ChatRequest, CommonFields, CompletionRequest, Usage, finish_reason};
-use crate::constraint::{Structured, constraint_for, tool_calls_in};
+use crate::constraint::{Prepared, Structured};
 use crate::error::{ApiError, ErrorKind};
 use crate::generation::{CancelOnDrop, Outcome, Piece, start};
 use crate::pool::Pool;
@@ -14,6 +14,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::Stream;
 use htpkv::session::GenerateOptions;
+use htpkv_structured::Vocabulary;
 use model::Message;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -30,15 +31,20 @@ pub struct AppState {
     /// The largest request body taken, in bytes.
     pub max_body_bytes: usize,
     next_id: AtomicU64,
+    /// The model's token bytes for constrained output (`None`: its tokenizer cannot give them,
+    /// and constrained requests are refused as unsupported).
+    vocab: Option<Arc<Vocabulary>>,
 }
 
 impl AppState {
     pub fn new(pool: Arc<Pool>, model_name: String, max_body_bytes: usize) -> AppState {
+        let vocab = Vocabulary::new(pool.model().tokenizer()).ok().map(Arc::new);
         AppState {
             pool,
             model_name,
             max_body_bytes,
             next_id: AtomicU64::new(0),
+            vocab,
         }
     }
 
@@ -196,25 +202,30 @@ fn job(
     })
 }
 
-/// The chat prompt: the messages rendered with the model's chat format, ending where the
-/// assistant's answer starts.
-fn chat_prompt(pool: &Pool, request: &ChatRequest) -> Result<String, ApiError> {
+/// The request's messages, checked.
+fn chat_messages(request: &ChatRequest) -> Result<Vec<Message>, ApiError> {
     if request.messages.is_empty() {
         return Err(ApiError::bad_param(
             "messages",
             "messages must not be empty",
         ));
     }
-    let messages = request
+    request
         .messages
         .iter()
         .map(|m| Ok(Message::new(&m.role, &m.text()?)))
-        .collect::<Result<Vec<_>, ApiError>>()?;
+        .collect()
+}
+
+/// The chat prompt: the prepared messages rendered with the model's chat format (with the tools
+/// when it takes them), ending where the assistant's answer starts.
+fn chat_prompt(pool: &Pool, prepared: &Prepared) -> Result<String, ApiError> {
     // A rendering is bounded by the body's bytes times the template's own text: well under this.
     let cap = 64 << 20;
+    let tools = prepared.template_tools.as_ref();
     pool.model()
         .chat_format()
-        .render_capped(&messages, true, cap)
+        .render_with_tools(&prepared.messages, tools, true, cap)
         .map_err(|e| {
             ApiError::bad_param(
                 "messages",
@@ -231,11 +242,19 @@ async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let request: ChatRequest = read_json(&headers, body, state.max_body_bytes).await?;
     let structured = Structured::of(&request)?;
-    let constraint = constraint_for(&structured)?;
-    let prompt = chat_prompt(&state.pool, &request)?;
+    if structured.needs_vocabulary() && state.vocab.is_none() {
+        return Err(ApiError::new(
+            ErrorKind::Unsupported,
+            "this model's tokenizer cannot give the token bytes constrained output needs",
+        ));
+    }
+    let takes_tools = state.pool.model().chat_format().takes_tools();
+    let prepared =
+        structured.prepare(state.vocab.as_ref(), chat_messages(&request)?, takes_tools)?;
+    let prompt = chat_prompt(&state.pool, &prepared)?;
     let max_tokens = request.common.max_tokens.or(request.max_completion_tokens);
     let mut job = job(&state.pool, &prompt, &request.common, max_tokens)?;
-    job.options.constraint = constraint;
+    job.options.constraint = prepared.constraint;
     let (rx, guard) = run(&state, &job).await?;
     let meta = Meta {
         id: state.id("chatcmpl"),
@@ -244,11 +263,17 @@ async fn chat_completions(
         chat: true,
         include_usage: job.include_usage,
     };
-    if job.stream {
+    if job.stream && !structured.may_call_tools() {
         return Ok(sse(stream_chunks(rx, guard, meta)).into_response());
     }
+    // An answer that may be a tool call is known only when it is whole: a streaming request gets
+    // it as one chunk (content or tool_calls), then the finish reason.
     let (text, outcome) = collect(rx, guard).await?;
-    let tool_calls = tool_calls_in(&text, &structured)?;
+    let tool_calls = structured.tool_calls_in(&text);
+    if job.stream {
+        let events = meta.whole_answer_events(&text, tool_calls, outcome);
+        return Ok(sse(futures_util::stream::iter(events)).into_response());
+    }
     Ok(Json(meta.chat_response(&text, tool_calls, outcome)).into_response())
 }
 
@@ -370,6 +395,46 @@ impl Meta {
     fn completion_response(&self, text: &str, o: Outcome) -> Value {
         let choice = json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason(o.stop)});
         with_usage(self.envelope(false, json!([choice])), o.usage)
+    }
+
+    /// The SSE events of a whole chat answer: one delta (content, or tool calls), the finish
+    /// reason, the usage when asked, `[DONE]`.
+    fn whole_answer_events(&self, text: &str, calls: Option<Vec<Value>>, o: Outcome) -> Vec<Event> {
+        let data = |v: &Value| Event::default().data(v.to_string());
+        let (delta, finish) = match calls {
+            Some(calls) => {
+                let calls: Vec<Value> = (calls.into_iter().enumerate())
+                    .map(|(i, mut c)| {
+                        c["index"] = json!(i);
+                        c
+                    })
+                    .collect();
+                (
+                    json!({"role": "assistant", "content": null, "tool_calls": calls}),
+                    "tool_calls",
+                )
+            }
+            None => (
+                json!({"role": "assistant", "content": text}),
+                finish_reason(o.stop),
+            ),
+        };
+        let chunk = |delta: Value, finish: Option<&str>| {
+            let choice =
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish});
+            self.envelope(true, json!([choice]))
+        };
+        let mut events = vec![
+            data(&chunk(delta, None)),
+            data(&chunk(json!({}), Some(finish))),
+        ];
+        if self.include_usage {
+            let mut usage = self.envelope(true, json!([]));
+            usage["usage"] = json!(o.usage);
+            events.push(data(&usage));
+        }
+        events.push(Event::default().data("[DONE]"));
+        events
     }
 
     /// A streamed chunk: a text piece, or the finish reason (`text` None).

@@ -278,20 +278,50 @@ fn serve_refuses_bad_requests_with_4xx_and_openai_error_bodies() {
         "{v}"
     );
 
-    let schema =
-        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}});
+    // Constrained output on stories260K (its llama2.c tokenizer): a json_schema answer parses and
+    // validates; a required tool call comes back as tool_calls with arguments that validate.
+    let schema = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"name": {"type": "string", "maxLength": 8}},
+        "required": ["name"], "additionalProperties": false}}});
     let msgs = json!([{"role": "user", "content": "hi"}]);
     let (status, v) = server.post(
         "/v1/chat/completions",
-        &json!({"messages": msgs, "response_format": schema}),
+        &json!({"messages": msgs, "response_format": schema, "max_tokens": 64}),
     );
-    assert_eq!((status, error_code(&v)), (400, "unsupported"), "{v}");
-    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+    assert_eq!(status, 200, "{v}");
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+    let doc: serde_json::Value = serde_json::from_str(content).expect("the answer is JSON");
+    let keys: Vec<&String> = doc.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["name"], "{content}");
+    assert!(
+        doc["name"].as_str().unwrap().chars().count() <= 8,
+        "{content}"
+    );
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+        "required": ["city"], "additionalProperties": false}}}]);
     let (status, v) = server.post(
         "/v1/chat/completions",
-        &json!({"messages": msgs, "tools": tools, "tool_choice": "required"}),
+        &json!({"messages": msgs, "tools": tools, "tool_choice": "required", "max_tokens": 128}),
     );
-    assert_eq!((status, error_code(&v)), (400, "unsupported"), "{v}");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{v}");
+    let args: serde_json::Value =
+        serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        args["city"].is_string() && args.as_object().unwrap().len() == 1,
+        "{args}"
+    );
+    let both =
+        json!({"messages": msgs, "tools": tools, "response_format": {"type": "json_object"}});
+    let (status, v) = server.post("/v1/chat/completions", &both);
+    assert_eq!(
+        (status, &v["error"]["param"]),
+        (400, &json!("response_format")),
+        "{v}"
+    );
     let (status, v) = server.post("/v1/chat/completions", &json!({"messages": msgs, "tool_choice": {"type": "function", "function": {"name": "nope"}}}));
     assert_eq!(
         (status, &v["error"]["param"]),
@@ -351,12 +381,13 @@ fn openai_dir() -> PathBuf {
     cache.join(format!("htpkv/openai-{version}"))
 }
 
-/// SmolLM2 with f32 weights and KV at context 128: compiled in seconds (no calibration), and at
-/// about 0.1 s a token in the test build a generation lasts long enough to be cut off for sure.
-const SMOLLM2_ARGS: [&str; 6] = ["--context", "128", "--kv-dtype", "f32", "--weights", "f32"];
+/// SmolLM2 with f32 weights and KV at context 384 (room for the tool system message): compiled in
+/// seconds (no calibration), and at about 0.1 s a token in the test build a generation lasts long
+/// enough to be cut off for sure.
+const SMOLLM2_ARGS: [&str; 6] = ["--context", "384", "--kv-dtype", "f32", "--weights", "f32"];
 
 /// On SmolLM2, one session and no queue: the real `openai` Python client (streaming and not,
-/// completions, models, a refused json_schema); a second request while one runs is refused (429);
+/// completions, models, json_schema answers that validate, a required tool call); a second request while one runs is refused (429);
 /// a client that disconnects cancels its generation and leaves the session consistent; Ctrl-C
 /// cancels a running stream and exits 0.
 #[test]
@@ -399,7 +430,13 @@ fn openai_client_script(server: &Server, openai: &Path) {
         String::from_utf8_lossy(&out.stderr)
     );
     println!("{stdout}");
-    assert!(stdout.contains("ok json_schema refused"), "{stdout}");
+    for check in [
+        "ok json_schema validates",
+        "ok tool call arguments validate",
+        "ok streamed tool call",
+    ] {
+        assert!(stdout.contains(check), "{stdout}");
+    }
 }
 
 fn client_disconnect_cancels(server: &Server) {
