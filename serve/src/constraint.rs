@@ -45,7 +45,12 @@ impl From<StructuredError> for ApiError {
             htpkv_structured::ErrorKind::Unsupported => ErrorKind::Unsupported,
             _ => ErrorKind::BadRequest,
         };
-        let param = e.what().split(['.', '[']).next().unwrap_or("messages").to_owned();
+        let param = e
+            .what()
+            .split(['.', '['])
+            .next()
+            .unwrap_or("messages")
+            .to_owned();
         ApiError::new(kind, e.to_string())
             .with_param(&param)
             .with_source(e)
