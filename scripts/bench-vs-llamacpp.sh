@@ -26,7 +26,10 @@ ours=$(RAYON_NUM_THREADS=$threads cargo run -q --release --example decode_bench 
 # the prompt already in the cache (llama-bench's --n-depth; without it llama.cpp would decode
 # from an empty context, which is faster).
 peer_pp=$("$peer_bin" -m "$peer_model" -t "$threads" -p "$prompt" -n 0 -o json)
-peer_tg=$("$peer_bin" -m "$peer_model" -t "$threads" -p 0 -n "$tokens" -d "$prompt" -o json)
+# llama-bench builds before --n-depth (early 2025) refuse -d: they decode from an empty context
+# (reported as decode_depth 0), which favours llama.cpp.
+peer_tg=$("$peer_bin" -m "$peer_model" -t "$threads" -p 0 -n "$tokens" -d "$prompt" -o json 2>/dev/null) ||
+    peer_tg=$("$peer_bin" -m "$peer_model" -t "$threads" -p 0 -n "$tokens" -o json)
 peer=$(PP=$peer_pp TG=$peer_tg python3 -c 'import json, os; print(json.dumps(json.loads(os.environ["PP"]) + json.loads(os.environ["TG"])))')
 
 OURS=$ours PEER=$peer PEER_MODEL=$peer_model python3 - <<'PY'
