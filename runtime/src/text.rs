@@ -8,6 +8,7 @@
 
 use crate::session::{TextCodec, special_bytes};
 use model::{ChatTemplate, HfTokenizer, Message};
+use std::collections::HashMap;
 use tokenizers::DecoderWrapper;
 
 /// A Hugging Face tokenizer as a [`TextCodec`], with the model's stop tokens.
@@ -20,6 +21,9 @@ pub struct HfCodec {
     byte_level: bool,
     /// [`TextCodec::bytes_per_token`]: [`NORMALIZER_SLACK`] times the longest token string.
     bytes_per_token: usize,
+    /// The special added tokens and their content, read once (the tokenizer hands out a copy of
+    /// its added-token table on every query).
+    specials: HashMap<u32, String>,
 }
 
 /// How much a Hugging Face normalizer may shrink a text (NFC/NFKC compose three Hangul jamo,
@@ -42,11 +46,16 @@ impl HfCodec {
             .map(String::len)
             .max()
             .unwrap_or(1);
+        let specials = (tokenizer.inner().get_added_tokens_decoder().into_iter())
+            .filter(|(_, t)| t.special)
+            .map(|(id, t)| (id, t.content))
+            .collect();
         HfCodec {
             tokenizer,
             stops,
             byte_level,
             bytes_per_token: NORMALIZER_SLACK * longest.max(1),
+            specials,
         }
     }
 
@@ -56,11 +65,7 @@ impl HfCodec {
     }
 
     fn is_special(&self, token: u32) -> bool {
-        self.tokenizer
-            .inner()
-            .get_added_tokens_decoder()
-            .get(&token)
-            .is_some_and(|t| t.special)
+        self.specials.contains_key(&token)
     }
 }
 
@@ -130,9 +135,8 @@ impl TextCodec for HfCodec {
     /// Special tokens are spelled [`crate::session::SPECIAL_TOKEN_MARKER`] then their content; other tokens as
     /// [`TextCodec::decode_piece`] spells them.
     fn token_bytes(&self, token: u32) -> Vec<u8> {
-        let decoder = self.tokenizer.inner().get_added_tokens_decoder();
-        match decoder.get(&token).filter(|t| t.special) {
-            Some(t) => special_bytes(&t.content),
+        match self.specials.get(&token) {
+            Some(content) => special_bytes(content),
             None => self.decode_piece(0, token),
         }
     }
