@@ -1102,3 +1102,18 @@ pub fn budget_json(config_yaml: &str) -> Result<String, EngineError> {
     }
     serde_json::to_string_pretty(&reports).map_err(|e| EngineError::Budget(e.to_string()))
 }
+
+/// Peak resident memory of this process in bytes (`VmHWM` of /proc/self/status); `None` where
+/// the system does not say (not Linux). What `--stats`, `--json` and the server's load test report.
+pub fn peak_memory_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line
+        .trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
+}

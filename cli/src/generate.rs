@@ -422,20 +422,7 @@ pub fn open_run(run: &RunArgs, checked: &RunChecked, quiet: bool) -> anyhow::Res
     Ok((engine, ran))
 }
 
-/// Peak resident memory of this process in bytes (`VmHWM` of /proc/self/status); `None` where
-/// the system does not say (not Linux).
-pub fn peak_memory_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line
-        .trim_start_matches("VmHWM:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    kib.checked_mul(1024)
-}
+use htpkv::engine::peak_memory_bytes;
 
 /// [`peak_memory_bytes`] for people: MiB, or `n/a`.
 pub fn peak_memory_text() -> String {

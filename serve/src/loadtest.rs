@@ -185,7 +185,7 @@ fn report(
         requests_per_second: answered as f64 / secs,
         first_token: Percentiles::of(&first),
         total: Percentiles::of(&total),
-        peak_rss_bytes: peak_rss_bytes(),
+        peak_rss_bytes: htpkv::engine::peak_memory_bytes(),
         errors,
     }
 }
@@ -198,20 +198,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     s
-}
-
-/// Peak resident memory of this process (`VmHWM` in /proc/self/status); `None` off Linux.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line
-        .trim_start_matches("VmHWM:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    kib.checked_mul(1024)
 }
 
 /// One greedy streaming `/v1/completions` request, read event by event.
