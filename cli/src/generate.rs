@@ -525,6 +525,29 @@ pub fn stream(out: &mut impl Write, piece: &str, failed: &mut Option<std::io::Er
     }
 }
 
+/// A generation's `--json` document: the fields every run has (prompt, text, tokens, stop and
+/// finish reason), then `extra` (what the run says about itself).
+pub fn generation_json(
+    prompt: &str,
+    g: &htpkv::session::Generation,
+    extra: serde_json::Value,
+) -> serde_json::Value {
+    let mut doc = serde_json::json!({
+        "prompt": prompt,
+        "text": g.text,
+        "prompt_tokens": g.prompt_tokens.len(),
+        "prompt_token_ids": g.prompt_tokens,
+        "generated_tokens": g.tokens.len(),
+        "tokens": g.tokens,
+        "stop": format!("{:?}", g.stop),
+        "finish_reason": g.stop.finish_reason(),
+    });
+    if let (Some(d), serde_json::Value::Object(e)) = (doc.as_object_mut(), extra) {
+        d.extend(e);
+    }
+    doc
+}
+
 /// Saves the session when asked, then prints the JSON document or the stats.
 fn finish(
     args: &GenerateArgs,
@@ -553,45 +576,42 @@ fn finish(
     let stats = engine.stats();
     let kv = stats.kv;
     if args.json {
-        let mut doc = serde_json::json!({
-            "prompt": args.chat.as_deref().unwrap_or(&args.prompt),
-            "text": generation.text,
-            "prompt_tokens": generation.prompt_tokens.len(),
-            "prompt_token_ids": generation.prompt_tokens,
-            "generated_tokens": generation.tokens.len(),
-            "tokens": generation.tokens,
-            "stop": format!("{:?}", generation.stop),
-            "finish_reason": generation.stop.finish_reason(),
-            "backend": engine.session().backend().name(),
-            "update": strategy.name(),
-            "qnn_memory": engine.memory_report().map(|m| serde_json::json!({
-                "memory": m.memory,
-                "registrations": m.registrations,
-                "deregistrations": m.deregistrations,
-                "live_handles": m.live_handles,
-                "peak_handles": m.peak_handles,
-                "max_handles": m.max_handles,
-            })),
-            "kv_dtype": ran.kv_dtype.to_string(),
-            "weights": ran.weights.map(WeightType::name),
-            "context": ran.context,
-            "ar": ran.ar,
-            "peak_memory_bytes": peak_memory_bytes(),
-            "prefill_tokens_per_second": stats.prefill_tokens_per_second(),
-            "decode_tokens_per_second": stats.decode_tokens_per_second(),
-            "overflow": args.overflow,
-            "slides": engine.session().slides().iter().map(slide_json).collect::<Vec<_>>(),
-            "reused_tokens": stats.reused_tokens,
-            "speculation": speculate::json(engine),
-            "kv_saturation": crate::saturation::json(engine.session().cache()),
-            "kv": {
-                "region_bytes": kv.region_bytes,
-                "bytes_copied": kv.bytes_copied,
-                "rebases": kv.rebases,
-                "handles": kv.handles,
-                "peak_bytes_in_use": kv.peak_bytes_in_use,
-            },
-        });
+        let prompt = args.chat.as_deref().unwrap_or(&args.prompt);
+        let mut doc = generation_json(
+            prompt,
+            &generation,
+            serde_json::json!({
+                "backend": engine.session().backend().name(),
+                "update": strategy.name(),
+                "qnn_memory": engine.memory_report().map(|m| serde_json::json!({
+                    "memory": m.memory,
+                    "registrations": m.registrations,
+                    "deregistrations": m.deregistrations,
+                    "live_handles": m.live_handles,
+                    "peak_handles": m.peak_handles,
+                    "max_handles": m.max_handles,
+                })),
+                "kv_dtype": ran.kv_dtype.to_string(),
+                "weights": ran.weights.map(WeightType::name),
+                "context": ran.context,
+                "ar": ran.ar,
+                "peak_memory_bytes": peak_memory_bytes(),
+                "prefill_tokens_per_second": stats.prefill_tokens_per_second(),
+                "decode_tokens_per_second": stats.decode_tokens_per_second(),
+                "overflow": args.overflow,
+                "slides": engine.session().slides().iter().map(slide_json).collect::<Vec<_>>(),
+                "reused_tokens": stats.reused_tokens,
+                "speculation": speculate::json(engine),
+                "kv_saturation": crate::saturation::json(engine.session().cache()),
+                "kv": {
+                    "region_bytes": kv.region_bytes,
+                    "bytes_copied": kv.bytes_copied,
+                    "rebases": kv.rebases,
+                    "handles": kv.handles,
+                    "peak_bytes_in_use": kv.peak_bytes_in_use,
+                },
+            }),
+        );
         plan.json(&generation.text, &mut doc);
         writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
         return Ok(());

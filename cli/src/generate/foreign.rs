@@ -236,27 +236,23 @@ pub(super) fn run(args: &GenerateArgs, checked: &Checked) -> anyhow::Result<()> 
     }
     let stats = session.stats();
     if args.json {
-        let doc = serde_json::json!({
-            "prompt": args.prompt,
-            "text": generation.text,
-            "prompt_tokens": generation.prompt_tokens.len(),
-            "prompt_token_ids": generation.prompt_tokens,
-            "generated_tokens": generation.tokens.len(),
-            "tokens": generation.tokens,
-            "stop": format!("{:?}", generation.stop),
-            "finish_reason": generation.stop.finish_reason(),
-            "convention": convention,
-            "binaries": binaries,
-            "context": session.context(),
-            "contexts": session.context_lengths(),
-            "relayouts": stats.kv.relayouts,
-            "rows_moved_by_relayouts": stats.kv.rows_moved_by_relayouts,
-            "ar": session.cache().spec().geometry.ar_variants,
-            "kv_dtype": session.cache().spec().geometry.dtype.to_string(),
-            "prefill_tokens_per_second": stats.prefill_tokens_per_second(),
-            "decode_tokens_per_second": stats.decode_tokens_per_second(),
-            "kv_saturation": crate::saturation::json(session.cache()),
-        });
+        let doc = super::generation_json(
+            &args.prompt,
+            &generation,
+            serde_json::json!({
+                "convention": convention,
+                "binaries": binaries,
+                "context": session.context(),
+                "contexts": session.context_lengths(),
+                "relayouts": stats.kv.relayouts,
+                "rows_moved_by_relayouts": stats.kv.rows_moved_by_relayouts,
+                "ar": session.cache().spec().geometry.ar_variants,
+                "kv_dtype": session.cache().spec().geometry.dtype.to_string(),
+                "prefill_tokens_per_second": stats.prefill_tokens_per_second(),
+                "decode_tokens_per_second": stats.decode_tokens_per_second(),
+                "kv_saturation": crate::saturation::json(session.cache()),
+            }),
+        );
         writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
         writeln!(out)?;

@@ -33,6 +33,16 @@ pub fn htpkv_command(args: &[&str], cache: &Path) -> Command {
     command
 }
 
+/// The JSON document a successful run printed (the run's stderr when it failed).
+pub fn ok_json(o: &Output) -> serde_json::Value {
+    assert!(
+        o.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 /// Runs the `htpkv` binary with compiled models cached in `cache` and no model override.
 pub fn htpkv(args: &[&str], cache: &Path) -> Output {
     htpkv_command(args, cache).output().expect("runs")

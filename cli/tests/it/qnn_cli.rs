@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
+use crate::ok_json;
 use test_support::files::built_library;
 
 fn scratch() -> PathBuf {
@@ -29,15 +30,6 @@ fn htpkv(args: &[&str], env: &[(&str, &str)]) -> Output {
         cmd.env(k, v);
     }
     cmd.output().unwrap()
-}
-
-fn ok_json(o: &Output) -> Value {
-    assert!(
-        o.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).unwrap()
 }
 
 /// `htpkv inspect FILE --qnn-system LIB --json` with `env`, parsed.

@@ -4,18 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use crate::{htpkv, htpkv_with_stdin};
+use crate::{htpkv, htpkv_with_stdin, ok_json};
 use serde_json::Value;
 use test_support::stories::stories260k_dir;
-
-fn ok_json(o: &Output) -> Value {
-    assert!(
-        o.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).unwrap()
-}
 
 fn failure(o: &Output) -> String {
     assert!(!o.status.success(), "unexpected success");
