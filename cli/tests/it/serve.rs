@@ -392,15 +392,19 @@ const SMOLLM2_ARGS: [&str; 6] = ["--context", "384", "--kv-dtype", "f32", "--wei
 /// cancels a running stream and exits 0.
 #[test]
 fn serve_smollm2_openai_client_disconnect_and_ctrl_c() {
-    let openai = openai_dir();
-    assert!(
-        openai.join(".complete").is_file(),
-        "{} is missing: run scripts/fetch-openai.sh",
-        openai.display()
-    );
-    let Some(model) = test_support::fetched::smollm2_gguf("serve_smollm2_openai_client") else {
+    let test = "serve_smollm2_openai_client";
+    let Some(model) = test_support::fetched::smollm2_gguf(test) else {
         return;
     };
+    // Fetched like SmolLM2: missing, the test fails in CI and is skipped (saying why) elsewhere.
+    let openai = openai_dir();
+    if !openai.join(".complete").is_file() {
+        let why = format!(
+            "{} is missing: run scripts/fetch-openai.sh",
+            openai.display()
+        );
+        return test_support::fetched::missing(test, &why).unwrap_or(());
+    }
     let cache = test_support::files::scratch("serve", "smollm2");
     let model = model.to_str().unwrap();
     let args = [
