@@ -56,19 +56,28 @@ impl_fixed_point!(i8, DataType::I8);
 impl_fixed_point!(i16, DataType::I16);
 
 /// `round(x / scale) - offset`, clamped to `[qmin, qmax]`; the one place the rounding rule lives.
+///
+/// The quotient of two f32 values is computed in f64, so it is within 2^-53 (relative) of the
+/// exact quotient: ties are decided correctly for every quotient a 16-bit type can hold without
+/// saturating. Rounding is half away from zero (`f64::round`'s rule), computed without a libm
+/// call (this runs for every activation of every matmul): the quotient is first clamped to the
+/// integers `[qmin + offset, qmax + offset]` (which commutes with rounding, both being
+/// monotonic and the bounds integers), so truncating it to i64 is exact, and so is the fraction
+/// `q - trunc(q)`; a fraction of at least one half moves the result one away from zero. Equal
+/// to the `f64::round` form for every input (`tests::rounding_equals_f64_round`).
 #[inline]
 fn quantize_in_range(x: f32, so: ScaleOffset, qmin: i32, qmax: i32) -> i32 {
-    let offset = f64::from(so.offset);
-    // f64::round rounds half away from zero. The quotient of two f32 values is computed in f64,
-    // so it is within 2^-53 (relative) of the exact quotient: ties are decided correctly for
-    // every quotient a 16-bit type can hold without saturating.
-    let mut r = (f64::from(x) / f64::from(so.scale)).round() - offset;
-    if r.is_nan() {
-        // x is NaN (or the scale is invalid and x is 0): use the code of 0.0.
-        r = -offset;
-    }
-    // qmin/qmax are exact in f64; after the clamp the cast is exact (±inf clamps too).
-    r.clamp(f64::from(qmin), f64::from(qmax)) as i32
+    let offset = i64::from(so.offset);
+    let (lo, hi) = (
+        (i64::from(qmin) + offset) as f64,
+        (i64::from(qmax) + offset) as f64,
+    );
+    // NaN stays NaN through the clamp and truncates to 0: the code of 0.0 (`-offset`).
+    let q = (f64::from(x) / f64::from(so.scale)).clamp(lo, hi);
+    let t = q as i64;
+    let frac = q - t as f64;
+    let r = t + i64::from(frac >= 0.5) - i64::from(frac <= -0.5);
+    (r - offset).clamp(i64::from(qmin), i64::from(qmax)) as i32
 }
 
 /// Quantizes one real value to the stored integer of `dtype`: `round(x / scale) - offset`,
@@ -224,6 +233,75 @@ mod tests {
 
     fn so(scale: f32, offset: i32) -> ScaleOffset {
         ScaleOffset::new(scale, offset).expect("valid scale")
+    }
+
+    /// The rounding rule in its plain form: `f64::round`, then the offset, then the clamp.
+    fn rounded_by_f64_round(x: f32, so: ScaleOffset, qmin: i32, qmax: i32) -> i32 {
+        let offset = f64::from(so.offset);
+        let mut r = (f64::from(x) / f64::from(so.scale)).round() - offset;
+        if r.is_nan() {
+            r = -offset;
+        }
+        r.clamp(f64::from(qmin), f64::from(qmax)) as i32
+    }
+
+    #[test]
+    fn rounding_equals_f64_round() {
+        let ranges = [
+            (-128, 127),
+            (0, 255),
+            (-32768, 32767),
+            (0, 65535),
+            (i32::MIN, i32::MAX),
+        ];
+        let scales = [
+            1.0f32,
+            0.5,
+            0.1,
+            3.0e-5,
+            1.0 / 3.0,
+            7.0e4,
+            f32::MIN_POSITIVE,
+        ];
+        let offsets = [0, -128, 5, -32768, -1, 40000];
+        let mut xs = vec![
+            0.0f32,
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            -f32::INFINITY,
+            f32::MAX,
+            -f32::MAX,
+        ];
+        // Every integer near zero, and every 97th out to ±70000 (past the 16-bit types).
+        let ks = (-3000i32..3000).chain((-722..722).map(|i| i * 97));
+        for k in ks {
+            // Ties, their neighbours and ordinary values at every scale.
+            let v = k as f32 * 0.5;
+            xs.extend([
+                v,
+                f32::from_bits(v.to_bits() + 1),
+                f32::from_bits(v.to_bits().wrapping_sub(1)),
+            ]);
+            xs.push(k as f32 * 0.37);
+        }
+        for &(qmin, qmax) in &ranges {
+            for &scale in &scales {
+                for &offset in &offsets {
+                    let s = ScaleOffset { scale, offset };
+                    for &x in &xs {
+                        // Ties at this scale: x = (k + 0.5) * scale rounded to f32.
+                        for x in [x, x * scale] {
+                            assert_eq!(
+                                quantize_in_range(x, s, qmin, qmax),
+                                rounded_by_f64_round(x, s, qmin, qmax),
+                                "x {x:e} scale {scale:e} offset {offset} range {qmin}..={qmax}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
