@@ -302,13 +302,14 @@ impl Graph {
             }
         }
         let (n, s) = (ar, o.context);
-        // The widest input of a matrix, and the widest output (the classifier's on the last
-        // part).
+        // The widest input of a matrix, and the widest output: the classifier's on the last
+        // part, or Q/K/V's or gate/up's together (one fused job, `linear_many`).
         let widest = c.dim.max(c.hidden_dim).max(c.q_dim());
+        let fused = (c.q_dim() + 2 * c.kv_dim()).max(2 * c.hidden_dim);
         let widest_out = if part.is_last() {
-            widest.max(c.vocab_size)
+            widest.max(fused).max(c.vocab_size)
         } else {
-            widest
+            widest.max(fused)
         };
         let table = if part.rope_tables { n * d / 2 } else { 0 };
         let w = s - n;
@@ -678,12 +679,11 @@ impl Kernels for ExecKernels<'_> {
         let model = &self.graph.model;
         let act = model.linear(ws[0]).1;
         let parts: Vec<&Matrix> = ws.iter().map(|&w| model.linear(w).0).collect();
-        // One token through i8 matrices of one activation encoding: one parallel job.
-        let fused = x.len() == parts[0].cols()
-            && parts.iter().all(|m| m.is_i8())
-            && ws.iter().all(|&w| model.linear(w).1 == act);
+        // i8 matrices of one activation encoding: quantized once, one parallel job.
+        let fused = parts.iter().all(|m| m.is_i8()) && ws.iter().all(|&w| model.linear(w).1 == act);
         if fused {
-            Matrix::matvec_i8_many(&parts, outs, x, act, self.qbuf);
+            let n = x.len() / parts[0].cols();
+            Matrix::matmul_i8_many(&parts, outs, (x, n), act, self.qbuf, self.tbuf);
         } else {
             for (&w, out) in ws.iter().zip(outs) {
                 self.linear(w, x, out);

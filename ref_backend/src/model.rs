@@ -358,33 +358,60 @@ impl Matrix {
         kernels::matmul_i8_i16(w, qa, cols, out, finish);
     }
 
-    /// One token through several i8 matrices of `cols` columns that share the activation
+    /// `n` tokens through several i8 matrices of `cols` columns that share the activation
     /// encoding `act` (a layer's Q/K/V, or its gate/up): `x` is quantized once and all rows
-    /// run as one parallel job; `outs[i] = ms[i] · x`, exactly as [`Matrix::matvec`] each.
+    /// run as one parallel job; `outs[i]` is token-major, exactly as [`Matrix::matmul`] of
+    /// `ms[i]` alone. `qbuf` is scratch of at least `x.len()` i16; with `n > 1`, `tbuf` holds
+    /// the kernel's row-major products of all matrices (at least the outputs' total length).
     ///
     /// # Panics
-    /// If a matrix is not i8, the column counts differ, or an output has the wrong length.
-    pub(crate) fn matvec_i8_many(
+    /// If a matrix is not i8, the column counts differ, an output has the wrong length, or
+    /// `tbuf` is short.
+    pub(crate) fn matmul_i8_many(
         ms: &[&Matrix],
         outs: &mut [&mut [f32]],
-        x: &[f32],
+        (x, n): (&[f32], usize),
         act: Option<ScaleOffset>,
         qbuf: &mut [i16],
+        tbuf: &mut [f32],
     ) {
         let so = act_or_unit(act);
         let qa = quantize_acts(x, so, qbuf);
+        if n == 1 {
+            let targets = outs.iter_mut().map(|o| &mut **o).collect();
+            return Self::run_i8_many(ms, targets, qa, so);
+        }
+        let mut rest = &mut tbuf[..];
+        let mut targets = Vec::with_capacity(outs.len());
+        for o in outs.iter() {
+            let (t, r) = std::mem::take(&mut rest).split_at_mut(o.len());
+            targets.push(t);
+            rest = r;
+        }
+        Self::run_i8_many(ms, targets, qa, so);
+        let mut rows = &tbuf[..];
+        for o in outs.iter_mut() {
+            let (t, r) = rows.split_at(o.len());
+            transpose(t, n, o);
+            rows = r;
+        }
+    }
+
+    /// The products of [`Matrix::matmul_i8_many`] as one kernel job, row-major by weight row.
+    fn run_i8_many(ms: &[&Matrix], targets: Vec<&mut [f32]>, qa: &[i16], so: ScaleOffset) {
+        let cols = ms[0].cols();
         let finishers: Vec<_> = ms.iter().map(|m| m.i8_finish(0, so)).collect();
         let products = ms
             .iter()
-            .zip(outs.iter_mut())
+            .zip(targets)
             .zip(&finishers)
             .map(|((m, out), finish)| {
-                let (cols, w) = m.i8_weights();
-                assert_eq!(cols, x.len(), "matvec_i8_many: column counts differ");
+                let (c, w) = m.i8_weights();
+                assert_eq!(c, cols, "matmul_i8_many: column counts differ");
                 kernels::Product { w, out, finish }
             })
             .collect();
-        kernels::matmul_i8_i16_many(qa, x.len(), products);
+        kernels::matmul_i8_i16_many(qa, cols, products);
     }
 
     /// Columns and weights of an i8 matrix.
@@ -433,12 +460,22 @@ fn act_or_unit(act: Option<ScaleOffset>) -> ScaleOffset {
     })
 }
 
-/// `x` quantized to i16 with `so` into the front of `qbuf`.
+/// Activations quantized per task of [`quantize_acts`] (a prefill's worth is split over the
+/// pool; a decode step's few hundred stay on the calling thread).
+const QUANTIZE_CHUNK: usize = 4096;
+
+/// `x` quantized to i16 with `so` into the front of `qbuf`, in parallel over chunks when `x`
+/// is long (each value is quantized alone, so the split changes nothing).
 fn quantize_acts<'a>(x: &[f32], so: ScaleOffset, qbuf: &'a mut [i16]) -> &'a [i16] {
     let qa = &mut qbuf[..x.len()];
-    for (d, &v) in qa.iter_mut().zip(x) {
-        *d = quant::quantize::<i16>(v, so);
-    }
+    qa.par_chunks_mut(QUANTIZE_CHUNK)
+        .zip(x.par_chunks(QUANTIZE_CHUNK))
+        .with_min_len(kernels::min_len_for(x.len(), 4 * QUANTIZE_CHUNK))
+        .for_each(|(q, x)| {
+            for (d, &v) in q.iter_mut().zip(x) {
+                *d = quant::quantize::<i16>(v, so);
+            }
+        });
     qa
 }
 
@@ -927,8 +964,9 @@ mod tests {
     }
 
     #[test]
-    fn fused_matvecs_equal_one_matvec_per_matrix() {
-        // Q/K/V-like shapes over one input; large enough to split over threads.
+    fn fused_matmuls_equal_one_matmul_per_matrix() {
+        // Q/K/V-like shapes over one input; large enough to split over threads. 40 tokens of
+        // 600 are also enough to quantize the activations in parallel.
         let cols = 600;
         let shapes = [(96, 0.37f32), (32, -0.5), (32, 1.25)];
         let ms: Vec<Matrix> = shapes
@@ -940,24 +978,30 @@ mod tests {
                 Matrix::quantize_i8(&w, rows, cols).unwrap()
             })
             .collect();
-        let x: Vec<f32> = (0..cols)
-            .map(|i| ((i * 13 % 29) as f32) / 7.0 - 1.0)
-            .collect();
-        let so = ScaleOffset::from_range(-1.0, 3.0, DataType::I16, Symmetry::Asymmetric).unwrap();
-        let mut qbuf = vec![0i16; cols];
-        let mut fused: Vec<Vec<f32>> = shapes.iter().map(|&(r, _)| vec![0.0; r]).collect();
-        let mut outs: Vec<&mut [f32]> = fused.iter_mut().map(|v| v.as_mut_slice()).collect();
         let refs: Vec<&Matrix> = ms.iter().collect();
+        let so = ScaleOffset::from_range(-1.0, 3.0, DataType::I16, Symmetry::Asymmetric).unwrap();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(3)
             .build()
             .unwrap();
-        pool.install(|| Matrix::matvec_i8_many(&refs, &mut outs, &x, Some(so), &mut qbuf));
-        for (m, got) in ms.iter().zip(&fused) {
-            let mut want = vec![0.0; got.len()];
-            m.matvec(0, &mut want, &x, Some(so), &mut qbuf);
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(got), bits(&want));
+        for n in [1, 5, 40] {
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 13 % 29) as f32) / 7.0 - 1.0 + (i / cols) as f32 * 0.01)
+                .collect();
+            let mut qbuf = vec![0i16; n * cols];
+            let mut tbuf = vec![0.0; n * 160];
+            let mut fused: Vec<Vec<f32>> = shapes.iter().map(|&(r, _)| vec![0.0; r * n]).collect();
+            let mut outs: Vec<&mut [f32]> = fused.iter_mut().map(|v| v.as_mut_slice()).collect();
+            pool.install(|| {
+                Matrix::matmul_i8_many(&refs, &mut outs, (&x, n), Some(so), &mut qbuf, &mut tbuf)
+            });
+            for (m, got) in ms.iter().zip(&fused) {
+                let mut want = vec![0.0; got.len()];
+                let mut t = vec![0.0; got.len()];
+                m.matmul(0, n, &mut want, &x, Some(so), &mut qbuf, &mut t);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(got), bits(&want), "{n} tokens");
+            }
         }
     }
 
