@@ -9,7 +9,8 @@
 //! With `--model <gguf file | safetensors folder>` it measures a real model instead: compile
 //! (with calibration) at context `--context` (2048), then prefill a `--prompt`-token prompt
 //! (128) through one AR-`prompt` step and decode `--tokens` (128) greedy tokens one AR-1 step
-//! each; it reports prefill and decode tokens/s. Threads: rayon's pool, one per core
+//! each; it reports prefill and decode tokens/s, the medians of `--runs` (3) repetitions from an
+//! empty cache (each run's figures are in `prefill_runs` / `decode_runs`). Threads: rayon's pool, one per core
 //! (`RAYON_NUM_THREADS` overrides).
 
 use anyhow::{Context, bail};
@@ -26,12 +27,14 @@ struct ModelRun {
     context: usize,
     prompt: usize,
     tokens: usize,
+    /// Prefill + decode repetitions (the session reset between them); the median is reported.
+    runs: usize,
 }
 
 fn main() -> anyhow::Result<()> {
     let (mut json, mut tokens, mut kv, mut weights) =
         (false, None, "u16".to_string(), "i8".to_string());
-    let (mut model, mut context, mut prompt) = (None, 2048usize, 128usize);
+    let (mut model, mut context, mut prompt, mut runs) = (None, 2048usize, 128usize, 3usize);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |what: &str| args.next().with_context(|| format!("{a} {what}"));
@@ -43,6 +46,7 @@ fn main() -> anyhow::Result<()> {
             "--model" => model = Some(std::path::PathBuf::from(value("PATH")?)),
             "--context" => context = value("S")?.parse()?,
             "--prompt" => prompt = value("N")?.parse()?,
+            "--runs" => runs = value("N")?.parse()?,
             other => bail!("unknown argument `{other}`"),
         }
     }
@@ -53,6 +57,7 @@ fn main() -> anyhow::Result<()> {
                 context,
                 prompt,
                 tokens: tokens.unwrap_or(128),
+                runs: runs.max(1),
             };
             model_bench(&run, &kv, &weights)?
         }
@@ -143,14 +148,18 @@ fn model_bench(run: &ModelRun, kv: &str, weights: &str) -> anyhow::Result<serde_
         Strategy::SHIFT_2X,
         &HostAllocator::default(),
     )?;
-    let start = Instant::now();
-    let mut next = model::ops::argmax(session.prefill(&prompt)?) as u32;
-    let prefill_s = start.elapsed().as_secs_f64();
-    let start = Instant::now();
-    for _ in 0..run.tokens {
-        next = model::ops::argmax(session.decode(next)?) as u32;
+    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    for _ in 0..run.runs {
+        session.reset();
+        let start = Instant::now();
+        let mut next = model::ops::argmax(session.prefill(&prompt)?) as u32;
+        prefill.push(run.prompt as f64 / start.elapsed().as_secs_f64());
+        let start = Instant::now();
+        for _ in 0..run.tokens {
+            next = model::ops::argmax(session.decode(next)?) as u32;
+        }
+        decode.push(run.tokens as f64 / start.elapsed().as_secs_f64());
     }
-    let decode_s = start.elapsed().as_secs_f64();
     Ok(serde_json::json!({
         "model": run.path.display().to_string(),
         "context": run.context,
@@ -161,9 +170,24 @@ fn model_bench(run: &ModelRun, kv: &str, weights: &str) -> anyhow::Result<serde_
         "threads": threads(),
         "compile_seconds": compile_s,
         "compile_stage_seconds": stage_seconds,
-        "prefill_tokens_per_second": run.prompt as f64 / prefill_s,
-        "decode_tokens_per_second": run.tokens as f64 / decode_s,
+        "runs": run.runs,
+        "prefill_tokens_per_second": median(&prefill),
+        "decode_tokens_per_second": median(&decode),
+        "prefill_runs": prefill,
+        "decode_runs": decode,
     }))
+}
+
+/// The median of `v` (the mean of the middle two for an even count).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len().is_multiple_of(2) {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
+    }
 }
 
 /// stories260K: KV cache vs recomputation vs llama2c's float reference.
