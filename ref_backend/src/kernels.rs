@@ -184,6 +184,61 @@ fn dots_block_tiled<const TT: usize>(isa: Isa, w: &[i8], a: &[i16], cols: usize,
     }
 }
 
+/// `out[i] = quant::quantize::<i16>(x[i], so)` (the activations of a matmul), with the running
+/// CPU's widest vectors: the one rounding rule, compiled for AVX-512 where the CPU has it.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn quantize_i16(x: &[f32], so: quant::ScaleOffset, out: &mut [i16]) {
+    assert_eq!(x.len(), out.len(), "quantize_i16: lengths differ");
+    match Isa::detect() {
+        // SAFETY: `avx512::quantize_i16` enables AVX512F/BW/DQ/VL; `detect` found AVX512BW,
+        // and the guard the other three, on the running CPU.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni if avx512_f_dq_vl() => unsafe { avx512::quantize_i16(x, so, out) },
+        _ => {
+            for (d, &v) in out.iter_mut().zip(x) {
+                *d = quant::quantize::<i16>(v, so);
+            }
+        }
+    }
+}
+
+/// `out[i] = (sums[i] + shift) as f32 * a * b`: how an i8 matmul's exact sums become its
+/// outputs (the one rounding after the activation quantization is the i64 -> f32 conversion),
+/// with the running CPU's widest vectors (for runs of at least 16 tokens).
+///
+/// # Panics
+/// If the lengths differ.
+#[inline]
+pub fn rescale(sums: &[i64], shift: i64, (a, b): (f32, f32), out: &mut [f32]) {
+    assert_eq!(sums.len(), out.len(), "rescale: lengths differ");
+    // A decode step's runs are one token long: not worth a call.
+    let isa = if sums.len() < 16 {
+        Isa::Portable
+    } else {
+        Isa::detect()
+    };
+    match isa {
+        // SAFETY: `avx512::rescale` enables AVX512F/BW/DQ/VL; `detect` found AVX512BW, and the
+        // guard the other three, on the running CPU.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni if avx512_f_dq_vl() => unsafe { avx512::rescale(sums, shift, (a, b), out) },
+        _ => {
+            for (o, &acc) in out.iter_mut().zip(sums) {
+                *o = (acc + shift) as f32 * a * b;
+            }
+        }
+    }
+}
+
+/// True if the running CPU has AVX512F, AVX512DQ and AVX512VL.
+#[cfg(target_arch = "x86_64")]
+fn avx512_f_dq_vl() -> bool {
+    use std::arch::is_x86_feature_detected as has;
+    has!("avx512f") && has!("avx512dq") && has!("avx512vl")
+}
+
 /// How long an idle pool thread keeps looking for work inside [`on_busy_pool`] before it goes
 /// back to rayon's sleep: longer than the serial stretches of a decode step (a layer's
 /// attention, norms and activation quantization), short enough to give the cores back soon
@@ -447,8 +502,10 @@ mod tests {
 
     #[test]
     fn worst_case_magnitudes_do_not_overflow() {
-        // Every product at its extreme: a single i32 over all columns would overflow.
-        let (rows, cols) = (5, 3 * I32_CHUNK + 7);
+        // Every product at its extreme: a single i32 over all columns would overflow. Longer
+        // than two of the AVX-512 kernel's runs of 8192 (each lane of a run then holds
+        // exactly I32_CHUNK - 4 extreme products).
+        let (rows, cols) = (5, 2 * 8192 + 3 * I32_CHUNK + 7);
         for (wv, av) in [(-127i8, i16::MIN), (127, i16::MIN), (127, i16::MAX)] {
             let got = run(&vec![wv; rows * cols], &vec![av; cols], cols);
             let want = cols as i64 * i64::from(wv) * i64::from(av);
@@ -489,7 +546,7 @@ mod tests {
             eprintln!("no AVX512BW/VNNI on this CPU: the AVX-512 tile is not run here");
             return;
         }
-        for (i, cols) in [1, 31, 32, 33, 511, 512, 544, 576, 1100, 3 * I32_CHUNK + 7]
+        for (i, cols) in [1, 31, 32, 33, 512, 544, 576, 1100, 8192, 8224, 16391]
             .into_iter()
             .enumerate()
         {
@@ -506,6 +563,43 @@ mod tests {
                 // SAFETY: as above.
                 let got = unsafe { avx512::dot_tile(rows, four, prefetch) };
                 assert_eq!(got, want, "cols {cols}");
+            }
+        }
+    }
+
+    #[test]
+    fn vector_quantize_and_rescale_equal_the_scalar_rules() {
+        let so = quant::ScaleOffset {
+            scale: 3.7e-4,
+            offset: -1234,
+        };
+        let mut x: Vec<f32> = values(5, 4099)
+            .into_iter()
+            .map(|v| (v >> 11) as i32 as f32 * 1.1e-9 - 0.3)
+            .collect();
+        // Ties, NaN, infinities and values past the range.
+        x.extend([
+            0.5 * so.scale,
+            -0.5 * so.scale,
+            f32::NAN,
+            f32::INFINITY,
+            -f32::INFINITY,
+            1e9,
+        ]);
+        let mut got = vec![0i16; x.len()];
+        quantize_i16(&x, so, &mut got);
+        let want: Vec<i16> = x.iter().map(|&v| quant::quantize::<i16>(v, so)).collect();
+        assert_eq!(got, want);
+
+        let sums: Vec<i64> = values(9, 1001)
+            .into_iter()
+            .map(|v| (v as i64) >> (v % 40))
+            .collect();
+        for len in [1, 15, 16, 17, 1001] {
+            let mut got = vec![0.0f32; len];
+            rescale(&sums[..len], -77, (1.3e-4, 0.021), &mut got);
+            for (g, &s) in got.iter().zip(&sums) {
+                assert_eq!(g.to_bits(), ((s + -77) as f32 * 1.3e-4 * 0.021).to_bits());
             }
         }
     }

@@ -438,10 +438,7 @@ impl Matrix {
         let off = i64::from(so.offset);
         move |r, sums, out| {
             let row = row0 + r;
-            let (shift, scale) = (off * row_sums[row], scales[row]);
-            for (o, &acc) in out.iter_mut().zip(sums) {
-                *o = (acc + shift) as f32 * so.scale * scale;
-            }
+            kernels::rescale(sums, off * row_sums[row], (so.scale, scales[row]), out);
         }
     }
 
@@ -471,11 +468,7 @@ fn quantize_acts<'a>(x: &[f32], so: ScaleOffset, qbuf: &'a mut [i16]) -> &'a [i1
     qa.par_chunks_mut(QUANTIZE_CHUNK)
         .zip(x.par_chunks(QUANTIZE_CHUNK))
         .with_min_len(kernels::min_len_for(x.len(), 4 * QUANTIZE_CHUNK))
-        .for_each(|(q, x)| {
-            for (d, &v) in q.iter_mut().zip(x) {
-                *d = quant::quantize::<i16>(v, so);
-            }
-        });
+        .for_each(|(q, x)| kernels::quantize_i16(x, so, q));
     qa
 }
 
@@ -895,14 +888,29 @@ fn transpose(t: &[f32], n: usize, out: &mut [f32]) {
     out.par_chunks_mut(TRANSPOSE_TOKENS * m)
         .enumerate()
         .with_min_len(kernels::min_len_for(t.len(), kernels::PARALLEL_MIN_MACS))
-        .for_each(|(g, block)| {
-            let i0 = g * TRANSPOSE_TOKENS;
-            for (r, src) in t.chunks_exact(n).enumerate() {
-                for (k, dst) in block.chunks_exact_mut(m).enumerate() {
-                    dst[r] = src[i0 + k];
-                }
+        .for_each(|(g, block)| transpose_block(t, n, g * TRANSPOSE_TOKENS, block));
+}
+
+/// The tokens `i0..` of `t` (row-major by weight row, `n` tokens per row) into `block`
+/// (token-major, `m` values per token), through 16 x 16 tiles in L1: a tile is filled from
+/// one cache line of 16 source rows, then written as 16 contiguous runs, so no store is
+/// scattered over 16 output lines.
+fn transpose_block(t: &[f32], n: usize, i0: usize, block: &mut [f32]) {
+    const TILE: usize = TRANSPOSE_TOKENS;
+    let m = t.len() / n;
+    let kn = block.len() / m;
+    let mut tile = [[0.0f32; TILE]; TILE];
+    for r0 in (0..m).step_by(TILE) {
+        let rn = TILE.min(m - r0);
+        for (j, src) in t[r0 * n..].chunks_exact(n).take(rn).enumerate() {
+            for (k, &v) in src[i0..i0 + kn].iter().enumerate() {
+                tile[k][j] = v;
             }
-        });
+        }
+        for (k, row) in tile.iter().take(kn).enumerate() {
+            block[k * m + r0..k * m + r0 + rn].copy_from_slice(&row[..rn]);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1001,6 +1009,20 @@ mod tests {
                 m.matmul(0, n, &mut want, &x, Some(so), &mut qbuf, &mut t);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(got), bits(&want), "{n} tokens");
+            }
+        }
+    }
+
+    #[test]
+    fn transpose_equals_the_plain_definition() {
+        for (m, n) in [(1, 1), (37, 40), (16, 16), (5, 33), (100, 17)] {
+            let t: Vec<f32> = (0..m * n).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let mut out = vec![f32::NAN; m * n];
+            transpose(&t, n, &mut out);
+            for i in 0..n {
+                for r in 0..m {
+                    assert_eq!(out[i * m + r], t[r * n + i], "m {m} n {n}");
+                }
             }
         }
     }

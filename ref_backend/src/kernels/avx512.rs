@@ -10,19 +10,21 @@
 //! Prefetch: as the SSE4.1 kernel, one `prefetcht0` per 64-byte line of the next tile's rows,
 //! on the first token's pass.
 //!
-//! Exactness: a lane adds `KERNEL_CHUNK / 16` products per run (32, far below [`I32_CHUNK`]),
-//! and a run's 16 lanes together hold `KERNEL_CHUNK <= I32_CHUNK` products, so their sum is
-//! also an exact i32; runs are summed in i64. The result is the exact sum, like the portable
-//! kernel's.
+//! Exactness: a lane adds two products per step and at most [`RUN`]` / 16` products per run
+//! (512, not above [`I32_CHUNK`]), so no lane overflows; a run's lanes are summed in i64, and so
+//! are the runs. The result is the exact sum, like the portable kernel's. Runs this long (one
+//! per dot product for SmolLM2's 576 and 1536 columns) keep the horizontal sums out of the
+//! loop: with runs of `KERNEL_CHUNK` they cost about a third as much as the products.
 //!
 //! [`I32_CHUNK`]: super::I32_CHUNK
 
 use std::arch::x86_64::{
-    __m256i, __m512i, _MM_HINT_T0, _mm_prefetch, _mm512_cvtepi8_epi16, _mm512_dpwssd_epi32,
-    _mm512_reduce_add_epi32, _mm512_setzero_si512,
+    __m256i, __m512i, _MM_HINT_T0, _mm_prefetch, _mm512_add_epi64, _mm512_castsi512_si256,
+    _mm512_cvtepi8_epi16, _mm512_cvtepi32_epi64, _mm512_dpwssd_epi32, _mm512_extracti64x4_epi64,
+    _mm512_reduce_add_epi64, _mm512_setzero_si512,
 };
 
-use super::{KERNEL_CHUNK, ROW_TILE};
+use super::{I32_CHUNK, ROW_TILE};
 
 /// Weight bytes per cache line: the prefetch step.
 const LINE: usize = 64;
@@ -30,7 +32,11 @@ const _: () = assert!(LINE.is_multiple_of(LANES));
 
 /// Elements per vector step.
 const LANES: usize = 32;
-const _: () = assert!(KERNEL_CHUNK.is_multiple_of(LANES));
+
+/// Elements summed in i32 lanes before they go to i64: each of the 16 lanes takes two products
+/// per step, so a lane holds `RUN / 16` products.
+const RUN: usize = 8192;
+const _: () = assert!(RUN.is_multiple_of(LINE) && RUN / 16 <= I32_CHUNK);
 
 /// Exact dot products of [`ROW_TILE`] weight rows with `T` activation rows of equal length
 /// (`out[t][r] = w[r] · act[t]`), as the SSE4.1 kernel's `dot_tile` (same contract, same
@@ -52,7 +58,7 @@ pub(super) fn dot_tile<const T: usize>(
     let mut acc = [[0i64; ROW_TILE]; T];
     let mut start = 0;
     while start < body {
-        let end = (start + KERNEL_CHUNK).min(body);
+        let end = (start + RUN).min(body);
         let mut sums = [[_mm512_setzero_si512(); ROW_TILE]; T];
         let mut i = start;
         while i < end {
@@ -73,7 +79,7 @@ pub(super) fn dot_tile<const T: usize>(
         }
         for t in 0..T {
             for r in 0..ROW_TILE {
-                acc[t][r] += i64::from(_mm512_reduce_add_epi32(sums[t][r]));
+                acc[t][r] += sum_lanes(sums[t][r]);
             }
         }
         start = end;
@@ -84,6 +90,14 @@ pub(super) fn dot_tile<const T: usize>(
         }
     }
     acc
+}
+
+/// The exact sum of 16 i32 lanes, in i64.
+#[target_feature(enable = "avx512f")]
+fn sum_lanes(v: __m512i) -> i64 {
+    let lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(v));
+    let hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64::<1>(v));
+    _mm512_reduce_add_epi64(_mm512_add_epi64(lo, hi))
 }
 
 /// 32 i16 activations as one vector (an unaligned 64-byte load).
@@ -98,4 +112,23 @@ fn load_acts(a: &[i16]) -> __m512i {
 fn load_weights(w: &[i8]) -> __m256i {
     let w: [i8; LANES] = w.try_into().expect("a whole vector step");
     bytemuck::cast(w)
+}
+
+/// `out[i] = quant::quantize::<i16>(x[i], so)`: the scalar rule, compiled with AVX-512 so that
+/// LLVM vectorizes it (eight f64 quotients per `vdivpd`, `vcvttpd2qq` for the truncation). The
+/// same function as the scalar loop, so the same codes.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+pub(super) fn quantize_i16(x: &[f32], so: quant::ScaleOffset, out: &mut [i16]) {
+    for (d, &v) in out.iter_mut().zip(x) {
+        *d = quant::quantize::<i16>(v, so);
+    }
+}
+
+/// [`super::rescale`]'s loop compiled with AVX-512 (`vcvtqq2ps` converts eight i64 at once):
+/// the same operations per element, so the same values.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+pub(super) fn rescale(sums: &[i64], shift: i64, (a, b): (f32, f32), out: &mut [f32]) {
+    for (o, &acc) in out.iter_mut().zip(sums) {
+        *o = (acc + shift) as f32 * a * b;
+    }
 }
