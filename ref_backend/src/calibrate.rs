@@ -14,12 +14,15 @@ use crate::error::CompileError;
 use crate::model::{ActSite, act_index};
 use crate::options::CompileOptions;
 use crate::progress::{Progress, Stage};
+use crate::smooth::{self, ChannelRanges, FfnSmoothing};
 
 /// How the observers turn observed values into encodings (documented for users; part of the
 /// calibration version).
 ///
 /// * i16 matmul inputs: [`MinMaxObserver`], asymmetric (i16 has enough levels that clipping
-///   outliers only hurts).
+///   outliers only hurts). With i8 weights the down projection's input is smoothed
+///   ([`crate::FfnSmoothing`]): its per-channel min/max give the factors and the smoothed
+///   range, widened by the margin.
 /// * u16 KV: [`MinMaxObserver`], asymmetric, per (layer, KV head, K|V).
 /// * u8 KV: [`HistogramObserver`] clipping at [`U8_KV_PERCENTILE`], asymmetric, per (layer, KV
 ///   head, K|V): with 256 levels a rare outlier would otherwise cost resolution for all values.
@@ -54,6 +57,8 @@ pub(crate) struct Calibrated {
     pub(crate) act: Vec<ScaleOffset>,
     /// KV specs, `(layer * n_kv_heads + head) * 2 + (0 K | 1 V)`.
     pub(crate) kv: Vec<QuantSpec>,
+    /// Per layer, the FFN smoothing factors to fold into `Up` and `Down` (empty: no fold).
+    pub(crate) smoothing: Vec<Vec<f32>>,
 }
 
 /// The tap of calibration: routes the forward's values to the observers.
@@ -65,6 +70,9 @@ struct Observers {
     act: Vec<MinMaxObserver>,
     /// KV, in buffer order ([`graph_io::buffer_index`]; empty unless KV is fixed point).
     kv: Vec<KvObserver>,
+    /// Per layer, the down input's per-channel ranges (empty unless the FFN is smoothed); they
+    /// replace that site's observer in `act`.
+    ffn: Vec<ChannelRanges>,
 }
 
 impl Tap for Observers {
@@ -77,7 +85,11 @@ impl Tap for Observers {
             Site::FinalNorm => Some(self.n_layers * 4),
             _ => None,
         };
-        if let Some(o) = act.and_then(|i| self.act.get_mut(i)) {
+        if site == Site::FfnHidden
+            && let Some(r) = self.ffn.get_mut(layer)
+        {
+            r.observe(values);
+        } else if let Some(o) = act.and_then(|i| self.act.get_mut(i)) {
             o.observe(values);
         }
         let kind = match site {
@@ -95,7 +107,8 @@ impl Tap for Observers {
 }
 
 impl Observers {
-    fn new(c: &LlamaConfig, opts: &CompileOptions) -> Observers {
+    /// Observers for `opts`; `smooth`: the down inputs are observed per channel.
+    fn new(c: &LlamaConfig, opts: &CompileOptions, smooth: bool) -> Observers {
         let act = if opts.weights.is_integer() {
             (0..c.n_layers * 4 + 1)
                 .map(|_| MinMaxObserver::new())
@@ -120,23 +133,71 @@ impl Observers {
         } else {
             Vec::new()
         };
+        let ffn = if smooth {
+            (0..c.n_layers)
+                .map(|_| ChannelRanges::new(c.hidden_dim))
+                .collect()
+        } else {
+            Vec::new()
+        };
         Observers {
             n_layers: c.n_layers,
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim,
             act,
             kv,
+            ffn,
         }
     }
 
-    /// The encodings of what was observed.
-    fn encodings(&self, opts: &CompileOptions) -> Result<Calibrated, CompileError> {
-        let act = self
-            .act
+    /// The i16 encoding of activation `i` ([`act_index`] order): the observed range, or for a
+    /// smoothed down input the range of the smoothed values (`factors` of its layer) times
+    /// `margin`.
+    fn act_encoding(
+        &self,
+        i: usize,
+        factors: &[Vec<f32>],
+        margin: f32,
+    ) -> Result<ScaleOffset, quant::QuantError> {
+        let (l, site) = (i / 4, i % 4);
+        let smoothed = (l < self.n_layers && site == ActSite::FfnMid.index())
+            .then(|| self.ffn.get(l).zip(factors.get(l)))
+            .flatten();
+        let (dtype, sym) = (DataType::I16, Symmetry::Asymmetric);
+        match smoothed {
+            Some((r, s)) => {
+                let (lo, hi) = r
+                    .smoothed_range(s, margin)
+                    .ok_or(quant::QuantError::NoObservations)?;
+                ScaleOffset::from_range(lo, hi, dtype, sym)
+            }
+            None => self.act[i].encoding(dtype, sym),
+        }
+    }
+
+    /// The encodings of what was observed, and the FFN smoothing factors (from `Down` in
+    /// `weights` and `smoothing`) when the down inputs were observed per channel.
+    fn encodings(
+        &self,
+        weights: &dyn WeightSource,
+        opts: &CompileOptions,
+        smoothing: Option<FfnSmoothing>,
+    ) -> Result<Calibrated, CompileError> {
+        let (alpha, margin) = smoothing.map_or((1.0, 1.0), |s| (s.alpha, s.margin));
+        let factors: Vec<Vec<f32>> = self
+            .ffn
             .iter()
             .enumerate()
-            .map(|(i, o)| {
-                o.encoding(DataType::I16, Symmetry::Asymmetric)
+            .map(|(l, r)| {
+                let down = weights
+                    .tensor(Tensor::Layer(l, model::LayerTensor::Down))
+                    .unwrap_or(&[]);
+                r.factors(down, alpha)
+            })
+            .collect();
+        let act = (0..self.act.len())
+            .map(|i| {
+                self.act_encoding(i, &factors, margin)
                     .map_err(|source| CompileError::Quant {
                         what: act_name(i, self.n_layers),
                         source,
@@ -165,7 +226,11 @@ impl Observers {
                 })
             })
             .collect::<Result<Vec<_>, CompileError>>()?;
-        Ok(Calibrated { act, kv })
+        Ok(Calibrated {
+            act,
+            kv,
+            smoothing: factors,
+        })
     }
 }
 
@@ -180,7 +245,7 @@ pub(crate) fn calibrate(
     c: &LlamaConfig,
     weights: &dyn WeightSource,
     sequences: &[Vec<u32>],
-    opts: &CompileOptions,
+    (opts, smoothing): (&CompileOptions, Option<FfnSmoothing>),
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Calibrated, CompileError> {
     let float_kv = QuantSpec {
@@ -191,6 +256,7 @@ pub(crate) fn calibrate(
         return Ok(Calibrated {
             act: Vec::new(),
             kv: vec![float_kv; c.n_layers * c.n_kv_heads * 2],
+            smoothing: Vec::new(),
         });
     }
     for (prompt, seq) in sequences.iter().enumerate() {
@@ -200,7 +266,8 @@ pub(crate) fn calibrate(
             return Err(CompileError::Calibration { prompt, source });
         }
     }
-    let mut obs = Observers::new(c, opts);
+    let smoothing = smoothing.filter(|_| smooth::applies(opts.weights));
+    let mut obs = Observers::new(c, opts, smoothing.is_some());
     let max_len = opts
         .calibration_tokens
         .min(opts.context)
@@ -223,7 +290,7 @@ pub(crate) fn calibrate(
         done: total,
         total,
     });
-    let mut cal = obs.encodings(opts)?;
+    let mut cal = obs.encodings(weights, opts, smoothing)?;
     if !opts.kv_dtype.is_fixed_point() {
         cal.kv = vec![float_kv; c.n_layers * c.n_kv_heads * 2];
     }

@@ -8,6 +8,7 @@ use crate::error::CompileError;
 use crate::model::{LayerData, Matrix, ModelData};
 use crate::options::CompileOptions;
 use crate::progress::{Progress, Stage};
+use crate::smooth::{self, FFN_SMOOTHING, FfnSmoothing};
 use crate::types::WeightType;
 use crate::validate::validate_options;
 
@@ -39,7 +40,8 @@ fn validate_calibration(opts: &CompileOptions, calibration: &[Vec<u32>]) -> Resu
 ///    for the observers.
 /// 3. Converts the weights: i8 per-output-channel symmetric (also the token embedding, whose
 ///    rows are the output channels of the tied classifier), or f16/f32; RMSNorm weights and
-///    Q/K/V biases stay f32.
+///    Q/K/V biases stay f32. With i8 weights, [`FFN_SMOOTHING`] is folded into each layer's
+///    `Up` and `Down` first (f32), its factors from step 2 (see [`mod@crate::smooth`]).
 /// 4. Builds one graph per AR variant, named `ar{n}_cl{S}`.
 ///
 /// `fingerprint` is the SHA-256 of the model file(s); it is stored and returned by
@@ -53,6 +55,22 @@ pub fn compile(
     fingerprint: [u8; 32],
     progress: &mut dyn FnMut(Progress),
 ) -> Result<CompiledModel, CompileError> {
+    let setup = (opts, Some(FFN_SMOOTHING));
+    compile_with(config, weights, calibration, setup, fingerprint, progress)
+}
+
+/// [`compile`] with another FFN smoothing than [`FFN_SMOOTHING`], or none (ignored unless
+/// weights are i8): for measuring the choice (the accuracy example). The file does not record
+/// it, and its [`CompileOptions::fingerprint`] is the default's: do not cache such files beside
+/// [`compile`]'s.
+pub fn compile_with(
+    config: &LlamaConfig,
+    weights: &dyn WeightSource,
+    calibration: &[Vec<u32>],
+    (opts, smoothing): (&CompileOptions, Option<FfnSmoothing>),
+    fingerprint: [u8; 32],
+    progress: &mut dyn FnMut(Progress),
+) -> Result<CompiledModel, CompileError> {
     let c = config;
     c.validate()
         .and_then(|()| check_weights(c, weights))
@@ -60,8 +78,9 @@ pub fn compile(
     validate_options(c, opts)
         .and_then(|()| validate_calibration(opts, calibration))
         .map_err(|reason| CompileError::InvalidOptions { reason })?;
-    let cal = calibrate(c, weights, calibration, opts, progress)?;
-    let (embedding, layers, classifier) = convert_weights(c, weights, opts.weights, progress)?;
+    let cal = calibrate(c, weights, calibration, (opts, smoothing), progress)?;
+    let convert = (opts.weights, cal.smoothing.as_slice());
+    let (embedding, layers, classifier) = convert_weights(c, weights, convert, progress)?;
     let mut config = c.clone();
     if !config.layer_windows.iter().any(Option::is_some) {
         // All global: the same model as one without windows (and its file).
@@ -95,18 +114,26 @@ fn tensor(w: &dyn WeightSource, t: Tensor) -> &[f32] {
     w.tensor(t).unwrap_or(&[])
 }
 
-/// The embedding, the layers and the separate classifier (if any) in `wt`.
+/// The embedding, the layers and the separate classifier (if any) in `wt`, each layer's `Up`
+/// and `Down` smoothed by its `smoothing` factors first (none when `smoothing` is empty).
 fn convert_weights(
     c: &LlamaConfig,
     w: &dyn WeightSource,
-    wt: WeightType,
+    (wt, smoothing): (WeightType, &[Vec<f32>]),
     progress: &mut dyn FnMut(Progress),
 ) -> Result<(Matrix, Vec<LayerData>, Option<Matrix>), CompileError> {
     let total = (c.n_layers * LayerData::MATRICES.len() + 2) as u64;
     let mut done = 0;
     let mut convert = |t: Tensor| {
         let shape = t.shape(c);
-        let m = convert_matrix(tensor(w, t), shape[0], shape[1], wt, t)?;
+        let folded = match t {
+            Tensor::Layer(l, lt) => smoothing
+                .get(l)
+                .and_then(|s| smooth::fold(lt, tensor(w, t), shape[1], s)),
+            _ => None,
+        };
+        let data = folded.as_deref().unwrap_or_else(|| tensor(w, t));
+        let m = convert_matrix(data, shape[0], shape[1], wt, t)?;
         done += 1;
         progress(Progress {
             stage: Stage::QuantizeWeights,

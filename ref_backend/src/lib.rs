@@ -54,6 +54,10 @@
 //!   (i32 partial sums over at most 516 products, provably without overflow, summed in i64),
 //!   applies the activation offset in i64 and rescales once to f32 (W8A16). The embedding
 //!   gather dequantizes the i8 row. With `f16`/`f32` weights the matmuls are f32 (f16 widened).
+//!   With i8 weights the FFN is smoothed before quantization ([`FFN_SMOOTHING`]): each channel
+//!   of the down projection's input is divided by a factor from calibration (folded into the
+//!   rows of `w3` and the columns of `w2`), so its one i16 scale is not spent on a few large
+//!   channels; [`SmoothedWeights`] gives the f32 weights the i8 ones were quantized from.
 //! * **KV**: new keys (after RoPE) and values are written in the KV dtype (u8/u16: asymmetric
 //!   per (layer, KV head, K|V); f16; f32) and read back dequantized.
 //! * **Float (f32)**: the residual stream and its additions, RMSNorm, the Q/K/V bias additions,
@@ -85,6 +89,7 @@ mod model;
 mod options;
 mod parts;
 mod progress;
+mod smooth;
 mod types;
 mod validate;
 
@@ -94,7 +99,7 @@ pub const LPBQ_BLOCK: usize = 32;
 
 pub use ::model::checksum::crc32;
 pub use calibrate::U8_KV_PERCENTILE;
-pub use compile::compile;
+pub use compile::{compile, compile_with};
 pub use compiled::CompiledModel;
 pub use error::{CompileError, ExecError, FormatError};
 pub use exec::{Graph, mask_value_bytes};
@@ -111,4 +116,5 @@ pub use options::{
 };
 pub use parts::{Part, Split, naming_refusal};
 pub use progress::{Progress, Stage};
+pub use smooth::{FFN_SMOOTHING, FfnSmoothing, SmoothedWeights, ffn_smoothing_factors};
 pub use types::{Granularity, KLayout, WeightType};

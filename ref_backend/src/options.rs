@@ -66,8 +66,9 @@ pub const DEFAULT_CALIBRATION_TOKENS: usize = 128;
 pub const MAX_CALIBRATION_TOKENS: usize = 1 << 20;
 
 /// Version of the calibration algorithm; part of [`CompileOptions::fingerprint`], so cached
-/// compiled files are rebuilt when the calibration changes.
-pub const CALIBRATION_VERSION: u32 = 2;
+/// compiled files are rebuilt when the calibration changes. 3: i8 builds fold the FFN
+/// smoothing ([`crate::FFN_SMOOTHING`]) into `Up`/`Down` and calibrate the down input smoothed.
+pub const CALIBRATION_VERSION: u32 = 3;
 
 /// What to compile.
 ///
@@ -213,7 +214,7 @@ mod tests {
     #[test]
     fn fingerprint_is_pinned() {
         let o = CompileOptions::new(512, vec![1, 32]);
-        // Changed deliberately with FORMAT_VERSION 4 (per-part weights, the naming recorded).
-        assert_eq!(o.fingerprint_hex(), "c8b82246718d5da2");
+        // Changed deliberately with CALIBRATION_VERSION 3 (the FFN smoothing of i8 builds).
+        assert_eq!(o.fingerprint_hex(), "13368815a77215d7");
     }
 }

@@ -11,13 +11,12 @@
 //! quantizes something this list does not name.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use model::forward::{
     self, Activations, FloatCache, FloatKernels, Input, Kernels, Output, Pass, Positions,
 };
 use model::ops::{Rope, argmax, kl_logits};
-use model::{FloatModel, LayerTensor, LlamaConfig, NoTap, Tensor, WeightSource};
+use model::{LayerTensor, LlamaConfig, NoTap, Tensor, WeightSource};
 use quant::{QuantSpec, ScaleOffset, quantize_value};
 use ref_backend::CompiledModel;
 
@@ -199,77 +198,6 @@ pub fn rule_logits(
         replaced.insert(t, data);
     }
     run_overlay(c, w, q, replaced, (&[], 1.0), tokens)
-}
-
-/// The largest |value| of each channel of each layer's down-projection input, over `sequences`.
-struct HiddenMax(Vec<Vec<f32>>);
-
-impl model::Tap for HiddenMax {
-    fn observe(&mut self, layer: usize, site: model::Site, values: &[f32]) {
-        if site == model::Site::FfnHidden {
-            for (m, v) in self.0[layer].iter_mut().zip(values) {
-                *m = m.max(v.abs());
-            }
-        }
-    }
-}
-
-/// SmoothQuant folded into the FFN: channel `c` of layer `l`'s down-projection input is divided
-/// by `s_c = max|x_c|^alpha / max|W_down[:, c]|^(1 - alpha)` (the maxima of `x` over the
-/// calibration `sequences`) — row `c` of `Up` is divided by it, column `c` of `Down` multiplied.
-/// Exact in real arithmetic; `Up`'s per-channel scales absorb its change, `Down`'s columns carry
-/// it. Returns the weights with `Up` and `Down` replaced.
-pub fn smooth_down<'a>(
-    c: &LlamaConfig,
-    weights: &'a Arc<model::Weights>,
-    sequences: &[Vec<u32>],
-    alpha: f32,
-) -> Result<impl WeightSource + 'a, Error> {
-    let mut max = HiddenMax(vec![vec![0.0; c.hidden_dim]; c.n_layers]);
-    let longest = sequences.iter().map(Vec::len).max().unwrap_or(0).max(1);
-    let mut f = FloatModel::new(c.clone(), Arc::clone(weights), longest)?;
-    for seq in sequences.iter().filter(|s| !s.is_empty()) {
-        let positions: Vec<usize> = (0..seq.len()).collect();
-        let pass = Pass {
-            layers: 0..c.n_layers,
-            input: Input::Tokens(seq),
-            positions: Positions::Ids(&positions),
-            output: Output::Hidden,
-        };
-        f.run_pass(0, &pass, &mut max)?;
-    }
-    let w: &dyn WeightSource = &**weights;
-    let mut replaced = HashMap::new();
-    for (l, xmax) in max.0.iter().enumerate() {
-        let (up_t, down_t) = (
-            Tensor::Layer(l, LayerTensor::Up),
-            Tensor::Layer(l, LayerTensor::Down),
-        );
-        let mut up = w.tensor(up_t).ok_or("no Up")?.to_vec();
-        let mut down = w.tensor(down_t).ok_or("no Down")?.to_vec();
-        let h = c.hidden_dim;
-        let wmax: Vec<f32> = (0..h)
-            .map(|ch| {
-                down.iter()
-                    .skip(ch)
-                    .step_by(h)
-                    .fold(0.0f32, |m, v| m.max(v.abs()))
-            })
-            .collect();
-        for ch in 0..h {
-            let sc = xmax[ch].powf(alpha) / wmax[ch].powf(1.0 - alpha);
-            if !(sc.is_finite() && sc > 0.0) {
-                continue;
-            }
-            up[ch * c.dim..(ch + 1) * c.dim]
-                .iter_mut()
-                .for_each(|v| *v /= sc);
-            down.iter_mut().skip(ch).step_by(h).for_each(|v| *v *= sc);
-        }
-        replaced.insert(up_t, up);
-        replaced.insert(down_t, down);
-    }
-    Ok(Overlay { base: w, replaced })
 }
 
 /// The f32 weights, with some matrices replaced by the executor's i8 weights dequantized.

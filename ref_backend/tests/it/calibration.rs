@@ -1,12 +1,14 @@
 //! Calibration runs its sequences in lockstep (one row per sequence in each float pass); the
 //! encodings must be those of the float model run over each sequence alone, continued greedily
-//! the same way.
+//! the same way. With i8 weights the down projection's input is smoothed
+//! ([`ref_backend::FFN_SMOOTHING`]): its encoding is derived here from each channel's observed
+//! range and the factors' formula, independently of the compiler's code.
 
 use std::sync::Arc;
 
-use model::{FloatModel, LlamaConfig, Site, Tap};
+use model::{FloatModel, LayerTensor, LlamaConfig, Site, Tap, Tensor, WeightSource};
 use quant::{DataType, MinMaxObserver, Observer, ScaleOffset, Symmetry};
-use ref_backend::{ActSite, CompileOptions, WeightType};
+use ref_backend::{ActSite, CompileOptions, FFN_SMOOTHING, WeightType};
 
 /// Min–max observers of what calibration observes, fed by [`FloatModel`] one sequence at a
 /// time.
@@ -16,6 +18,8 @@ struct Expected {
     act: Vec<MinMaxObserver>,
     /// `(layer * n_kv_heads + head) * 2 + (0 K | 1 V)`.
     kv: Vec<MinMaxObserver>,
+    /// Per layer and channel of the down input: `(min, max)`.
+    ffn: Vec<Vec<(f32, f32)>>,
 }
 
 impl Tap for Expected {
@@ -31,6 +35,11 @@ impl Tap for Expected {
         if let Some(i) = act {
             self.act[i].observe(values);
         }
+        if site == Site::FfnHidden {
+            for (r, &v) in self.ffn[layer].iter_mut().zip(values) {
+                *r = (r.0.min(v), r.1.max(v));
+            }
+        }
         let value = match site {
             Site::Key => 0,
             Site::Value => 1,
@@ -44,6 +53,24 @@ impl Tap for Expected {
 
 fn encoding(o: &MinMaxObserver, dtype: DataType) -> ScaleOffset {
     o.encoding(dtype, Symmetry::Asymmetric).expect("observed")
+}
+
+/// The i16 encoding of layer `l`'s smoothed down input: channel `c` divided by
+/// `s_c = max|x_c|^alpha / max|Down[:, c]|^(1 - alpha)`, the range of the results widened by the
+/// margin.
+fn smoothed_encoding(w: &dyn WeightSource, l: usize, ranges: &[(f32, f32)]) -> ScaleOffset {
+    let down = w.tensor(Tensor::Layer(l, LayerTensor::Down)).expect("down");
+    let hidden = ranges.len();
+    let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
+    for (ch, &(min, max)) in ranges.iter().enumerate() {
+        let wmax = (0..down.len() / hidden).fold(0f32, |m, r| m.max(down[r * hidden + ch].abs()));
+        let xmax = min.abs().max(max.abs());
+        let s = xmax.powf(FFN_SMOOTHING.alpha) / wmax.powf(1.0 - FFN_SMOOTHING.alpha);
+        let s = if s.is_normal() { s } else { 1.0 };
+        (lo, hi) = (lo.min(min / s), hi.max(max / s));
+    }
+    let m = FFN_SMOOTHING.margin;
+    ScaleOffset::from_range(lo * m, hi * m, DataType::I16, Symmetry::Asymmetric).expect("range")
 }
 
 /// Also with a sliding window on layer 0 (calibration attends over its last 4 positions, as the
@@ -79,6 +106,7 @@ fn lockstep_equals_one_at_a_time(ckpt: &model::llama2c::Checkpoint, c: LlamaConf
         kv: (0..c.n_layers * c.n_kv_heads * 2)
             .map(|_| MinMaxObserver::new())
             .collect(),
+        ffn: vec![vec![(f32::INFINITY, f32::NEG_INFINITY); c.hidden_dim]; c.n_layers],
     };
     let stop = c.special.stop_tokens();
     let mut fm = FloatModel::new(c.clone(), Arc::new(ckpt.clone()), 10).expect("float model");
@@ -101,11 +129,11 @@ fn lockstep_equals_one_at_a_time(ckpt: &model::llama2c::Checkpoint, c: LlamaConf
     for l in 0..c.n_layers {
         for (s, site) in ActSite::ALL.into_iter().enumerate() {
             let got = q.activation_encoding(l, site).expect("i8 weights");
-            assert_eq!(
-                got,
-                encoding(&want.act[l * 4 + s], DataType::I16),
-                "{l} {site:?}"
-            );
+            let expected = match site {
+                ActSite::FfnMid => smoothed_encoding(ckpt, l, &want.ffn[l]),
+                _ => encoding(&want.act[l * 4 + s], DataType::I16),
+            };
+            assert_eq!(got, expected, "{l} {site:?}");
         }
         for h in 0..c.n_kv_heads {
             for value in [false, true] {

@@ -11,4 +11,5 @@ mod fuzz_replay;
 mod part_graphs;
 mod quantized;
 mod smollm2;
+mod smoothing;
 mod windows;
