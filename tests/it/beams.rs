@@ -137,11 +137,16 @@ fn same_beams(got: &[Beam], want: &[Beam], exact: bool, what: &str) {
         if exact {
             assert_eq!((g.logprob, g.score), (w.logprob, w.score), "{what}");
         } else {
+            // Reused rows change the attention's summation order (differences of ~1e-7), and
+            // on this u8 K/V model such a difference can move one K/V code by a step, which
+            // changes a 24-token log-probability by up to ~1e-3 (8.1e-4 measured after the FFN
+            // smoothing moved the roundings). The tokens above stay exact.
+            let tol = 5e-3;
             assert!(
-                (g.logprob - w.logprob).abs() <= 1e-5,
+                (g.logprob - w.logprob).abs() <= tol,
                 "{what}: {g:?} vs {w:?}"
             );
-            assert!((g.score - w.score).abs() <= 1e-5, "{what}: {g:?} vs {w:?}");
+            assert!((g.score - w.score).abs() <= tol, "{what}: {g:?} vs {w:?}");
         }
     }
 }
