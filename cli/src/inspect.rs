@@ -61,6 +61,16 @@ fn quant_text(q: &Quantization) -> String {
             axis,
             scale_offsets,
         } => format!("per-axis {axis} ×{}", scale_offsets.len()),
+        Quantization::BlockwiseExpansion {
+            axis,
+            scale_offsets,
+            blocks_per_axis,
+            multiplier_bits,
+            ..
+        } => format!(
+            "blockwise expansion {axis} ×{} × {blocks_per_axis} blocks ({multiplier_bits}-bit)",
+            scale_offsets.len()
+        ),
         Quantization::Unsupported { encoding } => format!("encoding {encoding} (not read)"),
     }
 }
@@ -77,6 +87,18 @@ fn quant_json(q: &Quantization) -> Value {
             "count": scale_offsets.len(),
             "scales": scale_offsets.iter().map(|p| p.0).collect::<Vec<_>>(),
             "offsets": scale_offsets.iter().map(|p| p.1).collect::<Vec<_>>(),
+        }),
+        Quantization::BlockwiseExpansion {
+            axis,
+            scale_offsets,
+            blocks_per_axis,
+            multiplier_bits,
+            ..
+        } => json!({
+            "axis": axis,
+            "count": scale_offsets.len(),
+            "blocks_per_axis": blocks_per_axis,
+            "multiplier_bits": multiplier_bits,
         }),
         Quantization::Unsupported { encoding } => json!({"unsupported_encoding": encoding}),
     }

@@ -253,14 +253,25 @@ impl Emitter {
 
     /// The W8A16 product `x W^T` (see [`crate::w8a16`]): `x [n, in]` quantized to `w.input`,
     /// `FullyConnected` with `w`'s i8 values as a static tensor (one scale per output channel,
-    /// axis 0), output in `w.output`, read back as float `[n, out]`.
+    /// axis 0; with `w.blocks`, QNN's blockwise expansion, which the HTP reads as 4-bit values
+    /// in [-8, 7]), output in `w.output`, read back as float `[n, out]`.
     pub fn fully_connected_w8(&mut self, x: &Val, w: &W8Matrix) -> Result<Val, QnnError> {
+        let scale_offsets = w.scales.iter().map(|&s| (s, 0)).collect();
+        let quant = match &w.blocks {
+            None => Quantization::PerAxis {
+                axis: 0,
+                scale_offsets,
+            },
+            Some(b) => Quantization::BlockwiseExpansion {
+                axis: 0,
+                scale_offsets,
+                blocks_per_axis: (w.cols / b.size) as u32,
+                multiplier_bits: b.bits,
+                multipliers: b.m.clone(),
+            },
+        };
         let xq = self.quantize(x, w.input, None)?;
         let name = self.fresh("w8");
-        let quant = Quantization::PerAxis {
-            axis: 0,
-            scale_offsets: w.scales.iter().map(|&s| (s, 0)).collect(),
-        };
         let elem = Elem {
             dtype: b::QNN_DATATYPE_SFIXED_POINT_8,
             quant,

@@ -19,12 +19,26 @@ pub struct W8Matrix {
     pub cols: usize,
     /// Values, row-major, in `[-127, 127]`.
     pub q: Vec<i8>,
-    /// One scale per row: `w[r][c] = q[r][c] * scales[r]`.
+    /// One scale per row: `w[r][c] = q[r][c] * scales[r]` (times the block's multiplier, with
+    /// `blocks`).
     pub scales: Vec<f32>,
+    /// Integer multipliers per block of columns (QNN's blockwise expansion), or none.
+    pub blocks: Option<BlockMultipliers>,
     /// u16 encoding of the product's input.
     pub input: Fixed,
     /// u16 encoding of the product's output.
     pub output: Fixed,
+}
+
+/// Blockwise expansion ("LPBQ"): `w[r][c] = q[r][c] * scales[r] * m[r][c / size]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockMultipliers {
+    /// Columns per block.
+    pub size: usize,
+    /// Bits of a multiplier.
+    pub bits: u32,
+    /// `cols / size` multipliers per row, row-major.
+    pub m: Vec<u8>,
 }
 
 /// The quantized weights of a model: every matrix product, and the embedding table the

@@ -6,7 +6,7 @@
 
 use qnn_compile::Fixed;
 use qnn_compile::emit::Emitter;
-use qnn_compile::w8a16::{W8Matrix, output_encoding};
+use qnn_compile::w8a16::{BlockMultipliers, W8Matrix, output_encoding};
 use qnn_ffi::bindings as b;
 use qnn_ffi::{
     Backend, ClientBuffer, Context, Device, GraphBuilder, GraphOptions, HtpTarget, Precision,
@@ -30,6 +30,7 @@ fn weights() -> W8Matrix {
         cols: IN,
         q,
         scales,
+        blocks: None,
         input: Fixed {
             dtype: u16,
             scale: 3.0 / 65535.0,
@@ -56,11 +57,20 @@ fn expected(w: &W8Matrix, x: &[f32]) -> Vec<f64> {
     for r in 0..N {
         for o in 0..OUT {
             y[r * OUT + o] = (0..IN)
-                .map(|c| grid(x[r * IN + c]) * f64::from(w.q[o * IN + c]) * f64::from(w.scales[o]))
+                .map(|c| grid(x[r * IN + c]) * f64::from(w.q[o * IN + c]) * weight_scale(w, o, c))
                 .sum();
         }
     }
     y
+}
+
+/// The scale of weight `(o, c)`: its row's, times its block's multiplier with `blocks`.
+fn weight_scale(w: &W8Matrix, o: usize, c: usize) -> f64 {
+    let m = w
+        .blocks
+        .as_ref()
+        .map_or(1.0, |b| f64::from(b.m[o * (w.cols / b.size) + c / b.size]));
+    f64::from(w.scales[o]) * m
 }
 
 #[test]
@@ -68,7 +78,55 @@ fn the_w8a16_product_on_the_real_htp_matches_the_same_arithmetic_in_f64() {
     let Some(libs) = test_support::fetched::qnn_libs("w8a16_product") else {
         return;
     };
-    let lib = QnnLibrary::load(libs.backend()).unwrap();
+    check_on_htp((&libs.backend(), &libs.system()), &weights());
+}
+
+/// QNN's blockwise expansion (AI Hub's "LPBQ") on the real HTP: 4-bit values in [-8, 7] held
+/// one per byte, a multiplier per block of 8 inputs, read as `real = q * scale * multiplier`.
+///
+/// Measured while writing this test: with values outside [-8, 7] the same graph composes and
+/// runs but computes unrelated numbers (ratios to the f64 product from -52 to 145), so the HTP
+/// reads blockwise-expansion weights as 4-bit values, and 8-bit weights cannot use it. QNN's
+/// other block encoding (a float scale per block, `QNN_QUANTIZATION_ENCODING_BLOCK`, blocks of
+/// 1 x 8) fails at `graphFinalize` on this backend: "no properties registered for
+/// q::QNN_FullyConnected_w_blk_scale". On this HTP, 8-bit weights have per-channel scales only.
+#[test]
+fn the_blockwise_expansion_w4a16_product_on_the_real_htp_matches_f64() {
+    let Some(libs) = test_support::fetched::qnn_libs("w4a16_lpbq_product") else {
+        return;
+    };
+    let mut w = weights();
+    w.q.iter_mut()
+        .for_each(|q| *q = (i32::from(*q).rem_euclid(16) - 8) as i8);
+    let size = 8;
+    let m: Vec<u8> = (0..OUT * IN / size)
+        .map(|i| (i * 7 % 15 + 1) as u8)
+        .collect();
+    w.blocks = Some(BlockMultipliers { size, bits: 4, m });
+    check_on_htp((&libs.backend(), &libs.system()), &w);
+    // The multipliers matter: without them the product differs.
+    let plain = W8Matrix {
+        blocks: None,
+        ..w.clone()
+    };
+    let (a, b) = (expected(&w, &input()), expected(&plain, &input()));
+    assert!(
+        a.iter()
+            .zip(&b)
+            .any(|(x, y)| (x - y).abs() > 0.1 * y.abs().max(1.0))
+    );
+}
+
+/// Runs `x · wᵀ` on the HTP and holds every output to the f64 product.
+fn check_on_htp(libs: (&std::path::Path, &std::path::Path), w: &W8Matrix) {
+    let xs = input();
+    let out = run(libs, w);
+    check(w, &xs, &out);
+}
+
+/// `x · wᵀ` composed for `w`, run on the HTP backend at `backend`.
+fn run((backend, system): (&std::path::Path, &std::path::Path), w: &W8Matrix) -> Vec<f32> {
+    let lib = QnnLibrary::load(backend).unwrap();
     let backend = Backend::new(&lib, None).unwrap();
     let target = HtpTarget {
         soc_model: 60,
@@ -82,16 +140,15 @@ fn the_w8a16_product_on_the_real_htp_matches_the_same_arithmetic_in_f64() {
     };
     let g = GraphBuilder::new(&context, "w8", options).unwrap();
     let mut e = Emitter::new(g);
-    let w = weights();
     let x = e
         .input("x", b::QNN_DATATYPE_FLOAT_32, &[N as u32, IN as u32])
         .unwrap();
-    let y = e.fully_connected_w8(&x, &w).unwrap();
+    let y = e.fully_connected_w8(&x, w).unwrap();
     e.reshape(&y, &[N as u32, OUT as u32], Some("y")).unwrap();
     e.into_graph().finalize().unwrap();
     let binary = context.binary().unwrap();
 
-    let system = QnnSystemLibrary::load(libs.system()).unwrap();
+    let system = QnnSystemLibrary::load(system).unwrap();
     let info = SystemContext::new(&system)
         .unwrap()
         .binary_info(&binary)
@@ -109,7 +166,12 @@ fn the_w8a16_product_on_the_real_htp_matches_the_same_arithmetic_in_f64() {
             &[TensorData::Client(ClientBuffer::output(ob))],
         )
         .unwrap();
-    let want = expected(&w, &xs);
+    out
+}
+
+/// Every output within one output grid step (plus fp16 rounding) of the f64 product.
+fn check(w: &W8Matrix, xs: &[f32], out: &[f32]) {
+    let want = expected(w, xs);
     let step = f64::from(w.output.scale);
     for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
         // One output grid step, plus fp16's rounding of the dequantized value.

@@ -139,6 +139,22 @@ pub enum Quantization {
         /// `(scale, offset)` per index.
         scale_offsets: Vec<(f32, i32)>,
     },
+    /// QNN's blockwise expansion (the "LPBQ" of AI Hub's W4A16 exports): a scale/offset per
+    /// index along `axis` times an unsigned integer multiplier per block of the other axis, so
+    /// `real = (q + offset) * scale * multiplier`. htpkv writes it (graph composition); a
+    /// binary's description reads back as [`Quantization::Unsupported`].
+    BlockwiseExpansion {
+        /// The quantized axis (the output channels).
+        axis: i32,
+        /// `(scale, offset)` per index along `axis`.
+        scale_offsets: Vec<(f32, i32)>,
+        /// Blocks along the other axis.
+        blocks_per_axis: u32,
+        /// Bits of a multiplier (stored one per byte).
+        multiplier_bits: u32,
+        /// The multipliers, `blocks_per_axis` per index along `axis`.
+        multipliers: Vec<u8>,
+    },
     /// An encoding htpkv does not read (block, blockwise expansion, vector).
     Unsupported {
         /// The raw `Qnn_QuantizationEncoding_t`.
@@ -330,11 +346,34 @@ pub struct OwnedRawTensor {
     name: CString,
     dims: Vec<u32>,
     scale_offsets: Vec<b::Qnn_ScaleOffset_t>,
+    /// A blockwise-expansion encoding's parameters; its pointers refer to `scale_offsets` and
+    /// `multipliers`, whose heap buffers do not move with `self`.
+    blockwise: Option<Box<RawBlockwiseExpansion>>,
+    #[expect(dead_code, reason = "QNN reads it through `blockwise`")]
+    multipliers: Vec<u8>,
     info_quant: Quantization,
     id: u32,
     tensor_type: u32,
     dtype: u32,
 }
+
+/// `Qnn_BlockwiseExpansionBlockScaleStorageType_t`: multipliers stored one per byte.
+const BLOCK_SCALE_STORAGE_8: u32 = 0;
+
+/// QNN's `Qnn_BlockwiseExpansion_t` as the QNN 2.x ABI lays it out (the generated bindings keep
+/// it opaque, and the tensor points to it): the axis, the per-index scale/offsets, the blocks
+/// per axis, the multipliers' bit width, their storage type, and the multipliers.
+#[repr(C)]
+struct RawBlockwiseExpansion {
+    axis: i32,
+    scale_offsets: *mut b::Qnn_ScaleOffset_t,
+    blocks_per_axis: u32,
+    multiplier_bits: u32,
+    storage: u32,
+    multipliers: *mut u8,
+}
+const _: () = assert!(std::mem::size_of::<RawBlockwiseExpansion>() == 40);
+const _: () = assert!(std::mem::align_of::<RawBlockwiseExpansion>() == 8);
 
 impl std::fmt::Debug for OwnedRawTensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -353,18 +392,44 @@ impl OwnedRawTensor {
             tensor: info.name.clone(),
             reason: "name contains a NUL byte".into(),
         })?;
-        let scale_offsets = match &info.quant {
-            Quantization::PerAxis { scale_offsets, .. } => scale_offsets
+        let raw_pairs = |pairs: &[(f32, i32)]| -> Vec<b::Qnn_ScaleOffset_t> {
+            pairs
                 .iter()
                 .map(|&(scale, offset)| b::Qnn_ScaleOffset_t { scale, offset })
-                .collect(),
-            _ => Vec::new(),
+                .collect()
         };
+        let (mut scale_offsets, mut multipliers, mut blockwise) = (Vec::new(), Vec::new(), None);
+        match &info.quant {
+            Quantization::PerAxis {
+                scale_offsets: p, ..
+            } => scale_offsets = raw_pairs(p),
+            Quantization::BlockwiseExpansion {
+                axis,
+                scale_offsets: p,
+                blocks_per_axis,
+                multiplier_bits,
+                multipliers: m,
+            } => {
+                scale_offsets = raw_pairs(p);
+                multipliers = m.clone();
+                blockwise = Some(Box::new(RawBlockwiseExpansion {
+                    axis: *axis,
+                    scale_offsets: scale_offsets.as_mut_ptr(),
+                    blocks_per_axis: *blocks_per_axis,
+                    multiplier_bits: *multiplier_bits,
+                    storage: BLOCK_SCALE_STORAGE_8,
+                    multipliers: multipliers.as_mut_ptr(),
+                }));
+            }
+            _ => {}
+        }
         Ok(OwnedRawTensor {
             version: b::QNN_TENSOR_VERSION_1,
             name,
             dims: info.shape.clone(),
             scale_offsets,
+            blockwise,
+            multipliers,
             info_quant: info.quant.clone(),
             id: info.id,
             tensor_type: info.tensor_type.to_raw(),
@@ -422,6 +487,13 @@ impl OwnedRawTensor {
                     numScaleOffsets: self.scale_offsets.len() as u32,
                     scaleOffset: self.scale_offsets.as_ptr().cast_mut(),
                 };
+            }
+            Quantization::BlockwiseExpansion { .. } => {
+                let raw = self.blockwise.as_deref().expect("built with the encoding");
+                quant.encodingDefinition = b::QNN_DEFINITION_DEFINED;
+                quant.quantizationEncoding = b::QNN_QUANTIZATION_ENCODING_BLOCKWISE_EXPANSION;
+                quant.__bindgen_anon_1.blockwiseExpansion =
+                    std::ptr::from_ref(raw).cast_mut().cast();
             }
         }
         let v1 = b::Qnn_TensorV1_t {
