@@ -361,6 +361,7 @@ fn w8a16(
                 cols: m.cols,
                 q: m.q.to_vec(),
                 scales: m.scales.to_vec(),
+                blocks: None,
                 input: u16_from_i16(input.scale, input.offset),
                 output: output_encoding(range),
             },
