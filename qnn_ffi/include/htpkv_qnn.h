@@ -303,8 +303,29 @@ typedef struct {
     Qnn_ScaleOffset_t *scaleOffset; /* one entry per block */
 } Qnn_BlockEncoding_t;
 
-/* Encodings htpkv never reads; only pointers to them appear in the union. */
-typedef struct Qnn_BlockwiseExpansion_t Qnn_BlockwiseExpansion_t;
+/* How the block multipliers of a blockwise expansion are stored. */
+typedef enum {
+    QNN_BLOCKWISE_EXPANSION_BITWIDTH_SCALE_STORAGE_8 = 0,  /* one byte each */
+    QNN_BLOCKWISE_EXPANSION_BITWIDTH_SCALE_STORAGE_16 = 1, /* two bytes each */
+    QNN_BLOCKWISE_EXPANSION_BITWIDTH_SCALE_STORAGE_UNDEFINED = 0x7FFFFFFF
+} Qnn_BlockwiseExpansionBlockScaleStorageType_t;
+
+/* Blockwise expansion (AI Hub's "LPBQ"): a scale/offset per index along `axis` times an unsigned
+ * integer multiplier per block of the other axis, real = (q + offset) * scale * multiplier. htpkv
+ * writes it (tested on the HTP with 4-bit values); the tensor holds a pointer to it. */
+typedef struct {
+    int32_t axis;
+    Qnn_ScaleOffset_t *scaleOffsets; /* one entry per index along axis */
+    uint32_t numBlocksPerAxis;
+    uint32_t blockScaleBitwidth;     /* bits of a multiplier */
+    Qnn_BlockwiseExpansionBlockScaleStorageType_t blockScaleStorageType;
+    union {
+        uint8_t *blocksScale8;       /* axis size x numBlocksPerAxis, row-major */
+        uint16_t *blocksScale16;
+    };
+} Qnn_BlockwiseExpansion_t;
+
+/* An encoding htpkv never reads; only a pointer to it appears in the union. */
 typedef struct Qnn_VectorEncoding_t Qnn_VectorEncoding_t;
 
 typedef struct {

@@ -369,10 +369,84 @@ impl Default for Qnn_BlockEncoding_t {
         }
     }
 }
+pub const QNN_BLOCKWISE_EXPANSION_BITWIDTH_SCALE_STORAGE_8: Qnn_BlockwiseExpansionBlockScaleStorageType_t = 0;
+pub const QNN_BLOCKWISE_EXPANSION_BITWIDTH_SCALE_STORAGE_16: Qnn_BlockwiseExpansionBlockScaleStorageType_t = 1;
+pub const QNN_BLOCKWISE_EXPANSION_BITWIDTH_SCALE_STORAGE_UNDEFINED: Qnn_BlockwiseExpansionBlockScaleStorageType_t = 2147483647;
+pub type Qnn_BlockwiseExpansionBlockScaleStorageType_t = ::core::ffi::c_uint;
 #[repr(C)]
-#[derive(Debug)]
+#[derive(Copy, Clone)]
 pub struct Qnn_BlockwiseExpansion_t {
-    _unused: [u8; 0],
+    pub axis: i32,
+    pub scaleOffsets: *mut Qnn_ScaleOffset_t,
+    pub numBlocksPerAxis: u32,
+    pub blockScaleBitwidth: u32,
+    pub blockScaleStorageType: Qnn_BlockwiseExpansionBlockScaleStorageType_t,
+    pub __bindgen_anon_1: Qnn_BlockwiseExpansion_t__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union Qnn_BlockwiseExpansion_t__bindgen_ty_1 {
+    pub blocksScale8: *mut u8,
+    pub blocksScale16: *mut u16,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of Qnn_BlockwiseExpansion_t__bindgen_ty_1",
+    ][::std::mem::size_of::<Qnn_BlockwiseExpansion_t__bindgen_ty_1>() - 8usize];
+    [
+        "Alignment of Qnn_BlockwiseExpansion_t__bindgen_ty_1",
+    ][::std::mem::align_of::<Qnn_BlockwiseExpansion_t__bindgen_ty_1>() - 8usize];
+    [
+        "Offset of field: Qnn_BlockwiseExpansion_t__bindgen_ty_1::blocksScale8",
+    ][::std::mem::offset_of!(Qnn_BlockwiseExpansion_t__bindgen_ty_1, blocksScale8)
+        - 0usize];
+    [
+        "Offset of field: Qnn_BlockwiseExpansion_t__bindgen_ty_1::blocksScale16",
+    ][::std::mem::offset_of!(Qnn_BlockwiseExpansion_t__bindgen_ty_1, blocksScale16)
+        - 0usize];
+};
+impl Default for Qnn_BlockwiseExpansion_t__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of Qnn_BlockwiseExpansion_t",
+    ][::std::mem::size_of::<Qnn_BlockwiseExpansion_t>() - 40usize];
+    [
+        "Alignment of Qnn_BlockwiseExpansion_t",
+    ][::std::mem::align_of::<Qnn_BlockwiseExpansion_t>() - 8usize];
+    [
+        "Offset of field: Qnn_BlockwiseExpansion_t::axis",
+    ][::std::mem::offset_of!(Qnn_BlockwiseExpansion_t, axis) - 0usize];
+    [
+        "Offset of field: Qnn_BlockwiseExpansion_t::scaleOffsets",
+    ][::std::mem::offset_of!(Qnn_BlockwiseExpansion_t, scaleOffsets) - 8usize];
+    [
+        "Offset of field: Qnn_BlockwiseExpansion_t::numBlocksPerAxis",
+    ][::std::mem::offset_of!(Qnn_BlockwiseExpansion_t, numBlocksPerAxis) - 16usize];
+    [
+        "Offset of field: Qnn_BlockwiseExpansion_t::blockScaleBitwidth",
+    ][::std::mem::offset_of!(Qnn_BlockwiseExpansion_t, blockScaleBitwidth) - 20usize];
+    [
+        "Offset of field: Qnn_BlockwiseExpansion_t::blockScaleStorageType",
+    ][::std::mem::offset_of!(Qnn_BlockwiseExpansion_t, blockScaleStorageType) - 24usize];
+};
+impl Default for Qnn_BlockwiseExpansion_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
 }
 #[repr(C)]
 #[derive(Debug)]

@@ -348,7 +348,7 @@ pub struct OwnedRawTensor {
     scale_offsets: Vec<b::Qnn_ScaleOffset_t>,
     /// A blockwise-expansion encoding's parameters; its pointers refer to `scale_offsets` and
     /// `multipliers`, whose heap buffers do not move with `self`.
-    blockwise: Option<Box<RawBlockwiseExpansion>>,
+    blockwise: Option<Box<b::Qnn_BlockwiseExpansion_t>>,
     #[expect(dead_code, reason = "QNN reads it through `blockwise`")]
     multipliers: Vec<u8>,
     info_quant: Quantization,
@@ -356,24 +356,6 @@ pub struct OwnedRawTensor {
     tensor_type: u32,
     dtype: u32,
 }
-
-/// `Qnn_BlockwiseExpansionBlockScaleStorageType_t`: multipliers stored one per byte.
-const BLOCK_SCALE_STORAGE_8: u32 = 0;
-
-/// QNN's `Qnn_BlockwiseExpansion_t` as the QNN 2.x ABI lays it out (the generated bindings keep
-/// it opaque, and the tensor points to it): the axis, the per-index scale/offsets, the blocks
-/// per axis, the multipliers' bit width, their storage type, and the multipliers.
-#[repr(C)]
-struct RawBlockwiseExpansion {
-    axis: i32,
-    scale_offsets: *mut b::Qnn_ScaleOffset_t,
-    blocks_per_axis: u32,
-    multiplier_bits: u32,
-    storage: u32,
-    multipliers: *mut u8,
-}
-const _: () = assert!(std::mem::size_of::<RawBlockwiseExpansion>() == 40);
-const _: () = assert!(std::mem::align_of::<RawBlockwiseExpansion>() == 8);
 
 impl std::fmt::Debug for OwnedRawTensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -412,13 +394,15 @@ impl OwnedRawTensor {
             } => {
                 scale_offsets = raw_pairs(p);
                 multipliers = m.clone();
-                blockwise = Some(Box::new(RawBlockwiseExpansion {
+                blockwise = Some(Box::new(b::Qnn_BlockwiseExpansion_t {
                     axis: *axis,
-                    scale_offsets: scale_offsets.as_mut_ptr(),
-                    blocks_per_axis: *blocks_per_axis,
-                    multiplier_bits: *multiplier_bits,
-                    storage: BLOCK_SCALE_STORAGE_8,
-                    multipliers: multipliers.as_mut_ptr(),
+                    scaleOffsets: scale_offsets.as_mut_ptr(),
+                    numBlocksPerAxis: *blocks_per_axis,
+                    blockScaleBitwidth: *multiplier_bits,
+                    blockScaleStorageType: b::QNN_BLOCKWISE_EXPANSION_BITWIDTH_SCALE_STORAGE_8,
+                    __bindgen_anon_1: b::Qnn_BlockwiseExpansion_t__bindgen_ty_1 {
+                        blocksScale8: multipliers.as_mut_ptr(),
+                    },
                 }));
             }
             _ => {}
@@ -492,8 +476,7 @@ impl OwnedRawTensor {
                 let raw = self.blockwise.as_deref().expect("built with the encoding");
                 quant.encodingDefinition = b::QNN_DEFINITION_DEFINED;
                 quant.quantizationEncoding = b::QNN_QUANTIZATION_ENCODING_BLOCKWISE_EXPANSION;
-                quant.__bindgen_anon_1.blockwiseExpansion =
-                    std::ptr::from_ref(raw).cast_mut().cast();
+                quant.__bindgen_anon_1.blockwiseExpansion = std::ptr::from_ref(raw).cast_mut();
             }
         }
         let v1 = b::Qnn_TensorV1_t {

@@ -152,6 +152,14 @@ fn tensors_and_encodings() {
     assert_eq!(size_of::<b::Qnn_ScaleOffset_t>(), 8);
     assert_eq!(size_of::<b::Qnn_AxisScaleOffset_t>(), 16);
     assert_eq!(size_of::<b::Qnn_BwAxisScaleOffset_t>(), 32);
+    type E = b::Qnn_BlockwiseExpansion_t;
+    assert_eq!(offset_of!(E, axis), 0);
+    assert_eq!(offset_of!(E, scaleOffsets), 8);
+    assert_eq!(offset_of!(E, numBlocksPerAxis), 16);
+    assert_eq!(offset_of!(E, blockScaleBitwidth), 20);
+    assert_eq!(offset_of!(E, blockScaleStorageType), 24);
+    assert_eq!(offset_of!(E, __bindgen_anon_1), 32);
+    assert_eq!(size_of::<E>(), 40);
     type Q = b::Qnn_QuantizeParams_t;
     assert_eq!(offset_of!(Q, encodingDefinition), 0);
     assert_eq!(offset_of!(Q, quantizationEncoding), 4);
