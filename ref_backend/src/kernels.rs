@@ -24,8 +24,8 @@
 //! same activations go to the pool as one job ([`matmul_i8_i16_many`]), and the executor runs a
 //! whole step inside the pool with the other threads spinning for work ([`on_busy_pool`]).
 //! The x86 micro-kernels take four rows at a time so one activation load feeds four weight
-//! rows, and two or four tokens so one weight load feeds them all; for several tokens (prefill) every weight row is read from memory once per call, not
-//! once per token.
+//! rows, and two or four tokens so one weight load feeds them all; for several tokens
+//! (prefill) every weight row is read from memory once per call, not once per token.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -83,7 +83,8 @@ fn dot1(w: &[i8], a: &[i16]) -> i64 {
 /// (std caches it), so no `-C target-cpu` flag is needed for speed or correctness.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Isa {
-    /// `kernels/avx512.rs`: AVX512BW + AVX512-VNNI, 32 products per instruction.
+    /// `kernels/avx512.rs`: AVX512BW + AVX512-VNNI, 32 products per instruction (and
+    /// AVX512F/DQ/VL, which every CPU with VNNI has, for the vectorized scalar loops).
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
     /// `kernels/x86.rs`: SSE4.1, 8 products per `pmaddwd`.
@@ -98,7 +99,12 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            if has!("avx512bw") && has!("avx512vnni") {
+            if has!("avx512f")
+                && has!("avx512bw")
+                && has!("avx512dq")
+                && has!("avx512vl")
+                && has!("avx512vnni")
+            {
                 return Isa::Avx512Vnni;
             }
             if has!("sse4.1") {
@@ -119,7 +125,7 @@ impl Isa {
     ) -> [[i64; ROW_TILE]; T] {
         match self {
             // SAFETY: `avx512::dot_tile` enables AVX512BW and AVX512-VNNI only, and `detect`
-            // found both on the running CPU.
+            // found them (and F/DQ/VL) on the running CPU.
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => unsafe { avx512::dot_tile(rows, a, prefetch) },
             // SAFETY: `x86::dot_tile` enables SSE4.1 only, and `detect` found it.
@@ -185,22 +191,26 @@ fn dots_block_tiled<const TT: usize>(isa: Isa, w: &[i8], a: &[i16], cols: usize,
 }
 
 /// `out[i] = quant::quantize::<i16>(x[i], so)` (the activations of a matmul), with the running
-/// CPU's widest vectors: the one rounding rule, compiled for AVX-512 where the CPU has it.
+/// CPU's widest vectors: the one rounding rule ([`quantize_loop`]), compiled for AVX-512 where
+/// the CPU has it.
 ///
 /// # Panics
 /// If the lengths differ.
 pub fn quantize_i16(x: &[f32], so: quant::ScaleOffset, out: &mut [i16]) {
     assert_eq!(x.len(), out.len(), "quantize_i16: lengths differ");
     match Isa::detect() {
-        // SAFETY: `avx512::quantize_i16` enables AVX512F/BW/DQ/VL; `detect` found AVX512BW,
-        // and the guard the other three, on the running CPU.
+        // SAFETY: `avx512::quantize_i16` enables AVX512F/BW/DQ/VL; `detect` found them all.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni if avx512_f_dq_vl() => unsafe { avx512::quantize_i16(x, so, out) },
-        _ => {
-            for (d, &v) in out.iter_mut().zip(x) {
-                *d = quant::quantize::<i16>(v, so);
-            }
-        }
+        Isa::Avx512Vnni => unsafe { avx512::quantize_i16(x, so, out) },
+        _ => quantize_loop(x, so, out),
+    }
+}
+
+/// The loop of [`quantize_i16`], inlined into each ISA's copy.
+#[inline(always)]
+fn quantize_loop(x: &[f32], so: quant::ScaleOffset, out: &mut [i16]) {
+    for (d, &v) in out.iter_mut().zip(x) {
+        *d = quant::quantize::<i16>(v, so);
     }
 }
 
@@ -211,7 +221,7 @@ pub fn quantize_i16(x: &[f32], so: quant::ScaleOffset, out: &mut [i16]) {
 /// # Panics
 /// If the lengths differ.
 #[inline]
-pub fn rescale(sums: &[i64], shift: i64, (a, b): (f32, f32), out: &mut [f32]) {
+pub fn rescale(sums: &[i64], shift: i64, scales: (f32, f32), out: &mut [f32]) {
     assert_eq!(sums.len(), out.len(), "rescale: lengths differ");
     // A decode step's runs are one token long: not worth a call.
     let isa = if sums.len() < 16 {
@@ -220,23 +230,19 @@ pub fn rescale(sums: &[i64], shift: i64, (a, b): (f32, f32), out: &mut [f32]) {
         Isa::detect()
     };
     match isa {
-        // SAFETY: `avx512::rescale` enables AVX512F/BW/DQ/VL; `detect` found AVX512BW, and the
-        // guard the other three, on the running CPU.
+        // SAFETY: `avx512::rescale` enables AVX512F/BW/DQ/VL; `detect` found them all.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni if avx512_f_dq_vl() => unsafe { avx512::rescale(sums, shift, (a, b), out) },
-        _ => {
-            for (o, &acc) in out.iter_mut().zip(sums) {
-                *o = (acc + shift) as f32 * a * b;
-            }
-        }
+        Isa::Avx512Vnni => unsafe { avx512::rescale(sums, shift, scales, out) },
+        _ => rescale_loop(sums, shift, scales, out),
     }
 }
 
-/// True if the running CPU has AVX512F, AVX512DQ and AVX512VL.
-#[cfg(target_arch = "x86_64")]
-fn avx512_f_dq_vl() -> bool {
-    use std::arch::is_x86_feature_detected as has;
-    has!("avx512f") && has!("avx512dq") && has!("avx512vl")
+/// The loop of [`rescale`], inlined into each ISA's copy.
+#[inline(always)]
+fn rescale_loop(sums: &[i64], shift: i64, (a, b): (f32, f32), out: &mut [f32]) {
+    for (o, &acc) in out.iter_mut().zip(sums) {
+        *o = (acc + shift) as f32 * a * b;
+    }
 }
 
 /// How long an idle pool thread keeps looking for work inside [`on_busy_pool`] before it goes

@@ -114,21 +114,17 @@ fn load_weights(w: &[i8]) -> __m256i {
     bytemuck::cast(w)
 }
 
-/// `out[i] = quant::quantize::<i16>(x[i], so)`: the scalar rule, compiled with AVX-512 so that
-/// LLVM vectorizes it (eight f64 quotients per `vdivpd`, `vcvttpd2qq` for the truncation). The
-/// same function as the scalar loop, so the same codes.
+/// [`super::quantize_loop`] compiled with AVX-512, so that LLVM vectorizes the one rounding
+/// rule (eight f64 quotients per `vdivpd`, `vcvttpd2qq` for the truncation): the same
+/// function, so the same codes.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
 pub(super) fn quantize_i16(x: &[f32], so: quant::ScaleOffset, out: &mut [i16]) {
-    for (d, &v) in out.iter_mut().zip(x) {
-        *d = quant::quantize::<i16>(v, so);
-    }
+    super::quantize_loop(x, so, out);
 }
 
-/// [`super::rescale`]'s loop compiled with AVX-512 (`vcvtqq2ps` converts eight i64 at once):
-/// the same operations per element, so the same values.
+/// [`super::rescale_loop`] compiled with AVX-512 (`vcvtqq2ps` converts eight i64 at once): the
+/// same operations per element, so the same values.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-pub(super) fn rescale(sums: &[i64], shift: i64, (a, b): (f32, f32), out: &mut [f32]) {
-    for (o, &acc) in out.iter_mut().zip(sums) {
-        *o = (acc + shift) as f32 * a * b;
-    }
+pub(super) fn rescale(sums: &[i64], shift: i64, scales: (f32, f32), out: &mut [f32]) {
+    super::rescale_loop(sums, shift, scales, out);
 }
