@@ -84,4 +84,6 @@ pub use error::Error;
 pub use forward::{FloatModel, NoTap, Site, Tap};
 pub use load::{LoadedModel, ModelFormat, ModelText, describe, format_of, load, load_text};
 pub use tokenizer::{HfTokenizer, TextStream};
-pub use weights::{LayerTensor, LayerWeights, Tensor, WeightSource, Weights, check_weights};
+pub use weights::{
+    LayerTensor, LayerWeights, Overlay, Tensor, WeightSource, Weights, check_weights,
+};

@@ -140,6 +140,42 @@ pub trait WeightSource: Send + Sync {
     fn tensor(&self, t: Tensor) -> Option<&[f32]>;
 }
 
+/// A [`WeightSource`] with some tensors replaced: `replaced`'s where it has them, `base`'s
+/// otherwise (the f32 weights a fold or a rounding experiment changed).
+pub struct Overlay<'a> {
+    base: &'a dyn WeightSource,
+    replaced: std::collections::HashMap<Tensor, Vec<f32>>,
+}
+
+impl<'a> Overlay<'a> {
+    /// `base` with the tensors of `replaced` in place of its own.
+    pub fn new(
+        base: &'a dyn WeightSource,
+        replaced: std::collections::HashMap<Tensor, Vec<f32>>,
+    ) -> Overlay<'a> {
+        Overlay { base, replaced }
+    }
+}
+
+impl std::fmt::Debug for Overlay<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut replaced: Vec<String> = self.replaced.keys().map(Tensor::to_string).collect();
+        replaced.sort();
+        f.debug_struct("Overlay")
+            .field("replaced", &replaced)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WeightSource for Overlay<'_> {
+    fn tensor(&self, t: Tensor) -> Option<&[f32]> {
+        match self.replaced.get(&t) {
+            Some(v) => Some(v),
+            None => self.base.tensor(t),
+        }
+    }
+}
+
 /// Checks that `w` holds every tensor `config` needs with the right number of elements.
 pub fn check_weights(config: &LlamaConfig, w: &(impl WeightSource + ?Sized)) -> Result<(), Error> {
     for t in Tensor::required(config) {

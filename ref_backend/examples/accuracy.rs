@@ -47,8 +47,7 @@ use model::ops::{argmax, kl_logits};
 use model::{FloatModel, LoadedModel, Message, Site, Tap, WeightSource};
 use quant::DataType;
 use ref_backend::{
-    CompileOptions, CompiledModel, FFN_SMOOTHING, FfnSmoothing, SmoothedWeights, WeightType,
-    compile_with,
+    CompileOptions, CompiledModel, FFN_SMOOTHING, FfnSmoothing, WeightType, compile_with,
 };
 use test_support::harness::Harness;
 
@@ -212,7 +211,7 @@ fn ablate_sites(
     )?;
     // The f32 weights `q` was quantized from (its FFN smoothing folded in), so that a site
     // quantized alone sees the values its encoding was calibrated on.
-    let smoothed = SmoothedWeights::new(&q, &*m.weights);
+    let smoothed = ref_backend::smoothed_weights(&q, &*m.weights);
     let weights: &dyn WeightSource = &smoothed;
     let text = &tokens[..tokens.len() - 1];
     let run_widened = |sites: &[ablation::Site], widen: f32| {

@@ -57,7 +57,7 @@
 //!   With i8 weights the FFN is smoothed before quantization ([`FFN_SMOOTHING`]): each channel
 //!   of the down projection's input is divided by a factor from calibration (folded into the
 //!   rows of `w3` and the columns of `w2`), so its one i16 scale is not spent on a few large
-//!   channels; [`SmoothedWeights`] gives the f32 weights the i8 ones were quantized from.
+//!   channels; [`smoothed_weights`] gives the f32 weights the i8 ones were quantized from.
 //! * **KV**: new keys (after RoPE) and values are written in the KV dtype (u8/u16: asymmetric
 //!   per (layer, KV head, K|V); f16; f32) and read back dequantized.
 //! * **Float (f32)**: the residual stream and its additions, RMSNorm, the Q/K/V bias additions,
@@ -116,5 +116,5 @@ pub use options::{
 };
 pub use parts::{Part, Split, naming_refusal};
 pub use progress::{Progress, Stage};
-pub use smooth::{FFN_SMOOTHING, FfnSmoothing, SmoothedWeights, ffn_smoothing_factors};
+pub use smooth::{FFN_SMOOTHING, FfnSmoothing, ffn_smoothing_factors, smoothed_weights};
 pub use types::{Granularity, KLayout, WeightType};

@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 
-use model::{LayerTensor, LlamaConfig, Tensor, WeightSource};
+use model::{LayerTensor, LlamaConfig, Overlay, Tensor, WeightSource};
 
 use crate::compiled::CompiledModel;
 use crate::model::Matrix;
@@ -169,49 +169,22 @@ fn layer_factors(
 
 /// The f32 weights a compiled i8 model was quantized from: `base` with each layer's `Up` and
 /// `Down` smoothed by the factors the model holds ([`ffn_smoothing_factors`]); everything else
-/// is `base`'s. What a consumer that runs the float model beside the compiled one needs (the
-/// HTP lowering observes its matrix products' output ranges on these: `Up`'s change with the
-/// fold).
-pub struct SmoothedWeights<'a> {
-    base: &'a dyn WeightSource,
-    replaced: HashMap<Tensor, Vec<f32>>,
-}
-
-impl std::fmt::Debug for SmoothedWeights<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut smoothed: Vec<String> = self.replaced.keys().map(Tensor::to_string).collect();
-        smoothed.sort();
-        f.debug_struct("SmoothedWeights")
-            .field("smoothed", &smoothed)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<'a> SmoothedWeights<'a> {
-    /// `base` with `model`'s fold applied (`base` itself when `model` has none).
-    pub fn new(model: &CompiledModel, base: &'a dyn WeightSource) -> SmoothedWeights<'a> {
-        let c = model.config();
-        let mut replaced = HashMap::new();
-        for (l, factors) in ffn_smoothing_factors(model, base).iter().enumerate() {
-            for lt in [LayerTensor::Up, LayerTensor::Down] {
-                let t = Tensor::Layer(l, lt);
-                let cols = t.shape(c)[1];
-                if let Some(data) = base.tensor(t).and_then(|d| fold(lt, d, cols, factors)) {
-                    replaced.insert(t, data);
-                }
+/// is `base`'s (all of it when `model` has no fold). What a consumer that runs the float model
+/// beside the compiled one needs (the HTP lowering observes its matrix products' output ranges
+/// on these: `Up`'s change with the fold).
+pub fn smoothed_weights<'a>(model: &CompiledModel, base: &'a dyn WeightSource) -> Overlay<'a> {
+    let c = model.config();
+    let mut replaced = HashMap::new();
+    for (l, factors) in ffn_smoothing_factors(model, base).iter().enumerate() {
+        for lt in [LayerTensor::Up, LayerTensor::Down] {
+            let t = Tensor::Layer(l, lt);
+            let cols = t.shape(c)[1];
+            if let Some(data) = base.tensor(t).and_then(|d| fold(lt, d, cols, factors)) {
+                replaced.insert(t, data);
             }
         }
-        SmoothedWeights { base, replaced }
     }
-}
-
-impl WeightSource for SmoothedWeights<'_> {
-    fn tensor(&self, t: Tensor) -> Option<&[f32]> {
-        match self.replaced.get(&t) {
-            Some(v) => Some(v),
-            None => self.base.tensor(t),
-        }
-    }
+    Overlay::new(base, replaced)
 }
 
 #[cfg(test)]

@@ -331,7 +331,7 @@ fn layer_encoding(heads: &[(DataType, ScaleOffset)]) -> anyhow::Result<(DataType
 /// With `--weights i8`: the reference executor's i8 matrices and matrix input encodings, and
 /// output encodings from the ranges the f32 forward shows on the same calibration sequences,
 /// run on the f32 weights the i8 ones were quantized from (`Up` and `Down` carry the FFN
-/// smoothing, [`ref_backend::SmoothedWeights`]: `Up`'s outputs are scaled by it).
+/// smoothing, [`ref_backend::smoothed_weights`]: `Up`'s outputs are scaled by it).
 fn w8a16(
     model: Option<&CompiledModel>,
     c: &LlamaConfig,
@@ -342,7 +342,7 @@ fn w8a16(
         return Ok(None);
     };
     let started = Instant::now();
-    let smoothed = ref_backend::SmoothedWeights::new(model, w);
+    let smoothed = ref_backend::smoothed_weights(model, w);
     let ranges = qnn_compile::calibrate::linear_ranges(c, &smoothed, model.calibration(), context)?;
     eprintln!("matrix output ranges in {:.1?}", started.elapsed());
     let mut out = W8A16::default();

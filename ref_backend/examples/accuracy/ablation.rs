@@ -16,7 +16,7 @@ use model::forward::{
     self, Activations, FloatCache, FloatKernels, Input, Kernels, Output, Pass, Positions,
 };
 use model::ops::{Rope, argmax, kl_logits};
-use model::{LayerTensor, LlamaConfig, NoTap, Tensor, WeightSource};
+use model::{LayerTensor, LlamaConfig, NoTap, Overlay, Tensor, WeightSource};
 use quant::{QuantSpec, ScaleOffset, quantize_value};
 use ref_backend::CompiledModel;
 
@@ -200,21 +200,6 @@ pub fn rule_logits(
     run_overlay(c, w, q, replaced, (&[], 1.0), tokens)
 }
 
-/// The f32 weights, with some matrices replaced by the executor's i8 weights dequantized.
-struct Overlay<'a> {
-    base: &'a dyn WeightSource,
-    replaced: HashMap<Tensor, Vec<f32>>,
-}
-
-impl WeightSource for Overlay<'_> {
-    fn tensor(&self, t: Tensor) -> Option<&[f32]> {
-        match self.replaced.get(&t) {
-            Some(v) => Some(v),
-            None => self.base.tensor(t),
-        }
-    }
-}
-
 /// The f32 kernels with the chosen inputs and K/V rounded to the executor's encodings; every
 /// row's logits are kept.
 struct FakeQuant<'a> {
@@ -356,7 +341,7 @@ fn run_overlay(
         .filter_map(|(t, so)| Some((t, widened(so?, widen)?)))
         .collect();
     let (keys, values) = (sites.contains(&Site::Keys), sites.contains(&Site::Values));
-    let overlay = Overlay { base: w, replaced };
+    let overlay = Overlay::new(w, replaced);
     let rope = Rope::new(c.head_dim, &c.rope);
     let mut cache = FloatCache::new(c, tokens.len())?;
     let (mut scores, mut last) = (vec![0.0; tokens.len()], vec![0.0; c.vocab_size]);

@@ -9,8 +9,8 @@ use model::llama2c::{Checkpoint, Tokenizer};
 use model::{FloatModel, LlamaConfig, Site, Tap, WeightSource};
 use quant::DataType;
 use ref_backend::{
-    ActSite, CompileOptions, CompiledModel, FFN_SMOOTHING, SmoothedWeights, WeightType,
-    ffn_smoothing_factors,
+    ActSite, CompileOptions, CompiledModel, FFN_SMOOTHING, WeightType, ffn_smoothing_factors,
+    smoothed_weights,
 };
 use test_support::harness::max_abs_diff;
 
@@ -55,7 +55,7 @@ fn the_ffn_fold_happens_and_is_exact_in_f32() {
         moved * 2 > channels,
         "only {moved} of {channels} channels smoothed by more than 1%"
     );
-    let folded = SmoothedWeights::new(&q, &ckpt);
+    let folded = smoothed_weights(&q, &ckpt);
     let mut original = FloatModel::new(c.clone(), Arc::new(ckpt.clone()), STEPS).expect("float");
     let mut smoothed = FloatModel::new(c.clone(), Arc::new(folded), STEPS).expect("folded");
     let (mut token, mut worst) = (Tokenizer::BOS, 0.0f32);
@@ -106,7 +106,7 @@ fn the_smoothed_down_input_encoding_covers_calibration_by_the_margin() {
     let (ckpt, tok, c) = stories();
     let q = compiled(&ckpt, &tok, &c, WeightType::I8);
     let len = q.options().calibration_tokens.min(q.options().context);
-    let folded = Arc::new(SmoothedWeights::new(&q, &ckpt));
+    let folded = Arc::new(smoothed_weights(&q, &ckpt));
     let mut tap = Reach {
         q: &q,
         outside: 0,
@@ -177,7 +177,7 @@ fn only_i8_builds_are_smoothed() {
     }
     let f16 = compiled(&ckpt, &tok, &c, WeightType::F16);
     assert!(ffn_smoothing_factors(&f16, &ckpt).is_empty());
-    let w: &dyn WeightSource = &SmoothedWeights::new(&f16, &ckpt);
+    let w: &dyn WeightSource = &smoothed_weights(&f16, &ckpt);
     let t = model::Tensor::Layer(0, model::LayerTensor::Up);
     assert_eq!(w.tensor(t), ckpt.tensor(t));
 }
