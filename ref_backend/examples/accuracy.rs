@@ -25,6 +25,10 @@
 //!    channel scale times a 4-bit block multiplier). `--rules-only` skips the per-site rows
 //!    except the down projection's input.
 //!
+//! `--rounding LIST` (integer weights only): compile each integer row once per entry, `nearest`
+//! or `gptq` ([`ref_backend::Rounding`]; default `gptq`, the compile's own); with `--ablate` the
+//! first entry is used.
+//!
 //! `--ffn-smoothing LIST` (i8 weights only): compile each i8 row once per entry, `off` (no
 //! fold) or `ALPHA:MARGIN` ([`ref_backend::FfnSmoothing`]); by default the compile's own
 //! [`ref_backend::FFN_SMOOTHING`]. With `--ablate` the first entry is used. This is how the
@@ -47,7 +51,8 @@ use model::ops::{argmax, kl_logits};
 use model::{FloatModel, LoadedModel, Message, Site, Tap, WeightSource};
 use quant::DataType;
 use ref_backend::{
-    CompileOptions, CompiledModel, FFN_SMOOTHING, FfnSmoothing, WeightType, compile_with,
+    CompileOptions, CompiledModel, FFN_SMOOTHING, FfnSmoothing, Recipe, Rounding, WeightType,
+    compile_with,
 };
 use test_support::harness::Harness;
 
@@ -76,6 +81,7 @@ fn main() -> Result<(), Error> {
     let mut args = std::env::args().skip(1);
     let (mut path, mut json, mut ablate, mut rules_only) = (None, false, false, false);
     let mut smoothings = vec![Some(FFN_SMOOTHING)];
+    let mut roundings = vec![Rounding::Gptq];
     let mut rules: Vec<ablation::WeightRule> = ["channel", "channel-mse", "block:32", "lpbq:64"]
         .iter()
         .map(|r| r.parse())
@@ -90,6 +96,7 @@ fn main() -> Result<(), Error> {
             "--ablate" => ablate = true,
             "--rules-only" => (ablate, rules_only) = (true, true),
             "--ffn-smoothing" => smoothings = parse_smoothings(args.next())?,
+            "--rounding" => roundings = parse_roundings(args.next())?,
             "--weight-rules" => rules = list(args.next())?,
             "--kv" => kvs = list(args.next())?,
             "--weights" => wts = list(args.next())?,
@@ -115,8 +122,11 @@ fn main() -> Result<(), Error> {
     if ablate {
         let calibration = calibration(&m, chats_cal)?;
         let kv = *kvs.first().ok_or("--kv is empty")?;
-        let smooth = *smoothings.first().ok_or("--ffn-smoothing is empty")?;
-        let setup = (kv, cal_tokens, fingerprint, rules_only, smooth);
+        let recipe = Recipe {
+            ffn_smoothing: *smoothings.first().ok_or("--ffn-smoothing is empty")?,
+            rounding: *roundings.first().ok_or("--rounding is empty")?,
+        };
+        let setup = (kv, cal_tokens, fingerprint, rules_only, recipe);
         return ablate_sites(&m, tokens, &calibration, setup, &rules, json);
     }
     let mut text_kv = KvValues::new(&m.config);
@@ -132,13 +142,8 @@ fn main() -> Result<(), Error> {
     let mut grid = Vec::new();
     let mut chat_rows = Vec::new();
     for &weights in &wts {
-        // The smoothing only changes i8 builds: the others are compiled once.
-        let smooths = if weights == WeightType::I8 {
-            &smoothings[..]
-        } else {
-            &smoothings[..1]
-        };
-        for (&kv, &smooth) in kvs.iter().flat_map(|k| smooths.iter().map(move |s| (k, s))) {
+        let recipes = recipes(weights, &smoothings, &roundings);
+        for (&kv, &recipe) in kvs.iter().flat_map(|k| recipes.iter().map(move |r| (k, r))) {
             let mut o = CompileOptions::new(CONTEXT, vec![1, PREFILL]);
             o.kv_dtype = kv;
             o.weights = weights;
@@ -149,22 +154,24 @@ fn main() -> Result<(), Error> {
                 &m.config,
                 weights_src,
                 &calibration,
-                (&o, smooth),
+                (&o, recipe),
                 fingerprint,
                 &mut |_| {},
             )?;
             let compile_s = t.elapsed().as_secs_f64();
             let (top1, kl) = teacher_forced(&q, tokens, &float);
             let clip = text_kv.clipping(&q);
-            let smooth = smoothing_label(weights, smooth);
+            let smooth = smoothing_label(weights, recipe.ffn_smoothing);
+            let rounding = rounding_label(weights, recipe.rounding);
             eprintln!(
-                "KV {kv} weights {} (FFN smoothing {smooth}): top-1 {:.2}% mean KL {kl:.5} (compiled in {compile_s:.1} s); clipped K/V {}",
+                "KV {kv} weights {} (FFN smoothing {smooth}, rounding {rounding}): top-1 {:.2}% mean KL {kl:.5} (compiled in {compile_s:.1} s); clipped K/V {}",
                 weights.name(),
                 top1 * 100.0,
                 clip
             );
             grid.push(serde_json::json!({
                 "kv": kv.to_string(), "weights": weights.name(), "ffn_smoothing": smooth,
+                "rounding": rounding,
                 "top1_agreement": top1, "mean_kl": kl, "compile_seconds": compile_s,
                 "kv_clipping": clip,
             }));
@@ -187,13 +194,7 @@ fn ablate_sites(
     m: &LoadedModel,
     tokens: &[u32],
     calibration: &[Vec<u32>],
-    (kv, cal_tokens, fingerprint, rules_only, smooth): (
-        DataType,
-        usize,
-        [u8; 32],
-        bool,
-        Option<FfnSmoothing>,
-    ),
+    (kv, cal_tokens, fingerprint, rules_only, recipe): (DataType, usize, [u8; 32], bool, Recipe),
     rules: &[ablation::WeightRule],
     json: bool,
 ) -> Result<(), Error> {
@@ -205,7 +206,7 @@ fn ablate_sites(
         &m.config,
         &*m.weights,
         calibration,
-        (&o, smooth),
+        (&o, recipe),
         fingerprint,
         &mut |_| {},
     )?;
@@ -269,6 +270,55 @@ fn parse_smoothings(arg: Option<String>) -> Result<Vec<Option<FfnSmoothing>>, Er
             None => Err(format!("--ffn-smoothing: `{v}` is neither off nor ALPHA:MARGIN").into()),
         })
         .collect()
+}
+
+/// The recipes a row of `weights` is compiled with: the smoothings (i8 only) times the
+/// roundings (integer weights only); float weights once.
+fn recipes(
+    weights: WeightType,
+    smoothings: &[Option<FfnSmoothing>],
+    roundings: &[Rounding],
+) -> Vec<Recipe> {
+    let smoothings = if weights == WeightType::I8 {
+        smoothings
+    } else {
+        &smoothings[..1]
+    };
+    let roundings = if weights.is_integer() {
+        roundings
+    } else {
+        &roundings[..1]
+    };
+    smoothings
+        .iter()
+        .flat_map(|&s| {
+            roundings.iter().map(move |&r| Recipe {
+                ffn_smoothing: s,
+                rounding: r,
+            })
+        })
+        .collect()
+}
+
+/// `--rounding`'s list: `nearest` or `gptq` each.
+fn parse_roundings(arg: Option<String>) -> Result<Vec<Rounding>, Error> {
+    let arg = arg.ok_or("--rounding needs a list (nearest, gptq; comma-separated)")?;
+    arg.split(',')
+        .map(|v| match v {
+            "nearest" => Ok(Rounding::Nearest),
+            "gptq" => Ok(Rounding::Gptq),
+            _ => Err(format!("--rounding: `{v}` is neither nearest nor gptq").into()),
+        })
+        .collect()
+}
+
+/// How a row's integer weights were rounded: `-` (float weights), `nearest` or `gptq`.
+fn rounding_label(weights: WeightType, r: Rounding) -> &'static str {
+    match r {
+        _ if !weights.is_integer() => "-",
+        Rounding::Nearest => "nearest",
+        Rounding::Gptq => "gptq",
+    }
 }
 
 /// How a row's FFN was smoothed: `-` (not i8), `off` or `ALPHA:MARGIN`.

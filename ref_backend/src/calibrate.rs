@@ -10,7 +10,9 @@ use quant::{
     Symmetry,
 };
 
+use crate::compile::Recipe;
 use crate::error::CompileError;
+use crate::gptq::{Gram, Rounding};
 use crate::model::{ActSite, act_index};
 use crate::options::CompileOptions;
 use crate::progress::{Progress, Stage};
@@ -23,10 +25,16 @@ use crate::smooth::{self, ChannelRanges, FfnSmoothing};
 ///   outliers only hurts). With i8 weights the down projection's input is smoothed
 ///   ([`crate::FfnSmoothing`]): its per-channel min/max give the factors and the smoothed
 ///   range, widened by the margin.
-/// * u16 KV: [`MinMaxObserver`], asymmetric, per (layer, KV head, K|V).
+/// * u16 KV: [`MinMaxObserver`], asymmetric, per (layer, KV head, K|V), both ends of the
+///   range multiplied by [`U16_KV_MARGIN`]: text beyond calibration's positions reaches past
+///   it, and 16 bits lose little to a wider range.
 /// * u8 KV: [`HistogramObserver`] clipping at [`U8_KV_PERCENTILE`], asymmetric, per (layer, KV
 ///   head, K|V): with 256 levels a rare outlier would otherwise cost resolution for all values.
 pub const U8_KV_PERCENTILE: f64 = 99.99;
+
+/// How much wider than calibration saw a u16 K/V range is (both ends), chosen by measured KL
+/// (README, "Accuracy on SmolLM2"): 1.5 leaves none of the scored text's K/V values clipped.
+pub const U16_KV_MARGIN: f32 = 1.5;
 
 /// Histogram bins of the u8 KV observers.
 const HIST_BINS: usize = 2048;
@@ -45,7 +53,11 @@ impl KvObserver {
     }
     fn encoding(&self, dtype: DataType) -> Result<ScaleOffset, quant::QuantError> {
         match self {
-            KvObserver::MinMax(o) => o.encoding(dtype, Symmetry::Asymmetric),
+            KvObserver::MinMax(o) => {
+                let (lo, hi) = o.range().ok_or(quant::QuantError::NoObservations)?;
+                let m = U16_KV_MARGIN;
+                ScaleOffset::from_range(lo * m, hi * m, dtype, Symmetry::Asymmetric)
+            }
             KvObserver::Hist(o) => o.encoding(dtype, Symmetry::Asymmetric),
         }
     }
@@ -59,6 +71,9 @@ pub(crate) struct Calibrated {
     pub(crate) kv: Vec<QuantSpec>,
     /// Per layer, the FFN smoothing factors to fold into `Up` and `Down` (empty: no fold).
     pub(crate) smoothing: Vec<Vec<f32>>,
+    /// The Gram matrix of each layer's i16 matmul inputs, [`act_index`] order, unsmoothed
+    /// (empty unless the weights are rounded by [`Rounding::Gptq`]).
+    pub(crate) gram: Vec<Gram>,
 }
 
 /// The tap of calibration: routes the forward's values to the observers.
@@ -73,6 +88,9 @@ struct Observers {
     /// Per layer, the down input's per-channel ranges (empty unless the FFN is smoothed); they
     /// replace that site's observer in `act`.
     ffn: Vec<ChannelRanges>,
+    /// The Gram matrices of the layers' matmul inputs, [`act_index`] order (empty unless the
+    /// weights are rounded by [`Rounding::Gptq`]).
+    gram: Vec<Gram>,
 }
 
 impl Tap for Observers {
@@ -92,6 +110,9 @@ impl Tap for Observers {
         } else if let Some(o) = act.and_then(|i| self.act.get_mut(i)) {
             o.observe(values);
         }
+        if let Some(g) = act.and_then(|i| self.gram.get_mut(i)) {
+            g.observe(values);
+        }
         let kind = match site {
             Site::Key => graph_io::TensorKind::Key,
             Site::Value => graph_io::TensorKind::Value,
@@ -107,8 +128,9 @@ impl Tap for Observers {
 }
 
 impl Observers {
-    /// Observers for `opts`; `smooth`: the down inputs are observed per channel.
-    fn new(c: &LlamaConfig, opts: &CompileOptions, smooth: bool) -> Observers {
+    /// Observers for `opts`; `smooth`: the down inputs are observed per channel; `gram`: the
+    /// matmul inputs' Gram matrices are accumulated.
+    fn new(c: &LlamaConfig, opts: &CompileOptions, (smooth, gram): (bool, bool)) -> Observers {
         let act = if opts.weights.is_integer() {
             (0..c.n_layers * 4 + 1)
                 .map(|_| MinMaxObserver::new())
@@ -140,6 +162,16 @@ impl Observers {
         } else {
             Vec::new()
         };
+        let gram = if gram && opts.weights.is_integer() {
+            let width = |i: usize| match ActSite::ALL[i % 4] {
+                ActSite::AttnOut => c.q_dim(),
+                ActSite::FfnMid => c.hidden_dim,
+                ActSite::AttnIn | ActSite::FfnIn => c.dim,
+            };
+            (0..c.n_layers * 4).map(|i| Gram::new(width(i))).collect()
+        } else {
+            Vec::new()
+        };
         Observers {
             n_layers: c.n_layers,
             n_kv_heads: c.n_kv_heads,
@@ -147,6 +179,7 @@ impl Observers {
             act,
             kv,
             ffn,
+            gram,
         }
     }
 
@@ -178,11 +211,12 @@ impl Observers {
     /// The encodings of what was observed, and the FFN smoothing factors (from `Down` in
     /// `weights` and `smoothing`) when the down inputs were observed per channel.
     fn encodings(
-        &self,
+        mut self,
         weights: &dyn WeightSource,
         opts: &CompileOptions,
         smoothing: Option<FfnSmoothing>,
     ) -> Result<Calibrated, CompileError> {
+        self.gram.iter_mut().for_each(Gram::flush);
         let (alpha, margin) = smoothing.map_or((1.0, 1.0), |s| (s.alpha, s.margin));
         let factors: Vec<Vec<f32>> = self
             .ffn
@@ -230,6 +264,7 @@ impl Observers {
             act,
             kv,
             smoothing: factors,
+            gram: self.gram,
         })
     }
 }
@@ -245,7 +280,7 @@ pub(crate) fn calibrate(
     c: &LlamaConfig,
     weights: &dyn WeightSource,
     sequences: &[Vec<u32>],
-    (opts, smoothing): (&CompileOptions, Option<FfnSmoothing>),
+    (opts, recipe): (&CompileOptions, Recipe),
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Calibrated, CompileError> {
     let float_kv = QuantSpec {
@@ -257,6 +292,7 @@ pub(crate) fn calibrate(
             act: Vec::new(),
             kv: vec![float_kv; c.n_layers * c.n_kv_heads * 2],
             smoothing: Vec::new(),
+            gram: Vec::new(),
         });
     }
     for (prompt, seq) in sequences.iter().enumerate() {
@@ -266,8 +302,11 @@ pub(crate) fn calibrate(
             return Err(CompileError::Calibration { prompt, source });
         }
     }
-    let smoothing = smoothing.filter(|_| smooth::applies(opts.weights));
-    let mut obs = Observers::new(c, opts, smoothing.is_some());
+    let smoothing = recipe
+        .ffn_smoothing
+        .filter(|_| smooth::applies(opts.weights));
+    let gram = recipe.rounding == Rounding::Gptq;
+    let mut obs = Observers::new(c, opts, (smoothing.is_some(), gram));
     let max_len = opts
         .calibration_tokens
         .min(opts.context)

@@ -2,10 +2,15 @@
 
 use model::{LlamaConfig, Tensor, WeightSource, check_weights};
 
-use crate::calibrate::calibrate;
+use rayon::prelude::*;
+
+use crate::calibrate::{Calibrated, calibrate};
 use crate::compiled::CompiledModel;
 use crate::error::CompileError;
-use crate::model::{LayerData, Matrix, ModelData};
+use crate::gptq::{Factor, Rounding};
+use crate::model::{
+    ActSite, LayerData, Matrix, ModelData, act_index, act_site, i8_grid, lpbq_grid,
+};
 use crate::options::CompileOptions;
 use crate::progress::{Progress, Stage};
 use crate::smooth::{self, FFN_SMOOTHING, FfnSmoothing};
@@ -41,7 +46,9 @@ fn validate_calibration(opts: &CompileOptions, calibration: &[Vec<u32>]) -> Resu
 /// 3. Converts the weights: i8 per-output-channel symmetric (also the token embedding, whose
 ///    rows are the output channels of the tied classifier), or f16/f32; RMSNorm weights and
 ///    Q/K/V biases stay f32. With i8 weights, [`FFN_SMOOTHING`] is folded into each layer's
-///    `Up` and `Down` first (f32), its factors from step 2 (see [`mod@crate::smooth`]).
+///    `Up` and `Down` first (f32), its factors from step 2 (see [`mod@crate::smooth`]). The
+///    layers' integer weights are rounded by their output error over the calibration positions
+///    ([`Rounding::Gptq`], step 2 accumulating each matmul input's Gram matrix).
 /// 4. Builds one graph per AR variant, named `ar{n}_cl{S}`.
 ///
 /// `fingerprint` is the SHA-256 of the model file(s); it is stored and returned by
@@ -55,19 +62,36 @@ pub fn compile(
     fingerprint: [u8; 32],
     progress: &mut dyn FnMut(Progress),
 ) -> Result<CompiledModel, CompileError> {
-    let setup = (opts, Some(FFN_SMOOTHING));
+    let setup = (opts, Recipe::DEFAULT);
     compile_with(config, weights, calibration, setup, fingerprint, progress)
 }
 
-/// [`compile`] with another FFN smoothing than [`FFN_SMOOTHING`], or none (ignored unless
-/// weights are i8): for measuring the choice (the accuracy example). The file does not record
-/// it, and its [`CompileOptions::fingerprint`] is the default's: do not cache such files beside
-/// [`compile`]'s.
+/// How a compile quantizes beyond its [`CompileOptions`]: choices made by measurement (README,
+/// "Accuracy on SmolLM2"), which a compiled file does not record.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Recipe {
+    /// The FFN smoothing of i8 builds ([`FFN_SMOOTHING`]), or none; ignored for other weights.
+    pub ffn_smoothing: Option<FfnSmoothing>,
+    /// How integer weights are rounded ([`Rounding::Gptq`]).
+    pub rounding: Rounding,
+}
+
+impl Recipe {
+    /// What [`compile`] uses.
+    pub const DEFAULT: Recipe = Recipe {
+        ffn_smoothing: Some(FFN_SMOOTHING),
+        rounding: Rounding::Gptq,
+    };
+}
+
+/// [`compile`] with another [`Recipe`] than [`Recipe::DEFAULT`]: for measuring the choices (the
+/// accuracy example). The file does not record it, and its [`CompileOptions::fingerprint`] is
+/// the default's: do not cache such files beside [`compile`]'s.
 pub fn compile_with(
     config: &LlamaConfig,
     weights: &dyn WeightSource,
     calibration: &[Vec<u32>],
-    (opts, smoothing): (&CompileOptions, Option<FfnSmoothing>),
+    (opts, recipe): (&CompileOptions, Recipe),
     fingerprint: [u8; 32],
     progress: &mut dyn FnMut(Progress),
 ) -> Result<CompiledModel, CompileError> {
@@ -78,8 +102,8 @@ pub fn compile_with(
     validate_options(c, opts)
         .and_then(|()| validate_calibration(opts, calibration))
         .map_err(|reason| CompileError::InvalidOptions { reason })?;
-    let cal = calibrate(c, weights, calibration, (opts, smoothing), progress)?;
-    let convert = (opts.weights, cal.smoothing.as_slice());
+    let cal = calibrate(c, weights, calibration, (opts, recipe), progress)?;
+    let convert = (opts.weights, &cal);
     let (embedding, layers, classifier) = convert_weights(c, weights, convert, progress)?;
     let mut config = c.clone();
     if !config.layer_windows.iter().any(Option::is_some) {
@@ -115,25 +139,28 @@ fn tensor(w: &dyn WeightSource, t: Tensor) -> &[f32] {
 }
 
 /// The embedding, the layers and the separate classifier (if any) in `wt`, each layer's `Up`
-/// and `Down` smoothed by its `smoothing` factors first (none when `smoothing` is empty).
+/// and `Down` smoothed by its calibrated factors first (none when `cal.smoothing` is empty),
+/// the layers' integer weights rounded by their inputs' Gram matrices when `cal.gram` holds
+/// them ([`Rounding::Gptq`]; the embedding and the classifier are rounded to nearest).
 fn convert_weights(
     c: &LlamaConfig,
     w: &dyn WeightSource,
-    (wt, smoothing): (WeightType, &[Vec<f32>]),
+    (wt, cal): (WeightType, &Calibrated),
     progress: &mut dyn FnMut(Progress),
 ) -> Result<(Matrix, Vec<LayerData>, Option<Matrix>), CompileError> {
     let total = (c.n_layers * LayerData::MATRICES.len() + 2) as u64;
     let mut done = 0;
-    let mut convert = |t: Tensor| {
+    let mut convert = |t: Tensor, factor: Option<&Factor>| {
         let shape = t.shape(c);
         let folded = match t {
-            Tensor::Layer(l, lt) => smoothing
+            Tensor::Layer(l, lt) => cal
+                .smoothing
                 .get(l)
                 .and_then(|s| smooth::fold(lt, tensor(w, t), shape[1], s)),
             _ => None,
         };
         let data = folded.as_deref().unwrap_or_else(|| tensor(w, t));
-        let m = convert_matrix(data, shape[0], shape[1], wt, t)?;
+        let m = convert_matrix(data, (shape[0], shape[1]), (wt, factor), t)?;
         done += 1;
         progress(Progress {
             stage: Stage::QuantizeWeights,
@@ -142,12 +169,16 @@ fn convert_weights(
         });
         Ok::<_, CompileError>(m)
     };
-    let embedding = convert(Tensor::TokenEmbedding)?;
+    let embedding = convert(Tensor::TokenEmbedding, None)?;
     let mut layers = Vec::with_capacity(c.n_layers);
     for l in 0..c.n_layers {
+        let factors = layer_factors(cal, l)?;
         let matrices = LayerData::MATRICES
             .iter()
-            .map(|&t| convert(Tensor::Layer(l, t)))
+            .map(|&t| {
+                let f = act_site(t).and_then(|s| factors.get(s.index())?.as_ref());
+                convert(Tensor::Layer(l, t), f)
+            })
             .collect::<Result<_, _>>()?;
         let vectors = LayerData::VECTORS
             .iter()
@@ -158,39 +189,56 @@ fn convert_weights(
     let classifier = if c.tied_output {
         None
     } else {
-        Some(convert(Tensor::Output)?)
+        Some(convert(Tensor::Output, None)?)
     };
     Ok((embedding, layers, classifier))
 }
 
+/// The factors of layer `l`'s four matmul inputs' Gram matrices ([`ActSite`] order; the down
+/// input's for the smoothed values), computed in parallel; empty without Gram matrices.
+fn layer_factors(cal: &Calibrated, l: usize) -> Result<Vec<Option<Factor>>, CompileError> {
+    if cal.gram.is_empty() {
+        return Ok(Vec::new());
+    }
+    ActSite::ALL
+        .par_iter()
+        .map(|&site| {
+            let divisors = (site == ActSite::FfnMid)
+                .then(|| cal.smoothing.get(l).map(Vec::as_slice))
+                .flatten();
+            let f = cal.gram[act_index(l, site)].factor(divisors);
+            f.map(Some).ok_or_else(|| CompileError::InvalidOptions {
+                reason: format!(
+                    "the calibration of layer {l}'s {} has no positive definite Gram matrix",
+                    site.name()
+                ),
+            })
+        })
+        .collect()
+}
+
 fn convert_matrix(
     data: &[f32],
-    rows: usize,
-    cols: usize,
-    wt: WeightType,
+    (rows, cols): (usize, usize),
+    (wt, factor): (WeightType, Option<&Factor>),
     t: Tensor,
 ) -> Result<Matrix, CompileError> {
-    Ok(match wt {
-        WeightType::I8 => {
-            Matrix::quantize_i8(data, rows, cols).map_err(|source| CompileError::Quant {
-                what: format!("weight matrix {t}"),
-                source,
-            })?
-        }
-        // The embedding (also the tied classifier) keeps 8 bits, as AI Hub's W4A16 models keep
-        // their LM head at 8 bits and llama.cpp's 4-bit types keep it at 6: measured on SmolLM2.
-        WeightType::I4 if matches!(t, Tensor::TokenEmbedding | Tensor::Output) => {
-            convert_matrix(data, rows, cols, WeightType::I8, t)?
-        }
-        WeightType::I4 => {
-            Matrix::quantize_lpbq(data, rows, cols, crate::LPBQ_BLOCK).map_err(|source| {
-                CompileError::Quant {
-                    what: format!("weight matrix {t}"),
-                    source,
-                }
-            })?
-        }
-        WeightType::F16 => Matrix::float(data, rows, cols, true),
-        WeightType::F32 => Matrix::float(data, rows, cols, false),
-    })
+    let quant_error = |source| CompileError::Quant {
+        what: format!("weight matrix {t}"),
+        source,
+    };
+    let lpbq = |row: &[f32]| lpbq_grid(row, crate::LPBQ_BLOCK);
+    // The embedding (also the tied classifier) keeps 8 bits in i4 builds, as AI Hub's W4A16
+    // models keep their LM head at 8 bits and llama.cpp's 4-bit types keep it at 6: measured
+    // on SmolLM2.
+    let four_bits = wt == WeightType::I4 && !matches!(t, Tensor::TokenEmbedding | Tensor::Output);
+    let m = match (wt, four_bits, factor) {
+        (WeightType::F16, ..) => return Ok(Matrix::float(data, rows, cols, true)),
+        (WeightType::F32, ..) => return Ok(Matrix::float(data, rows, cols, false)),
+        (_, false, None) => Matrix::quantize_i8(data, rows, cols),
+        (_, true, None) => Matrix::quantize_lpbq(data, rows, cols, crate::LPBQ_BLOCK),
+        (_, false, Some(f)) => Matrix::quantize_by_error(data, (rows, cols), i8_grid, f),
+        (_, true, Some(f)) => Matrix::quantize_by_error(data, (rows, cols), lpbq, f),
+    };
+    m.map_err(quant_error)
 }

@@ -214,6 +214,67 @@ fn quantize_loop(x: &[f32], so: quant::ScaleOffset, out: &mut [i16]) {
     }
 }
 
+/// `Σ a[i] b[i]` in f32 (GPTQ's rounding, [`crate::Rounding::Gptq`]) in one fixed order on
+/// every CPU: lane `k` of sixteen sums the products `k, k + 16, …` (a multiply, then an add:
+/// Rust never fuses them), the lanes are added in order, then the tail. Compiled for AVX-512
+/// where the CPU has it: the same operations, so the same value, and the rounding a compile
+/// makes does not depend on the machine.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    match Isa::detect() {
+        // SAFETY: `avx512::dot_f32` enables AVX512F/BW/DQ/VL; `detect` found them all.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => unsafe { avx512::dot_f32(a, b) },
+        _ => dot_loop::<f32, 16>(a, b),
+    }
+}
+
+/// [`dot_f32`] in f64 with eight lanes (GPTQ's Cholesky factor).
+pub fn dot_f64(a: &[f64], b: &[f64]) -> f64 {
+    match Isa::detect() {
+        // SAFETY: `avx512::dot_f64` enables AVX512F/BW/DQ/VL; `detect` found them all.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => unsafe { avx512::dot_f64(a, b) },
+        _ => dot_loop::<f64, 8>(a, b),
+    }
+}
+
+/// `y[i] += a * x[i]` (a multiply, then an add) over the shorter length: the Gram matrices of
+/// GPTQ's calibration, compiled for AVX-512 where the CPU has it.
+pub fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
+    match Isa::detect() {
+        // SAFETY: `avx512::add_scaled` enables AVX512F/BW/DQ/VL; `detect` found them all.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => unsafe { avx512::add_scaled(y, a, x) },
+        _ => add_scaled_loop(y, a, x),
+    }
+}
+
+/// The loop of [`dot_f32`] and [`dot_f64`], inlined into each ISA's copy.
+#[inline(always)]
+fn dot_loop<T, const L: usize>(a: &[T], b: &[T]) -> T
+where
+    T: Copy + Default + std::ops::Add<Output = T> + std::ops::Mul<Output = T>,
+{
+    let mut acc = [T::default(); L];
+    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for k in 0..L {
+            acc[k] = acc[k] + x[k] * y[k];
+        }
+    }
+    let lanes = acc.iter().fold(T::default(), |s, &v| s + v);
+    ra.iter().zip(rb).fold(lanes, |s, (&x, &y)| s + x * y)
+}
+
+/// The loop of [`add_scaled`], inlined into each ISA's copy.
+#[inline(always)]
+fn add_scaled_loop(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
 /// `out[i] = (sums[i] + shift) as f32 * a * b`: how an i8 matmul's exact sums become its
 /// outputs (the one rounding after the activation quantization is the i64 -> f32 conversion),
 /// with the running CPU's widest vectors (for runs of at least 16 tokens).

@@ -58,6 +58,9 @@
 //!   of the down projection's input is divided by a factor from calibration (folded into the
 //!   rows of `w3` and the columns of `w2`), so its one i16 scale is not spent on a few large
 //!   channels; [`smoothed_weights`] gives the f32 weights the i8 ones were quantized from.
+//!   Integer layer weights (i8 and i4) are rounded onto those grids by their output error over
+//!   calibration ([`Rounding::Gptq`], the default of [`compile`]), not to nearest: the
+//!   scales, and so every encoding, are the same as to-nearest rounding gives.
 //! * **KV**: new keys (after RoPE) and values are written in the KV dtype (u8/u16: asymmetric
 //!   per (layer, KV head, K|V); f16; f32) and read back dequantized.
 //! * **Float (f32)**: the residual stream and its additions, RMSNorm, the Q/K/V bias additions,
@@ -84,6 +87,7 @@ pub mod encdec;
 mod error;
 mod exec;
 pub mod format;
+mod gptq;
 pub mod kernels;
 mod model;
 mod options;
@@ -98,12 +102,13 @@ mod validate;
 pub const LPBQ_BLOCK: usize = 32;
 
 pub use ::model::checksum::crc32;
-pub use calibrate::U8_KV_PERCENTILE;
-pub use compile::{compile, compile_with};
+pub use calibrate::{U8_KV_PERCENTILE, U16_KV_MARGIN};
+pub use compile::{Recipe, compile, compile_with};
 pub use compiled::CompiledModel;
 pub use error::{CompileError, ExecError, FormatError};
 pub use exec::{Graph, mask_value_bytes};
 pub use format::{FORMAT_VERSION, WINDOWS_FORMAT_VERSION};
+pub use gptq::{GPTQ_DAMPING, Rounding};
 /// Graph tensors are described in the IO vocabulary's terms, and a compiled file names its graphs
 /// and tensors after one of its conventions.
 pub use graph_io::{IoRole, IoTensor, Preset};

@@ -68,7 +68,9 @@ pub const MAX_CALIBRATION_TOKENS: usize = 1 << 20;
 /// Version of the calibration algorithm; part of [`CompileOptions::fingerprint`], so cached
 /// compiled files are rebuilt when the calibration changes. 3: i8 builds fold the FFN
 /// smoothing ([`crate::FFN_SMOOTHING`]) into `Up`/`Down` and calibrate the down input smoothed.
-pub const CALIBRATION_VERSION: u32 = 3;
+/// 4: integer weights are rounded by their output error over calibration ([`crate::Rounding`]),
+/// and u16 K/V ranges are widened by [`crate::U16_KV_MARGIN`].
+pub const CALIBRATION_VERSION: u32 = 4;
 
 /// What to compile.
 ///
@@ -214,7 +216,7 @@ mod tests {
     #[test]
     fn fingerprint_is_pinned() {
         let o = CompileOptions::new(512, vec![1, 32]);
-        // Changed deliberately with CALIBRATION_VERSION 3 (the FFN smoothing of i8 builds).
-        assert_eq!(o.fingerprint_hex(), "13368815a77215d7");
+        // Changed deliberately with CALIBRATION_VERSION 4 (GPTQ rounding of integer weights).
+        assert_eq!(o.fingerprint_hex(), "e95b09a1040150f4");
     }
 }

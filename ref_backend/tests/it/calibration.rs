@@ -139,7 +139,12 @@ fn lockstep_equals_one_at_a_time(ckpt: &model::llama2c::Checkpoint, c: LlamaConf
             for value in [false, true] {
                 let got = q.kv_spec(l, h, value).expect("in range").encoding.clone();
                 let i = (l * c.n_kv_heads + h) * 2 + usize::from(value);
-                let so = encoding(&want.kv[i], DataType::U16);
+                // The observed range, both ends widened by the margin.
+                let (lo, hi) = want.kv[i].range().expect("observed");
+                let m = ref_backend::U16_KV_MARGIN;
+                let so =
+                    ScaleOffset::from_range(lo * m, hi * m, DataType::U16, Symmetry::Asymmetric)
+                        .expect("range");
                 assert_eq!(got, quant::Encoding::PerTensor(so), "{l} {h} {value}");
             }
         }

@@ -8,6 +8,7 @@ mod exec;
 mod float_equivalence;
 mod format;
 mod fuzz_replay;
+mod gptq;
 mod part_graphs;
 mod quantized;
 mod smollm2;

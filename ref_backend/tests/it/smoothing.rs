@@ -9,8 +9,8 @@ use model::llama2c::{Checkpoint, Tokenizer};
 use model::{FloatModel, LlamaConfig, Site, Tap, WeightSource};
 use quant::DataType;
 use ref_backend::{
-    ActSite, CompileOptions, CompiledModel, FFN_SMOOTHING, WeightType, ffn_smoothing_factors,
-    smoothed_weights,
+    ActSite, CompileOptions, CompiledModel, FFN_SMOOTHING, Recipe, WeightType,
+    ffn_smoothing_factors, smoothed_weights,
 };
 use test_support::harness::max_abs_diff;
 
@@ -165,7 +165,13 @@ fn only_i8_builds_are_smoothed() {
                 &c,
                 &ckpt,
                 &prompts,
-                (&o, smooth),
+                (
+                    &o,
+                    Recipe {
+                        ffn_smoothing: smooth,
+                        ..Recipe::DEFAULT
+                    },
+                ),
                 ckpt.sha256(),
                 &mut |_| {},
             )
