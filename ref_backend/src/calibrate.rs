@@ -13,7 +13,7 @@ use quant::{
 use crate::compile::Recipe;
 use crate::error::CompileError;
 use crate::gptq::{Gram, Rounding};
-use crate::model::{ActSite, act_index};
+use crate::model::{ActSite, act_index, act_of, classifier_act_index};
 use crate::options::CompileOptions;
 use crate::progress::{Progress, Stage};
 use crate::smooth::{self, ChannelRanges, FfnSmoothing};
@@ -100,7 +100,7 @@ impl Tap for Observers {
             Site::AttnOutput => Some(act_index(layer, ActSite::AttnOut)),
             Site::FfnInput => Some(act_index(layer, ActSite::FfnIn)),
             Site::FfnHidden => Some(act_index(layer, ActSite::FfnMid)),
-            Site::FinalNorm => Some(self.n_layers * 4),
+            Site::FinalNorm => Some(classifier_act_index(self.n_layers)),
             _ => None,
         };
         if site == Site::FfnHidden
@@ -132,7 +132,7 @@ impl Observers {
     /// matmul inputs' Gram matrices are accumulated.
     fn new(c: &LlamaConfig, opts: &CompileOptions, (smooth, gram): (bool, bool)) -> Observers {
         let act = if opts.weights.is_integer() {
-            (0..c.n_layers * 4 + 1)
+            (0..=classifier_act_index(c.n_layers))
                 .map(|_| MinMaxObserver::new())
                 .collect()
         } else {
@@ -163,12 +163,14 @@ impl Observers {
             Vec::new()
         };
         let gram = if gram && opts.weights.is_integer() {
-            let width = |i: usize| match ActSite::ALL[i % 4] {
-                ActSite::AttnOut => c.q_dim(),
-                ActSite::FfnMid => c.hidden_dim,
-                ActSite::AttnIn | ActSite::FfnIn => c.dim,
+            let width = |i: usize| match act_of(i, c.n_layers).map(|(_, s)| s) {
+                Some(ActSite::AttnOut) => c.q_dim(),
+                Some(ActSite::FfnMid) => c.hidden_dim,
+                _ => c.dim,
             };
-            (0..c.n_layers * 4).map(|i| Gram::new(width(i))).collect()
+            (0..classifier_act_index(c.n_layers))
+                .map(|i| Gram::new(width(i)))
+                .collect()
         } else {
             Vec::new()
         };
@@ -192,10 +194,10 @@ impl Observers {
         factors: &[Vec<f32>],
         margin: f32,
     ) -> Result<ScaleOffset, quant::QuantError> {
-        let (l, site) = (i / 4, i % 4);
-        let smoothed = (l < self.n_layers && site == ActSite::FfnMid.index())
-            .then(|| self.ffn.get(l).zip(factors.get(l)))
-            .flatten();
+        let smoothed = match act_of(i, self.n_layers) {
+            Some((l, ActSite::FfnMid)) => self.ffn.get(l).zip(factors.get(l)),
+            _ => None,
+        };
         let (dtype, sym) = (DataType::I16, Symmetry::Asymmetric);
         match smoothed {
             Some((r, s)) => {
@@ -503,13 +505,8 @@ impl Kernels for Lockstep<'_> {
 }
 
 fn act_name(i: usize, n_layers: usize) -> String {
-    if i == n_layers * 4 {
-        "the classifier input".into()
-    } else {
-        format!(
-            "activation {} of layer {}",
-            ActSite::ALL[i % 4].name(),
-            i / 4
-        )
+    match act_of(i, n_layers) {
+        Some((l, site)) => format!("activation {} of layer {l}", site.name()),
+        None => "the classifier input".into(),
     }
 }

@@ -55,7 +55,7 @@ use quant::{Encoding, QuantSpec, ScaleOffset};
 use crate::bytes::{Reader, Writer};
 use crate::compiled::CompiledModel;
 use crate::error::FormatError;
-use crate::model::{LayerData, Matrix, ModelData};
+use crate::model::{LayerData, Matrix, ModelData, classifier_act_index};
 use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS, kv_code, kv_from_code};
 use crate::parts::{Part, Split, check_naming};
 use crate::types::{Granularity, KLayout, WeightType, role_code, role_from_code};
@@ -826,7 +826,7 @@ fn read_encodings(
     let at = s.offset();
     let n = s.count("activation encodings", 8)?;
     let want = if o.weights.is_integer() {
-        c.n_layers * 4 + 1
+        classifier_act_index(c.n_layers) + 1
     } else {
         0
     };

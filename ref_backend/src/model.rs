@@ -70,9 +70,22 @@ impl ActSite {
 }
 
 /// Index of an activation encoding: `layer * 4 + site`, the final-norm (classifier input)
-/// encoding at `n_layers * 4`.
+/// encoding at [`classifier_act_index`].
 pub(crate) fn act_index(layer: usize, site: ActSite) -> usize {
-    layer * 4 + site.index()
+    layer * ActSite::ALL.len() + site.index()
+}
+
+/// The layer and site of activation encoding `i` ([`act_index`]'s inverse); `None` for the
+/// classifier input and beyond.
+pub(crate) fn act_of(i: usize, n_layers: usize) -> Option<(usize, ActSite)> {
+    let per = ActSite::ALL.len();
+    (i < n_layers * per).then(|| (i / per, ActSite::ALL[i % per]))
+}
+
+/// Index of the classifier input's encoding, after every layer's; also the number of the
+/// layers' encodings.
+pub(crate) fn classifier_act_index(n_layers: usize) -> usize {
+    n_layers * ActSite::ALL.len()
 }
 
 /// An i8 weight matrix as the executor holds it: row-major `rows x cols` values `q`, symmetric,
@@ -668,7 +681,9 @@ impl ModelData {
     }
 
     pub(crate) fn act_final(&self) -> Option<ScaleOffset> {
-        self.act.get(self.config.n_layers * 4).copied()
+        self.act
+            .get(classifier_act_index(self.config.n_layers))
+            .copied()
     }
 
     /// The matrix `t` (a layer matrix or the classifier) and the static encoding of its input.
