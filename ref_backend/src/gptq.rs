@@ -175,6 +175,16 @@ impl RowGrid {
     fn step(&self, c: usize) -> f32 {
         self.scale * self.mult[c / self.block.max(1)]
     }
+
+    /// The integer `q` nearest to `v / step` in column `c`, clamped to `lo..=hi`.
+    pub(crate) fn level(&self, c: usize, v: f32) -> f32 {
+        (v / self.step(c)).round().clamp(self.lo, self.hi)
+    }
+
+    /// The stored i8 of level `q` in column `c`: `q` times its block's multiplier.
+    pub(crate) fn code(&self, c: usize, q: f32) -> i8 {
+        (q * self.mult[c / self.block.max(1)]) as i8
+    }
 }
 
 /// Rows rounded together: each row of `R` is read once for all of them.
@@ -192,11 +202,9 @@ pub(crate) fn round_block(w: &[f32], f: &Factor, grids: &[RowGrid]) -> Vec<i8> {
         for (row, g) in grids.iter().enumerate() {
             let z = &mut z[row * n..(row + 1) * n];
             let w = w[row * n + c];
-            let target = w + dot_f32(&r[k + 1..], &z[k + 1..]) / r[k];
-            let step = g.step(c);
-            let q = (target / step).round().clamp(g.lo, g.hi);
-            z[k] = w - q * step;
-            out[row * n + c] = (q * g.mult[c / g.block.max(1)]) as i8;
+            let q = g.level(c, w + dot_f32(&r[k + 1..], &z[k + 1..]) / r[k]);
+            z[k] = w - q * g.step(c);
+            out[row * n + c] = g.code(c, q);
         }
     }
     out

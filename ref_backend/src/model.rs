@@ -163,8 +163,7 @@ pub(crate) fn lpbq_row(row: &[f32], block: usize) -> Result<(f32, Vec<i8>), Quan
     let g = lpbq_grid(row, block)?;
     let out = row.iter().enumerate().map(|(c, &v)| {
         let v = if v.is_finite() { v } else { 0.0 };
-        let m = g.mult[c / g.block];
-        ((v / (g.scale * m)).round().clamp(-8.0, 7.0) * m) as i8
+        g.code(c, g.level(c, v))
     });
     Ok((g.scale, out.collect()))
 }
