@@ -255,7 +255,24 @@ impl Emitter {
     /// `FullyConnected` with `w`'s i8 values as a static tensor (one scale per output channel,
     /// axis 0; with `w.blocks`, QNN's blockwise expansion, which the HTP reads as 4-bit values
     /// in [-8, 7]), output in `w.output`, read back as float `[n, out]`.
+    ///
+    /// A blockwise-expansion matrix with more rows than columns goes as several products of at
+    /// most `cols` rows each, concatenated ([`W8Matrix::row_parts`]).
     pub fn fully_connected_w8(&mut self, x: &Val, w: &W8Matrix) -> Result<Val, QnnError> {
+        let xq = self.quantize(x, w.input, None)?;
+        let parts = w.row_parts();
+        if parts.len() == 1 {
+            return self.fully_connected_w8_part(&xq, w);
+        }
+        let ys = parts
+            .iter()
+            .map(|p| self.fully_connected_w8_part(&xq, p))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.concat(&ys.iter().collect::<Vec<_>>(), 1)
+    }
+
+    /// One `FullyConnected` of the quantized input `xq` with `w`, read back as float.
+    fn fully_connected_w8_part(&mut self, xq: &Val, w: &W8Matrix) -> Result<Val, QnnError> {
         let scale_offsets = w.scales.iter().map(|&s| (s, 0)).collect();
         let quant = match &w.blocks {
             None => Quantization::PerAxis {
@@ -270,7 +287,6 @@ impl Emitter {
                 multipliers: b.m.clone(),
             },
         };
-        let xq = self.quantize(x, w.input, None)?;
         let name = self.fresh("w8");
         let elem = Elem {
             dtype: b::QNN_DATATYPE_SFIXED_POINT_8,
@@ -279,11 +295,11 @@ impl Emitter {
         let shape = [w.rows as u32, w.cols as u32];
         let bytes: &[u8] = bytemuck::cast_slice(&w.q);
         let wv = self.create(name, TensorKind::Static, elem, &shape, Some(bytes))?;
-        let s = [x.shape[0], shape[0]];
+        let s = [xq.shape[0], shape[0]];
         let y = self.op_to(
             "FullyConnected",
             &[],
-            &[&xq, &wv],
+            &[xq, &wv],
             (&s, Elem::fixed(w.output)),
             None,
         )?;

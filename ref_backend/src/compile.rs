@@ -8,9 +8,8 @@ use crate::calibrate::{Calibrated, calibrate};
 use crate::compiled::CompiledModel;
 use crate::error::CompileError;
 use crate::gptq::{Factor, Rounding};
-use crate::model::{
-    ActSite, LayerData, Matrix, ModelData, act_index, act_site, i8_grid, lpbq_grid,
-};
+use crate::lpbq::{is_lpbq, lpbq_grid};
+use crate::model::{ActSite, LayerData, Matrix, ModelData, act_index, act_site, i8_grid};
 use crate::options::CompileOptions;
 use crate::progress::{Progress, Stage};
 use crate::smooth::{self, FFN_SMOOTHING, FfnSmoothing};
@@ -228,10 +227,7 @@ fn convert_matrix(
         source,
     };
     let lpbq = |row: &[f32]| lpbq_grid(row, crate::LPBQ_BLOCK);
-    // The embedding (also the tied classifier) keeps 8 bits in i4 builds, as AI Hub's W4A16
-    // models keep their LM head at 8 bits and llama.cpp's 4-bit types keep it at 6: measured
-    // on SmolLM2.
-    let four_bits = wt == WeightType::I4 && !matches!(t, Tensor::TokenEmbedding | Tensor::Output);
+    let four_bits = is_lpbq(wt, t, cols);
     let m = match (wt, four_bits, factor) {
         (WeightType::F16, ..) => return Ok(Matrix::float(data, rows, cols, true)),
         (WeightType::F32, ..) => return Ok(Matrix::float(data, rows, cols, false)),

@@ -115,6 +115,10 @@ pub enum CompileError {
         #[source]
         source: quant::QuantError,
     },
+    /// The weights given alongside a compiled model are not the ones it was compiled from
+    /// (a lowering that needs both, e.g. [`crate::lpbq_multipliers`]).
+    #[error("the compiled model's {tensor} does not come from these weights: {reason}")]
+    WeightsMismatch { tensor: String, reason: String },
 }
 
 impl CompileError {

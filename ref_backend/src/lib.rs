@@ -89,6 +89,7 @@ mod exec;
 pub mod format;
 mod gptq;
 pub mod kernels;
+mod lpbq;
 mod model;
 mod options;
 mod parts;
@@ -96,10 +97,6 @@ mod progress;
 mod smooth;
 mod types;
 mod validate;
-
-/// Inputs per block of the 4-bit weights ([`WeightType::I4`]), chosen by measurement (README,
-/// "Accuracy on SmolLM2").
-pub const LPBQ_BLOCK: usize = 32;
 
 pub use ::model::checksum::crc32;
 pub use calibrate::{U8_KV_PERCENTILE, U16_KV_MARGIN};
@@ -112,6 +109,7 @@ pub use gptq::{GPTQ_DAMPING, Rounding};
 /// Graph tensors are described in the IO vocabulary's terms, and a compiled file names its graphs
 /// and tensors after one of its conventions.
 pub use graph_io::{IoRole, IoTensor, Preset};
+pub use lpbq::{I4_KEPT_AT_8_BITS, LPBQ_BLOCK, is_lpbq, lpbq_multipliers};
 pub use model::{
     ActSite, I8Matrix, MASK_OFFSET, MASK_SCALE, MASKED_AT_OR_BELOW, graph_name, mask_encoding,
 };

@@ -114,7 +114,7 @@ impl I8Matrix<'_> {
     }
 }
 
-fn finite_absmax(b: &[f32]) -> f32 {
+pub(crate) fn finite_absmax(b: &[f32]) -> f32 {
     b.iter()
         .filter(|v| v.is_finite())
         .fold(0.0f32, |a, v| a.max(v.abs()))
@@ -131,41 +131,6 @@ pub(crate) fn i8_grid(row: &[f32]) -> Result<RowGrid, QuantError> {
         lo: -127.0,
         hi: 127.0,
     })
-}
-
-/// The LPBQ grid of one row ([`Matrix::quantize_lpbq`]): each block of `block` inputs gets the
-/// scale `max|w| / 7`; the row's scale is the largest of them over 15 and each block's
-/// multiplier is its scale over the row's, rounded into `[1, 15]`; values in `[-8, 7]`.
-pub(crate) fn lpbq_grid(row: &[f32], block: usize) -> Result<RowGrid, QuantError> {
-    let block = block.max(1);
-    let blocks: Vec<f32> = row.chunks(block).map(|b| finite_absmax(b) / 7.0).collect();
-    let top = blocks.iter().fold(0.0f32, |a, &b| a.max(b));
-    let (scale, mult) = if top == 0.0 {
-        (1.0, vec![1.0; blocks.len()])
-    } else {
-        let scale = top / 15.0;
-        ScaleOffset::new(scale, 0)?;
-        let mult = blocks.iter().map(|&b| (b / scale).round().clamp(1.0, 15.0));
-        (scale, mult.collect())
-    };
-    Ok(RowGrid {
-        scale,
-        mult,
-        block,
-        lo: -8.0,
-        hi: 7.0,
-    })
-}
-
-/// One row of [`Matrix::quantize_lpbq`]: the row's scale and the values times their block's
-/// multiplier, each rounded to nearest.
-pub(crate) fn lpbq_row(row: &[f32], block: usize) -> Result<(f32, Vec<i8>), QuantError> {
-    let g = lpbq_grid(row, block)?;
-    let out = row.iter().enumerate().map(|(c, &v)| {
-        let v = if v.is_finite() { v } else { 0.0 };
-        g.code(c, g.level(c, v))
-    });
-    Ok((g.scale, out.collect()))
 }
 
 /// A weight matrix, row-major `(rows, cols)`, `y = W x`.
@@ -246,7 +211,7 @@ impl Matrix {
         let mut scales = Vec::with_capacity(rows);
         let mut q = Vec::with_capacity(rows * cols);
         for row in w.chunks_exact(cols.max(1)).take(rows) {
-            let (scale, values) = lpbq_row(row, block)?;
+            let (scale, values) = crate::lpbq::lpbq_row(row, block)?;
             scales.push(scale);
             q.extend(values);
         }
@@ -1126,79 +1091,5 @@ mod tests {
         let worst = I32_CHUNK as i64 * 127 * 32768;
         assert!(worst <= i64::from(i32::MAX));
         assert!((I32_CHUNK as i64 + 1) * 127 * 32768 > i64::from(i32::MAX));
-    }
-}
-
-#[cfg(test)]
-mod lpbq_tests {
-    use super::*;
-
-    /// Every value is within half a step of its block's grid, unless it is the block's largest and
-    /// the multiplier's rounding clipped it; the products fit an i8 and are multiples of the
-    /// block's multiplier.
-    #[test]
-    fn rounding_by_error_keeps_each_lpbq_grid() {
-        // Two rows of 64 with a quiet block, inputs with a shared component (correlated).
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rand = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        };
-        let w: Vec<f32> = (0..128)
-            .map(|i| rand() * if (i % 64) / 32 == 1 { 0.1 } else { 1.0 })
-            .collect();
-        let mut gram = crate::gptq::Gram::new(64);
-        for _ in 0..200 {
-            let common = rand();
-            let x: Vec<f32> = (0..64).map(|_| common + 0.3 * rand()).collect();
-            gram.observe(&x);
-        }
-        gram.flush();
-        let f = gram.factor(None).unwrap();
-        let grid = |row: &[f32]| lpbq_grid(row, 32);
-        let by_error = Matrix::quantize_by_error(&w, (2, 64), grid, &f).unwrap();
-        let nearest = Matrix::quantize_lpbq(&w, 2, 64, 32).unwrap();
-        let (a, b) = (by_error.as_i8().unwrap(), nearest.as_i8().unwrap());
-        assert_eq!(a.scales, b.scales);
-        assert_ne!(a.q, b.q, "nothing was rounded differently");
-        for (r, row) in w.chunks(64).enumerate() {
-            let g = lpbq_grid(row, 32).unwrap();
-            for (c, &v) in a.q[r * 64..(r + 1) * 64].iter().enumerate() {
-                let m = g.mult[c / 32];
-                let level = f32::from(v) / m;
-                assert!(
-                    level.fract() == 0.0 && (-8.0..=7.0).contains(&level),
-                    "{r},{c}: {v}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn lpbq_rows_stay_within_half_a_step() {
-        let mut state = 0x1234_5678_9abc_def0u64;
-        let mut rand = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        };
-        let row: Vec<f32> = (0..256)
-            .map(|i| rand() * if i / 64 == 2 { 0.05 } else { 1.0 })
-            .collect();
-        let (scale, q) = lpbq_row(&row, 64).unwrap();
-        let mut worst = 0.0f32;
-        for (b, (wb, qb)) in row.chunks(64).zip(q.chunks(64)).enumerate() {
-            let bmax = wb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-            let m = ((bmax / 7.0) / scale).round().clamp(1.0, 15.0);
-            for (&w, &v) in wb.iter().zip(qb) {
-                assert_eq!(f32::from(v) % m, 0.0, "block {b}");
-                let err = (w - f32::from(v) * scale).abs();
-                worst = worst.max(err / (bmax / 7.0));
-            }
-        }
-        assert!(worst < 0.75, "worst error {worst} block steps");
     }
 }

@@ -69,8 +69,9 @@ pub const MAX_CALIBRATION_TOKENS: usize = 1 << 20;
 /// compiled files are rebuilt when the calibration changes. 3: i8 builds fold the FFN
 /// smoothing ([`crate::FFN_SMOOTHING`]) into `Up`/`Down` and calibrate the down input smoothed.
 /// 4: integer weights are rounded by their output error over calibration ([`crate::Rounding`]),
-/// and u16 K/V ranges are widened by [`crate::U16_KV_MARGIN`].
-pub const CALIBRATION_VERSION: u32 = 4;
+/// and u16 K/V ranges are widened by [`crate::U16_KV_MARGIN`]. 5: `i4` builds keep V and down
+/// on the i8 grid ([`crate::I4_KEPT_AT_8_BITS`]).
+pub const CALIBRATION_VERSION: u32 = 5;
 
 /// What to compile.
 ///
@@ -216,7 +217,7 @@ mod tests {
     #[test]
     fn fingerprint_is_pinned() {
         let o = CompileOptions::new(512, vec![1, 32]);
-        // Changed deliberately with CALIBRATION_VERSION 4 (GPTQ rounding of integer weights).
-        assert_eq!(o.fingerprint_hex(), "e95b09a1040150f4");
+        // Changed deliberately with CALIBRATION_VERSION 5 (i4 builds keep V and down at 8 bits).
+        assert_eq!(o.fingerprint_hex(), "ede362b8d7bdf041");
     }
 }

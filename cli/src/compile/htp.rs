@@ -9,7 +9,7 @@ use htpkv::engine::{DEFAULT_MAX_CONTEXT, OpenedModel};
 use model::fsio::AtomicDir;
 use model::fsio::{FileKind, check_output, read_capped, write_atomic_verified};
 use model::{LlamaConfig, Tensor, WeightSource};
-use qnn_compile::w8a16::{output_encoding, u16_from_i16};
+use qnn_compile::w8a16::{BlockMultipliers, output_encoding, u16_from_i16};
 use qnn_compile::{
     Fixed, HtpOptions, HtpTarget, KvEncodings, Naming, PartSpec, W8A16, W8Matrix, graph_name,
 };
@@ -44,12 +44,7 @@ fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
         bad.push("--kv-zero-point/--layer-window");
     }
     if args.calibration_prompts.is_some() && reference_options(args, 2).is_none() {
-        bad.push("--calibration-prompts without --kv-dtype u8/u16 or --weights i8 (nothing to calibrate)");
-    }
-    if args.weights == Some(WeightType::I4) {
-        bad.push(
-            "--weights i4 (the blockwise-expansion encoding is not lowered to QNN yet; i8 or f32)",
-        );
+        bad.push("--calibration-prompts without --kv-dtype u8/u16 or --weights i8/i4 (nothing to calibrate)");
     }
     if args.tokenizer_json.is_some() && args.convention != Naming::AiHub {
         bad.push("--tokenizer-json (for an aihub bundle)");
@@ -234,18 +229,18 @@ fn write_bundle(
 }
 
 /// The reference executor's options when something must be calibrated (`--kv-dtype u8|u16`
-/// or `--weights i8`), else `None`: its K/V type and weights are the ones asked for.
+/// or `--weights i8|i4`), else `None`: its K/V type and weights are the ones asked for.
 fn reference_options(args: &CompileArgs, context: usize) -> Option<ref_backend::CompileOptions> {
     let kv = args
         .kv_dtype
         .filter(|d| matches!(d, DataType::U8 | DataType::U16));
-    let i8 = args.weights == Some(WeightType::I8);
-    if kv.is_none() && !i8 {
+    let integer = args.weights.filter(|w| w.is_integer());
+    if kv.is_none() && integer.is_none() {
         return None;
     }
     let mut opts = super::compile_options(args, context);
     opts.kv_dtype = kv.unwrap_or(DataType::F32);
-    opts.weights = if i8 { WeightType::I8 } else { WeightType::F32 };
+    opts.weights = integer.unwrap_or(WeightType::F32);
     Some(opts)
 }
 
@@ -328,17 +323,19 @@ fn layer_encoding(heads: &[(DataType, ScaleOffset)]) -> anyhow::Result<(DataType
     Ok((dtype, so))
 }
 
-/// With `--weights i8`: the reference executor's i8 matrices and matrix input encodings, and
-/// output encodings from the ranges the f32 forward shows on the same calibration sequences,
-/// run on the f32 weights the i8 ones were quantized from (`Up` and `Down` carry the FFN
-/// smoothing, [`ref_backend::smoothed_weights`]: `Up`'s outputs are scaled by it).
+/// With `--weights i8` or `i4`: the reference executor's integer matrices and matrix input
+/// encodings, and output encodings from the ranges the f32 forward shows on the same
+/// calibration sequences, run on the f32 weights the integer ones were quantized from (`Up` and
+/// `Down` of an i8 build carry the FFN smoothing, [`ref_backend::smoothed_weights`]: `Up`'s
+/// outputs are scaled by it). An i4 build's layer matrices go to QNN's blockwise expansion: the
+/// stored values divided by their block's multiplier ([`lpbq_matrix`]).
 fn w8a16(
     model: Option<&CompiledModel>,
     c: &LlamaConfig,
     w: &dyn WeightSource,
     context: usize,
 ) -> anyhow::Result<Option<W8A16>> {
-    let Some(model) = model.filter(|m| m.options().weights == WeightType::I8) else {
+    let Some(model) = model.filter(|m| m.options().weights.is_integer()) else {
         return Ok(None);
     };
     let started = Instant::now();
@@ -354,18 +351,18 @@ fn w8a16(
         let range = *ranges
             .get(&t)
             .with_context(|| format!("{t} never ran in calibration"))?;
-        out.matrices.insert(
-            t,
-            W8Matrix {
-                rows: m.rows,
-                cols: m.cols,
-                q: m.q.to_vec(),
-                scales: m.scales.to_vec(),
-                blocks: None,
-                input: u16_from_i16(input.scale, input.offset),
-                output: output_encoding(range),
-            },
-        );
+        let matrix = W8Matrix {
+            rows: m.rows,
+            cols: m.cols,
+            q: m.q.to_vec(),
+            scales: m.scales.to_vec(),
+            blocks: None,
+            input: u16_from_i16(input.scale, input.offset),
+            output: output_encoding(range),
+        };
+        let blocks = ref_backend::lpbq_multipliers(model, t, w)?;
+        out.matrices
+            .insert(t, blocks.map_or(matrix.clone(), |b| lpbq_matrix(matrix, b)));
     }
     let e = model
         .i8_matrix(Tensor::TokenEmbedding)
@@ -375,4 +372,22 @@ fn w8a16(
         e.row_into(r, row);
     }
     Ok(Some(out))
+}
+
+/// `m` on QNN's blockwise expansion: each stored value (a 4-bit value times its block's
+/// multiplier, [`ref_backend::lpbq_multipliers`]) divided by the multiplier, so the HTP reads
+/// `value * row scale * multiplier`, the product the reference executor computes.
+fn lpbq_matrix(mut m: W8Matrix, multipliers: Vec<u8>) -> W8Matrix {
+    let size = ref_backend::LPBQ_BLOCK;
+    let per_row = m.cols / size;
+    for (i, q) in m.q.iter_mut().enumerate() {
+        let (r, c) = (i / m.cols, i % m.cols);
+        *q /= multipliers[r * per_row + c / size] as i8;
+    }
+    m.blocks = Some(BlockMultipliers {
+        size,
+        bits: 4,
+        m: multipliers,
+    });
+    m
 }

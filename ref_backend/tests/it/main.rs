@@ -9,6 +9,7 @@ mod float_equivalence;
 mod format;
 mod fuzz_replay;
 mod gptq;
+mod lpbq;
 mod part_graphs;
 mod quantized;
 mod smollm2;
