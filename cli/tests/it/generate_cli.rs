@@ -394,11 +394,8 @@ fn eval_refuses_texts_it_cannot_score() {
 /// `--top-k 2` at a high temperature does not; a `--min-p` outside [0, 1) is refused by name.
 #[test]
 fn top_k_and_min_p_truncate_sampling() {
-    let dir = stories260k_dir();
-    let (cache, dir) = (
-        ScratchDir::new("cli-topk"),
-        dir.to_str().unwrap().to_owned(),
-    );
+    let dir = stories260k_dir().to_str().unwrap().to_owned();
+    let cache = ScratchDir::new("cli-topk");
     let run = |extra: &[&str]| {
         let mut args = vec!["generate", "--model-dir", &dir, "--steps", "40"];
         args.extend_from_slice(extra);
@@ -423,11 +420,8 @@ fn top_k_and_min_p_truncate_sampling() {
 /// precedes each token.
 #[test]
 fn penalties_change_greedy_text_and_speculation_keeps_it() {
-    let dir = stories260k_dir();
-    let (cache, dir) = (
-        ScratchDir::new("cli-penalty"),
-        dir.to_str().unwrap().to_owned(),
-    );
+    let dir = stories260k_dir().to_str().unwrap().to_owned();
+    let cache = ScratchDir::new("cli-penalty");
     // A prompt whose story repeats itself, so that prompt lookup's proposals are accepted.
     let prompt = "Tom had a red ball. Tom liked the red ball. One day, Tom lost the red ball.";
     let run = |extra: &[&str]| {
