@@ -1,11 +1,12 @@
 //! Fuzz check of a Hugging Face model folder: the bytes are a list of files, each a 1-byte name
-//! index and a 4-byte little-endian length before its bytes, written into a fresh folder as
+//! index and a 4-byte little-endian length before its bytes, written into a fresh folder (the
+//! caller's: the fuzz target's or a test's scratch directory) as
 //! `config.json`, `tokenizer.json`, `tokenizer_config.json` or one of three safetensors shards. A
 //! folder that loads holds exactly the tensors its description needs (each shard's tensors
 //! distinct from the others'), all finite; `describe` (budgets) agrees with `load` on whether the
 //! description and the tensors agree.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use model::{Tensor, WeightSource};
 
@@ -33,23 +34,13 @@ pub fn files(mut data: &[u8]) -> Vec<(&'static str, &[u8])> {
     out
 }
 
-fn scratch() -> PathBuf {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("htpkv-fuzz-hf-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch folder");
-    dir
-}
-
-pub fn check(data: &[u8]) {
-    let dir = scratch();
+/// Checks the folder the bytes describe, written into `dir` (an empty folder).
+pub fn check(dir: &Path, data: &[u8]) {
     for (name, body) in files(data) {
         std::fs::write(dir.join(name), body).expect("write a file");
     }
-    let described = model::describe(&dir);
-    let loaded = model::load(&dir);
+    let described = model::describe(dir);
+    let loaded = model::load(dir);
     if let Ok(m) = &loaded {
         assert_eq!(
             described.as_ref().ok(),
@@ -66,5 +57,4 @@ pub fn check(data: &[u8]) {
         }
         let _ = m.tokenizer.encode("Once upon a time", true);
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -588,13 +588,7 @@ pub fn check_output_dir(path: &Path, inputs: &[&Path]) -> Result<(), FileError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("htpkv-fsio-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
+    use test_support::files::ScratchDir;
 
     /// Issue 21 finding 5: `/dev/zero` grew to the 64 GiB cap, a FIFO blocked at `open`.
     #[test]
@@ -604,7 +598,7 @@ mod tests {
             e.to_string(),
             "test file /dev/zero is a character device, not a regular file"
         );
-        let dir = scratch("fifo-in");
+        let dir = ScratchDir::new("fsio-fifo-in");
         let fifo = dir.join("fifo");
         let made = std::process::Command::new("mkfifo").arg(&fifo).status();
         if made.is_ok_and(|s| s.success()) {
@@ -624,12 +618,11 @@ mod tests {
                 ..
             })
         ));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn regular_files_are_checked_by_metadata_and_read_whole() {
-        let dir = scratch("regular");
+        let dir = ScratchDir::new("fsio-regular");
         let p = dir.join("f");
         std::fs::write(&p, vec![7u8; 100]).unwrap();
         assert_eq!(read_capped(&p, FileKind::new("x", 100)).unwrap().len(), 100);
@@ -658,7 +651,6 @@ mod tests {
             e.to_string(),
             format!("x {} is not UTF-8 text (at byte 3)", p.display())
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -671,7 +663,7 @@ mod tests {
 
     #[test]
     fn refuses_special_files_symlinks_and_inputs() {
-        let dir = scratch("out");
+        let dir = ScratchDir::new("fsio-out");
         let e = write_atomic(Path::new("/dev/null"), b"x").unwrap_err();
         assert_eq!(
             e.to_string(),
@@ -709,14 +701,13 @@ mod tests {
         let e = write_atomic_verified(&alias, b"new", &[&target], &mut |_| Ok(())).unwrap_err();
         assert!(matches!(e, FileError::SameAsInput { .. }), "{e}");
         assert_eq!(std::fs::read(&target).unwrap(), b"keep");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Issue 21 finding 1: the temporary file has an unpredictable name and is created
     /// exclusively; a file planted at a predictable name is neither followed nor clobbered.
     #[test]
     fn temporary_names_are_unpredictable_and_exclusive() {
-        let dir = scratch("tmpname");
+        let dir = ScratchDir::new("fsio-tmpname");
         let p = dir.join("out");
         let a = temp_name(&dir, &p);
         let b = temp_name(&dir, &p);
@@ -746,13 +737,12 @@ mod tests {
         })
         .unwrap();
         assert!(made.is_dir());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Issue 21 finding 14: a directory written whole, or not at all.
     #[test]
     fn an_atomic_dir_replaces_the_old_one_whole_or_leaves_it() {
-        let dir = scratch("atomicdir");
+        let dir = ScratchDir::new("fsio-atomicdir");
         let target = dir.join("bundle");
         std::fs::create_dir(&target).unwrap();
         std::fs::write(target.join("old"), b"old").unwrap();
@@ -790,12 +780,11 @@ mod tests {
                 ..
             })
         ));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn a_failed_verification_keeps_the_old_file() {
-        let dir = scratch("verify");
+        let dir = ScratchDir::new("fsio-verify");
         let p = dir.join("model");
         write_atomic(&p, b"good").unwrap();
         let e = write_atomic_verified(&p, b"bad", &[], &mut |tmp| {
@@ -814,6 +803,5 @@ mod tests {
         write_atomic(&p, b"second").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"second");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no leftovers");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

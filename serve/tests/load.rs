@@ -9,9 +9,10 @@ use std::time::Duration;
 
 #[test]
 fn eight_streaming_clients_lose_nothing_and_match_the_answers_served_alone() {
+    let cache = test_support::files::ScratchDir::new("serve-load-cache");
     let options = EngineOptions {
         model_dir: Some(test_support::stories::stories260k_dir()),
-        cache_dir: Some(test_support::files::scratch("serve-load", "cache")),
+        cache_dir: Some(cache.to_path_buf()),
         ..EngineOptions::default()
     };
     let engine = Engine::open(&options, &mut |_| {}).unwrap();

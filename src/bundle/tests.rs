@@ -1,11 +1,6 @@
-use super::*;
+use test_support::files::ScratchDir;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("htpkv-bundle-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use super::*;
 
 const LLAMA32: &str = r#"{
   "dialog": {
@@ -29,7 +24,7 @@ const LLAMA32: &str = r#"{
 }"#;
 
 fn open_with(name: &str, config: &str) -> Result<Bundle, BundleError> {
-    let dir = scratch(name);
+    let dir = ScratchDir::new(name);
     std::fs::write(dir.join("genie_config.json"), config).unwrap();
     Bundle::open(&dir)
 }
@@ -134,7 +129,7 @@ fn hostile_configs_are_typed_errors_naming_the_field() {
 
 #[test]
 fn a_missing_bundle_is_a_file_error() {
-    let dir = scratch("missing");
+    let dir = ScratchDir::new("bundle-missing");
     let err = Bundle::open(&dir).unwrap_err();
     assert!(matches!(err, BundleError::File(_)), "{err}");
 }
@@ -192,7 +187,7 @@ fn htpkv_bundles_read_the_same_before_and_after_the_genie_schema_fields() {
 /// field. A symlink that stays inside the bundle is fine.
 #[test]
 fn paths_that_leave_the_bundle_through_a_symlink_are_refused() {
-    let outside = scratch("outside");
+    let outside = ScratchDir::new("bundle-outside");
     std::fs::write(outside.join("part.bin"), b"x").unwrap();
     let config = |bins: &str, tok: &str| {
         format!(
@@ -222,7 +217,7 @@ fn paths_that_leave_the_bundle_through_a_symlink_are_refused() {
         ),
     ];
     for (name, bins, tok, field) in cases {
-        let dir = scratch(name);
+        let dir = ScratchDir::new(name);
         std::fs::write(dir.join("genie_config.json"), config(bins, tok)).unwrap();
         std::fs::write(dir.join("inside.bin"), b"x").unwrap();
         match name {
@@ -252,7 +247,7 @@ fn paths_that_leave_the_bundle_through_a_symlink_are_refused() {
         assert_eq!(text.matches("genie_config.json").count(), 1, "{text}");
     }
     // A symlink inside the bundle to another file of the bundle is followed.
-    let dir = scratch("linked-inside");
+    let dir = ScratchDir::new("bundle-linked-inside");
     std::fs::write(
         dir.join("genie_config.json"),
         config(r#""alias.bin""#, "tokenizer.json"),

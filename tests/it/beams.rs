@@ -9,6 +9,7 @@ use kv_manager::Strategy;
 use model::llama2c::{Checkpoint, Tokenizer};
 use ref_backend::CompiledModel;
 use std::sync::Arc;
+use test_support::files::ScratchDir;
 use test_support::runtime::{STRATEGIES, session};
 
 fn model() -> (Arc<Checkpoint>, Tokenizer) {
@@ -25,14 +26,6 @@ fn is_stop(t: u32) -> bool {
     t == EOS || t == BOS
 }
 
-/// A scratch file for one saved session, unique to this process and search (tests run in parallel).
-fn scratch(search: usize, name: usize) -> std::path::PathBuf {
-    let pid = std::process::id();
-    std::env::temp_dir().join(format!("htpkv-beams-{pid}-{search}-{name}"))
-}
-
-static SEARCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
 /// Beam search written out over B independent sessions (the rules of `htpkv::session::beam`, kept
 /// separate from its code): each live beam decodes its last token in its own session; on a reorder,
 /// every parent is saved and each new beam's session restored from its parent's file (a full copy).
@@ -43,7 +36,8 @@ fn independent_beam_search(
     alpha: f32,
     max_tokens: usize,
 ) -> Vec<Beam> {
-    let search = SEARCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // The saved parents, one file each, in a directory of this search's (tests run in parallel).
+    let saved = ScratchDir::new("beams");
     let mut sessions: Vec<_> = (0..b)
         .map(|_| session(model, Strategy::SmartMask))
         .collect();
@@ -101,10 +95,10 @@ fn independent_beam_search(
         }
         // Copy on reorder: save every parent, restore each new beam from its parent.
         for (p, s) in sessions.iter().enumerate().take(parents.len()) {
-            s.save(&scratch(search, p), &[]).unwrap();
+            s.save(&saved.join(p.to_string()), &[]).unwrap();
         }
         for (j, (p, _, _)) in live.iter().enumerate() {
-            sessions[j].restore(&scratch(search, *p)).unwrap();
+            sessions[j].restore(&saved.join(p.to_string())).unwrap();
         }
         parents = live
             .into_iter()
@@ -117,9 +111,6 @@ fn independent_beam_search(
                 (tokens, lp, logits)
             })
             .collect();
-    }
-    for p in 0..b {
-        let _ = std::fs::remove_file(scratch(search, p));
     }
     finished.sort_by(|x, y| y.score.total_cmp(&x.score));
     finished.truncate(b);

@@ -5,6 +5,7 @@ use htpkv::budget::{Run, fit_context, predict, region_at, report};
 use htpkv::config::{Config, ConfigError, ReserveConfig};
 use htpkv::kv_manager::{HostAllocator, KvCache, Reserve, Strategy, workload};
 use std::path::{Path, PathBuf};
+use test_support::files::ScratchDir;
 
 fn configs_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("configs")
@@ -140,8 +141,7 @@ fn shipped_configs_parse_with_their_real_geometries() {
 #[test]
 fn bad_configs_name_file_field_and_expectation() {
     let seed = std::fs::read_to_string(configs_dir().join("llama-2-7b.yaml")).unwrap();
-    let dir = std::env::temp_dir().join(format!("htpkv-budget-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("budget-bad-configs");
     let cases = [
         (
             "missing.yaml",

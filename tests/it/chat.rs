@@ -7,8 +7,9 @@ use htpkv::session::GenerateOptions;
 use model::Message;
 use std::path::PathBuf;
 
+/// stories260K, compiled once into a cache the tests of this binary share.
 fn options() -> EngineOptions {
-    let cache = std::env::temp_dir().join(format!("htpkv-chat-test-{}", std::process::id()));
+    let cache = test_support::files::shared_dir("chat-cache");
     EngineOptions {
         model_dir: Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/stories260K")),
         cache_dir: Some(cache),

@@ -8,6 +8,7 @@ use htpkv::budget::report;
 use htpkv::config::{Config, ConfigError};
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
+use test_support::files::ScratchDir;
 
 const SEED: &str = include_str!("../../configs/stories260K.yaml");
 
@@ -47,18 +48,10 @@ const INTERESTING: &[&str] = &[
     "f32",
 ];
 
-fn scratch() -> PathBuf {
-    let thread = format!("{:?}", std::thread::current().id());
-    let name: String = thread.chars().filter(char::is_ascii_alphanumeric).collect();
-    std::env::temp_dir().join(format!(
-        "htpkv-config-fuzz-{}-{name}.yaml",
-        std::process::id()
-    ))
-}
-
 /// Loads `bytes` as the CLI does and budgets every strategy of an accepted config.
 fn check(bytes: &[u8]) -> Result<Config, ConfigError> {
-    let path = scratch();
+    let dir = ScratchDir::new("config-fuzz");
+    let path = dir.join("config.yaml");
     std::fs::write(&path, bytes).unwrap();
     let result = Config::load(&path);
     match &result {

@@ -7,6 +7,7 @@ use kv_manager::{HostAllocator, Strategy};
 use model::llama2c::{Checkpoint, Tokenizer};
 use ref_backend::CompiledModel;
 use std::sync::Arc;
+use test_support::files::ScratchDir;
 
 const STRATEGIES: [Strategy; 5] = [
     Strategy::SHIFT_2X,
@@ -234,8 +235,7 @@ fn stop_refuses_bad_policies_and_a_slid_session_resumes() {
         .is_err(),
         "re-rotation without a RoPE configuration"
     );
-    let dir = std::env::temp_dir().join(format!("htpkv-conv-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("conv-slide");
     for positions in [SlidePositions::Keep, SlidePositions::Rerotate] {
         let policy = Overflow::Slide {
             n_keep: 3,
@@ -257,7 +257,6 @@ fn stop_refuses_bad_policies_and_a_slid_session_resumes() {
             assert_eq!(bits(a.decode(t).unwrap()), bits(b.decode(t).unwrap()));
         }
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// One loaded model serves sessions on several threads at once (each with its own KV region); every
@@ -266,11 +265,11 @@ fn stop_refuses_bad_policies_and_a_slid_session_resumes() {
 fn sessions_on_one_model_from_threads_give_the_sequential_texts() {
     use htpkv::engine::EngineOptions;
     use htpkv::session::GenerateOptions;
-    let cache_dir = std::env::temp_dir().join(format!("htpkv-conv-model-{}", std::process::id()));
+    let cache_dir = ScratchDir::new("conv-model");
     let options = EngineOptions {
         context: Some(64),
         ar: vec![1, 8],
-        cache_dir: Some(cache_dir.clone()),
+        cache_dir: Some(cache_dir.to_path_buf()),
         ..EngineOptions::default()
     };
     let model = htpkv::Model::open(&options, &mut |_| {}).expect("model");
@@ -311,5 +310,4 @@ fn sessions_on_one_model_from_threads_give_the_sequential_texts() {
     assert_eq!(threaded, sequential);
     assert!(sequential.windows(2).all(|w| w[0] != w[1]));
     assert!(model.shared_bytes() > 0);
-    std::fs::remove_dir_all(&cache_dir).unwrap();
 }

@@ -10,6 +10,7 @@ use htpkv::reference::ReferenceBackend;
 use htpkv::session::{GenerateOptions, Session};
 use kv_manager::{HostAllocator, Strategy};
 use std::sync::Arc;
+use test_support::files::ScratchDir;
 
 fn options(update: Strategy, backend: BackendChoice, cache: &std::path::Path) -> EngineOptions {
     EngineOptions {
@@ -24,7 +25,7 @@ fn options(update: Strategy, backend: BackendChoice, cache: &std::path::Path) ->
 
 #[test]
 fn generation_through_the_qnn_library_is_bit_identical() {
-    let cache = std::env::temp_dir().join(format!("htpkv-qnn-test-{}", std::process::id()));
+    let cache = ScratchDir::new("qnn-test");
     let lib = test_support::files::ref_qnn_library();
     let generate = GenerateOptions {
         max_tokens: 150,
@@ -64,7 +65,7 @@ fn generation_through_the_qnn_library_is_bit_identical() {
 
 #[test]
 fn qnn_logits_equal_in_process_logits_and_handles_are_cached() {
-    let cache = std::env::temp_dir().join(format!("htpkv-qnn-test2-{}", std::process::id()));
+    let cache = ScratchDir::new("qnn-test2");
     let opts = options(Strategy::Conveyor, BackendChoice::Reference, &cache);
     let engine = Engine::open(&opts, &mut |_| {}).unwrap();
     let path = engine.compiled_path().to_path_buf();
@@ -120,7 +121,7 @@ fn qnn_logits_equal_in_process_logits_and_handles_are_cached() {
 
 #[test]
 fn bad_qnn_paths_give_typed_errors() {
-    let cache = std::env::temp_dir().join(format!("htpkv-qnn-test3-{}", std::process::id()));
+    let cache = ScratchDir::new("qnn-test3");
     let local = options(Strategy::SHIFT_2X, BackendChoice::Reference, &cache);
     for (lib, needle) in [
         ("/nonexistent/libQnnHtp.so", "/nonexistent/libQnnHtp.so"),
@@ -151,7 +152,7 @@ fn bad_qnn_paths_give_typed_errors() {
 /// in-process one, token for token.
 #[test]
 fn windowed_generation_through_the_qnn_library_is_bit_identical() {
-    let cache = std::env::temp_dir().join(format!("htpkv-qnn-windows-{}", std::process::id()));
+    let cache = ScratchDir::new("qnn-windows");
     let lib = test_support::files::ref_qnn_library();
     let generate = GenerateOptions {
         max_tokens: 100,

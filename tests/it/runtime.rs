@@ -9,6 +9,7 @@ use model::llama2c::{Checkpoint, FloatModel, Tokenizer};
 use quant::DataType;
 use ref_backend::{CompileOptions, CompiledModel, WeightType};
 use std::sync::Arc;
+use test_support::files::ScratchDir;
 use test_support::runtime::{STRATEGIES, session};
 
 fn model() -> (Arc<Checkpoint>, Tokenizer) {
@@ -198,12 +199,6 @@ fn greedy_logits(s: &mut Session<ReferenceBackend>, steps: usize) -> Vec<Vec<u32
     out
 }
 
-fn scratch_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("htpkv-persist-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// Save after a prefill and some decode steps, restore into a fresh session of every strategy
 /// (including `shift` -> `smart_mask`): the next logits are bit-identical to never having stopped.
 #[test]
@@ -215,7 +210,7 @@ fn restoring_a_saved_session_continues_bit_identically_under_every_strategy() {
         true,
         false,
     );
-    let dir = scratch_dir("strategies");
+    let dir = ScratchDir::new("persist-strategies");
     for saved_under in STRATEGIES {
         let mut uninterrupted = session(&compiled, saved_under);
         uninterrupted.prefill(&prompt).unwrap();
@@ -242,7 +237,6 @@ fn restoring_a_saved_session_continues_bit_identically_under_every_strategy() {
         }
         assert_eq!(head.len(), 11);
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Every bad file is a typed error and leaves the session exactly as it was.
@@ -251,7 +245,7 @@ fn a_bad_session_file_is_refused_and_changes_nothing() {
     use htpkv::persist::PersistError;
     let (ckpt, tok) = model();
     let compiled = compile(&ckpt, &tok, DataType::U8, WeightType::I8, &[1, 32]);
-    let dir = scratch_dir("bad");
+    let dir = ScratchDir::new("persist-bad");
     let mut source = session(&compiled, Strategy::SHIFT_2X);
     source
         .prefill(&tok.encode("The sun was warm.", true, false))
@@ -392,7 +386,6 @@ fn a_bad_session_file_is_refused_and_changes_nothing() {
         err.to_string(),
         format!("cannot create a temporary file for {}", missing.display())
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `generate`, `feed_last`, save, restore, `generate("")` continues the text of one longer run; at a
@@ -410,7 +403,7 @@ fn feed_last_lets_a_resumed_generation_continue_the_same_text() {
         sampler: Default::default(),
         ..GenerateOptions::default()
     };
-    let dir = scratch_dir("feed");
+    let dir = ScratchDir::new("persist-feed");
     let path = dir.join("s.session");
     let mut whole = session(&compiled, Strategy::Naive);
     let whole = whole
@@ -442,7 +435,6 @@ fn feed_last_lets_a_resumed_generation_continue_the_same_text() {
         .generate(&tok, "", &options(1), &mut |_| true)
         .unwrap_err();
     assert!(matches!(err, SessionError::Input(_)), "{err}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// An error and its causes, as `{:#}` of anyhow prints them.

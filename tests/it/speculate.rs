@@ -11,6 +11,7 @@ use kv_manager::Strategy;
 use model::llama2c::{Checkpoint, Tokenizer};
 use ref_backend::{CompileOptions, CompiledModel};
 use std::sync::Arc;
+use test_support::files::ScratchDir;
 
 const STRATEGIES: [Strategy; 4] = [
     Strategy::SHIFT_2X,
@@ -103,11 +104,8 @@ fn conversation(
         chunk: 16,
         positions: SlidePositions::Rerotate,
     };
-    let dir = std::env::temp_dir().join(format!("htpkv-speculate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = dir.join(format!("{}-{run}.session", strategy.name()));
+    let dir = ScratchDir::new("speculate");
+    let path = dir.join(format!("{}.session", strategy.name()));
     let mut s = session(model, ckpt, strategy);
     s.set_overflow(overflow).unwrap();
     let turns = [
@@ -137,7 +135,6 @@ fn conversation(
             s.restore(&path).unwrap();
         }
     }
-    std::fs::remove_file(&path).unwrap();
     assert!(
         s.slides().len() >= 2,
         "{}: {:?}",

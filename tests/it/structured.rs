@@ -31,7 +31,7 @@ fn smollm2(test: &str) -> Option<(Arc<Model>, Arc<Vocabulary>)> {
                     weights: "f32".into(),
                     context: Some(384),
                     ar: vec![1, 32],
-                    cache_dir: Some(test_support::files::scratch("structured", "smollm2")),
+                    cache_dir: Some(test_support::files::shared_dir("structured-smollm2")),
                     ..EngineOptions::default()
                 };
                 let model = Arc::new(Model::open(&options, &mut |_| {}).expect("SmolLM2 opens"));

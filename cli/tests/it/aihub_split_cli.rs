@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use test_support::files::built_library;
+use test_support::files::{ScratchDir, built_library};
 
 use serde_json::Value;
 
@@ -59,7 +59,7 @@ fn tokens(bundle: &Path, lib: &str, cache: &Path) -> Value {
 fn an_ai_hub_split_bundle_names_the_hidden_state_and_gives_the_same_tokens() {
     let lib = built_library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
-    let dir = test_support::files::scratch("aihub_split_cli", "three");
+    let dir = ScratchDir::new("aihub_split_cli-three");
     let o = compile(&dir, "aihub3", "3", "aihub");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = compile(&dir, "balanced2", "2", "balanced");
@@ -106,7 +106,7 @@ fn an_ai_hub_split_bundle_names_the_hidden_state_and_gives_the_same_tokens() {
 /// AI Hub's split refuses a count that leaves a part without layers, and other conventions.
 #[test]
 fn an_ai_hub_split_that_cannot_be_made_is_refused() {
-    let dir = test_support::files::scratch("aihub_split_cli", "refused");
+    let dir = ScratchDir::new("aihub_split_cli-refused");
     let o = compile(&dir, "five", "5", "aihub");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());

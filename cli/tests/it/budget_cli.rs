@@ -2,8 +2,9 @@
 //! and plan totals equal to budget predictions.
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
+use test_support::files::ScratchDir;
 
 fn config(name: &str) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -36,12 +37,6 @@ fn u(v: &Value, field: &str) -> u64 {
     v[field]
         .as_u64()
         .unwrap_or_else(|| panic!("`{field}` missing or not an integer in {v}"))
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("htpkv-cli-budget-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
 }
 
 #[test]
@@ -233,7 +228,8 @@ fn fit_answers_the_largest_context() {
 
 #[test]
 fn plot_writes_an_svg() {
-    let path = scratch("plot.svg");
+    let dir = ScratchDir::new("budget-plot");
+    let path = dir.join("plot.svg");
     let out = htpkv(&[
         "budget",
         &config("llama-2-7b.yaml"),
@@ -258,8 +254,7 @@ fn plot_writes_an_svg() {
     ] {
         assert!(svg.contains(label), "{label} missing");
     }
-    let dir = path.parent().unwrap();
-    let leftovers: Vec<_> = std::fs::read_dir(dir)
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .filter(|n| n.to_string_lossy().contains(".tmp-"))
@@ -270,7 +265,8 @@ fn plot_writes_an_svg() {
 #[test]
 fn bad_config_errors_name_file_and_field() {
     let seed = std::fs::read_to_string(config("llama-2-7b.yaml")).unwrap();
-    let path = scratch("bad.yaml");
+    let dir = ScratchDir::new("budget-bad-config");
+    let path = dir.join("bad.yaml");
     std::fs::write(&path, seed.replace("head_dim: 128", "head_dim: 100")).unwrap();
     let out = htpkv(&["budget", path.to_str().unwrap()]);
     assert!(!out.status.success());

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::process::Output;
 
 use crate::htpkv;
+use test_support::files::ScratchDir;
 use test_support::stories::stories260k_dir;
 
 fn ok_stdout(o: &Output) -> String {
@@ -22,7 +23,7 @@ fn chat(args: &[&str], stdin: &str, cache: &Path) -> Output {
 
 #[test]
 fn chat_answers_each_line_resets_and_quits_on_the_story_model() {
-    let cache = test_support::files::scratch("chat", "story");
+    let cache = ScratchDir::new("chat-story");
     let dir = stories260k_dir();
     let dir = dir.to_str().unwrap();
     let args = ["--model", dir, "--steps", "16"];
@@ -49,7 +50,7 @@ fn chat_answers_each_line_resets_and_quits_on_the_story_model() {
 
 #[test]
 fn generate_json_reports_peak_memory_and_rejects_a_non_model_file() {
-    let cache = test_support::files::scratch("chat", "json");
+    let cache = ScratchDir::new("chat-json");
     let dir = stories260k_dir();
     let o = htpkv(
         &[
@@ -91,7 +92,7 @@ fn smollm2_answers_the_capital_of_france_with_f32_weights_and_kv() {
     else {
         return;
     };
-    let cache = test_support::files::scratch("chat", "smollm2");
+    let cache = ScratchDir::new("chat-smollm2");
     let o = htpkv(
         &[
             "generate",
@@ -115,7 +116,7 @@ fn smollm2_answers_the_capital_of_france_with_f32_weights_and_kv() {
 
 #[test]
 fn a_chat_longer_than_the_context_slides_with_overflow_slide() {
-    let cache = test_support::files::scratch("chat", "slide");
+    let cache = ScratchDir::new("chat-slide");
     let dir = stories260k_dir();
     let dir = dir.to_str().unwrap();
     let args = ["--model", dir, "--steps", "12", "--context", "64"];
@@ -138,7 +139,7 @@ fn a_chat_longer_than_the_context_slides_with_overflow_slide() {
 
 #[test]
 fn a_chat_line_of_megabytes_is_refused_before_it_is_tokenized() {
-    let cache = test_support::files::scratch("chat", "huge");
+    let cache = ScratchDir::new("chat-huge");
     let dir = stories260k_dir();
     let dir = dir.to_str().unwrap();
     let line = "a".repeat(32 << 20) + "\n";
@@ -159,7 +160,7 @@ fn a_chat_line_of_megabytes_is_refused_before_it_is_tokenized() {
 /// Issue 21, finding 13: `--tokenizer FILE` alone is about --tokenizer, not --bundle/--convention.
 #[test]
 fn a_tokenizer_without_binaries_is_named_as_the_option_given() {
-    let cache = test_support::files::scratch("chat", "tokenizer-alone");
+    let cache = ScratchDir::new("chat-tokenizer-alone");
     let o = htpkv(
         &[
             "generate",

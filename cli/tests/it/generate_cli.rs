@@ -1,14 +1,10 @@
 //! `htpkv generate` and `htpkv compile` as a user runs them.
 
-use std::path::PathBuf;
 use std::process::Output;
 
 use crate::htpkv;
+use test_support::files::ScratchDir;
 use test_support::stories::stories260k_dir;
-
-fn scratch(name: &str) -> PathBuf {
-    test_support::files::scratch("cli", name)
-}
 
 fn text(o: &Output) -> String {
     assert!(
@@ -22,7 +18,7 @@ fn text(o: &Output) -> String {
 #[test]
 fn generate_streams_the_known_story_and_every_strategy_agrees() {
     let dir = stories260k_dir();
-    let cache = scratch("gen");
+    let cache = ScratchDir::new("cli-gen");
     let dir = dir.to_str().unwrap();
     let mut outputs = Vec::new();
     for update in ["shift", "conveyor", "smart_mask", "naive"] {
@@ -62,7 +58,7 @@ fn generate_streams_the_known_story_and_every_strategy_agrees() {
 #[test]
 fn generate_json_holds_text_and_stats() {
     let dir = stories260k_dir();
-    let cache = scratch("json");
+    let cache = ScratchDir::new("cli-json");
     let o = htpkv(
         &[
             "generate",
@@ -88,7 +84,7 @@ fn generate_json_holds_text_and_stats() {
 
 #[test]
 fn missing_model_says_where_to_get_it() {
-    let cache = scratch("missing");
+    let cache = ScratchDir::new("cli-missing");
     let o = htpkv(&["generate", "--model-dir", "/nonexistent/models"], &cache);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
@@ -102,7 +98,7 @@ fn missing_model_says_where_to_get_it() {
 #[test]
 fn compile_writes_a_file_and_rejects_a_truncated_checkpoint() {
     let dir = stories260k_dir();
-    let work = scratch("compile");
+    let work = ScratchDir::new("cli-compile");
     let out = work.join("model.htpkv");
     let ckpt = dir.join("stories260K.bin");
     let tok = dir.join("tok512.bin");
@@ -186,7 +182,7 @@ fn compile_writes_a_file_and_rejects_a_truncated_checkpoint() {
 #[test]
 fn generate_save_then_resume_continues_the_same_text() {
     let dir = stories260k_dir();
-    let work = scratch("resume");
+    let work = ScratchDir::new("cli-resume");
     let (dir, file) = (dir.to_str().unwrap(), work.join("story.session"));
     let file = file.to_str().unwrap();
     let run = |extra: &[&str]| {
@@ -231,7 +227,7 @@ fn generate_save_then_resume_continues_the_same_text() {
 #[test]
 fn generate_slides_past_the_context_and_resumes_across_slides() {
     let dir = stories260k_dir();
-    let work = scratch("slide");
+    let work = ScratchDir::new("cli-slide");
     let (dir, file) = (dir.to_str().unwrap(), work.join("chat.session"));
     let file = file.to_str().unwrap();
     let base = [
@@ -320,7 +316,7 @@ fn eval(extra: &[&str], cache: &std::path::Path) -> serde_json::Value {
 /// equal, and both perplexities are finite and alike.
 #[test]
 fn eval_scores_a_text_against_the_f32_model() {
-    let cache = scratch("eval");
+    let cache = ScratchDir::new("cli-eval");
     let exact = eval(
         &["--tokens", "64", "--weights", "f32", "--kv-dtype", "f32"],
         &cache,
@@ -373,7 +369,7 @@ fn eval_scores_a_text_against_the_f32_model() {
 /// A text that cannot be scored is refused naming the file; a device is refused unread.
 #[test]
 fn eval_refuses_texts_it_cannot_score() {
-    let cache = scratch("eval-bad");
+    let cache = ScratchDir::new("cli-eval-bad");
     let empty = cache.join("empty.txt");
     std::fs::create_dir_all(&cache).unwrap();
     std::fs::write(&empty, "").unwrap();
@@ -398,8 +394,8 @@ fn eval_refuses_texts_it_cannot_score() {
 /// `--top-k 2` at a high temperature does not; a `--min-p` outside [0, 1) is refused by name.
 #[test]
 fn top_k_and_min_p_truncate_sampling() {
-    let dir = stories260k_dir();
-    let (cache, dir) = (scratch("topk"), dir.to_str().unwrap().to_owned());
+    let dir = stories260k_dir().to_str().unwrap().to_owned();
+    let cache = ScratchDir::new("cli-topk");
     let run = |extra: &[&str]| {
         let mut args = vec!["generate", "--model-dir", &dir, "--steps", "40"];
         args.extend_from_slice(extra);
@@ -424,8 +420,8 @@ fn top_k_and_min_p_truncate_sampling() {
 /// precedes each token.
 #[test]
 fn penalties_change_greedy_text_and_speculation_keeps_it() {
-    let dir = stories260k_dir();
-    let (cache, dir) = (scratch("penalty"), dir.to_str().unwrap().to_owned());
+    let dir = stories260k_dir().to_str().unwrap().to_owned();
+    let cache = ScratchDir::new("cli-penalty");
     // A prompt whose story repeats itself, so that prompt lookup's proposals are accepted.
     let prompt = "Tom had a red ball. Tom liked the red ball. One day, Tom lost the red ball.";
     let run = |extra: &[&str]| {
@@ -455,7 +451,7 @@ fn penalties_change_greedy_text_and_speculation_keeps_it() {
 #[test]
 fn json_and_stats_report_kv_saturation() {
     let dir = stories260k_dir();
-    let cache = scratch("saturation");
+    let cache = ScratchDir::new("cli-saturation");
     let dir = dir.to_str().unwrap();
     let args = [
         "generate",

@@ -8,6 +8,7 @@ use std::process::Output;
 
 use htpkv::qnn_libs::QnnLibs;
 use serde_json::Value;
+use test_support::files::ScratchDir;
 
 fn genie_run(libs: &QnnLibs, dir: &Path, args: &[&str]) -> (Output, Value) {
     let out = dir.join(format!("genie-run-{}.json", args[0]));
@@ -47,9 +48,9 @@ fn from_bos(libs: &QnnLibs, dir: &Path, config: &Path, max: &str) -> (Output, Va
 
 /// The fetched libraries and a fresh `htpkv compile --parts 2 --convention aihub` bundle of
 /// stories260K (`None` when the libraries are missing outside CI).
-fn setup(test: &str, name: &str) -> Option<(QnnLibs, PathBuf, PathBuf)> {
+fn setup(test: &str, name: &str) -> Option<(QnnLibs, ScratchDir, PathBuf)> {
     let libs = test_support::fetched::qnn_libs(test)?;
-    let dir = test_support::files::scratch("genie_cli", name);
+    let dir = ScratchDir::new(&format!("genie_cli-{name}"));
     let o = crate::compile_aihub(&dir, "bundle", &["--parts", "2"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let config = dir.join("bundle").join("genie_config.json");
@@ -140,7 +141,7 @@ fn genie_and_htpkv_give_the_same_tokens_from_htpkvs_own_htp_bundle() {
 }
 
 fn same_tokens_from_one_bundle(libs: &QnnLibs, (weights, kv): (&str, &str), extra: &[&str]) {
-    let dir = test_support::files::scratch("genie_cli", &format!("peer-{weights}-{kv}"));
+    let dir = ScratchDir::new(&format!("genie_cli-peer-{weights}-{kv}"));
     let tok = test_support::stories::stories_tokenizer_json(&dir);
     let bundle = dir.join("bundle");
     let cache = dir.join("cache");
@@ -238,7 +239,7 @@ fn genie_run_out_never_replaces_the_config() {
     else {
         return;
     };
-    let dir = test_support::files::scratch("genie", "out-config");
+    let dir = ScratchDir::new("genie-out-config");
     let config = dir.join("genie_config.json");
     std::fs::write(&config, b"{}").unwrap();
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_genie-run"))

@@ -14,12 +14,12 @@ fn config(name: &str) -> String {
     root.join("configs").join(name).display().to_string()
 }
 
-/// A copy of a shipped config with `from` replaced by `to`, in a scratch directory.
+/// A copy of a shipped config with `from` replaced by `to`, in this process's shared scratch
+/// directory.
 fn variant(name: &str, from: &str, to: &str) -> String {
     let text = std::fs::read_to_string(config(name)).unwrap();
     assert!(text.contains(from), "{from} not in {name}");
-    let dir = std::env::temp_dir().join(format!("htpkv-hostile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = test_support::files::shared_dir("hostile-budget");
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let path: PathBuf = dir.join(format!("{}.yaml", NEXT.fetch_add(1, Ordering::Relaxed)));
     std::fs::write(&path, text.replace(from, to)).unwrap();

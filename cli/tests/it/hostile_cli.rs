@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::htpkv;
 use test_support::cli::compile_args;
+use test_support::files::ScratchDir;
 use test_support::stories::stories260k_dir;
 
 /// A copy of the model in `work/other` whose checkpoint differs in one bit of its last weight;
@@ -20,10 +21,6 @@ fn altered_model(dir: &Path, work: &Path) -> (PathBuf, Vec<u8>) {
     std::fs::write(other.join("stories260K.bin"), &ckpt).unwrap();
     std::fs::copy(dir.join("tok512.bin"), other.join("tok512.bin")).unwrap();
     (other, ckpt)
-}
-
-fn scratch(name: &str) -> PathBuf {
-    test_support::files::scratch("hostile", name)
 }
 
 fn stderr(o: &Output) -> String {
@@ -57,7 +54,7 @@ fn run(args: &[String], cache: &Path) -> Output {
 #[test]
 fn dev_zero_inputs_fail_fast() {
     let dir = stories260k_dir();
-    let work = scratch("zero");
+    let work = ScratchDir::new("hostile-zero");
     let out = work.join("m.htpkv");
     let started = Instant::now();
     let o = htpkv(
@@ -99,7 +96,7 @@ fn dev_zero_inputs_fail_fast() {
 #[test]
 fn compile_never_clobbers_special_files_or_its_inputs() {
     let dir = stories260k_dir();
-    let work = scratch("clobber");
+    let work = ScratchDir::new("hostile-clobber");
     let o = run(&compile_args(&dir, Path::new("/dev/null"), &[]), &work);
     assert_eq!(
         failure(&o),
@@ -146,7 +143,7 @@ fn compile_never_clobbers_special_files_or_its_inputs() {
 #[test]
 fn a_failed_compile_keeps_the_existing_output() {
     let dir = stories260k_dir();
-    let work = scratch("keep");
+    let work = ScratchDir::new("hostile-keep");
     let out = work.join("good.htpkv");
     std::fs::write(&out, b"the good file").unwrap();
     let mut args = compile_args(&dir, &out, &[]);
@@ -165,7 +162,7 @@ fn a_failed_compile_keeps_the_existing_output() {
 #[test]
 fn a_compiled_file_decides_and_must_match_its_checkpoint() {
     let dir = stories260k_dir();
-    let work = scratch("compiled");
+    let work = ScratchDir::new("hostile-compiled");
     let out = work.join("u8.htpkv");
     let o = run(&compile_args(&dir, &out, &["--kv-dtype", "u8"]), &work);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -245,7 +242,7 @@ fn a_compiled_file_decides_and_must_match_its_checkpoint() {
 #[test]
 fn a_cache_entry_from_another_checkpoint_is_recompiled() {
     let dir = stories260k_dir();
-    let work = scratch("cache");
+    let work = ScratchDir::new("hostile-cache");
     let cache = work.join("cache");
     let args = |model_dir: &Path| -> Vec<String> {
         [
@@ -294,7 +291,7 @@ fn a_cache_entry_from_another_checkpoint_is_recompiled() {
 #[test]
 fn every_option_is_checked_before_compiling() {
     let dir = stories260k_dir();
-    let work = scratch("options");
+    let work = ScratchDir::new("hostile-options");
     let cache = work.join("cache");
     let cases: [(&[&str], &str); 6] = [
         (
@@ -333,7 +330,7 @@ fn every_option_is_checked_before_compiling() {
 #[test]
 fn an_overlong_prompt_is_refused_fast() {
     let dir = stories260k_dir();
-    let work = scratch("prompt");
+    let work = ScratchDir::new("hostile-prompt");
     let prompt = "Once upon a time, there was a little girl named Lily. ".repeat(2000);
     let started = Instant::now();
     let o = htpkv(
@@ -363,7 +360,7 @@ fn an_overlong_prompt_is_refused_fast() {
 /// lowering does not take.
 #[test]
 fn the_htp_target_refuses_what_it_does_not_lower_by_name() {
-    let work = scratch("htp-refusals");
+    let work = ScratchDir::new("hostile-htp-refusals");
     let out = work.join("x.bin");
     let cases: [(&[&str], &str); 4] = [
         (&["--weights", "f16"], "--weights f16"),

@@ -6,11 +6,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use test_support::cli::compile_args;
+use test_support::files::ScratchDir;
 use test_support::stories::stories260k_dir;
-
-fn scratch(name: &str) -> PathBuf {
-    test_support::files::scratch("hostile-files", name)
-}
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -105,7 +102,7 @@ fn generate_save<'a>(model: &'a Path, save: &'a Path, extra: &[&'a str]) -> Vec<
 /// it replaced FIFOs, symlinks, device nodes, the checkpoint, the tokenizer and the compiled file.
 #[test]
 fn save_never_replaces_special_files_or_inputs() {
-    let work = scratch("save");
+    let work = ScratchDir::new("hostile-files-save");
     let cache = work.join("cache");
     let model = model_copy(&work);
     // A FIFO: refused before the model is opened, and still a FIFO.
@@ -212,7 +209,7 @@ fn save_never_replaces_special_files_or_inputs() {
 /// the second of several configs).
 #[test]
 fn budget_plot_never_replaces_a_config() {
-    let work = scratch("plot");
+    let work = ScratchDir::new("hostile-files-plot");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
     let a = work.join("a.yaml");
     let b = work.join("b.yaml");
@@ -247,7 +244,7 @@ fn budget_plot_never_replaces_a_config() {
 /// before a byte is read (and before the QNN library is looked for).
 #[test]
 fn special_files_as_inputs_are_refused_without_blocking() {
-    let work = scratch("special-in");
+    let work = ScratchDir::new("hostile-files-special-in");
     let o = run(&["inspect", "/dev/zero"], &work, Duration::from_secs(60));
     assert_eq!(
         failure(&o),
@@ -293,7 +290,7 @@ fn special_files_as_inputs_are_refused_without_blocking() {
 /// Finding 13: `budget F.gguf` printed the path twice.
 #[test]
 fn budget_of_a_bad_gguf_names_it_once() {
-    let work = scratch("gguf");
+    let work = ScratchDir::new("hostile-files-gguf");
     let gguf = work.join("bad.gguf");
     let mut bytes = b"GGUF".to_vec();
     bytes.extend(3u32.to_le_bytes());
@@ -307,7 +304,7 @@ fn budget_of_a_bad_gguf_names_it_once() {
 /// Finding 14: `--qnn-memory` was accepted (and ignored) with the reference backend.
 #[test]
 fn qnn_memory_is_refused_with_the_reference_backend() {
-    let work = scratch("qnn-memory");
+    let work = ScratchDir::new("hostile-files-qnn-memory");
     let o = htpkv(
         &[
             "generate",
@@ -343,7 +340,7 @@ fn compile_bundle(dir: &Path, out: &Path, cache: &Path) -> Output {
 /// an old bundle is replaced whole, and a directory that is no bundle is refused untouched.
 #[test]
 fn a_bundle_is_written_whole_or_not_at_all() {
-    let work = scratch("bundle");
+    let work = ScratchDir::new("hostile-files-bundle");
     let dir = stories260k_dir();
     let out = work.join("bundle");
     let o = compile_bundle(&dir, &out, &work);
@@ -385,7 +382,7 @@ fn a_bundle_is_written_whole_or_not_at_all() {
 /// DIR/config.json` would replace the model's own config. Refused before the model is read.
 #[test]
 fn compile_never_replaces_a_file_of_a_model_folder() {
-    let work = scratch("hf-out");
+    let work = ScratchDir::new("hostile-files-hf-out");
     let folder = work.join("hf");
     std::fs::create_dir_all(&folder).unwrap();
     let config = folder.join("config.json");

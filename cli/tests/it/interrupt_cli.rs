@@ -4,11 +4,12 @@
 use crate::{htpkv, htpkv_command};
 use std::io::Read;
 use std::process::Stdio;
+use test_support::files::ScratchDir;
 use test_support::stories::stories260k_dir;
 
 #[test]
 fn ctrl_c_cancels_generation_and_save_still_saves() {
-    let cache = test_support::files::scratch("interrupt", "ctrl-c");
+    let cache = ScratchDir::new("interrupt-ctrl-c");
     let dir = stories260k_dir();
     let dir = dir.to_str().unwrap();
     let saved = cache.join("cancelled.session");
@@ -67,7 +68,7 @@ fn ctrl_c_cancels_generation_and_save_still_saves() {
 
 #[test]
 fn a_stop_string_ends_the_text_unprinted_and_json_names_the_finish_reason() {
-    let cache = test_support::files::scratch("interrupt", "stop");
+    let cache = ScratchDir::new("interrupt-stop");
     let dir = stories260k_dir();
     let dir = dir.to_str().unwrap();
     let base = [

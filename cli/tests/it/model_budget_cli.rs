@@ -2,6 +2,7 @@
 //! YAML config.
 
 use crate::htpkv;
+use test_support::files::ScratchDir;
 
 /// SmolLM2-135M's geometry as its Hugging Face `config.json` states it.
 const CONFIG_JSON: &str = r#"{
@@ -14,7 +15,7 @@ const CONFIG_JSON: &str = r#"{
 
 #[test]
 fn budget_and_plan_read_the_geometry_from_a_model_folder() {
-    let dir = test_support::files::scratch("model-budget", "hf");
+    let dir = ScratchDir::new("model-budget-hf");
     std::fs::write(dir.join("config.json"), CONFIG_JSON).unwrap();
     let folder = dir.to_str().unwrap();
     let o = htpkv(&["budget", folder, "--context", "1024", "--json"], &dir);
@@ -44,7 +45,7 @@ fn budget_and_plan_read_the_geometry_from_a_model_folder() {
 /// tensor once.
 #[test]
 fn budget_and_plan_refuse_a_description_that_disagrees_with_the_tensors() {
-    let dir = test_support::files::scratch("model-budget", "disagree");
+    let dir = ScratchDir::new("model-budget-disagree");
     let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/gguf_model");
     let valid = seeds.join("valid");
     let o = htpkv(&["budget", valid.to_str().unwrap(), "--json"], &dir);

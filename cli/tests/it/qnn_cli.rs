@@ -10,12 +10,11 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 use crate::ok_json;
-use test_support::files::built_library;
+use test_support::files::{ScratchDir, built_library};
 
+/// The directory the tests of this file share: htpkv's cache and the compiled models they reuse.
 fn scratch() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("htpkv-qnn-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    test_support::files::shared_dir("qnn-cli")
 }
 
 fn htpkv(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -316,7 +315,8 @@ fn the_handle_cap_deregisters_least_recently_used_handles() {
 #[test]
 fn inspect_and_compile_survive_closed_and_full_stdout() {
     let lib = built_library("libqnn_ffi_testlib.so");
-    let out = scratch().join("pipe.htpkv");
+    let dir = ScratchDir::new("qnn-cli-pipe");
+    let out = dir.join("pipe.htpkv");
     let commands: [Vec<&str>; 2] = [
         vec![
             "inspect",
@@ -830,8 +830,9 @@ fn a_smollm2_bundle_of_three_parts_gives_the_tokens_of_one_binary() {
     };
     let lib = built_library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
-    let dir = scratch().join("smollm2-bundle");
-    let one = scratch().join("smollm2-one");
+    let work = ScratchDir::new("qnn-cli-smollm2");
+    let dir = work.join("smollm2-bundle");
+    let one = work.join("smollm2-one");
     std::fs::create_dir_all(&one).unwrap();
     let one_bin = one.join("smollm2.htpkv");
     let mut common = vec!["compile", "--model", model.to_str().unwrap()];
@@ -901,7 +902,8 @@ fn error_line(o: &Output) -> String {
 fn errors_about_context_binaries_name_the_file_once() {
     let lib = built_library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
-    let garbage = scratch().join("garbage.bin");
+    let dir = ScratchDir::new("qnn-cli-garbage");
+    let garbage = dir.join("garbage.bin");
     std::fs::write(&garbage, b"not a context binary").unwrap();
     let garbage = garbage.to_str().unwrap();
     // inspect of a file QNN cannot read.
@@ -992,8 +994,7 @@ fn eval_scores_a_bundle_against_the_f32_model() {
     let lib = built_library("libhtpkv_ref_qnn.so");
     let lib = lib.to_str().unwrap();
     // stories260K's own tokenizer (the test tokenizer of `compile_aihub_bundle` spells other text).
-    let root = scratch().join("eval-bundle");
-    std::fs::create_dir_all(&root).unwrap();
+    let root = ScratchDir::new("qnn-cli-eval-bundle");
     let o = crate::compile_aihub(&root, "bundle", &["--kv-dtype", "u8", "--parts", "2"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let dir = root.join("bundle");

@@ -8,7 +8,7 @@ use crate::htpkv;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use test_support::files::scratch;
+use test_support::files::ScratchDir;
 
 const STEPS: &str = "24";
 
@@ -36,7 +36,7 @@ fn binary(htp: &Path, weights: &str, kv: &str) -> PathBuf {
     if let Some((_, p)) = bins.iter().find(|(k, _)| *k == key) {
         return p.clone();
     }
-    let dir = scratch("real_qnn", &format!("bin-{key}"));
+    let dir = test_support::files::shared_dir(&format!("real_qnn-bin-{key}"));
     let out = dir.join(format!("stories260K-htp-{key}.bin"));
     let (o, h) = (out.to_str().unwrap(), htp.to_str().unwrap());
     let args = [
@@ -80,7 +80,7 @@ fn reference_run(weights: &str, kv: &str) -> Value {
         "--kv-dtype",
         kv,
     ];
-    let cache = scratch("real_qnn", &format!("reference-{weights}-{kv}"));
+    let cache = ScratchDir::new(&format!("real_qnn-reference-{weights}-{kv}"));
     generate(&args, &cache)
 }
 
@@ -100,7 +100,7 @@ fn qnn_run(htp: &Path, system: &Path, (weights, kv): (&str, &str), update: &str)
     ];
     generate(
         &args,
-        &scratch("real_qnn", &format!("{weights}-{kv}-{update}")),
+        &ScratchDir::new(&format!("real_qnn-{weights}-{kv}-{update}")),
     )
 }
 
@@ -119,7 +119,7 @@ fn the_real_system_library_lists_every_graph_htpkv_compiled() {
             system.to_str().unwrap(),
             "--json",
         ],
-        &scratch("real_qnn", "inspect"),
+        &ScratchDir::new("real_qnn-inspect"),
     );
     let doc: Value = serde_json::from_str(&ok(out)).unwrap();
     let graphs = doc["graphs"].as_array().unwrap();

@@ -7,6 +7,7 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use test_support::files::ScratchDir;
 
 /// A running `htpkv serve`; killed when dropped.
 struct Server {
@@ -170,7 +171,7 @@ fn error_code(v: &Value) -> &str {
 
 #[test]
 fn serve_answers_chat_and_completions_over_curl() {
-    let cache = test_support::files::scratch("serve", "curl");
+    let cache = ScratchDir::new("serve-curl");
     let model = stories();
     let server = Server::start(&["--model", &model, "--max-body-bytes", "4096"], &cache);
     assert_eq!(server.health()["status"], "ok");
@@ -232,7 +233,7 @@ fn serve_answers_chat_and_completions_over_curl() {
 
 #[test]
 fn serve_refuses_bad_requests_with_4xx_and_openai_error_bodies() {
-    let cache = test_support::files::scratch("serve", "errors");
+    let cache = ScratchDir::new("serve-errors");
     let model = stories();
     let server = Server::start(&["--model", &model, "--max-body-bytes", "4096"], &cache);
     let (status, body) = server.post_raw("/v1/chat/completions", "{not json");
@@ -405,7 +406,7 @@ fn serve_smollm2_openai_client_disconnect_and_ctrl_c() {
         );
         return test_support::fetched::missing(test, &why).unwrap_or(());
     }
-    let cache = test_support::files::scratch("serve", "smollm2");
+    let cache = ScratchDir::new("serve-smollm2");
     let model = model.to_str().unwrap();
     let args = [
         &["--model", model, "--parallel", "1", "--queue", "0"][..],

@@ -1,17 +1,13 @@
 //! `--speculate` of `htpkv generate` and `htpkv chat` as a user runs them: the same text as plain
 //! decoding, the counters in `--stats` and `--json`, clear refusals.
 
-use std::path::PathBuf;
 use std::process::Output;
+use test_support::files::ScratchDir;
 
 /// The embedded stories260K model.
 fn model_dir() -> String {
     let dir = test_support::stories::stories260k_dir();
     dir.to_str().unwrap().to_owned()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    test_support::files::scratch("spec-cli", name)
 }
 
 fn ok(o: &Output) -> (String, String) {
@@ -22,7 +18,7 @@ fn ok(o: &Output) -> (String, String) {
 
 #[test]
 fn generate_and_chat_print_plain_decodings_text_and_the_counters() {
-    let (model, cache) = (model_dir(), scratch("same"));
+    let (model, cache) = (model_dir(), ScratchDir::new("spec-cli-same"));
     let base = [
         "generate",
         "--model",
@@ -58,7 +54,7 @@ fn generate_and_chat_print_plain_decodings_text_and_the_counters() {
 
 #[test]
 fn bad_speculators_and_models_without_a_wide_variant_are_refused() {
-    let (model, cache) = (model_dir(), scratch("bad"));
+    let (model, cache) = (model_dir(), ScratchDir::new("spec-cli-bad"));
     for (args, says) in [
         (
             vec!["--speculate", "psychic"],

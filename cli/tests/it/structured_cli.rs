@@ -6,6 +6,7 @@ use std::process::Output;
 
 use crate::{htpkv, htpkv_with_stdin, ok_json};
 use serde_json::Value;
+use test_support::files::ScratchDir;
 use test_support::stories::stories260k_dir;
 
 fn failure(o: &Output) -> String {
@@ -35,7 +36,7 @@ fn is_short_sentence(text: &str) -> bool {
 
 #[test]
 fn a_regex_constrains_the_story_model() {
-    let cache = test_support::files::scratch("structured_cli", "regex");
+    let cache = ScratchDir::new("structured_cli-regex");
     let dir = stories260k_dir();
     let re = r" [a-z]+( [a-z]+){2,5}\.";
     let o = htpkv(
@@ -85,7 +86,7 @@ const TOOLS: &str = r#"[
 
 #[test]
 fn required_tools_give_a_valid_call_in_generate_and_chat() {
-    let cache = test_support::files::scratch("structured_cli", "tools");
+    let cache = ScratchDir::new("structured_cli-tools");
     let tools = write(&cache, "tools.json", TOOLS);
     let dir = stories260k_dir();
     let common = [
@@ -141,7 +142,7 @@ fn required_tools_give_a_valid_call_in_generate_and_chat() {
 
 #[test]
 fn constraint_options_are_refused_where_they_would_not_apply() {
-    let cache = test_support::files::scratch("structured_cli", "refused");
+    let cache = ScratchDir::new("structured_cli-refused");
     let dir = stories260k_dir();
     let model = ["--model", dir.to_str().unwrap()];
     let run = |extra: &[&str]| htpkv(&[&["generate"], &model[..], extra].concat(), &cache);

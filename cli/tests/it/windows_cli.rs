@@ -4,6 +4,7 @@
 use std::process::Output;
 
 use crate::htpkv;
+use test_support::files::ScratchDir;
 use test_support::stories::stories260k_dir;
 
 fn ok(o: &Output) -> String {
@@ -44,7 +45,7 @@ fn generate(cache: &std::path::Path, extra: &[&str]) -> Output {
 
 #[test]
 fn generate_with_layer_windows_runs_a_windowed_model_cached_apart() {
-    let cache = test_support::files::scratch("windows", "generate");
+    let cache = ScratchDir::new("windows-generate");
     let plain = ok(&generate(&cache, &[]));
     let shift = ok(&generate(&cache, &["--layer-window", "0,2,4:16"]));
     let naive = ok(&generate(
@@ -96,7 +97,7 @@ fn generate_with_layer_windows_runs_a_windowed_model_cached_apart() {
 
 #[test]
 fn compile_with_layer_windows_writes_a_file_generate_runs() {
-    let cache = test_support::files::scratch("windows", "compile");
+    let cache = ScratchDir::new("windows-compile");
     let out = cache.join("w.htpkv");
     let dir = stories260k_dir();
     let o = htpkv(

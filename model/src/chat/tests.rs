@@ -1,4 +1,5 @@
 use super::*;
+use test_support::files::ScratchDir;
 
 fn msgs() -> Vec<Message> {
     vec![
@@ -45,15 +46,17 @@ fn raise_exception_and_syntax_errors_are_template_errors() {
     ));
 }
 
-fn config_file(name: &str, json: serde_json::Value) -> std::path::PathBuf {
-    let p = std::env::temp_dir().join(format!("htpkv-chat-{}-{name}.json", std::process::id()));
+fn config_file(dir: &Path, name: &str, json: serde_json::Value) -> std::path::PathBuf {
+    let p = dir.join(format!("{name}.json"));
     std::fs::write(&p, json.to_string()).unwrap();
     p
 }
 
 #[test]
 fn tokenizer_config_json_string_and_list_forms() {
+    let dir = ScratchDir::new("chat-config-forms");
     let p = config_file(
+        &dir,
         "string",
         serde_json::json!({"chat_template": "{{ bos_token }}{{ messages[0].content }}",
                            "bos_token": {"content": "<s>"}, "eos_token": "</s>"}),
@@ -61,6 +64,7 @@ fn tokenizer_config_json_string_and_list_forms() {
     let t = ChatTemplate::from_tokenizer_config(&p).unwrap();
     assert_eq!(t.render_chat(&msgs()[1..], false).unwrap(), "<s>yo");
     let p2 = config_file(
+        &dir,
         "list",
         serde_json::json!({"chat_template": [{"name": "tool_use", "template": "T"},
                                              {"name": "default", "template": "D{{ eos_token }}"}],
@@ -68,14 +72,11 @@ fn tokenizer_config_json_string_and_list_forms() {
     );
     let t = ChatTemplate::from_tokenizer_config(&p2).unwrap();
     assert_eq!(t.render_chat(&msgs(), false).unwrap(), "D</s>");
-    let p3 = config_file("none", serde_json::json!({"eos_token": "</s>"}));
+    let p3 = config_file(&dir, "none", serde_json::json!({"eos_token": "</s>"}));
     assert!(matches!(
         ChatTemplate::from_tokenizer_config(&p3),
         Err(Error::HfConfig { .. })
     ));
-    for p in [p, p2, p3] {
-        std::fs::remove_file(p).unwrap();
-    }
 }
 
 const NESTED_LOOP: &str =
@@ -83,7 +84,12 @@ const NESTED_LOOP: &str =
 
 #[test]
 fn a_template_that_loops_for_ever_runs_out_of_fuel_naming_its_source() {
-    let p = config_file("loop", serde_json::json!({"chat_template": NESTED_LOOP}));
+    let dir = ScratchDir::new("chat-config-loop");
+    let p = config_file(
+        &dir,
+        "loop",
+        serde_json::json!({"chat_template": NESTED_LOOP}),
+    );
     let t = ChatTemplate::from_tokenizer_config(&p).unwrap();
     let started = std::time::Instant::now();
     let err = t.render_chat(&msgs(), true).unwrap_err();
@@ -95,7 +101,6 @@ fn a_template_that_loops_for_ever_runs_out_of_fuel_naming_its_source() {
         msg.contains("chat_template") && msg.contains("steps"),
         "{msg}"
     );
-    std::fs::remove_file(p).unwrap();
 }
 
 #[test]

@@ -2,6 +2,7 @@ use std::collections::HashMap;
 
 use safetensors::tensor::TensorView;
 use serde_json::json;
+use test_support::files::ScratchDir;
 
 use super::*;
 use crate::WeightSource;
@@ -114,13 +115,6 @@ fn config_json_errors_name_the_field() {
     ));
 }
 
-pub(crate) fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("htpkv-model-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 fn encode(data: &[f32], dtype: Dtype) -> Vec<u8> {
     match dtype {
         Dtype::F16 => data
@@ -166,7 +160,7 @@ pub(crate) fn write_model(
 
 #[test]
 fn sharded_safetensors_load_in_f32_f16_bf16() {
-    let dir = temp_dir("shards");
+    let dir = ScratchDir::new("hf-shards");
     std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
     let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
     let w = synthetic(&c, 11);
@@ -189,12 +183,11 @@ fn sharded_safetensors_load_in_f32_f16_bf16() {
             assert!((g - w).abs() <= tol * w.abs().max(1e-2), "{t}: {g} vs {w}");
         }
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn missing_misshapen_and_unsupported_tensors_are_errors() {
-    let dir = temp_dir("bad");
+    let dir = ScratchDir::new("hf-bad");
     let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
     std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
     assert!(matches!(
@@ -231,7 +224,6 @@ fn missing_misshapen_and_unsupported_tensors_are_errors() {
         HfModel::load(&dir),
         Err(Error::Safetensors { .. })
     ));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Fuzzing of the safetensors path (issue 14): a valid shard with random byte edits and
@@ -244,7 +236,7 @@ mod fuzz {
 
     fn shard() -> (LlamaConfig, Vec<u8>) {
         let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
-        let dir = temp_dir("fuzz-shard");
+        let dir = ScratchDir::new("hf-fuzz-shard");
         write_model(&dir, &c, &synthetic(&c, 3), |_| Dtype::F16);
         let bytes = std::fs::read(dir.join("model-00001-of-00002.safetensors")).unwrap();
         (c, bytes)
@@ -299,7 +291,7 @@ fn write_shard(dir: &Path, name: &str, tensors: &[(String, Vec<usize>, Vec<f32>)
 
 #[test]
 fn a_layer_count_below_the_shards_layers_is_refused_naming_shard_and_tensor() {
-    let dir = temp_dir("fewer-layers");
+    let dir = ScratchDir::new("hf-fewer-layers");
     let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
     write_model(&dir, &c, &synthetic(&c, 41), |_| Dtype::F32);
     let mut j = tiny_json();
@@ -329,12 +321,11 @@ fn a_layer_count_below_the_shards_layers_is_refused_naming_shard_and_tensor() {
         msg.contains("extra.safetensors: tensor model.mystery is not part"),
         "{msg}"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_tensor_in_two_shards_is_refused_naming_both() {
-    let dir = temp_dir("repeated");
+    let dir = ScratchDir::new("hf-repeated");
     std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
     let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
     let w = synthetic(&c, 42);
@@ -354,12 +345,11 @@ fn a_tensor_in_two_shards_is_refused_naming_both() {
         msg.contains("is also in ") && msg.contains("model-00003-of-00003"),
         "{msg}"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_nan_weight_is_refused_when_read_naming_shard_and_tensor() {
-    let dir = temp_dir("nan");
+    let dir = ScratchDir::new("hf-nan");
     std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
     let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
     let mut w = synthetic(&c, 43);
@@ -372,7 +362,6 @@ fn a_nan_weight_is_refused_when_read_naming_shard_and_tensor() {
     write_model(&dir, &c, &w, |_| Dtype::BF16);
     let msg = HfModel::load(&dir).unwrap_err().to_string();
     assert!(msg.contains("model-00002-of-00002.safetensors: tensor model.layers.1.mlp.up_proj.weight holds NaN at element 5"), "{msg}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Issue 21, finding 10: a `partial_rotary_factor` other than 1 is refused, naming the field.
@@ -396,7 +385,7 @@ fn a_partial_rotary_factor_is_refused_naming_the_field() {
 
 #[test]
 fn a_shard_that_is_no_regular_file_is_refused_by_the_capped_reader() {
-    let dir = temp_dir("dir-shard");
+    let dir = ScratchDir::new("hf-dir-shard");
     let shard = dir.join("model.safetensors");
     std::fs::create_dir(&shard).unwrap();
     let c = config_from_json(&tiny_json().to_string(), "t").unwrap();
@@ -405,5 +394,4 @@ fn a_shard_that_is_no_regular_file_is_refused_by_the_capped_reader() {
         matches!(err, Error::File(crate::fsio::FileError::IsDirectory { .. })),
         "{err:?}"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -245,8 +245,7 @@ mod tests {
 
     #[test]
     fn generic_names_are_accepted() {
-        let dir = std::env::temp_dir().join(format!("htpkv-llama2c-files-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = test_support::files::ScratchDir::new("llama2c-files");
         std::fs::write(dir.join(GENERIC_CHECKPOINT_NAME), b"x").unwrap();
         let err = ModelFiles::discover(Some(&dir)).unwrap_err().to_string();
         assert!(err.contains("holds neither"), "{err}");
@@ -254,6 +253,5 @@ mod tests {
         let found = ModelFiles::discover(Some(&dir)).unwrap();
         assert_eq!(found.checkpoint, dir.join(GENERIC_CHECKPOINT_NAME));
         assert_eq!(found.tokenizer, dir.join(GENERIC_TOKENIZER_NAME));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

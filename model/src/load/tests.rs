@@ -3,15 +3,16 @@ use crate::config::tests::tiny;
 use crate::forward::tests::synthetic;
 use crate::gguf::llama::tests::tiny_gguf;
 use crate::gguf::tests::Writer;
-use crate::hf::tests::{temp_dir, tiny_json, write_model};
+use crate::hf::tests::{tiny_json, write_model};
 use crate::tokenizer::tests::vocab_gguf;
 use crate::{Message, WeightSource};
+use test_support::files::ScratchDir;
 
 const TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}";
 
 #[test]
 fn gguf_file_loads_with_tokenizer_and_template() {
-    let dir = temp_dir("load-gguf");
+    let dir = ScratchDir::new("load-gguf");
     let c = tiny();
     let w = synthetic(&c, 31);
     let mut g: Writer = tiny_gguf(&c, &w);
@@ -38,12 +39,11 @@ fn gguf_file_loads_with_tokenizer_and_template() {
         .render_chat(&[Message::new("user", "hi hi")], false)
         .unwrap();
     assert_eq!(m.tokenizer.encode(&text, true).unwrap(), [1, 5, 7, 2]);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A Hugging Face folder `name` with the tiny config and its safetensors (no tokenizer files).
-fn tiny_folder(name: &str) -> (std::path::PathBuf, crate::LlamaConfig) {
-    let dir = temp_dir(name);
+fn tiny_folder(name: &str) -> (ScratchDir, crate::LlamaConfig) {
+    let dir = ScratchDir::new(name);
     std::fs::write(dir.join("config.json"), tiny_json().to_string()).unwrap();
     let c = crate::hf::config_from_json(&tiny_json().to_string(), "t").unwrap();
     write_model(&dir, &c, &synthetic(&c, 32), |_| safetensors::Dtype::F32);
@@ -68,12 +68,11 @@ fn hf_folder_loads_with_tokenizer_json_and_config() {
     let m = load(&dir).unwrap();
     assert!(m.chat.is_some());
     assert_eq!(m.tokenizer.encode("hi", true).unwrap(), [1, 5]);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn other_paths_are_unknown_formats() {
-    let dir = temp_dir("load-unknown");
+    let dir = ScratchDir::new("load-unknown");
     assert!(matches!(format_of(&dir), Err(Error::UnknownFormat { .. })));
     let f = dir.join("model.bin");
     std::fs::write(&f, b"GGML and more").unwrap();
@@ -82,7 +81,6 @@ fn other_paths_are_unknown_formats() {
         load(&dir.join("absent")),
         Err(Error::File(crate::fsio::FileError::Io { op: "open", .. }))
     ));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Issue 21 finding 5: an HF folder's `tokenizer_config.json` was read with `read_to_string` and
@@ -126,12 +124,11 @@ fn hf_folder_files_are_capped_and_special_files_refused() {
             format!("GGUF file {} is a FIFO, not a regular file", fifo.display())
         );
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_gguf_template_that_never_ends_fails_naming_the_file() {
-    let dir = temp_dir("load-gguf-loop");
+    let dir = ScratchDir::new("load-gguf-loop");
     let c = tiny();
     let mut g: Writer = tiny_gguf(&c, &synthetic(&c, 33));
     g.kv.extend(
@@ -155,13 +152,12 @@ fn a_gguf_template_that_never_ends_fails_naming_the_file() {
         msg.starts_with(&format!("{}: tokenizer.chat_template: ", path.display())),
         "{msg}"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Issue 21, finding 13: errors about what `--model F` holds name F.
 #[test]
 fn description_and_tokenizer_errors_name_the_model_file() {
-    let dir = temp_dir("load-names");
+    let dir = ScratchDir::new("load-names");
     let c = tiny();
     let chain = |e: Error| e.with_causes();
     // A GGUF tokenizer the loader cannot build.
@@ -200,5 +196,4 @@ fn description_and_tokenizer_errors_name_the_model_file() {
         msg.contains(&hf.join("config.json").display().to_string()),
         "{msg}"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }

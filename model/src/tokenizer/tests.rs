@@ -2,6 +2,7 @@ use std::io::Cursor;
 
 use super::*;
 use crate::gguf::tests::Writer;
+use test_support::files::ScratchDir;
 
 const TOKENS: [&str; 11] = [
     "<|endoftext|>",
@@ -69,10 +70,10 @@ fn gguf_bpe_merges_specials_and_digits() {
 #[test]
 fn tokenizer_json_round_trip() {
     let tok = build(&vocab_gguf("smollm")).unwrap();
-    let path = std::env::temp_dir().join(format!("htpkv-tokenizer-{}.json", std::process::id()));
+    let dir = ScratchDir::new("tokenizer-round-trip");
+    let path = dir.join("tokenizer.json");
     tok.inner().save(&path, false).unwrap();
     let again = HfTokenizer::from_file(&path, None).unwrap();
-    std::fs::remove_file(&path).unwrap();
     for s in ["hi hi", "<|im_start|>hi 12<|im_end|>"] {
         assert_eq!(again.encode(s, true).unwrap(), tok.encode(s, true).unwrap());
     }

@@ -5,6 +5,8 @@
 use std::io::Cursor;
 use std::path::PathBuf;
 
+use test_support::files::ScratchDir;
+
 #[path = "../../../fuzz/checks/chat_template.rs"]
 mod chat_template;
 #[path = "../../../fuzz/checks/checkpoint.rs"]
@@ -48,7 +50,9 @@ fn gguf_model_corpus() {
 
 #[test]
 fn hf_folder_corpus() {
-    replay::replay("hf_folder", hf_folder::check);
+    replay::replay("hf_folder", |data| {
+        hf_folder::check(&ScratchDir::new("fuzz-hf-folder"), data)
+    });
 }
 
 #[test]
@@ -77,16 +81,12 @@ fn gguf_seeds_load_or_are_refused_naming_the_tensor_or_key() {
 #[test]
 fn hf_seeds_load_or_are_refused() {
     let load = |name: &str| {
-        let dir = std::env::temp_dir().join(format!("htpkv-hf-seed-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = ScratchDir::new(&format!("hf-seed-{name}"));
         for (file, body) in hf_folder::files(&seed("hf_folder", name)) {
             std::fs::write(dir.join(file), body).unwrap();
         }
         let loaded = model::load(&dir).map(|m| m.chat.is_some());
-        let chain = loaded.map_err(|e| e.with_causes());
-        std::fs::remove_dir_all(&dir).unwrap();
-        chain
+        loaded.map_err(|e| e.with_causes())
     };
     assert_eq!(load("valid"), Ok(false));
     assert_eq!(load("chat_template"), Ok(true));

@@ -5,6 +5,7 @@ use ref_backend::format::{HEADER_LEN, MAGIC, WINDOWS_FORMAT_VERSION};
 use ref_backend::{
     CompileOptions, CompiledModel, FormatError, Granularity, KLayout, WeightType, compile,
 };
+use test_support::files::ScratchDir;
 
 fn models() -> Vec<CompiledModel> {
     let mut out = Vec::new();
@@ -65,8 +66,7 @@ fn small_model_bytes() -> Vec<u8> {
 
 #[test]
 fn round_trip_bytes_and_file() {
-    let dir = std::env::temp_dir().join(format!("htpkv_ref_format_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("ref-format");
     for (i, m) in models().into_iter().enumerate() {
         let bytes = m.to_bytes();
         let back = CompiledModel::from_bytes(&bytes, "mem").expect("parse");
@@ -93,7 +93,6 @@ fn round_trip_bytes_and_file() {
         .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
         .collect();
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -275,8 +274,7 @@ fn special_files_are_refused_for_reading_and_writing() {
         e.to_string(),
         "refusing to write /dev/null: it is a character device, not a regular file"
     );
-    let dir = std::env::temp_dir().join(format!("htpkv_ref_refuse_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("ref-refuse");
     let input = dir.join("model.bin");
     std::fs::write(&input, b"checkpoint").unwrap();
     let e = m.write(&input, &[&input]).unwrap_err();
@@ -303,7 +301,6 @@ fn special_files_are_refused_for_reading_and_writing() {
         matches!(e, FormatError::TrailingBytes { extra, .. } if extra == 1 << 30),
         "{e}"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Issue 14 row 8: 2^20 + 1 calibration tokens compiled, then the file failed to read back.

@@ -3,6 +3,7 @@
 use model::llama2c::{
     Checkpoint, HEADER_BYTES, ModelError, STORIES260K_BYTES, STORIES260K_SHA256, sha256_hex,
 };
+use test_support::files::ScratchDir;
 
 fn real_bytes() -> Vec<u8> {
     let files = test_support::stories::stories260k();
@@ -161,17 +162,17 @@ fn corrupted_headers_are_rejected() {
 #[test]
 fn load_reports_path_in_errors() {
     let bytes = real_bytes();
-    let path = std::env::temp_dir().join(format!("htpkv-llama2c-trunc-{}.bin", std::process::id()));
+    let dir = ScratchDir::new("llama2c-trunc");
+    let path = dir.join("trunc.bin");
     std::fs::write(&path, &bytes[..1000]).unwrap();
     let msg = Checkpoint::load(&path).unwrap_err().to_string();
-    std::fs::remove_file(&path).unwrap();
     assert!(msg.contains(&path.display().to_string()), "{msg}");
     assert!(
         msg.contains("section rms_att") || msg.contains("section token_embedding"),
         "{msg}"
     );
     assert!(msg.contains("1056540") && msg.contains("1000"), "{msg}");
-    let missing = std::env::temp_dir().join("htpkv-llama2c-definitely-missing.bin");
+    let missing = dir.join("definitely-missing.bin");
     assert!(matches!(
         Checkpoint::load(&missing),
         Err(ModelError::File(model::fsio::FileError::Io { ref path, op: "open", .. })) if *path == missing
@@ -202,8 +203,7 @@ fn dev_zero_fails_fast_as_checkpoint_and_tokenizer() {
 #[test]
 fn a_fifo_is_refused_and_a_long_file_is_refused_from_its_size() {
     let bytes = real_bytes();
-    let dir = std::env::temp_dir().join(format!("htpkv-ckpt-fifo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("ckpt-fifo");
     let long = dir.join("long.bin");
     let f = std::fs::File::create(&long).unwrap();
     // Sparse: the header is real, 1 GiB of nothing follows it.
@@ -226,7 +226,6 @@ fn a_fifo_is_refused_and_a_long_file_is_refused_from_its_size() {
             )
         );
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

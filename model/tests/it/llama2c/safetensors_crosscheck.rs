@@ -12,6 +12,7 @@ use ::model::{Tensor, WeightSource};
 use model::llama2c::{Checkpoint, FloatModel, Tokenizer};
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
+use test_support::files::ScratchDir;
 
 /// Reorders each head's rows from pairs `(2k, 2k+1)` to `(k, k + head_dim/2)`.
 fn to_half_split(w: &[f32], head_dim: usize, row_len: usize) -> Vec<f32> {
@@ -62,12 +63,10 @@ fn write_hf(dir: &Path, ck: &Checkpoint, permute: bool) {
 
 /// Largest |logit difference| over the tokens of a short story, HF model against llama2.c.
 fn max_logit_diff(ck: &Arc<Checkpoint>, tok: &Tokenizer, permute: bool) -> f32 {
-    let dir =
-        std::env::temp_dir().join(format!("htpkv-crosscheck-{}-{permute}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new(&format!("crosscheck-{permute}"));
     write_hf(&dir, ck, permute);
     let hf = HfModel::load(&dir).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
+    drop(dir);
     assert_eq!(hf.config.rope.pairing, ::model::RopePairing::HalfSplit);
     let mut theirs = ::model::FloatModel::new(hf.config.clone(), hf.weights.clone(), 64).unwrap();
     let mut ours = FloatModel::new(ck.clone());
