@@ -215,7 +215,7 @@ fn eval(htp: &Path, system: &Path, (weights, kv): (&str, &str), on_htp: bool) ->
         args.extend(["--context", "64", "--ar", "1,8", "--weights", weights]);
         args.extend(["--kv-dtype", kv]);
     }
-    let cache = scratch("real_qnn", &format!("eval-{weights}-{kv}-{on_htp}"));
+    let cache = ScratchDir::new(&format!("real_qnn-eval-{weights}-{kv}-{on_htp}"));
     serde_json::from_str(&ok(htpkv(&args, &cache))).unwrap()
 }
 
