@@ -52,8 +52,9 @@ pub struct CompileArgs {
     /// ships its KV cache, instead of the calibrated asymmetric ones (u8 KV only).
     #[arg(long, value_name = "128", value_parser = parse_kv_zero_point)]
     kv_zero_point: Option<u32>,
-    /// Weight type: i8 (W8A16), f16 or f32.
-    /// [default: i8; with --target htp f32 (run in fp16), or i8 for W8A16 on HTP]
+    /// Weight type: i8 (W8A16), i4 (W4A16: 4-bit LPBQ layer matrices, V and down at 8 bits),
+    /// f16 or f32.
+    /// [default: i8; with --target htp f32 (run in fp16), i8 for W8A16 or i4 for W4A16 on HTP]
     #[arg(long, value_parser = parse_from_str::<WeightType>)]
     weights: Option<WeightType>,
     /// Key layout: rows or transposed.

@@ -22,8 +22,9 @@
 //!    the text, and every site at once beside the executor's own figure ([`ablation`]); then
 //!    every weight at once under each of `--weight-rules` (default `channel,channel-mse,block:32,
 //!    lpbq:64`: per-channel absmax, per-channel least-squares clipping, a scale per block, a
-//!    channel scale times a 4-bit block multiplier). `--rules-only` skips the per-site rows
-//!    except the down projection's input.
+//!    channel scale times a 4-bit block multiplier; `sym4:N` and `asym4:N` are 4-bit grids with a
+//!    float scale, and a minimum, per block, llama.cpp's Q4_0 and Q4_1). `--rules-only` skips the
+//!    per-site rows except the down projection's input.
 //!
 //! `--rounding LIST` (integer weights only): compile each integer row once per entry, `nearest`
 //! or `gptq` ([`ref_backend::Rounding`]; default `gptq`, the compile's own); with `--ablate` the

@@ -110,6 +110,13 @@ pub enum WeightRule {
     /// i8, one float scale per output channel times a 4-bit integer per block of `n` input
     /// channels (QNN's blockwise expansion, AI Hub's "LPBQ").
     Lpbq(usize),
+    /// 4 bits, one float scale per block of `n` input channels, symmetric: levels `-8..=7`
+    /// times `max|w| / 7` (llama.cpp's Q4_0 grid; no QNN encoding).
+    Sym4(usize),
+    /// 4 bits, one float scale and one minimum per block of `n` input channels: levels `0..=15`
+    /// times `(max - min) / 15` plus `min` (llama.cpp's Q4_1 grid, which Q4_K's sub-blocks
+    /// approach; no QNN encoding).
+    Asym4(usize),
 }
 
 impl std::str::FromStr for WeightRule {
@@ -121,8 +128,10 @@ impl std::str::FromStr for WeightRule {
             None if s == "channel-mse" => Ok(WeightRule::ChannelMse),
             Some(("block", n)) => Ok(WeightRule::Block(block(n)?)),
             Some(("lpbq", n)) => Ok(WeightRule::Lpbq(block(n)?)),
+            Some(("sym4", n)) => Ok(WeightRule::Sym4(block(n)?)),
+            Some(("asym4", n)) => Ok(WeightRule::Asym4(block(n)?)),
             _ => Err(format!(
-                "unknown weight rule `{s}` (channel, channel-mse, block:N, lpbq:N)"
+                "unknown weight rule `{s}` (channel, channel-mse, block:N, lpbq:N, sym4:N, asym4:N)"
             )),
         }
     }
@@ -175,6 +184,24 @@ fn quantize_row(row: &mut [f32], rule: WeightRule) {
                 let k = (absmax(b) / (127.0 * channel)).ceil().clamp(1.0, 15.0);
                 round_i8(b, channel * k);
             }
+        }
+        WeightRule::Sym4(n) => row.chunks_mut(n).for_each(|b| {
+            let step = absmax(b) / 7.0;
+            round_levels(b, (step, 0.0), (-8.0, 7.0));
+        }),
+        WeightRule::Asym4(n) => row.chunks_mut(n).for_each(|b| {
+            let lo = b.iter().fold(f32::INFINITY, |m, &v| m.min(v));
+            let hi = b.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            round_levels(b, ((hi - lo) / 15.0, lo), (0.0, 15.0));
+        }),
+    }
+}
+
+/// `x` rounded to the levels `q * step + base`, `q` an integer in `lo..=hi`.
+fn round_levels(x: &mut [f32], (step, base): (f32, f32), (lo, hi): (f32, f32)) {
+    if step > 0.0 {
+        for v in x {
+            *v = ((*v - base) / step).round().clamp(lo, hi) * step + base;
         }
     }
 }
