@@ -71,6 +71,7 @@ pub(crate) fn lpbq_row(row: &[f32], block: usize) -> Result<(f32, Vec<i8>), Quan
     });
     Ok((g.scale, out.collect()))
 }
+
 /// The block multipliers of `model`'s matrix `t` when it is on the LPBQ grid ([`is_lpbq`]):
 /// `cols / LPBQ_BLOCK` per row, row-major, recomputed from `source`'s f32 values of `t` (the
 /// grid is a function of them; rounding by error changes only the values) and checked against
@@ -106,7 +107,10 @@ pub fn lpbq_multipliers(
         .zip(m.q.chunks_exact(m.cols))
         .enumerate()
     {
-        let g = lpbq_grid(row, LPBQ_BLOCK).map_err(|e| mismatch(format!("row {r}: {e}")))?;
+        let g = lpbq_grid(row, LPBQ_BLOCK).map_err(|source| CompileError::Quant {
+            what: format!("the LPBQ grid of {t}, row {r}"),
+            source,
+        })?;
         if g.scale != m.scales[r] {
             return Err(mismatch(format!("row {r}'s scale is not its LPBQ grid's")));
         }

@@ -361,8 +361,11 @@ fn w8a16(
             output: output_encoding(range),
         };
         let blocks = ref_backend::lpbq_multipliers(model, t, w)?;
-        out.matrices
-            .insert(t, blocks.map_or(matrix.clone(), |b| lpbq_matrix(matrix, b)));
+        let matrix = match blocks {
+            Some(b) => lpbq_matrix(matrix, b),
+            None => matrix,
+        };
+        out.matrices.insert(t, matrix);
     }
     let e = model
         .i8_matrix(Tensor::TokenEmbedding)

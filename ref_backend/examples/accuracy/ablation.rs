@@ -207,7 +207,7 @@ fn round_levels(x: &mut [f32], (step, base): (f32, f32), (lo, hi): (f32, f32)) {
 }
 
 /// Every position's logits of `tokens` with every matrix's weights quantized by `rule` (the
-/// embedding included) and nothing else quantized.
+/// embedding included; by the i8 rule under the 4-bit ones) and nothing else quantized.
 pub fn rule_logits(
     c: &LlamaConfig,
     w: &dyn WeightSource,
@@ -219,6 +219,12 @@ pub fn rule_logits(
     for (t, _) in q.matrix_products() {
         let cols = t.shape(c)[1];
         let mut data = w.tensor(t).ok_or("a matrix is missing")?.to_vec();
+        // The 4-bit grids are for the layer matrices; the embedding keeps i8, as `i4` builds.
+        let layer = matches!(t, Tensor::Layer(..));
+        let rule = match rule {
+            WeightRule::Sym4(_) | WeightRule::Asym4(_) if !layer => WeightRule::Channel,
+            r => r,
+        };
         for row in data.chunks_exact_mut(cols) {
             quantize_row(row, rule);
         }
