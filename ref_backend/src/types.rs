@@ -80,7 +80,8 @@ pub enum WeightType {
     /// channel times a 4-bit integer multiplier per block of [`crate::LPBQ_BLOCK`] inputs, values in
     /// `[-8, 7]`. Each value times its block's multiplier is at most 120 in magnitude, so the
     /// executor holds it as that i8 product and runs the i8 kernels unchanged, exactly. The
-    /// embedding (the tied classifier) and an untied classifier stay i8.
+    /// embedding (the tied classifier), an untied classifier, V and down stay i8
+    /// ([`crate::is_lpbq`] says which matrices are 4-bit).
     I4,
     /// IEEE half, widened to f32 at load; matmuls in f32.
     F16,
