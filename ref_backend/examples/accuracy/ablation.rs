@@ -117,6 +117,11 @@ pub enum WeightRule {
     /// times `(max - min) / 15` plus `min` (llama.cpp's Q4_1 grid, which Q4_K's sub-blocks
     /// approach; no QNN encoding).
     Asym4(usize),
+    /// [`WeightRule::Asym4`] with the block's step on the LPBQ grid (a float scale per output
+    /// channel times a 4-bit multiplier per block, rounded up so the block's range is covered)
+    /// and the block's float minimum kept: what an HTP product plus a second product of the
+    /// minimums by the input's block sums would compute.
+    LpbqAsym4(usize),
 }
 
 impl std::str::FromStr for WeightRule {
@@ -130,8 +135,10 @@ impl std::str::FromStr for WeightRule {
             Some(("lpbq", n)) => Ok(WeightRule::Lpbq(block(n)?)),
             Some(("sym4", n)) => Ok(WeightRule::Sym4(block(n)?)),
             Some(("asym4", n)) => Ok(WeightRule::Asym4(block(n)?)),
+            Some(("lpbq-asym4", n)) => Ok(WeightRule::LpbqAsym4(block(n)?)),
             _ => Err(format!(
-                "unknown weight rule `{s}` (channel, channel-mse, block:N, lpbq:N, sym4:N, asym4:N)"
+                "unknown weight rule `{s}` (channel, channel-mse, block:N, lpbq:N, sym4:N, asym4:N, \
+                 lpbq-asym4:N)"
             )),
         }
     }
@@ -194,6 +201,19 @@ fn quantize_row(row: &mut [f32], rule: WeightRule) {
             let hi = b.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
             round_levels(b, ((hi - lo) / 15.0, lo), (0.0, 15.0));
         }),
+        WeightRule::LpbqAsym4(n) => {
+            let range = |b: &[f32]| {
+                let lo = b.iter().fold(f32::INFINITY, |m, &v| m.min(v));
+                let hi = b.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                (lo, (hi - lo) / 15.0)
+            };
+            let channel = row.chunks(n).map(|b| range(b).1).fold(0.0f32, f32::max) / 15.0;
+            for b in row.chunks_mut(n) {
+                let (lo, step) = range(b);
+                let k = (step / channel).ceil().clamp(1.0, 15.0);
+                round_levels(b, (channel * k, lo), (0.0, 15.0));
+            }
+        }
     }
 }
 
@@ -222,7 +242,9 @@ pub fn rule_logits(
         // The 4-bit grids are for the layer matrices; the embedding keeps i8, as `i4` builds.
         let layer = matches!(t, Tensor::Layer(..));
         let rule = match rule {
-            WeightRule::Sym4(_) | WeightRule::Asym4(_) if !layer => WeightRule::Channel,
+            WeightRule::Sym4(_) | WeightRule::Asym4(_) | WeightRule::LpbqAsym4(_) if !layer => {
+                WeightRule::Channel
+            }
             r => r,
         };
         for row in data.chunks_exact_mut(cols) {
