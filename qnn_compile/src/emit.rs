@@ -260,10 +260,9 @@ impl Emitter {
     /// most `cols` rows each, concatenated ([`W8Matrix::row_parts`]).
     pub fn fully_connected_w8(&mut self, x: &Val, w: &W8Matrix) -> Result<Val, QnnError> {
         let xq = self.quantize(x, w.input, None)?;
-        let parts = w.row_parts();
-        if parts.len() == 1 {
+        let Some(parts) = w.row_parts() else {
             return self.fully_connected_w8_part(&xq, w);
-        }
+        };
         let ys = parts
             .iter()
             .map(|p| self.fully_connected_w8_part(&xq, p))

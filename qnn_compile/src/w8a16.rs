@@ -31,35 +31,31 @@ pub struct W8Matrix {
 }
 
 impl W8Matrix {
-    /// The matrix as the HTP can multiply it: itself, or, for a blockwise-expansion matrix with
-    /// more rows than columns, consecutive slices of at most `cols` rows. Measured on QNN 2.51's
+    /// For a blockwise-expansion matrix with more rows than columns, the consecutive slices of at
+    /// most `cols` rows the HTP can multiply; `None` when it multiplies the matrix whole. Measured on QNN 2.51's
     /// `libQnnHtp.so` (x86_64, v73/v75/v79/v81 alike, `qnn_compile`'s `w8a16_product` tests): a
     /// `FullyConnected` with blockwise-expansion weights computes only its first `cols` output
     /// channels and writes 0 for the others; per-channel weights are not affected.
-    pub fn row_parts(&self) -> Vec<W8Matrix> {
-        let Some(b) = self.blocks.as_ref().filter(|_| self.rows > self.cols) else {
-            return vec![self.clone()];
-        };
+    pub fn row_parts(&self) -> Option<Vec<W8Matrix>> {
+        let b = self.blocks.as_ref().filter(|_| self.rows > self.cols)?;
         let per_row = self.cols / b.size;
-        (0..self.rows)
-            .step_by(self.cols.max(1))
-            .map(|lo| {
-                let hi = (lo + self.cols).min(self.rows);
-                W8Matrix {
-                    rows: hi - lo,
-                    cols: self.cols,
-                    q: self.q[lo * self.cols..hi * self.cols].to_vec(),
-                    scales: self.scales[lo..hi].to_vec(),
-                    blocks: Some(BlockMultipliers {
-                        size: b.size,
-                        bits: b.bits,
-                        m: b.m[lo * per_row..hi * per_row].to_vec(),
-                    }),
-                    input: self.input,
-                    output: self.output,
-                }
-            })
-            .collect()
+        let parts = (0..self.rows).step_by(self.cols.max(1)).map(|lo| {
+            let hi = (lo + self.cols).min(self.rows);
+            W8Matrix {
+                rows: hi - lo,
+                cols: self.cols,
+                q: self.q[lo * self.cols..hi * self.cols].to_vec(),
+                scales: self.scales[lo..hi].to_vec(),
+                blocks: Some(BlockMultipliers {
+                    size: b.size,
+                    bits: b.bits,
+                    m: b.m[lo * per_row..hi * per_row].to_vec(),
+                }),
+                input: self.input,
+                output: self.output,
+            }
+        });
+        Some(parts.collect())
     }
 }
 

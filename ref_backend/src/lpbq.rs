@@ -135,19 +135,24 @@ mod tests {
     use super::*;
     use crate::model::Matrix;
 
+    /// Deterministic xorshift values, uniform in [-0.5, 0.5).
+    fn uniform(seed: u64) -> impl FnMut() -> f32 {
+        let mut state = seed;
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        }
+    }
+
     /// Every value is within half a step of its block's grid, unless it is the block's largest and
     /// the multiplier's rounding clipped it; the products fit an i8 and are multiples of the
     /// block's multiplier.
     #[test]
     fn rounding_by_error_keeps_each_lpbq_grid() {
         // Two rows of 64 with a quiet block, inputs with a shared component (correlated).
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rand = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        };
+        let mut rand = uniform(0x9e37_79b9_7f4a_7c15);
         let w: Vec<f32> = (0..128)
             .map(|i| rand() * if (i % 64) / 32 == 1 { 0.1 } else { 1.0 })
             .collect();
@@ -180,13 +185,7 @@ mod tests {
 
     #[test]
     fn lpbq_rows_stay_within_half_a_step() {
-        let mut state = 0x1234_5678_9abc_def0u64;
-        let mut rand = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        };
+        let mut rand = uniform(0x1234_5678_9abc_def0);
         let row: Vec<f32> = (0..256)
             .map(|i| rand() * if i / 64 == 2 { 0.05 } else { 1.0 })
             .collect();

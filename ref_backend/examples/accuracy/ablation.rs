@@ -197,24 +197,29 @@ fn quantize_row(row: &mut [f32], rule: WeightRule) {
             round_levels(b, (step, 0.0), (-8.0, 7.0));
         }),
         WeightRule::Asym4(n) => row.chunks_mut(n).for_each(|b| {
-            let lo = b.iter().fold(f32::INFINITY, |m, &v| m.min(v));
-            let hi = b.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            round_levels(b, ((hi - lo) / 15.0, lo), (0.0, 15.0));
+            let (lo, step) = asym4_grid(b);
+            round_levels(b, (step, lo), (0.0, 15.0));
         }),
         WeightRule::LpbqAsym4(n) => {
-            let range = |b: &[f32]| {
-                let lo = b.iter().fold(f32::INFINITY, |m, &v| m.min(v));
-                let hi = b.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                (lo, (hi - lo) / 15.0)
-            };
-            let channel = row.chunks(n).map(|b| range(b).1).fold(0.0f32, f32::max) / 15.0;
+            let channel = row
+                .chunks(n)
+                .map(|b| asym4_grid(b).1)
+                .fold(0.0f32, f32::max)
+                / 15.0;
             for b in row.chunks_mut(n) {
-                let (lo, step) = range(b);
+                let (lo, step) = asym4_grid(b);
                 let k = (step / channel).ceil().clamp(1.0, 15.0);
                 round_levels(b, (channel * k, lo), (0.0, 15.0));
             }
         }
     }
+}
+
+/// A block's asymmetric 4-bit grid: its minimum and `(max - min) / 15`.
+fn asym4_grid(b: &[f32]) -> (f32, f32) {
+    let lo = b.iter().fold(f32::INFINITY, |m, &v| m.min(v));
+    let hi = b.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    (lo, (hi - lo) / 15.0)
 }
 
 /// `x` rounded to the levels `q * step + base`, `q` an integer in `lo..=hi`.

@@ -52,7 +52,9 @@ fn input_site(t: LayerTensor) -> Site {
     }
 }
 
-const MATRICES: [LayerTensor; 7] = [
+/// The seven matrices of a layer, listed here rather than taken from the compiler (the tests
+/// are an oracle for which input feeds which matrix).
+pub(crate) const MATRICES: [LayerTensor; 7] = [
     LayerTensor::Q,
     LayerTensor::K,
     LayerTensor::V,

@@ -35,15 +35,7 @@ fn i4_builds_put_every_layer_matrix_but_v_and_down_on_the_lpbq_grid() {
     let (m, ckpt) = build();
     let c = m.config().clone();
     for l in 0..c.n_layers {
-        for lt in [
-            LayerTensor::Q,
-            LayerTensor::K,
-            LayerTensor::V,
-            LayerTensor::O,
-            LayerTensor::Gate,
-            LayerTensor::Up,
-            LayerTensor::Down,
-        ] {
+        for lt in crate::gptq::MATRICES {
             let t = Tensor::Layer(l, lt);
             let got = lpbq_multipliers(&m, t, &ckpt).unwrap();
             // stories260K's down has 172 inputs, not whole blocks: it stays i8 either way.
