@@ -162,7 +162,7 @@ impl<'a> Lowering<'a> {
     }
 
     fn linear(&mut self, x: &Val, w: Tensor, bias: Option<Tensor>) -> Result<Val, QnnError> {
-        let y = match self.w8 {
+        let y = match self.w8.filter(|w8| !w8.float.contains(&w)) {
             Some(w8) => {
                 let m = w8.matrices.get(&w).ok_or_else(|| QnnError::InvalidTensor {
                     tensor: w.to_string(),

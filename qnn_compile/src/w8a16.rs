@@ -4,7 +4,7 @@
 //! u16 output whose encoding comes from [`crate::calibrate`]; everything between the products
 //! stays float (fp16 on HTP), as it is f32 in the reference executor.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use model::Tensor;
 
@@ -76,6 +76,9 @@ pub struct BlockMultipliers {
 pub struct W8A16 {
     /// Matrices by weight tensor (the classifier under `TokenEmbedding` when tied).
     pub matrices: HashMap<Tensor, W8Matrix>,
+    /// Matrices kept in float (a mixed build's f16 matrices): products of the float input with
+    /// the model's own weights, run in fp16 as a float graph runs every product.
+    pub float: HashSet<Tensor>,
     /// The embedding table `[vocab, dim]`, f32 values of the i8 table.
     pub embedding: Vec<f32>,
 }

@@ -228,6 +228,7 @@ fn convert_matrix(
     };
     let lpbq = |row: &[f32]| lpbq_grid(row, crate::LPBQ_BLOCK);
     let four_bits = is_lpbq(wt, t, cols);
+    let wt = wt.matrix_type(t);
     let m = match (wt, four_bits, factor) {
         (WeightType::F16, ..) => return Ok(Matrix::float(data, rows, cols, true)),
         (WeightType::F32, ..) => return Ok(Matrix::float(data, rows, cols, false)),

@@ -609,6 +609,7 @@ fn read_options(s: &mut Reader<'_>) -> Result<CompileOptions, FormatError> {
         1 => WeightType::F16,
         2 => WeightType::F32,
         3 => WeightType::I4,
+        4 => WeightType::I8F16,
         c => return Err(s.corrupt_at(at, format!("unknown weight type code {c}"))),
     };
     let at = s.offset();
@@ -911,7 +912,7 @@ fn read_tensor_matrix(
     wt: WeightType,
 ) -> Result<Matrix, FormatError> {
     let shape = t.shape(c);
-    read_matrix(s, &t.to_string(), wt, shape[0], shape[1])
+    read_matrix(s, &t.to_string(), wt.matrix_type(t), shape[0], shape[1])
 }
 
 fn read_matrix(
@@ -925,7 +926,7 @@ fn read_matrix(
     let kind = s.u8(&format!("{name} kind"))?;
     let want = match wt {
         // i4 values are stored as their products with the block multipliers (i8).
-        WeightType::I8 | WeightType::I4 => 0,
+        WeightType::I8 | WeightType::I4 | WeightType::I8F16 => 0,
         WeightType::F16 => 1,
         WeightType::F32 => 2,
     };

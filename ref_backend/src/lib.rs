@@ -120,4 +120,4 @@ pub use options::{
 pub use parts::{Part, Split, naming_refusal};
 pub use progress::{Progress, Stage};
 pub use smooth::{FFN_SMOOTHING, FfnSmoothing, ffn_smoothing_factors, smoothed_weights};
-pub use types::{Granularity, KLayout, WeightType};
+pub use types::{Granularity, I8F16_KEPT_AT_F16, KLayout, WeightType};

@@ -133,6 +133,7 @@ impl CompileOptions {
             WeightType::F16 => 1,
             WeightType::F32 => 2,
             WeightType::I4 => 3,
+            WeightType::I8F16 => 4,
         });
         w.u8(match self.k_layout {
             KLayout::Rows => 0,

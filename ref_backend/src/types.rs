@@ -1,6 +1,7 @@
 //! File codes of element types and tensor roles, and the small enums of the compile options.
 
 use graph_io::IoRole;
+use model::{LayerTensor, Tensor};
 use quant::DataType;
 
 /// The file-format code of `dtype` (stable: compiled-model files written by earlier versions
@@ -70,6 +71,11 @@ pub(crate) fn role_from_code(code: u8) -> Option<IoRole> {
     ROLES.into_iter().find(|&r| role_code(r) == code)
 }
 
+/// The layer matrices an `i8f16` build keeps in f16: on SmolLM2-135M, V and down (with its
+/// input) are the sites whose i8 quantization costs most (README, "Where the i8 error comes
+/// from"), as llama.cpp's Q4_K_M keeps the same two at more bits than the rest.
+pub const I8F16_KEPT_AT_F16: [LayerTensor; 2] = [LayerTensor::V, LayerTensor::Down];
+
 /// Type of the stored weight matrices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WeightType {
@@ -83,6 +89,12 @@ pub enum WeightType {
     /// embedding (the tied classifier), an untied classifier, V and down stay i8
     /// ([`crate::is_lpbq`] says which matrices are 4-bit).
     I4,
+    /// i8 as [`WeightType::I8`], but the layer matrices of [`I8F16_KEPT_AT_F16`] (V and down)
+    /// stay in IEEE half, their products in f32 with unquantized inputs, as a float build runs
+    /// them ([`WeightType::matrix_type`]): the two matrices whose 8 bits cost the model most, and
+    /// the down projection's input, whose one i16 encoding per tensor the FFN smoothing exists
+    /// for (README, "Keeping V and down in f16"). No FFN smoothing.
+    I8F16,
     /// IEEE half, widened to f32 at load; matmuls in f32.
     F16,
     /// IEEE single; matmuls in f32.
@@ -90,17 +102,32 @@ pub enum WeightType {
 }
 
 impl WeightType {
-    /// True for the integer weights (i8, i4), whose matmuls take i16 inputs with static
-    /// encodings.
+    /// True for the integer weights (i8, i4, i8f16), whose integer matmuls take i16 inputs with
+    /// static encodings.
     pub const fn is_integer(self) -> bool {
-        matches!(self, WeightType::I8 | WeightType::I4)
+        matches!(self, WeightType::I8 | WeightType::I4 | WeightType::I8F16)
     }
 
-    /// Lowercase name (`i8`, `i4`, `f16`, `f32`).
+    /// The type matrix `t` of a build with these weights is stored in: f16 for
+    /// [`I8F16_KEPT_AT_F16`] in an `i8f16` build, i8 for its other matrices, the build's own type
+    /// otherwise (an i4 build holds every matrix as i8 values; [`crate::is_lpbq`] says which are
+    /// on the 4-bit grid).
+    pub fn matrix_type(self, t: Tensor) -> WeightType {
+        match (self, t) {
+            (WeightType::I8F16, Tensor::Layer(_, l)) if I8F16_KEPT_AT_F16.contains(&l) => {
+                WeightType::F16
+            }
+            (WeightType::I8F16, _) => WeightType::I8,
+            (wt, _) => wt,
+        }
+    }
+
+    /// Lowercase name (`i8`, `i4`, `i8f16`, `f16`, `f32`).
     pub const fn name(self) -> &'static str {
         match self {
             WeightType::I8 => "i8",
             WeightType::I4 => "i4",
+            WeightType::I8F16 => "i8f16",
             WeightType::F16 => "f16",
             WeightType::F32 => "f32",
         }
@@ -113,10 +140,11 @@ impl std::str::FromStr for WeightType {
         match s {
             "i8" => Ok(WeightType::I8),
             "i4" => Ok(WeightType::I4),
+            "i8f16" => Ok(WeightType::I8F16),
             "f16" => Ok(WeightType::F16),
             "f32" => Ok(WeightType::F32),
             _ => Err(format!(
-                "unknown weight type `{s}` (expected i8, i4, f16 or f32)"
+                "unknown weight type `{s}` (expected i8, i4, i8f16, f16 or f32)"
             )),
         }
     }

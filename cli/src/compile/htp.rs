@@ -229,7 +229,7 @@ fn write_bundle(
 }
 
 /// The reference executor's options when something must be calibrated (`--kv-dtype u8|u16`
-/// or `--weights i8|i4`), else `None`: its K/V type and weights are the ones asked for.
+/// or integer `--weights`), else `None`: its K/V type and weights are the ones asked for.
 fn reference_options(args: &CompileArgs, context: usize) -> Option<ref_backend::CompileOptions> {
     let kv = args
         .kv_dtype
@@ -344,6 +344,10 @@ fn w8a16(
     eprintln!("matrix output ranges in {:.1?}", started.elapsed());
     let mut out = W8A16::default();
     for (t, input) in model.matrix_products() {
+        if model.options().weights.matrix_type(t) == WeightType::F16 {
+            out.float.insert(t);
+            continue;
+        }
         let m = model
             .i8_matrix(t)
             .with_context(|| format!("the reference model has no i8 matrix {t}"))?;

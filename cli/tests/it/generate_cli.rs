@@ -364,6 +364,20 @@ fn eval_scores_a_text_against_the_f32_model() {
     );
     let kl4 = q4["mean_kl"].as_f64().unwrap();
     assert!(kl4 > kl && kl4.is_finite(), "i4 {q4} i8 {q}");
+    // V and down kept in f16: nearer the f32 model than i8, further than f16 weights.
+    let mixed = eval(
+        &["--tokens", "64", "--weights", "i8f16", "--kv-dtype", "u16"],
+        &cache,
+    );
+    let i8_u16 = eval(
+        &["--tokens", "64", "--weights", "i8", "--kv-dtype", "u16"],
+        &cache,
+    );
+    let (klm, kl8) = (
+        mixed["mean_kl"].as_f64().unwrap(),
+        i8_u16["mean_kl"].as_f64().unwrap(),
+    );
+    assert!(klm > 0.0 && klm < 0.8 * kl8, "i8f16 {mixed} i8 {i8_u16}");
 }
 
 /// A text that cannot be scored is refused naming the file; a device is refused unread.

@@ -313,7 +313,7 @@ fn every_option_is_checked_before_compiling() {
         (&["--top-p", "0"], "error: top_p must be in (0, 1], got 0"),
         (
             &["--weights", "i3"],
-            "error: --weights: unknown weight type `i3` (expected i8, i4, f16 or f32)",
+            "error: --weights: unknown weight type `i3` (expected i8, i4, i8f16, f16 or f32)",
         ),
     ];
     for (extra, expected) in cases {

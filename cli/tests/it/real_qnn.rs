@@ -250,3 +250,32 @@ fn w4a16_runs_on_the_real_backend_and_follows_the_reference_executor() {
     let size = |w: &str| std::fs::metadata(binary(&htp, w, "u8")).unwrap().len();
     assert!(size("i4") < size("i8"), "{} vs {}", size("i4"), size("i8"));
 }
+
+/// `--weights i8f16` on the real HTP (V and down as float products in fp16, the other matrices
+/// W8A16): as far from the f32 model as the reference executor's i8f16 build, closer to it than
+/// W8A16 (so the HTP really runs V and down unquantized), and the binary sits between the i8
+/// and the f32 ones in size.
+#[test]
+fn i8f16_runs_on_the_real_backend_and_is_closer_to_float_than_w8a16() {
+    let Some((htp, system)) = libs("real_qnn::i8f16") else {
+        return;
+    };
+    let kl = |v: &Value| v["mean_kl"].as_f64().unwrap();
+    let on_htp = eval(&htp, &system, ("i8f16", "u16"), true);
+    let reference = eval(&htp, &system, ("i8f16", "u16"), false);
+    let w8 = eval(&htp, &system, ("i8", "u16"), true);
+    let ratio = kl(&on_htp) / kl(&reference);
+    assert!(
+        (0.75..1.33).contains(&ratio),
+        "HTP {on_htp}\nreference {reference}"
+    );
+    assert!(kl(&on_htp) < 0.8 * kl(&w8), "i8f16 {on_htp}\nW8A16 {w8}");
+    let size = |w: &str| std::fs::metadata(binary(&htp, w, "u16")).unwrap().len();
+    assert!(
+        size("i8") < size("i8f16") && size("i8f16") < size("f32"),
+        "i8 {} i8f16 {} f32 {}",
+        size("i8"),
+        size("i8f16"),
+        size("f32")
+    );
+}

@@ -45,6 +45,13 @@ fn models() -> Vec<CompiledModel> {
             KLayout::Rows,
             Granularity::PerHead,
         ),
+        (
+            true,
+            DataType::U8,
+            WeightType::I8F16,
+            KLayout::Rows,
+            Granularity::PerHead,
+        ),
     ];
     for (shared, kv, w, layout, gran) in configs {
         let ckpt = test_support::stories::synthetic(shared);

@@ -9,6 +9,7 @@ mod float_equivalence;
 mod format;
 mod fuzz_replay;
 mod gptq;
+mod i8f16;
 mod lpbq;
 mod part_graphs;
 mod quantized;
