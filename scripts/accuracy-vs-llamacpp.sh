@@ -8,7 +8,7 @@
 #                        ref_backend/examples/data/heldout.txt (public-domain texts)
 #   <model.gguf>         the model; llama.cpp's reference is its F32 requantization (the dequantized
 #                        weights, which are also what htpkv's f32 forward computes with)
-# Environment: CONFIGS ("u16:i8 u8:i8 f16:i8 u16:i4 u16:f16"), PEERS ("Q8_0 Q4_K_M Q4_0"),
+# Environment: CONFIGS ("KV:WEIGHTS ...", default "u16:i8 u16:i8f16 u8:i8 f16:i8 u16:i4 u16:f16"), PEERS ("Q8_0 Q4_K_M Q4_0"),
 # THREADS (2), WORK (a scratch directory; default: a new one under /tmp).
 #
 # Positions: llama-perplexity --kl-divergence scores positions n_ctx/2 .. n_ctx-2 of each chunk; with
@@ -19,7 +19,7 @@ set -euo pipefail
 [ $# -eq 3 ] || { sed -n '2,16p' "$0" >&2; exit 2; }
 bin=$1 model=$2 text=$3
 threads=${THREADS:-2}
-configs=${CONFIGS:-"u16:i8 u8:i8 f16:i8 u16:i4 u16:f16"}
+configs=${CONFIGS:-"u16:i8 u16:i8f16 u8:i8 f16:i8 u16:i4 u16:f16"}
 peers=${PEERS:-"Q8_0 Q4_K_M Q4_0"}
 work=${WORK:-$(mktemp -d /tmp/htpkv-acc-XXXXXX)}
 mkdir -p "$work"
@@ -45,11 +45,11 @@ print(json.dumps(p))')
 done
 
 cd "$(dirname "$0")/.."
-cargo build -q --locked -p htpkv-cli
+cargo build -q --locked --release -p htpkv-cli
 ours="{}"
 for c in $configs; do
     kv=${c%%:*} w=${c##*:}
-    doc=$(HTPKV_CACHE_DIR="$work/cache" RAYON_NUM_THREADS=$threads cargo run -q --locked -p htpkv-cli -- \
+    doc=$(HTPKV_CACHE_DIR="$work/cache" RAYON_NUM_THREADS=$threads cargo run -q --locked --release -p htpkv-cli -- \
         eval --model "$model" --text "$text" --tokens 511 --skip 256 --context 1024 \
         --kv-dtype "$kv" --weights "$w" --json 2>/dev/null)
     ours=$(C="$kv/$w" D=$doc O=$ours python3 -c 'import json, os
