@@ -19,7 +19,8 @@
 //! 3. `--ablate` (instead of 1 and 2): where the error of i8 weights and the first `--kv` type
 //!    comes from — the f32 forward with the executor's quantization at one site at a time
 //!    (each weight kind, each matrix product's input, K, V), each site's mean KL and top-1 over
-//!    the text, and every site at once beside the executor's own figure ([`ablation`]); then
+//!    the text, and every site at once beside the executor's own figure ([`ablation`]), and
+//!    every site but V, down, the classifier and combinations ([`ablation::kept_in_float`]); then
 //!    every weight at once under each of `--weight-rules` (default `channel,channel-mse,block:32,
 //!    lpbq:64`: per-channel absmax, per-channel least-squares clipping, a scale per block, a
 //!    channel scale times a 4-bit block multiplier; `sym4:N` and `asym4:N` are 4-bit grids with a
@@ -232,6 +233,14 @@ fn ablate_sites(
         row(site.label(), ablation::score(&float, &run(&[site])?));
     }
     row("every site".into(), ablation::score(&float, &run(&all)?));
+    for (label, kept) in ablation::kept_in_float() {
+        let sites: Vec<ablation::Site> =
+            all.iter().copied().filter(|s| !kept.contains(s)).collect();
+        row(
+            format!("every site but {label}"),
+            ablation::score(&float, &run(&sites)?),
+        );
+    }
     for widen in [2.0, 4.0] {
         let label = format!("input of down, i16 ranges {widen}x wider");
         row(

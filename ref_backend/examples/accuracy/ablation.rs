@@ -97,6 +97,29 @@ impl Site {
     }
 }
 
+/// Groups of sites left unquantized, each against every other site quantized: what keeping
+/// matrices in f16 (their products then read unquantized inputs) would buy. The rows behind
+/// `--weights i8f16` ([`ref_backend::I8F16_KEPT_AT_F16`]).
+pub fn kept_in_float() -> Vec<(&'static str, Vec<Site>)> {
+    use LayerTensor as L;
+    let (v, down) = (Site::Weights(L::V), Site::Weights(L::Down));
+    let down_in = Site::Input(L::Down);
+    let classifier = [Site::Embedding, Site::ClassifierInput];
+    vec![
+        ("V", vec![v]),
+        ("down (weights and input)", vec![down, down_in]),
+        (
+            "the embedding/classifier (weights and input)",
+            classifier.to_vec(),
+        ),
+        ("V and down", vec![v, down, down_in]),
+        (
+            "V, down and the classifier",
+            [v, down, down_in].into_iter().chain(classifier).collect(),
+        ),
+    ]
+}
+
 /// How every matrix's weights are quantized for [`rule_logits`]: QNN encodings HTP has for
 /// FullyConnected weights, compared in the f32 forward before one is built into the executor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
