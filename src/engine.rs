@@ -52,7 +52,7 @@ pub struct EngineOptions {
     pub strategy: Strategy,
     /// KV cache element type: u8, u16, f16 or f32.
     pub kv_dtype: DataType,
-    /// Weights: "i8", "f16" or "f32".
+    /// Weights: "i8", "i4", "i8f16", "f16" or "f32" ([`ref_backend::WeightType`]).
     pub weights: String,
     /// Context length S; `None` uses the model's context length, at most [`DEFAULT_MAX_CONTEXT`].
     pub context: Option<usize>,

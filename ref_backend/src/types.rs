@@ -72,8 +72,8 @@ pub(crate) fn role_from_code(code: u8) -> Option<IoRole> {
 }
 
 /// The layer matrices an `i8f16` build keeps in f16: on SmolLM2-135M, V and down (with its
-/// input) are the sites whose i8 quantization costs most (README, "Where the i8 error comes
-/// from"), as llama.cpp's Q4_K_M keeps the same two at more bits than the rest.
+/// input) are the sites whose i8 quantization costs most (README, "Keeping V and down in f16"),
+/// as llama.cpp's Q4_K_M keeps the same two at more bits than the rest.
 pub const I8F16_KEPT_AT_F16: [LayerTensor; 2] = [LayerTensor::V, LayerTensor::Down];
 
 /// Type of the stored weight matrices.

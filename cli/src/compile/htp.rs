@@ -323,12 +323,13 @@ fn layer_encoding(heads: &[(DataType, ScaleOffset)]) -> anyhow::Result<(DataType
     Ok((dtype, so))
 }
 
-/// With `--weights i8` or `i4`: the reference executor's integer matrices and matrix input
+/// With integer `--weights` (i8, i4, i8f16): the reference executor's integer matrices and matrix input
 /// encodings, and output encodings from the ranges the f32 forward shows on the same
 /// calibration sequences, run on the f32 weights the integer ones were quantized from (`Up` and
 /// `Down` of an i8 build carry the FFN smoothing, [`ref_backend::smoothed_weights`]: `Up`'s
 /// outputs are scaled by it). An i4 build's layer matrices go to QNN's blockwise expansion: the
-/// stored values divided by their block's multiplier ([`lpbq_matrix`]).
+/// stored values divided by their block's multiplier ([`lpbq_matrix`]). An i8f16 build's f16
+/// matrices are listed in [`W8A16::float`]: the lowering multiplies the f32 weights in float.
 fn w8a16(
     model: Option<&CompiledModel>,
     c: &LlamaConfig,

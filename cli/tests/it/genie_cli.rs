@@ -129,7 +129,8 @@ fn genie_refuses_reference_format_binaries_at_dialog_create() {
 /// Genie's own KV handling reads from the binary, cut as AI Hub cuts its exports (`--parts 3
 /// --split aihub`: part 1 the embedding, then the layers, three binaries passing the hidden state
 /// under AI Hub's ONNX names). And W4A16 (`--weights i4`: the layer matrices but V and down on
-/// QNN's blockwise expansion, AI Hub's "LPBQ"), which Genie runs from the binary alone.
+/// QNN's blockwise expansion, AI Hub's "LPBQ"), which Genie runs from the binary alone; and
+/// `--weights i8f16` (V and down as fp16 products in the W8A16 graph).
 #[test]
 fn genie_and_htpkv_give_the_same_tokens_from_htpkvs_own_htp_bundle() {
     let Some(libs) = test_support::fetched::qnn_libs("genie_and_htpkv_same_tokens") else {
@@ -140,6 +141,7 @@ fn genie_and_htpkv_give_the_same_tokens_from_htpkvs_own_htp_bundle() {
         ("f32", "f32", &[][..]),
         ("i8", "u8", &split[..]),
         ("i4", "u8", &[][..]),
+        ("i8f16", "u8", &[][..]),
     ];
     for (weights, kv, extra) in runs {
         same_tokens_from_one_bundle(&libs, (weights, kv), extra);

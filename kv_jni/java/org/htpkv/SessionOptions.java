@@ -129,7 +129,7 @@ public final class SessionOptions {
             return this;
         }
 
-        /** Weight type used when compiling: {@code i8}, {@code f16} or {@code f32}. */
+        /** Weight type used when compiling: {@code i8}, {@code i4}, {@code i8f16}, {@code f16} or {@code f32}. */
         public Builder weights(String weights) {
             this.weights = weights;
             return this;
