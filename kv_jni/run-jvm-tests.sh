@@ -18,27 +18,38 @@ for tool in cargo javac java; do
 done
 
 model_dir="${HTPKV_MODEL_DIR:-$root/models/stories260K}"
-locked=()
-if [ -n "${CI:-}" ]; then locked=(--locked); fi
-
-packages=(-p kv_jni -p htpkv-cli)
 qnn_backend="${HTPKV_QNN_BACKEND:-}"
-if [ -z "$qnn_backend" ]; then packages+=(-p ref_backend_qnn); fi
-echo "run-jvm-tests: cargo build ${packages[*]} (dev profile)"
-cargo build "${locked[@]}" "${packages[@]}"
-
 target_dir="$(cargo metadata --format-version 1 --no-deps | grep -o '"target_directory":"[^"]*"' | cut -d'"' -f4)"
-case "$(uname -s)" in
-    Darwin) lib="$target_dir/debug/libkv_jni.dylib" ;;
-    *) lib="$target_dir/debug/libkv_jni.so" ;;
-esac
-if [ -z "$qnn_backend" ]; then
+if [ -n "${CI:-}" ]; then
+    # CI's test step has built the libraries with the workspace's features (`cargo test
+    # --workspace`); a `-p` build resolves features differently and would rebuild half the
+    # workspace. Take that build's artifacts (cargo rebuilds nothing it finds fresh).
+    echo "run-jvm-tests: the libraries of the workspace's test build (CI)"
+    built=$(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null)
+    artifact() {
+        jq -r --arg t "$1" 'select(.reason == "compiler-artifact" and .target.name == $t
+            and .profile.test == false) | .filenames[] | select(test("\\.(so|dylib)$"))' <<<"$built"
+    }
+    lib=$(artifact kv_jni)
+    if [ -z "$qnn_backend" ]; then qnn_backend=$(artifact htpkv_ref_qnn); fi
+else
+    packages=(-p kv_jni -p htpkv-cli)
+    if [ -z "$qnn_backend" ]; then packages+=(-p ref_backend_qnn); fi
+    echo "run-jvm-tests: cargo build ${packages[*]} (dev profile)"
+    cargo build "${packages[@]}"
     case "$(uname -s)" in
-        Darwin) qnn_backend="$target_dir/debug/libhtpkv_ref_qnn.dylib" ;;
-        *) qnn_backend="$target_dir/debug/libhtpkv_ref_qnn.so" ;;
+        Darwin) lib="$target_dir/debug/libkv_jni.dylib" ;;
+        *) lib="$target_dir/debug/libkv_jni.so" ;;
     esac
+    if [ -z "$qnn_backend" ]; then
+        case "$(uname -s)" in
+            Darwin) qnn_backend="$target_dir/debug/libhtpkv_ref_qnn.dylib" ;;
+            *) qnn_backend="$target_dir/debug/libhtpkv_ref_qnn.so" ;;
+        esac
+    fi
 fi
 [ -f "$lib" ] || { echo "run-jvm-tests: $lib was not built" >&2; exit 1; }
+[ -x "$target_dir/debug/htpkv" ] || { echo "run-jvm-tests: no $target_dir/debug/htpkv" >&2; exit 1; }
 
 classes="$(mktemp -d)"
 trap 'rm -rf "$classes"' EXIT
