@@ -11,24 +11,14 @@ fn build(weights: WeightType) -> CompiledModel {
     o.kv_dtype = DataType::U16;
     o.weights = weights;
     let prompts = test_support::stories::default_prompts(&tok);
-    let c = model::llama2c::llama_config(&ckpt.config);
-    ref_backend::compile(&c, &ckpt, &prompts, &o, ckpt.sha256(), &mut |_| {}).unwrap()
+    test_support::compile::compile_ckpt(&ckpt, &prompts, &o).unwrap()
 }
 
 #[test]
 fn i8f16_keeps_v_and_down_in_f16_and_the_other_matrices_as_i8_builds_do() {
     let (mixed, plain) = (build(WeightType::I8F16), build(WeightType::I8));
-    let c = mixed.config().clone();
-    for l in 0..c.n_layers {
-        for lt in [
-            LayerTensor::Q,
-            LayerTensor::K,
-            LayerTensor::V,
-            LayerTensor::O,
-            LayerTensor::Gate,
-            LayerTensor::Up,
-            LayerTensor::Down,
-        ] {
+    for l in 0..mixed.config().n_layers {
+        for lt in crate::gptq::MATRICES {
             let t = Tensor::Layer(l, lt);
             let (m, p) = (mixed.i8_matrix(t), plain.i8_matrix(t));
             if I8F16_KEPT_AT_F16.contains(&lt) {
