@@ -250,6 +250,7 @@ impl Bundle {
                 scaling,
                 // Tables do not depend on the pairing; AI Hub's exports use Hugging Face's.
                 pairing: RopePairing::HalfSplit,
+                ..RopeConfig::default()
             }),
             Some(t) => {
                 return Err(bad(

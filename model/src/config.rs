@@ -46,14 +46,100 @@ pub struct Llama3Scaling {
 }
 
 /// Rotary position embedding parameters.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RopeConfig {
-    /// Base frequency (10000 for llama2.c, 1e5 for SmolLM2, 5e5 for Llama 3).
+    /// Base frequency (10000 for llama2.c, 1e5 for SmolLM2, 5e5 for Llama 3); the base of every
+    /// global layer.
     pub theta: f32,
-    /// Optional frequency scaling.
+    /// Optional frequency scaling (Llama 3's `rope_scaling` from a Hugging Face config).
     pub scaling: Option<Llama3Scaling>,
     /// Pair layout of Q and K.
     pub pairing: RopePairing,
+    /// Rotated dimensions per head (even, at most `head_dim`); `None` rotates the whole head.
+    /// Phi-4-mini rotates three quarters of each head; the rest passes through unchanged.
+    pub rotated: Option<usize>,
+    /// Per-pair divisors of the frequencies (`rotated / 2` values): GGUF's `rope_freqs` tensor,
+    /// Llama 3.1/3.2's scaling precomputed by the converter.
+    pub freq_factors: Option<Vec<f32>>,
+    /// The base of sliding-window layers when it differs from `theta` (Gemma 3's local layers
+    /// rotate with 10,000 and its global ones with 1,000,000).
+    pub window_theta: Option<f32>,
+}
+
+impl Default for RopeConfig {
+    /// llama2.c's RoPE: base 10,000, adjacent pairs, whole heads, no scaling.
+    fn default() -> RopeConfig {
+        RopeConfig {
+            theta: 10000.0,
+            scaling: None,
+            pairing: RopePairing::Adjacent,
+            rotated: None,
+            freq_factors: None,
+            window_theta: None,
+        }
+    }
+}
+
+impl RopeConfig {
+    /// Rotated dimensions per head of a model whose heads are `head_dim` wide.
+    pub fn rotated_dims(&self, head_dim: usize) -> usize {
+        self.rotated.unwrap_or(head_dim)
+    }
+
+    /// The base of a layer: `window_theta` for a sliding-window layer when the model has one.
+    pub fn layer_theta(&self, windowed: bool) -> f32 {
+        match self.window_theta {
+            Some(t) if windowed => t,
+            _ => self.theta,
+        }
+    }
+}
+
+/// The FFN's activation of the gate: `act(gate) * up`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Activation {
+    /// `x * sigmoid(x)` (SwiGLU: Llama, Qwen, Phi, Mistral).
+    #[default]
+    Silu,
+    /// GELU with the tanh approximation (GeGLU: Gemma).
+    GeluTanh,
+}
+
+impl Activation {
+    /// A stable name (the compiled file stores it).
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Silu => "silu",
+            Activation::GeluTanh => "gelu_tanh",
+        }
+    }
+
+    /// The activation of [`name`](Self::name).
+    pub fn from_name(name: &str) -> Option<Activation> {
+        [Activation::Silu, Activation::GeluTanh]
+            .into_iter()
+            .find(|a| a.name() == name)
+    }
+}
+
+/// What every decoder layer does besides the Llama block (pre-norm attention and SwiGLU FFN):
+/// the data the one forward, the reference executor, the compiled file and the HTP lowering
+/// read. The default is the Llama block.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Block {
+    /// Q, K and V projections have biases (Qwen2).
+    pub qkv_bias: bool,
+    /// Each query and key head is RMS-normalized (weights of `head_dim`) before RoPE (Qwen3,
+    /// Gemma 3).
+    pub qk_norm: bool,
+    /// The attention output is RMS-normalized before the residual add (Gemma 3).
+    pub post_attention_norm: bool,
+    /// The FFN output is RMS-normalized before the residual add (Gemma 3).
+    pub post_ffn_norm: bool,
+    /// The FFN's gate activation.
+    pub activation: Activation,
+    /// The attention scores' scale; `None` is `1 / sqrt(head_dim)`.
+    pub attention_scale: Option<f32>,
 }
 
 /// Special token ids (each below `vocab_size` when present).
@@ -79,29 +165,37 @@ impl SpecialTokens {
 }
 
 /// Checks a file's count of rotated dimensions per head (`rope.dimension_count`, a bundle's
-/// `rope-dim` doubled, `partial_rotary_factor` times `head_dim`) against `head_dim`. htpkv rotates
-/// whole heads (the shared forward, the reference executor and the runtime's cos/sin tables all
-/// take `head_dim / 2` frequencies), so anything but `head_dim` is refused: a count that no model
-/// can have (zero, odd, above `head_dim`) as invalid, an even one below `head_dim` as partial
-/// RoPE, which is not supported. The reason is for an error naming the file and the field.
+/// `rope-dim` doubled, `partial_rotary_factor` times `head_dim`) against `head_dim`, for paths
+/// that rotate whole heads only (a foreign binary's RoPE tables): a count no model can have
+/// (zero, odd, above `head_dim`) is invalid, an even one below `head_dim` is partial RoPE. The
+/// reason is for an error naming the file and the field.
 pub fn full_rope_only(rotated: usize, head_dim: usize) -> Result<(), String> {
+    valid_rotated(rotated, head_dim)?;
     if rotated == head_dim {
         return Ok(());
     }
+    Err(format!(
+        "partial RoPE ({rotated} of the head's {head_dim} dimensions rotated) is not supported \
+         here: this path rotates whole heads"
+    ))
+}
+
+/// Checks a count of rotated dimensions per head: even, at least 2, at most `head_dim`.
+pub fn valid_rotated(rotated: usize, head_dim: usize) -> Result<(), String> {
     if rotated == 0 || rotated % 2 == 1 || rotated > head_dim {
         return Err(format!(
             "{rotated} rotated dimensions per head is invalid: RoPE rotates an even number of \
              dimensions, at least 2 and at most the head's {head_dim}"
         ));
     }
-    Err(format!(
-        "partial RoPE ({rotated} of the head's {head_dim} dimensions rotated) is not supported: \
-         htpkv rotates whole heads"
-    ))
+    Ok(())
 }
 
-/// The description of one Llama-family decoder (Llama 1–3, SmolLM, TinyLlama, Qwen2 with Q/K/V
-/// biases). Weight shapes follow from it; see [`crate::Tensor::shape`].
+/// The one model description: a decoder of pre-norm attention and gated FFN blocks, with what
+/// each family adds as data ([`Block`], [`RopeConfig`], per-layer windows, embedding scale,
+/// soft-cap). Every loader fills it through its family ([`crate::family`]); the forward, the
+/// reference executor, the compiled file and the HTP lowering read it. Weight shapes follow from
+/// it; see [`crate::Tensor::shape`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
     /// Number of transformer layers.
@@ -126,8 +220,12 @@ pub struct LlamaConfig {
     pub rope: RopeConfig,
     /// True when the classifier is the token embedding.
     pub tied_output: bool,
-    /// True when Q, K and V projections have biases (Qwen2).
-    pub qkv_bias: bool,
+    /// What each layer does besides the Llama block (norms, biases, activation, scale).
+    pub block: Block,
+    /// Multiplier of the embedding rows (Gemma: `sqrt(dim)`), `None` for 1.
+    pub embed_scale: Option<f32>,
+    /// Final logit soft-cap `c`: logits become `c * tanh(logits / c)` (Gemma 2), `None` for none.
+    pub final_softcap: Option<f32>,
     /// Special token ids.
     pub special: SpecialTokens,
     /// Per-layer attention windows: empty when every layer is global, else one entry per layer,
@@ -220,12 +318,56 @@ impl LlamaConfig {
         if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rms_eps < 1.0) {
             return Err(Error::config("rms_eps", self.rms_eps, "must be in (0, 1)"));
         }
-        positive_finite("rope.theta", self.rope.theta)?;
-        if let Some(s) = &self.rope.scaling {
-            s.validate()?;
-        }
+        self.validate_rope()?;
+        self.validate_block()?;
         self.validate_windows()?;
         self.validate_special()
+    }
+
+    fn validate_rope(&self) -> Result<(), Error> {
+        let r = &self.rope;
+        positive_finite("rope.theta", r.theta)?;
+        if let Some(t) = r.window_theta {
+            positive_finite("rope.window_theta", t)?;
+        }
+        if let Some(s) = &r.scaling {
+            s.validate()?;
+        }
+        let rotated = r.rotated_dims(self.head_dim);
+        valid_rotated(rotated, self.head_dim)
+            .map_err(|why| Error::config("rope.rotated", rotated, why))?;
+        if let Some(f) = &r.freq_factors {
+            if f.len() != rotated / 2 {
+                let why = format!("must hold one factor per rotated pair ({})", rotated / 2);
+                return Err(Error::config("rope.freq_factors", f.len(), why));
+            }
+            if let Some(bad) = f.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
+                let why = "every factor must be finite and positive";
+                return Err(Error::config("rope.freq_factors", bad, why));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_block(&self) -> Result<(), Error> {
+        let scales = [
+            ("block.attention_scale", self.block.attention_scale),
+            ("embed_scale", self.embed_scale),
+            ("final_softcap", self.final_softcap),
+        ];
+        for (field, v) in scales {
+            if let Some(v) = v {
+                positive_finite(field, v)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The attention scores' scale: the block's, else `1 / sqrt(head_dim)`.
+    pub fn attention_scale(&self) -> f32 {
+        self.block
+            .attention_scale
+            .unwrap_or(1.0 / (self.head_dim as f32).sqrt())
     }
 
     fn validate_windows(&self) -> Result<(), Error> {
@@ -296,13 +438,11 @@ pub(crate) mod tests {
             vocab_size: 32,
             context_length: 16,
             rms_eps: 1e-5,
-            rope: RopeConfig {
-                theta: 10000.0,
-                scaling: None,
-                pairing: RopePairing::Adjacent,
-            },
+            rope: RopeConfig::default(),
             tied_output: true,
-            qkv_bias: false,
+            block: Block::default(),
+            embed_scale: None,
+            final_softcap: None,
             special: SpecialTokens {
                 bos: Some(1),
                 eos: Some(2),

@@ -26,8 +26,8 @@ use crate::forward::{
 };
 use crate::ops::{Rope, argmax, attend, rmsnorm};
 use crate::{
-    Error, LlamaConfig, NoTap, RopeConfig, RopePairing, SpecialTokens, Tensor, WeightSource,
-    Weights, check_weights,
+    Error, LlamaConfig, NoTap, RopeConfig, SpecialTokens, Tensor, WeightSource, Weights,
+    check_weights,
 };
 
 /// An encoder-decoder model: the decoder's description, the encoder depth and source length.
@@ -59,11 +59,12 @@ impl EncDecConfig {
                 rms_eps: 1e-5,
                 rope: RopeConfig {
                     theta: 10000.0,
-                    scaling: None,
-                    pairing: RopePairing::Adjacent,
+                    ..RopeConfig::default()
                 },
                 tied_output: false,
-                qkv_bias: false,
+                block: crate::Block::default(),
+                embed_scale: None,
+                final_softcap: None,
                 special: SpecialTokens::default(),
                 layer_windows: Vec::new(),
             },

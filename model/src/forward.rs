@@ -12,7 +12,10 @@ use std::sync::Arc;
 
 use std::ops::Range;
 
-use crate::ops::{Rope, argmax, attend, matmul, matmul_rows, rmsnorm, rope_apply, silu};
+use crate::ops::{
+    Rope, activate, argmax, attend_scaled, matmul, matmul_rows, rmsnorm, rmsnorm_inplace,
+    rope_apply_heads, softcap,
+};
 use crate::{Error, LayerTensor, LlamaConfig, Tensor, WeightSource, check_weights};
 
 /// A point of the forward pass whose values a [`Tap`] sees.
@@ -68,7 +71,8 @@ pub enum Input<'a> {
 pub enum Positions<'a> {
     /// Position ids, one per row: angles from the description (theta, scaling).
     Ids(&'a [usize]),
-    /// Precomputed tables `[n, head_dim / 2]`: the cosine and sine of each row's angle per pair.
+    /// Precomputed tables `[n, rotated / 2]`: the cosine and sine of each row's angle per pair
+    /// (models whose sliding-window layers rotate with a base of their own take ids).
     Table {
         /// Cosines.
         cos: &'a [f32],
@@ -130,9 +134,14 @@ impl Pass<'_> {
             let vocab_size = c.vocab_size;
             return Err(Error::TokenOutOfRange { token, vocab_size });
         }
-        let half = c.head_dim / 2;
+        let half = c.rope.rotated_dims(c.head_dim) / 2;
         match self.positions {
             Positions::Ids(p) if p.len() != n => bad(format!("{} positions for {n} rows", p.len())),
+            Positions::Table { .. } if c.rope.window_theta.is_some() => bad(
+                "RoPE tables give one base, and this model's sliding-window layers rotate with \
+                 a base of their own: pass position ids"
+                    .into(),
+            ),
             Positions::Table { cos, sin } if cos.len() != n * half || sin.len() != n * half => {
                 bad(format!(
                     "cos/sin tables of {}/{} values, expected {n} x {half}",
@@ -168,13 +177,15 @@ pub trait Kernels {
         }
     }
 
-    /// An f32 vector: RMSNorm weights and Q/K/V biases.
+    /// An f32 vector: RMSNorm weights (the attention, FFN and final norms, a block's q/k and
+    /// post norms) and Q/K/V biases.
     fn vector(&self, v: Tensor) -> &[f32];
 
     /// Stores the step's keys and values of `layer` (`k`, `v`: `[n, kv_dim]`, after bias and
     /// RoPE) and attends: every query head of every row of `q` (`[n, q_dim]`) over the past and
     /// the visible new rows (GQA: query head `h` reads KV head `h / kv_mul`), into `out`
-    /// (`[n, q_dim]`). Implementations use [`attend`](crate::ops::attend).
+    /// (`[n, q_dim]`). Implementations use [`attend`](crate::ops::attend) with the model's
+    /// [`LlamaConfig::attention_scale`].
     fn attention(&mut self, layer: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]);
 
     /// The cross-attention sub-block of `layer`, between self-attention and the FFN: adds its
@@ -205,6 +216,9 @@ pub struct Activations {
     hb2: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// The sliding-window layers' tables when they rotate with a base of their own (else empty).
+    cos_w: Vec<f32>,
+    sin_w: Vec<f32>,
     logits: Vec<f32>,
 }
 
@@ -212,6 +226,12 @@ impl Activations {
     /// Buffers for `capacity` rows of model `c`.
     pub fn new(c: &LlamaConfig, capacity: usize) -> Activations {
         let z = |w: usize| vec![0.0; capacity * w];
+        let half = c.rope.rotated_dims(c.head_dim) / 2;
+        let half_w = if c.rope.window_theta.is_some() {
+            half
+        } else {
+            0
+        };
         Activations {
             capacity,
             rows: 0,
@@ -224,8 +244,10 @@ impl Activations {
             att_out: z(c.q_dim()),
             hb: z(c.hidden_dim),
             hb2: z(c.hidden_dim),
-            cos: z(c.head_dim / 2),
-            sin: z(c.head_dim / 2),
+            cos: z(half),
+            sin: z(half),
+            cos_w: z(half_w),
+            sin_w: z(half_w),
             logits: z(c.vocab_size),
         }
     }
@@ -254,6 +276,8 @@ impl Activations {
             &self.hb2,
             &self.cos,
             &self.sin,
+            &self.cos_w,
+            &self.sin_w,
             &self.logits,
         ];
         v.iter().map(|b| b.len() * 4).sum()
@@ -272,16 +296,48 @@ pub fn run(
 ) -> Result<(), Error> {
     let n = pass.check(c, a.capacity)?;
     a.rows = n;
-    let (dim, half) = (c.dim, c.head_dim / 2);
-    match pass.input {
+    embed_rows(c, k, a, pass.input, n);
+    rope_tables(rope, a, pass.positions, n);
+    for l in pass.layers.clone() {
+        attention_block(c, l, n, k, a, tap);
+        k.cross_attention(l, &mut a.x[..n * c.dim]);
+        ffn_block(c, l, n, k, a, tap);
+        observe_rows(tap, l, Site::Residual, &a.x[..n * c.dim], c.dim);
+    }
+    if pass.output == Output::Logits {
+        classify(c, n, k, a, tap);
+    }
+    Ok(())
+}
+
+/// The residual stream of the pass's rows: embedding rows (times the model's embedding scale)
+/// or the given hidden state.
+fn embed_rows(
+    c: &LlamaConfig,
+    k: &mut dyn Kernels,
+    a: &mut Activations,
+    input: Input<'_>,
+    n: usize,
+) {
+    let dim = c.dim;
+    match input {
         Input::Tokens(t) => {
             for (&tok, x) in t.iter().zip(a.x.chunks_exact_mut(dim)) {
                 k.embed(tok, x);
+                if let Some(s) = c.embed_scale {
+                    x.iter_mut().for_each(|v| *v *= s);
+                }
             }
         }
         Input::Hidden(h) => a.x[..n * dim].copy_from_slice(h),
     }
-    match pass.positions {
+}
+
+/// Each row's RoPE tables (and the sliding-window layers' own, when they have a base of their
+/// own), from position ids or given.
+fn rope_tables(rope: &Rope, a: &mut Activations, positions: Positions<'_>, n: usize) {
+    let half = rope.frequencies().len();
+    match positions {
         Positions::Ids(p) => {
             let rows = a
                 .cos
@@ -290,22 +346,21 @@ pub fn run(
             for (&pos, (cos, sin)) in p.iter().zip(rows) {
                 rope.cos_sin(pos, cos, sin);
             }
+            if rope.has_window_base() {
+                let rows = a
+                    .cos_w
+                    .chunks_exact_mut(half)
+                    .zip(a.sin_w.chunks_exact_mut(half));
+                for (&pos, (cos, sin)) in p.iter().zip(rows) {
+                    rope.cos_sin_of(true, pos, cos, sin);
+                }
+            }
         }
         Positions::Table { cos, sin } => {
             a.cos[..n * half].copy_from_slice(cos);
             a.sin[..n * half].copy_from_slice(sin);
         }
     }
-    for l in pass.layers.clone() {
-        attention_block(c, rope, l, n, k, a, tap);
-        k.cross_attention(l, &mut a.x[..n * dim]);
-        ffn_block(c, l, n, k, a, tap);
-        observe_rows(tap, l, Site::Residual, &a.x[..n * dim], dim);
-    }
-    if pass.output == Output::Logits {
-        classify(c, n, k, a, tap);
-    }
-    Ok(())
 }
 
 fn observe_rows(tap: &mut dyn Tap, layer: usize, site: Site, values: &[f32], width: usize) {
@@ -337,7 +392,7 @@ fn project_qkv(c: &LlamaConfig, k: &mut dyn Kernels, l: usize, x: &[f32], outs: 
         x,
         &mut outs,
     );
-    if c.qkv_bias {
+    if c.block.qkv_bias {
         for (out, bias) in outs.into_iter().zip([L::QBias, L::KBias, L::VBias]) {
             let b = k.vector(Tensor::Layer(l, bias));
             for row in out.chunks_exact_mut(b.len()) {
@@ -347,10 +402,58 @@ fn project_qkv(c: &LlamaConfig, k: &mut dyn Kernels, l: usize, x: &[f32], outs: 
     }
 }
 
+/// RMSNorm of every head (`w.len()` wide) of every row of `x` in place, with weights `w`.
+fn norm_heads(x: &mut [f32], w: &[f32], eps: f32) {
+    for head in x.chunks_exact_mut(w.len()) {
+        rmsnorm_inplace(head, w, eps);
+    }
+}
+
+/// Queries and keys of the `n` rows: per-head RMSNorm when the block has it, then RoPE with the
+/// layer's tables (its window's when it is a sliding-window layer with a base of its own).
+fn qk_rotate(c: &LlamaConfig, l: usize, k: &mut dyn Kernels, a: &mut Activations, n: usize) {
+    use LayerTensor as L;
+    let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+    let (q, kk) = (&mut a.q[..n * qd], &mut a.k[..n * kvd]);
+    if c.block.qk_norm {
+        norm_heads(q, k.vector(Tensor::Layer(l, L::QNorm)), c.rms_eps);
+        norm_heads(kk, k.vector(Tensor::Layer(l, L::KNorm)), c.rms_eps);
+    }
+    let half = c.rope.rotated_dims(hd) / 2;
+    let own = c.rope.window_theta.is_some() && c.layer_window(l).is_some();
+    let (cos, sin) = if own {
+        (&a.cos_w, &a.sin_w)
+    } else {
+        (&a.cos, &a.sin)
+    };
+    let tables = cos.chunks_exact(half).zip(sin.chunks_exact(half));
+    let rows = q.chunks_exact_mut(qd).zip(kk.chunks_exact_mut(kvd));
+    for ((qr, kr), (cos, sin)) in rows.zip(tables) {
+        rope_apply_heads(qr, hd, cos, sin, c.rope.pairing);
+        rope_apply_heads(kr, hd, cos, sin, c.rope.pairing);
+    }
+}
+
+/// `x += out`, with `out` RMS-normalized first by `post` when the block has that norm.
+fn add_residual(
+    c: &LlamaConfig,
+    k: &dyn Kernels,
+    post: Option<Tensor>,
+    x: &mut [f32],
+    out: &mut [f32],
+) {
+    if let Some(t) = post {
+        let w = k.vector(t);
+        for row in out.chunks_exact_mut(c.dim) {
+            rmsnorm_inplace(row, w, c.rms_eps);
+        }
+    }
+    add(x, out);
+}
+
 /// Attention block of layer `l` for the `n` rows.
 fn attention_block(
     c: &LlamaConfig,
-    rope: &Rope,
     l: usize,
     n: usize,
     k: &mut dyn Kernels,
@@ -358,21 +461,14 @@ fn attention_block(
     tap: &mut dyn Tap,
 ) {
     use LayerTensor as L;
-    let (dim, qd, kvd, half) = (c.dim, c.q_dim(), c.kv_dim(), c.head_dim / 2);
+    let (dim, qd, kvd) = (c.dim, c.q_dim(), c.kv_dim());
     let (x, xb) = (&a.x[..n * dim], &mut a.xb[..n * dim]);
     norm_rows(xb, x, k.vector(Tensor::Layer(l, L::AttnNorm)), c.rms_eps);
     observe_rows(tap, l, Site::AttnInput, xb, dim);
     let (q, kk, v) = (&mut a.q[..n * qd], &mut a.k[..n * kvd], &mut a.v[..n * kvd]);
     project_qkv(c, k, l, xb, [&mut *q, &mut *kk, &mut *v]);
-    let tables = a.cos.chunks_exact(half).zip(a.sin.chunks_exact(half));
-    for ((qr, kr), (cos, sin)) in q
-        .chunks_exact_mut(qd)
-        .zip(kk.chunks_exact_mut(kvd))
-        .zip(tables)
-    {
-        rope_apply(qr, cos, sin, rope.pairing());
-        rope_apply(kr, cos, sin, rope.pairing());
-    }
+    qk_rotate(c, l, k, a, n);
+    let (q, kk, v) = (&a.q[..n * qd], &a.k[..n * kvd], &a.v[..n * kvd]);
     observe_rows(tap, l, Site::Query, q, qd);
     observe_rows(tap, l, Site::Key, kk, kvd);
     observe_rows(tap, l, Site::Value, v, kvd);
@@ -381,10 +477,14 @@ fn attention_block(
     observe_rows(tap, l, Site::AttnOutput, att, qd);
     let xb2 = &mut a.xb2[..n * dim];
     k.linear(Tensor::Layer(l, L::O), att, xb2);
-    add(&mut a.x[..n * dim], xb2);
+    let post = c
+        .block
+        .post_attention_norm
+        .then_some(Tensor::Layer(l, L::PostAttnNorm));
+    add_residual(c, k, post, &mut a.x[..n * dim], xb2);
 }
 
-/// SwiGLU feed-forward block of layer `l` for the `n` rows.
+/// Gated feed-forward block of layer `l` for the `n` rows: `down(act(gate) * up)`.
 fn ffn_block(
     c: &LlamaConfig,
     l: usize,
@@ -404,12 +504,17 @@ fn ffn_block(
         xb,
         &mut [&mut *hb, &mut *hb2],
     );
+    let act = c.block.activation;
     for (g, u) in hb.iter_mut().zip(hb2.iter()) {
-        *g = silu(*g) * u;
+        *g = activate(act, *g) * u;
     }
     observe_rows(tap, l, Site::FfnHidden, hb, hd);
     k.linear(Tensor::Layer(l, L::Down), hb, xb);
-    add(&mut a.x[..n * dim], xb);
+    let post = c
+        .block
+        .post_ffn_norm
+        .then_some(Tensor::Layer(l, L::PostFfnNorm));
+    add_residual(c, k, post, &mut a.x[..n * dim], xb);
 }
 
 /// Final RMSNorm and classifier (the embedding when tied), all rows in one matmul.
@@ -428,6 +533,9 @@ fn classify(
     let v = c.vocab_size;
     let logits = &mut a.logits[..n * v];
     k.linear(cls, xb, logits);
+    if let Some(cap) = c.final_softcap {
+        softcap(logits, cap);
+    }
     for (i, row) in logits.chunks_exact(v).enumerate() {
         tap.observe(last, Site::Logits, row);
         k.logits(i, row);
@@ -560,8 +668,9 @@ impl<W: WeightSource + ?Sized> Kernels for FloatKernels<'_, W> {
             for h in 0..c.n_heads {
                 let off = (h / kv_mul) * hd;
                 let row = |t: usize| t * kvd + off..t * kvd + off + hd;
-                attend(
+                attend_scaled(
                     &qr[h * hd..(h + 1) * hd],
+                    c.attention_scale(),
                     pos + 1 - first,
                     |t| &keys[row(t)],
                     |t| &values[row(t)],

@@ -13,8 +13,8 @@ use serde_json::Value as Json;
 
 use crate::weights::HeldTensor;
 use crate::{
-    Error, LayerTensor, Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, Tensor,
-    Weights,
+    Block, Error, LayerTensor, Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens,
+    Tensor, Weights,
 };
 
 /// A model read from a Hugging Face folder.
@@ -47,6 +47,12 @@ pub fn hf_name(t: Tensor) -> String {
                 L::Gate => "mlp.gate_proj.weight",
                 L::Up => "mlp.up_proj.weight",
                 L::Down => "mlp.down_proj.weight",
+                L::QNorm => "self_attn.q_norm.weight",
+                L::KNorm => "self_attn.k_norm.weight",
+                // No Hugging Face family read here has post norms (Gemma's folders are not
+                // read yet); these are Gemma's names.
+                L::PostAttnNorm => "post_attention_norm.weight",
+                L::PostFfnNorm => "post_feedforward_layernorm.weight",
             };
             format!("model.layers.{l}.{s}")
         }
@@ -322,19 +328,21 @@ pub fn config_from_json(text: &str, origin: &str) -> Result<LlamaConfig, Error> 
         origin,
     };
     let model_type = json["model_type"].as_str().unwrap_or("llama");
-    if !matches!(model_type, "llama" | "mistral" | "qwen2") {
+    let Some(family) = crate::family::by_hf_type(model_type) else {
         return Err(f.err(format!(
-            "model_type {model_type} is not supported (llama, mistral, qwen2)"
+            "model_type {model_type} is not supported ({})",
+            crate::family::hf_types()
         )));
-    }
+    };
     let (dim, n_heads) = (f.usize("hidden_size")?, f.usize("num_attention_heads")?);
     let (eos, eot) = f.ids("eos_token_id")?;
-    let config = LlamaConfig {
+    let head_dim = f.usize_opt("head_dim")?.unwrap_or(dim / n_heads.max(1));
+    let mut config = LlamaConfig {
         n_layers: f.usize("num_hidden_layers")?,
         dim,
         n_heads,
         n_kv_heads: f.usize_opt("num_key_value_heads")?.unwrap_or(n_heads),
-        head_dim: f.usize_opt("head_dim")?.unwrap_or(dim / n_heads.max(1)),
+        head_dim,
         hidden_dim: f.usize("intermediate_size")?,
         vocab_size: f.usize("vocab_size")?,
         context_length: f.usize("max_position_embeddings")?,
@@ -343,45 +351,50 @@ pub fn config_from_json(text: &str, origin: &str) -> Result<LlamaConfig, Error> 
             theta: f.f32_or("rope_theta", 10000.0)?,
             scaling: rope_scaling(&f)?,
             pairing: RopePairing::HalfSplit,
+            rotated: rotated_dims(&f, head_dim)?,
+            ..RopeConfig::default()
         },
         tied_output: f.bool_or("tie_word_embeddings", false)?,
-        qkv_bias: model_type == "qwen2" || f.bool_or("attention_bias", false)?,
+        block: Block {
+            qkv_bias: f.bool_or("attention_bias", false)?,
+            ..Block::default()
+        },
+        embed_scale: None,
+        final_softcap: None,
         special: SpecialTokens {
             bos: f.ids("bos_token_id")?.0,
             eos,
             eot,
             pad: f.ids("pad_token_id")?.0,
         },
-        layer_windows: layer_windows(&f, model_type)?,
+        layer_windows: layer_windows(&f)?,
     };
+    (family.hf)(&mut config, &json).map_err(|why| f.err(why))?;
     config.validate().map_err(|e| e.in_file(origin))?;
-    let factor = f.f32_or("partial_rotary_factor", 1.0)?;
-    if factor != 1.0 {
-        let rotated = (factor * config.head_dim as f32).round();
-        let rotated = if rotated.is_finite() && rotated >= 0.0 {
-            rotated as usize
-        } else {
-            0
-        };
-        crate::config::full_rope_only(rotated, config.head_dim)
-            .map_err(|why| f.err(format!("partial_rotary_factor = {factor}: {why}")))?;
-    }
     Ok(config)
 }
 
+/// `partial_rotary_factor` times the head width, checked; `None` when the whole head rotates.
+fn rotated_dims(f: &Fields<'_>, head_dim: usize) -> Result<Option<usize>, Error> {
+    let factor = f.f32_or("partial_rotary_factor", 1.0)?;
+    let rotated = (factor * head_dim as f32).round();
+    let rotated = if rotated.is_finite() && rotated >= 0.0 {
+        rotated as usize
+    } else {
+        0
+    };
+    crate::config::valid_rotated(rotated, head_dim)
+        .map_err(|why| f.err(format!("partial_rotary_factor = {factor}: {why}")))?;
+    Ok((rotated != head_dim).then_some(rotated))
+}
+
 /// Per-layer windows: `layer_types` (`sliding_attention` / `full_attention` per layer) with
-/// `sliding_window` when present; else every layer of a `mistral` model with a non-null
-/// `sliding_window`; else none (all global).
-fn layer_windows(f: &Fields<'_>, model_type: &str) -> Result<Vec<Option<usize>>, Error> {
+/// `sliding_window` when present; else none (all global; a family may set them).
+fn layer_windows(f: &Fields<'_>) -> Result<Vec<Option<usize>>, Error> {
     let window = f.usize_opt("sliding_window")?;
     let types = &f.json["layer_types"];
     if types.is_null() {
-        let n = if model_type == "mistral" && window.is_some() {
-            f.usize("num_hidden_layers")?
-        } else {
-            0
-        };
-        return Ok(vec![window; n]);
+        return Ok(Vec::new());
     }
     let Some(types) = types.as_array() else {
         return Err(f.err("layer_types is not a list".into()));

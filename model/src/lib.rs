@@ -65,6 +65,7 @@ pub mod checksum;
 mod config;
 pub mod encdec;
 mod error;
+pub mod family;
 pub mod forward;
 pub mod fsio;
 pub mod gguf;
@@ -78,7 +79,8 @@ mod weights;
 
 pub use chat::{ChatTemplate, Message};
 pub use config::{
-    Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, full_rope_only, limits,
+    Activation, Block, Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens,
+    full_rope_only, limits, valid_rotated,
 };
 pub use error::Error;
 pub use forward::{FloatModel, NoTap, Site, Tap};

@@ -69,32 +69,58 @@ pub fn llama3_scaled(freq: f32, s: &Llama3Scaling) -> f32 {
     }
 }
 
-/// Rotary position embedding for one head width: the per-pair frequencies (scaling applied) and
-/// the pair layout.
+/// Rotary position embedding for one head width: the per-pair frequencies (scaling and
+/// frequency factors applied) of the global layers and, when the model rotates its
+/// sliding-window layers with another base, of those; the pair layout; the rotated width.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rope {
+    head_dim: usize,
     freqs: Vec<f32>,
+    window_freqs: Option<Vec<f32>>,
     pairing: RopePairing,
 }
 
+/// The frequencies of the `rotated / 2` pairs of base `theta` under `cfg`'s scaling and factors.
+fn frequencies(cfg: &RopeConfig, theta: f32, rotated: usize) -> Vec<f32> {
+    (0..rotated / 2)
+        .map(|k| {
+            let f = rope_frequency(theta, k, rotated);
+            let f = cfg.scaling.as_ref().map_or(f, |s| llama3_scaled(f, s));
+            cfg.freq_factors.as_ref().map_or(f, |d| f / d[k])
+        })
+        .collect()
+}
+
 impl Rope {
-    /// Frequencies for `head_dim` (even, checked by [`crate::LlamaConfig::validate`]).
+    /// Frequencies for heads `head_dim` wide (even, checked by
+    /// [`crate::LlamaConfig::validate`], as are the rotated width and the factors' count).
     pub fn new(head_dim: usize, cfg: &RopeConfig) -> Rope {
-        let freqs = (0..head_dim / 2)
-            .map(|k| {
-                let f = rope_frequency(cfg.theta, k, head_dim);
-                cfg.scaling.as_ref().map_or(f, |s| llama3_scaled(f, s))
-            })
-            .collect();
+        let rotated = cfg.rotated_dims(head_dim);
         Rope {
-            freqs,
+            head_dim,
+            freqs: frequencies(cfg, cfg.theta, rotated),
+            window_freqs: cfg.window_theta.map(|t| frequencies(cfg, t, rotated)),
             pairing: cfg.pairing,
         }
     }
 
-    /// The frequency of each pair, `head_dim / 2` values.
+    /// The frequency of each rotated pair of the global layers, `rotated / 2` values.
     pub fn frequencies(&self) -> &[f32] {
         &self.freqs
+    }
+
+    /// The frequencies of a layer: the sliding-window ones when `windowed` and the model has
+    /// them.
+    pub fn layer_frequencies(&self, windowed: bool) -> &[f32] {
+        match &self.window_freqs {
+            Some(w) if windowed => w,
+            _ => &self.freqs,
+        }
+    }
+
+    /// Whether sliding-window layers rotate with frequencies of their own.
+    pub fn has_window_base(&self) -> bool {
+        self.window_freqs.is_some()
     }
 
     /// The pair layout.
@@ -104,25 +130,36 @@ impl Rope {
 
     /// Width of one head.
     pub fn head_dim(&self) -> usize {
-        2 * self.freqs.len()
+        self.head_dim
     }
 
-    /// The rotation of position `pos`: `cos`/`sin` of `pos · freq[k]` for each pair `k`.
+    /// The rotation of position `pos`: `cos`/`sin` of `pos · freq[k]` for each pair `k` of the
+    /// global layers ([`Rope::cos_sin_of`] for a layer's).
     ///
     /// # Panics
-    /// If `cos` or `sin` is not `head_dim / 2` long.
+    /// If `cos` or `sin` is not `rotated / 2` long.
     pub fn cos_sin(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
+        self.cos_sin_of(false, pos, cos, sin);
+    }
+
+    /// [`Rope::cos_sin`] with the frequencies of a layer ([`Rope::layer_frequencies`]).
+    ///
+    /// # Panics
+    /// If `cos` or `sin` is not `rotated / 2` long.
+    pub fn cos_sin_of(&self, windowed: bool, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
+        let freqs = self.layer_frequencies(windowed);
         assert!(
-            cos.len() == self.freqs.len() && sin.len() == self.freqs.len(),
-            "Rope::cos_sin: tables must hold head_dim / 2 = {} values",
-            self.freqs.len()
+            cos.len() == freqs.len() && sin.len() == freqs.len(),
+            "Rope::cos_sin: tables must hold rotated / 2 = {} values",
+            freqs.len()
         );
-        for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(&self.freqs) {
+        for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(freqs) {
             (*s, *c) = (pos as f32 * f).sin_cos();
         }
     }
 
-    /// Rotates every head in `vec` (one or more heads back to back) to position `pos`.
+    /// Rotates every head in `vec` (one or more heads back to back) to position `pos` with the
+    /// global layers' frequencies.
     ///
     /// # Panics
     /// If `vec.len()` is not a multiple of the head width.
@@ -130,29 +167,44 @@ impl Rope {
         let half = self.freqs.len();
         let (mut cos, mut sin) = (vec![0.0; half], vec![0.0; half]);
         self.cos_sin(pos, &mut cos, &mut sin);
-        rope_apply(vec, &cos, &sin, self.pairing);
+        rope_apply_heads(vec, self.head_dim, &cos, &sin, self.pairing);
     }
 }
 
 /// Rotates every head in `vec` (heads back to back, width `2 · cos.len()`) by the angles whose
-/// cosines and sines are `cos`/`sin` (one per pair, `head_dim / 2` values): the one RoPE apply
-/// of the crate, whether the angles come from position ids ([`Rope::cos_sin`]) or from
-/// precomputed tables.
+/// cosines and sines are `cos`/`sin` (one per pair): [`rope_apply_heads`] of whole heads.
 ///
 /// # Panics
-/// If `cos` and `sin` differ in length, are empty, or `vec.len()` is not a multiple of twice
-/// their length.
+/// As [`rope_apply_heads`].
 pub fn rope_apply(vec: &mut [f32], cos: &[f32], sin: &[f32], pairing: RopePairing) {
-    let hd = 2 * cos.len();
+    rope_apply_heads(vec, 2 * cos.len(), cos, sin, pairing);
+}
+
+/// Rotates the first `2 · cos.len()` dimensions of every head in `vec` (heads back to back,
+/// `head_dim` wide) by the angles whose cosines and sines are `cos`/`sin` (one per pair); the
+/// other dimensions pass through (partial rotary). The one RoPE apply of the crate, whether
+/// the angles come from position ids ([`Rope::cos_sin`]) or from precomputed tables. Pairs are
+/// `(2k, 2k+1)` ([`RopePairing::Adjacent`]) or `(k, k + rotated/2)` ([`RopePairing::HalfSplit`]).
+///
+/// # Panics
+/// If `cos` and `sin` differ in length, are empty, rotate more than `head_dim`, or `vec.len()`
+/// is not a multiple of `head_dim`.
+pub fn rope_apply_heads(
+    vec: &mut [f32],
+    head_dim: usize,
+    cos: &[f32],
+    sin: &[f32],
+    pairing: RopePairing,
+) {
+    let half = cos.len();
     assert!(
-        cos.len() == sin.len() && hd > 0 && vec.len().is_multiple_of(hd),
-        "rope_apply: cos {} / sin {} pairs do not fit len {}",
+        half == sin.len() && half > 0 && 2 * half <= head_dim && vec.len().is_multiple_of(head_dim),
+        "rope_apply: cos {} / sin {} pairs do not fit heads of {head_dim} in len {}",
         cos.len(),
         sin.len(),
         vec.len()
     );
-    let half = cos.len();
-    for head in vec.chunks_exact_mut(hd) {
+    for head in vec.chunks_exact_mut(head_dim) {
         for (k, (&c, &s)) in cos.iter().zip(sin).enumerate() {
             let (i, j) = match pairing {
                 RopePairing::Adjacent => (2 * k, 2 * k + 1),
@@ -165,13 +217,11 @@ pub fn rope_apply(vec: &mut [f32], cos: &[f32], sin: &[f32], pairing: RopePairin
     }
 }
 
-/// Scaled dot-product attention of one query head over `n` rows:
-/// `out = Σ_t p_t · value(t)` with `p = softmax(q · key(t) / sqrt(len(q)) + bias(t))`.
-/// `scores` is scratch of at least `n`. The float model and the executor both attend through
-/// this function; the executor's `bias` is the additive mask, the float model's is zero.
+/// Scaled dot-product attention of one query head over `n` rows with the usual scale
+/// `1 / sqrt(len(q))`: [`attend_scaled`].
 ///
 /// # Panics
-/// If `scores` is shorter than `n` or a key/value row differs in length from `q`/`out`.
+/// As [`attend_scaled`].
 pub fn attend<'a>(
     q: &[f32],
     n: usize,
@@ -182,6 +232,28 @@ pub fn attend<'a>(
     out: &mut [f32],
 ) {
     let scale = 1.0 / (q.len() as f32).sqrt();
+    attend_scaled(q, scale, n, key, value, bias, scores, out);
+}
+
+/// Scaled dot-product attention of one query head over `n` rows:
+/// `out = Σ_t p_t · value(t)` with `p = softmax(q · key(t) · scale + bias(t))` (`scale` is the
+/// model's, [`crate::LlamaConfig::attention_scale`]). `scores` is scratch of at least `n`. The
+/// float model and the executor both attend through this function; the executor's `bias` is
+/// the additive mask, the float model's is zero.
+///
+/// # Panics
+/// If `scores` is shorter than `n` or a key/value row differs in length from `q`/`out`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_scaled<'a>(
+    q: &[f32],
+    scale: f32,
+    n: usize,
+    key: impl Fn(usize) -> &'a [f32],
+    value: impl Fn(usize) -> &'a [f32],
+    bias: impl Fn(usize) -> f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
     let scores = &mut scores[..n];
     for (t, sc) in scores.iter_mut().enumerate() {
         *sc = dot(q, key(t)) * scale + bias(t);
@@ -317,6 +389,27 @@ pub fn matmul_rows(out: &mut [f32], x: &[f32], w: &[f32], cols: usize, scratch: 
         for (i, &v) in t.iter().enumerate() {
             out[i * rows + r] = v;
         }
+    }
+}
+
+/// GELU with the tanh approximation: `x/2 · (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))`.
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+}
+
+/// The gate activation `act` of the FFN, `act(x)`.
+pub fn activate(act: crate::Activation, x: f32) -> f32 {
+    match act {
+        crate::Activation::Silu => silu(x),
+        crate::Activation::GeluTanh => gelu_tanh(x),
+    }
+}
+
+/// `c · tanh(x / c)`: the final logit soft-cap.
+pub fn softcap(x: &mut [f32], c: f32) {
+    for v in x {
+        *v = c * (*v / c).tanh();
     }
 }
 

@@ -32,11 +32,19 @@ pub enum LayerTensor {
     Up,
     /// FFN down projection (w2), `(dim, hidden_dim)`.
     Down,
+    /// RMSNorm weights of each query head, `(head_dim)` (only with `block.qk_norm`).
+    QNorm,
+    /// RMSNorm weights of each key head, `(head_dim)` (only with `block.qk_norm`).
+    KNorm,
+    /// RMSNorm weights of the attention output, `(dim)` (only with `block.post_attention_norm`).
+    PostAttnNorm,
+    /// RMSNorm weights of the FFN output, `(dim)` (only with `block.post_ffn_norm`).
+    PostFfnNorm,
 }
 
 impl LayerTensor {
-    /// All per-layer tensors, biases included.
-    pub const ALL: [LayerTensor; 12] = [
+    /// All per-layer tensors, optional ones included.
+    pub const ALL: [LayerTensor; 16] = [
         LayerTensor::AttnNorm,
         LayerTensor::Q,
         LayerTensor::K,
@@ -49,13 +57,38 @@ impl LayerTensor {
         LayerTensor::Gate,
         LayerTensor::Up,
         LayerTensor::Down,
+        LayerTensor::QNorm,
+        LayerTensor::KNorm,
+        LayerTensor::PostAttnNorm,
+        LayerTensor::PostFfnNorm,
     ];
 
-    fn is_bias(self) -> bool {
+    /// Whether a layer of `config` has this tensor (the optional ones follow its [`crate::Block`]).
+    pub fn present(self, config: &LlamaConfig) -> bool {
+        use LayerTensor as L;
+        let b = &config.block;
+        match self {
+            L::QBias | L::KBias | L::VBias => b.qkv_bias,
+            L::QNorm | L::KNorm => b.qk_norm,
+            L::PostAttnNorm => b.post_attention_norm,
+            L::PostFfnNorm => b.post_ffn_norm,
+            _ => true,
+        }
+    }
+
+    /// An RMSNorm weight vector (as opposed to a matrix or a bias).
+    pub fn is_norm(self) -> bool {
+        use LayerTensor as L;
         matches!(
             self,
-            LayerTensor::QBias | LayerTensor::KBias | LayerTensor::VBias
+            L::AttnNorm | L::FfnNorm | L::QNorm | L::KNorm | L::PostAttnNorm | L::PostFfnNorm
         )
+    }
+
+    /// A projection matrix (Q, K, V, O, gate, up, down).
+    pub fn is_matrix(self) -> bool {
+        use LayerTensor as L;
+        matches!(self, L::Q | L::K | L::V | L::O | L::Gate | L::Up | L::Down)
     }
 }
 
@@ -93,13 +126,12 @@ impl fmt::Display for Tensor {
 }
 
 impl Tensor {
-    /// Every tensor `config` needs: biases only with `qkv_bias`, `Output` only when untied.
+    /// Every tensor `config` needs: the optional layer tensors its block has
+    /// ([`LayerTensor::present`]), `Output` only when untied.
     pub fn required(config: &LlamaConfig) -> Vec<Tensor> {
         let mut v = vec![Tensor::TokenEmbedding];
         for l in 0..config.n_layers {
-            let wanted = LayerTensor::ALL
-                .into_iter()
-                .filter(|t| config.qkv_bias || !t.is_bias());
+            let wanted = LayerTensor::ALL.into_iter().filter(|t| t.present(config));
             v.extend(wanted.map(|t| Tensor::Layer(l, t)));
         }
         v.push(Tensor::OutputNorm);
@@ -116,7 +148,8 @@ impl Tensor {
             Tensor::TokenEmbedding | Tensor::Output => vec![c.vocab_size, c.dim],
             Tensor::OutputNorm => vec![c.dim],
             Tensor::Layer(_, t) => match t {
-                L::AttnNorm | L::FfnNorm => vec![c.dim],
+                L::AttnNorm | L::FfnNorm | L::PostAttnNorm | L::PostFfnNorm => vec![c.dim],
+                L::QNorm | L::KNorm => vec![c.head_dim],
                 L::Q => vec![c.q_dim(), c.dim],
                 L::K | L::V => vec![c.kv_dim(), c.dim],
                 L::QBias => vec![c.q_dim()],
@@ -242,7 +275,7 @@ pub fn check_tensor_set(
                     } else {
                         ""
                     },
-                    if config.qkv_bias {
+                    if config.block.qkv_bias {
                         ", Q/K/V biases"
                     } else {
                         ""
@@ -285,7 +318,7 @@ pub fn check_finite(origin: &str, name: &str, data: &[f32]) -> Result<(), Error>
 /// Weights of one layer (biases empty unless the model has them).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LayerWeights {
-    tensors: [Vec<f32>; 12],
+    tensors: [Vec<f32>; LayerTensor::ALL.len()],
 }
 
 /// Owned f32 weights, filled tensor by tensor by the loaders.

@@ -41,6 +41,10 @@ pub enum CompileError {
     /// The options cannot describe graphs of this model.
     #[error("{0}")]
     Options(String),
+    /// The model's description holds a property the HTP lowering does not build yet (named in
+    /// the message); the reference target runs it.
+    #[error("the HTP lowering does not build this model yet: {0}")]
+    Unsupported(String),
     /// The backend refused a step (the graph and the QNN call are in the source).
     #[error("graph `{graph}`: the QNN backend {}", library.display())]
     Qnn {
@@ -144,6 +148,9 @@ fn check(c: &LlamaConfig, o: &HtpOptions) -> Result<(), CompileError> {
     }
     if let Some(why) = llama::layout_refusal(convention.layout) {
         return bad(why);
+    }
+    if let Some(why) = llama::model_refusal(c) {
+        return Err(CompileError::Unsupported(why));
     }
     if let Some(kv) = &o.kv {
         let per_layer = |l: usize| &kv[l * c.n_kv_heads..(l + 1) * c.n_kv_heads];

@@ -94,6 +94,49 @@ pub struct Step<'a> {
 /// has the layer's encoding); `None`: f32 K/V.
 pub type KvEncodings = Option<Vec<(Fixed, Fixed)>>;
 
+/// Why the lowering cannot build a model of description `c` (`None`: it can). It builds the
+/// Llama block with Q/K/V biases, any RoPE frequencies (Llama 3's scaling and factors) and
+/// per-layer windows; each other property of the description is refused by name until its
+/// ops are built and tested against Qualcomm's backend.
+pub fn model_refusal(c: &LlamaConfig) -> Option<String> {
+    let b = &c.block;
+    let unbuilt = [
+        (b.qk_norm, "per-head q/k RMSNorm (block.qk_norm)"),
+        (
+            b.post_attention_norm,
+            "a post-attention norm (block.post_attention_norm)",
+        ),
+        (b.post_ffn_norm, "a post-FFN norm (block.post_ffn_norm)"),
+        (
+            b.activation != model::Activation::Silu,
+            "a GELU gate (block.activation)",
+        ),
+        (
+            b.attention_scale.is_some(),
+            "an attention scale of its own (block.attention_scale)",
+        ),
+        (c.embed_scale.is_some(), "a scaled embedding (embed_scale)"),
+        (
+            c.final_softcap.is_some(),
+            "a logit soft-cap (final_softcap)",
+        ),
+        (
+            c.rope.rotated.is_some(),
+            "partial rotary embeddings (rope.rotated)",
+        ),
+        (
+            c.rope.window_theta.is_some(),
+            "a RoPE base of its own in window layers (rope.window_theta)",
+        ),
+    ];
+    let missing: Vec<&str> = unbuilt
+        .iter()
+        .filter(|(has, _)| *has)
+        .map(|(_, w)| *w)
+        .collect();
+    (!missing.is_empty()).then(|| missing.join(", "))
+}
+
 /// Why the lowering cannot build `layout`'s graphs (`None`: it can). It builds the two layouts
 /// it is tested with on Qualcomm's backend: [`GraphLayout::HTPKV`] and [`GraphLayout::AIHUB`].
 pub fn layout_refusal(layout: GraphLayout) -> Option<String> {
@@ -176,7 +219,7 @@ impl<'a> Lowering<'a> {
             }
         };
         match bias {
-            Some(bt) if self.c.qkv_bias => {
+            Some(bt) if self.c.block.qkv_bias => {
                 let bv = self.weight(bt)?;
                 self.e.add(&y, &bv)
             }

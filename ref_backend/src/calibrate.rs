@@ -3,7 +3,7 @@
 //! executor quantizes.
 
 use model::forward::{self, Activations, Input, Kernels, Output, Pass, Positions};
-use model::ops::{Rope, argmax, attend, matmul, matmul_rows};
+use model::ops::{Rope, argmax, attend_scaled, matmul, matmul_rows};
 use model::{LlamaConfig, Site, Tap, Tensor, WeightSource};
 use quant::{
     DataType, Encoding, HistogramObserver, MinMaxObserver, Observer, QuantSpec, ScaleOffset,
@@ -486,8 +486,9 @@ impl Kernels for Lockstep<'_> {
                 let off = (h / kv_mul) * hd;
                 let row = |p: usize| p * kvd + off..p * kvd + off + hd;
                 let o = i * qd + h * hd;
-                attend(
+                attend_scaled(
                     &q[o..o + hd],
+                    c.attention_scale(),
                     t + 1 - first,
                     |p| &keys[row(p)],
                     |p| &values[row(p)],

@@ -54,6 +54,7 @@ use quant::{Encoding, QuantSpec, ScaleOffset};
 
 use crate::bytes::{Reader, Writer};
 use crate::compiled::CompiledModel;
+use crate::desc;
 use crate::error::FormatError;
 use crate::model::{LayerData, Matrix, ModelData, classifier_act_index};
 use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS, kv_code, kv_from_code};
@@ -65,7 +66,9 @@ use model::checksum::crc32;
 
 /// Magic bytes at the start of every file.
 pub const MAGIC: [u8; 8] = *b"HTPKVREF";
-pub use crate::types::{FORMAT_VERSION, OLDEST_FORMAT_VERSION, WINDOWS_FORMAT_VERSION};
+pub use crate::types::{
+    DESC_FORMAT_VERSION, FORMAT_VERSION, OLDEST_FORMAT_VERSION, WINDOWS_FORMAT_VERSION,
+};
 /// Size of the fixed header before the payload.
 pub const HEADER_LEN: usize = 28;
 
@@ -78,9 +81,14 @@ impl CompiledModel {
         let mut payload = Writer::default();
         section(&mut payload, b"OPTS", |w| d.options.encode(w));
         section(&mut payload, b"MSHA", |w| w.bytes(&d.model_sha256));
-        section(&mut payload, b"CONF", |w| write_config(w, &d.config));
-        if file_version(&d.config) == WINDOWS_FORMAT_VERSION {
-            section(&mut payload, b"WNDS", |w| write_windows(w, &d.config));
+        match file_version(&d.config) {
+            DESC_FORMAT_VERSION => section(&mut payload, b"DESC", |w| desc::write(w, &d.config)),
+            version => {
+                section(&mut payload, b"CONF", |w| write_config(w, &d.config));
+                if version == WINDOWS_FORMAT_VERSION {
+                    section(&mut payload, b"WNDS", |w| write_windows(w, &d.config));
+                }
+            }
         }
         section(&mut payload, b"CALB", |w| {
             w.len(d.calibration.len());
@@ -109,7 +117,8 @@ impl CompiledModel {
                 write_matrix(w, m);
             }
             for layer in &d.layers {
-                for v in &layer.vectors {
+                let vectors = LayerData::VECTORS.iter().zip(&layer.vectors);
+                for (_, v) in vectors.filter(|(t, _)| LayerData::stored(**t, &d.config)) {
                     w.f32s(v);
                 }
                 for m in &layer.matrices {
@@ -206,11 +215,11 @@ impl CompiledModel {
             });
         }
         let version = r.u32("format version")?;
-        if !(OLDEST_FORMAT_VERSION..=WINDOWS_FORMAT_VERSION).contains(&version) {
+        if !(OLDEST_FORMAT_VERSION..=DESC_FORMAT_VERSION).contains(&version) {
             return Err(FormatError::UnsupportedVersion {
                 origin: origin.into(),
                 found: version,
-                supported: WINDOWS_FORMAT_VERSION,
+                supported: DESC_FORMAT_VERSION,
             });
         }
         let flags_at = r.offset();
@@ -259,14 +268,7 @@ impl CompiledModel {
         let model_sha256: [u8; 32] = s.array("model SHA-256")?;
         close_section(&s)?;
 
-        let mut s = open_section(&mut p, b"CONF")?;
-        let mut config = read_config(&mut s)?;
-        close_section(&s)?;
-        if version == WINDOWS_FORMAT_VERSION {
-            let mut s = open_section(&mut p, b"WNDS")?;
-            config.layer_windows = read_windows(&mut s, &config)?;
-            close_section(&s)?;
-        }
+        let (config, s) = read_description(&mut p, version)?;
         if let Err(reason) = validate_options(&config, &options) {
             return Err(s.corrupt_at(
                 HEADER_LEN as u64,
@@ -382,9 +384,37 @@ impl CompiledModel {
     }
 }
 
-/// The version a model's file carries: [`WINDOWS_FORMAT_VERSION`] when a layer has a window.
+/// The description of a file of `version`: its `DESC` section (version 6), or its `CONF` section
+/// and, in version 5, its `WNDS` section. Returns the last section read, for later errors.
+fn read_description<'a>(
+    p: &mut Reader<'a>,
+    version: u32,
+) -> Result<(LlamaConfig, Reader<'a>), FormatError> {
+    if version == DESC_FORMAT_VERSION {
+        let mut s = open_section(p, b"DESC")?;
+        let config = desc::read(&mut s)?;
+        close_section(&s)?;
+        return Ok((config, s));
+    }
+    let mut s = open_section(p, b"CONF")?;
+    let mut config = read_config(&mut s)?;
+    close_section(&s)?;
+    if version == WINDOWS_FORMAT_VERSION {
+        let mut w = open_section(p, b"WNDS")?;
+        config.layer_windows = read_windows(&mut w, &config)?;
+        close_section(&w)?;
+        return Ok((config, w));
+    }
+    Ok((config, s))
+}
+
+/// The version a model's file carries: [`DESC_FORMAT_VERSION`] when its description holds more
+/// than versions 4 and 5 can ([`desc::needs_desc`]), [`WINDOWS_FORMAT_VERSION`] when a layer
+/// has a window, else [`FORMAT_VERSION`].
 fn file_version(c: &LlamaConfig) -> u32 {
-    if c.layer_windows.iter().any(Option::is_some) {
+    if desc::needs_desc(c) {
+        DESC_FORMAT_VERSION
+    } else if c.layer_windows.iter().any(Option::is_some) {
         WINDOWS_FORMAT_VERSION
     } else {
         FORMAT_VERSION
@@ -518,10 +548,13 @@ fn read_layer(
     wt: WeightType,
 ) -> Result<LayerData, FormatError> {
     let mut vectors = Vec::with_capacity(LayerData::VECTORS.len());
-    for t in LayerData::VECTORS {
-        let t = Tensor::Layer(l, t);
-        let present = Tensor::required(c).contains(&t);
-        let len = if present { t.len(c) } else { 0 };
+    for lt in LayerData::VECTORS {
+        let t = Tensor::Layer(l, lt);
+        if !LayerData::stored(lt, c) {
+            vectors.push(Vec::new());
+            continue;
+        }
+        let len = if lt.present(c) { t.len(c) } else { 0 };
         vectors.push(read_norm(s, &t.to_string(), len)?);
     }
     let mut matrices = Vec::with_capacity(LayerData::MATRICES.len());
@@ -666,7 +699,7 @@ fn write_config(w: &mut Writer, c: &LlamaConfig) {
         RopePairing::HalfSplit => 1,
     });
     w.u8(u8::from(c.tied_output));
-    w.u8(u8::from(c.qkv_bias));
+    w.u8(u8::from(c.block.qkv_bias));
     let sp = &c.special;
     for id in [sp.bos, sp.eos, sp.eot, sp.pad] {
         match id {
@@ -744,9 +777,15 @@ fn read_config(s: &mut Reader<'_>) -> Result<LlamaConfig, FormatError> {
             theta,
             scaling,
             pairing,
+            ..RopeConfig::default()
         },
         tied_output,
-        qkv_bias,
+        block: model::Block {
+            qkv_bias,
+            ..model::Block::default()
+        },
+        embed_scale: None,
+        final_softcap: None,
         special: SpecialTokens { bos, eos, eot, pad },
         layer_windows: Vec::new(),
     };

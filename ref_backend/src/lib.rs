@@ -83,6 +83,7 @@ mod bytes;
 mod calibrate;
 mod compile;
 mod compiled;
+mod desc;
 pub mod encdec;
 mod error;
 mod exec;
@@ -104,7 +105,7 @@ pub use compile::{Recipe, compile, compile_with};
 pub use compiled::CompiledModel;
 pub use error::{CompileError, ExecError, FormatError};
 pub use exec::{Graph, mask_value_bytes};
-pub use format::{FORMAT_VERSION, WINDOWS_FORMAT_VERSION};
+pub use format::{DESC_FORMAT_VERSION, FORMAT_VERSION, WINDOWS_FORMAT_VERSION};
 pub use gptq::{GPTQ_DAMPING, Rounding};
 /// Graph tensors are described in the IO vocabulary's terms, and a compiled file names its graphs
 /// and tensors after one of its conventions.

@@ -530,14 +530,25 @@ impl LayerData {
         LayerTensor::Up,
         LayerTensor::Down,
     ];
-    /// The f32 vectors of a layer, in storage order.
-    pub(crate) const VECTORS: [LayerTensor; 5] = [
+    /// The f32 vectors of a layer, in storage order: the first five in every file (empty when
+    /// the model has none), the rest ([`LayerData::stored`]) only where the block has them.
+    pub(crate) const VECTORS: [LayerTensor; 9] = [
         LayerTensor::AttnNorm,
         LayerTensor::FfnNorm,
         LayerTensor::QBias,
         LayerTensor::KBias,
         LayerTensor::VBias,
+        LayerTensor::QNorm,
+        LayerTensor::KNorm,
+        LayerTensor::PostAttnNorm,
+        LayerTensor::PostFfnNorm,
     ];
+
+    /// Whether the file holds vector `t` of a layer of `c`: the first five always (format
+    /// versions 3 to 5 wrote them, empty when absent), a block's norms where it has them.
+    pub(crate) fn stored(t: LayerTensor, c: &LlamaConfig) -> bool {
+        Self::VECTORS[..5].contains(&t) || t.present(c)
+    }
 
     pub(crate) fn matrix(&self, t: LayerTensor) -> Option<&Matrix> {
         let i = Self::MATRICES.iter().position(|&m| m == t)?;

@@ -163,6 +163,10 @@ pub const OLDEST_FORMAT_VERSION: u32 = 3;
 /// section after `CONF`. This build reads both; a build that does not know windows refuses it
 /// by its version rather than mis-reading it.
 pub const WINDOWS_FORMAT_VERSION: u32 = 5;
+/// The format version of a model whose description holds more than the Llama block (a family's
+/// norms, activation, RoPE bases or factors, scales): the whole description as key–value
+/// metadata in a `DESC` section in place of `CONF` and `WNDS` ([`crate::desc`]).
+pub const DESC_FORMAT_VERSION: u32 = 6;
 
 #[cfg(test)]
 mod tests {

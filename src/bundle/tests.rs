@@ -52,8 +52,8 @@ fn older_bundles_give_theta_in_the_backend_section_and_no_bos() {
         "model": {"binary": {"ctx-bins": ["a.bin"]}}}}}"#;
     let b = open_with("old", config).unwrap();
     assert_eq!((b.bos, b.eos.as_slice()), (None, &[2][..]));
-    assert_eq!(b.rope.unwrap().theta, 10000.0);
-    assert!(b.rope.unwrap().scaling.is_none());
+    assert_eq!(b.rope.as_ref().unwrap().theta, 10000.0);
+    assert!(b.rope.as_ref().unwrap().scaling.is_none());
     assert_eq!(b.rope_dim, Some(64));
 }
 
@@ -175,7 +175,7 @@ fn htpkv_bundles_read_the_same_before_and_after_the_genie_schema_fields() {
             x.bos,
             x.eos.clone(),
             bins,
-            x.rope,
+            x.rope.clone(),
             x.rope_dim,
         )
     };

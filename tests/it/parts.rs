@@ -219,6 +219,7 @@ fn rope() -> model::RopeConfig {
         theta: 10000.0,
         scaling: None,
         pairing: model::RopePairing::Adjacent,
+        ..model::RopeConfig::default()
     }
 }
 
@@ -546,7 +547,7 @@ fn vector_bytes(len: usize) -> usize {
 /// The weight bytes of one layer, from the model's shapes.
 fn layer_bytes(c: &model::LlamaConfig) -> usize {
     let (q, kv) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
-    let biases = if c.qkv_bias { q + 2 * kv } else { 0 };
+    let biases = if c.block.qkv_bias { q + 2 * kv } else { 0 };
     2 * vector_bytes(c.dim)
         + 3 * vector_bytes(0)
         + 4 * biases

@@ -98,6 +98,7 @@ fn model_of(run: &RunArgs) -> anyhow::Result<Model> {
             theta,
             scaling: None,
             pairing: RopePairing::HalfSplit,
+            ..RopeConfig::default()
         }),
         bos: None,
         stops: Vec::new(),
@@ -151,7 +152,7 @@ pub fn open(run: &RunArgs, engine: &EngineOptions) -> anyhow::Result<Foreign> {
     let allocator = qnn.region_allocator();
     let convention = qnn.convention().name.clone();
     let backend: Box<dyn Backend> = Box::new(qnn);
-    let session = Session::with_contexts(backend, engine.strategy, allocator, m.rope)
+    let session = Session::with_contexts(backend, engine.strategy, allocator, m.rope.clone())
         .map_err(htpkv::engine::EngineError::from)
         .with_context(|| format!("{} do not form one model", m.origin))?;
     check_declared(&m, &session)?;

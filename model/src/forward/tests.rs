@@ -113,7 +113,9 @@ fn tap_sees_every_site_with_its_width() {
 }
 
 /// Plain f64 forward over the whole sequence without a cache: explicit per-pair RoPE (either
-/// layout), GQA, biases, untied classifier, per-layer sliding windows. Returns the logits of every position.
+/// layout, partial, frequency factors, the window layers' own base), GQA, biases, q/k norms,
+/// post norms, GELU-tanh, embedding scale, attention scale, soft-cap, untied classifier,
+/// per-layer sliding windows. Returns the logits of every position.
 fn reference(c: &LlamaConfig, w: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
     let g =
         |t: Tensor| -> Vec<f64> { w.tensor(t).unwrap().iter().map(|&v| f64::from(v)).collect() };
@@ -129,14 +131,24 @@ fn reference(c: &LlamaConfig, w: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
         x.iter().zip(gw).map(|(v, g)| v / r * g).collect()
     };
     let hd = c.head_dim;
-    let rope = |v: &mut [f64], pos: usize| {
+    let rot = c.rope.rotated.unwrap_or(hd);
+    let rope = |v: &mut [f64], pos: usize, l: usize| {
+        let theta = match (c.rope.window_theta, c.layer_window(l)) {
+            (Some(t), Some(_)) => t,
+            _ => c.rope.theta,
+        };
         for head in v.chunks_mut(hd) {
-            for k in 0..hd / 2 {
+            for k in 0..rot / 2 {
                 let (i, j) = match c.rope.pairing {
                     RopePairing::Adjacent => (2 * k, 2 * k + 1),
-                    RopePairing::HalfSplit => (k, k + hd / 2),
+                    RopePairing::HalfSplit => (k, k + rot / 2),
                 };
-                let f = f64::from(c.rope.theta).powf(-(2.0 * k as f64) / hd as f64);
+                let div = c
+                    .rope
+                    .freq_factors
+                    .as_ref()
+                    .map_or(1.0, |d| f64::from(d[k]));
+                let f = f64::from(theta).powf(-(2.0 * k as f64) / rot as f64) / div;
                 let (sn, cs) = (pos as f64 * f).sin_cos();
                 let (a, b) = (head[i], head[j]);
                 head[i] = a * cs - b * sn;
@@ -145,15 +157,39 @@ fn reference(c: &LlamaConfig, w: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
         }
     };
     let with_bias = |mut y: Vec<f64>, l, t| {
-        if c.qkv_bias {
+        if c.block.qkv_bias {
             y.iter_mut().zip(lt(l, t)).for_each(|(a, b)| *a += b);
         }
         y
     };
+    let head_norm = |v: &mut Vec<f64>, l, t| {
+        if c.block.qk_norm {
+            let gw = lt(l, t);
+            *v = v.chunks(hd).flat_map(|h| norm(h, &gw)).collect();
+        }
+    };
+    let post = |v: Vec<f64>, l, t, on: bool| if on { norm(&v, &lt(l, t)) } else { v };
+    let act = |x: f64| match c.block.activation {
+        crate::Activation::Silu => x / (1.0 + (-x).exp()),
+        crate::Activation::GeluTanh => {
+            0.5 * x
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
+        }
+    };
+    let scale = c
+        .block
+        .attention_scale
+        .map_or(1.0 / (hd as f64).sqrt(), f64::from);
+    let es = c.embed_scale.map_or(1.0, f64::from);
     let emb = g(Tensor::TokenEmbedding);
     let mut xs: Vec<Vec<f64>> = tokens
         .iter()
-        .map(|&t| emb[t as usize * c.dim..(t as usize + 1) * c.dim].to_vec())
+        .map(|&t| {
+            emb[t as usize * c.dim..(t as usize + 1) * c.dim]
+                .iter()
+                .map(|v| v * es)
+                .collect()
+        })
         .collect();
     use LayerTensor as L;
     for l in 0..c.n_layers {
@@ -171,8 +207,10 @@ fn reference(c: &LlamaConfig, w: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
             .map(|h| with_bias(mv(&lt(l, L::V), h), l, L::VBias))
             .collect();
         for p in 0..tokens.len() {
-            rope(&mut qs[p], p);
-            rope(&mut ks[p], p);
+            head_norm(&mut qs[p], l, L::QNorm);
+            head_norm(&mut ks[p], l, L::KNorm);
+            rope(&mut qs[p], p, l);
+            rope(&mut ks[p], p, l);
         }
         for p in 0..tokens.len() {
             let mut o = vec![0.0; c.q_dim()];
@@ -184,7 +222,7 @@ fn reference(c: &LlamaConfig, w: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
                 let sc: Vec<f64> = (first..=p)
                     .map(|t| {
                         let k = &ks[t][kvh * hd..(kvh + 1) * hd];
-                        q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt()
+                        q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() * scale
                     })
                     .collect();
                 let m = sc.iter().cloned().fold(f64::MIN, f64::max);
@@ -196,17 +234,23 @@ fn reference(c: &LlamaConfig, w: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
                     }
                 }
             }
-            let att = mv(&lt(l, L::O), &o);
+            let att = post(
+                mv(&lt(l, L::O), &o),
+                l,
+                L::PostAttnNorm,
+                c.block.post_attention_norm,
+            );
             xs[p].iter_mut().zip(att).for_each(|(a, b)| *a += b);
             let h2 = norm(&xs[p], &lt(l, L::FfnNorm));
             let a = mv(&lt(l, L::Gate), &h2);
             let b = mv(&lt(l, L::Up), &h2);
-            let gated: Vec<f64> = a
-                .iter()
-                .zip(&b)
-                .map(|(x, y)| x / (1.0 + (-x).exp()) * y)
-                .collect();
-            let down = mv(&lt(l, L::Down), &gated);
+            let gated: Vec<f64> = a.iter().zip(&b).map(|(x, y)| act(*x) * y).collect();
+            let down = post(
+                mv(&lt(l, L::Down), &gated),
+                l,
+                L::PostFfnNorm,
+                c.block.post_ffn_norm,
+            );
             xs[p].iter_mut().zip(down).for_each(|(a, b)| *a += b);
         }
     }
@@ -216,7 +260,13 @@ fn reference(c: &LlamaConfig, w: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
         Tensor::Output
     });
     let fin = g(Tensor::OutputNorm);
-    xs.iter().map(|x| mv(&cls, &norm(x, &fin))).collect()
+    let cap = |v: f64| {
+        c.final_softcap
+            .map_or(v, |s| f64::from(s) * (v / f64::from(s)).tanh())
+    };
+    xs.iter()
+        .map(|x| mv(&cls, &norm(x, &fin)).into_iter().map(cap).collect())
+        .collect()
 }
 
 fn assert_matches_reference(c: LlamaConfig, seed: u64) {
@@ -247,11 +297,60 @@ fn forward_matches_f64_reference_for_each_option() {
     c.rms_eps = 1e-6;
     assert_matches_reference(c, 8);
     let mut c = base.clone();
-    c.qkv_bias = true;
+    c.block.qkv_bias = true;
     c.tied_output = false;
     c.head_dim = 8; // q_dim 32 != dim 16
     c.n_kv_heads = 1;
     assert_matches_reference(c, 9);
+}
+
+/// Each property a family adds to the Llama block, alone and all together (Gemma 3's mix), on
+/// the f64 reference; a test model with the property differs from one without (the property
+/// takes effect).
+#[test]
+fn every_block_property_matches_the_reference_and_takes_effect() {
+    type Edit = fn(&mut LlamaConfig);
+    let edits: [(&str, Edit); 9] = [
+        ("qk_norm", |c| c.block.qk_norm = true),
+        ("post_attention_norm", |c| {
+            c.block.post_attention_norm = true
+        }),
+        ("post_ffn_norm", |c| c.block.post_ffn_norm = true),
+        ("gelu", |c| c.block.activation = crate::Activation::GeluTanh),
+        ("attention_scale", |c| c.block.attention_scale = Some(0.9)),
+        ("embed_scale", |c| c.embed_scale = Some(4.0)),
+        ("softcap", |c| c.final_softcap = Some(0.5)),
+        ("partial rotary", |c| {
+            c.head_dim = 8;
+            c.rope.rotated = Some(4);
+            c.rope.pairing = RopePairing::HalfSplit;
+        }),
+        ("freq factors", |c| {
+            c.rope.freq_factors = Some(vec![1.0, 8.0])
+        }),
+    ];
+    let tokens = [3, 9, 4, 17, 8, 2, 30, 6];
+    for (i, (name, edit)) in edits.iter().enumerate() {
+        let mut c = tiny();
+        edit(&mut c);
+        assert_matches_reference(c.clone(), 30 + i as u64);
+        let mut plain = tiny();
+        plain.head_dim = c.head_dim;
+        let w = Arc::new(synthetic(&c, 30));
+        if plain.validate().is_ok() && crate::check_weights(&plain, &*w).is_ok() {
+            let (a, b) = (stepwise(&c, &w, &tokens).0, stepwise(&plain, &w, &tokens).0);
+            assert_ne!(a, b, "{name} changed nothing");
+        }
+    }
+    // Gemma 3's mix: every property, window layers rotating with a base of their own.
+    let mut c = tiny().with_layer_windows(&[0], 3);
+    for (_, edit) in edits.iter().take(7) {
+        edit(&mut c);
+    }
+    c.rope.pairing = RopePairing::HalfSplit;
+    c.rope.theta = 1e6;
+    c.rope.window_theta = Some(10.0);
+    assert_matches_reference(c, 50);
 }
 
 #[test]

@@ -295,7 +295,7 @@ mod fuzz {
         for t in &file.tensors {
             let _ = file.read_f32(&mut cursor, t);
         }
-        let _ = llama_config(&file, "fuzz");
+        let _ = llama_config(&file, "fuzz", &mut Cursor::new(bytes));
     }
 
     proptest! {

@@ -30,7 +30,7 @@ fn config_json_fills_the_description() {
         (c.rms_eps, c.rope.theta, c.rope.pairing),
         (1e-5, 1e5, RopePairing::HalfSplit)
     );
-    assert!(c.tied_output && !c.qkv_bias && c.rope.scaling.is_none());
+    assert!(c.tied_output && !c.block.qkv_bias && c.rope.scaling.is_none());
     assert_eq!(
         (c.special.bos, c.special.eos, c.special.eot),
         (Some(1), Some(2), Some(3))
@@ -40,7 +40,7 @@ fn config_json_fills_the_description() {
     j["rope_scaling"] = json!({"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
     let c = config_from_json(&j.to_string(), "t").unwrap();
-    assert!(c.qkv_bias);
+    assert!(c.block.qkv_bias);
     let s = c.rope.scaling.unwrap();
     assert_eq!(
         (
@@ -364,13 +364,23 @@ fn a_nan_weight_is_refused_when_read_naming_shard_and_tensor() {
     assert!(msg.contains("model-00002-of-00002.safetensors: tensor model.layers.1.mlp.up_proj.weight holds NaN at element 5"), "{msg}");
 }
 
-/// Issue 21, finding 10: a `partial_rotary_factor` other than 1 is refused, naming the field.
+/// Issue 21, finding 10, and issue 37: a `partial_rotary_factor` no head can have is refused,
+/// naming the field; a fraction of the head is read as partial rotary.
 #[test]
-fn a_partial_rotary_factor_is_refused_naming_the_field() {
+fn a_partial_rotary_factor_is_read_or_refused_naming_the_field() {
     let mut j = tiny_json();
     j["partial_rotary_factor"] = json!(1.0);
-    config_from_json(&j.to_string(), "cfg.json").unwrap();
-    for (factor, says) in [(0.5, "partial RoPE"), (0.0, "invalid"), (2.0, "invalid")] {
+    assert_eq!(
+        config_from_json(&j.to_string(), "cfg.json")
+            .unwrap()
+            .rope
+            .rotated,
+        None
+    );
+    j["partial_rotary_factor"] = json!(0.5);
+    let c = config_from_json(&j.to_string(), "cfg.json").unwrap();
+    assert_eq!(c.rope.rotated, Some(c.head_dim / 2));
+    for (factor, says) in [(0.0, "invalid"), (2.0, "invalid")] {
         j["partial_rotary_factor"] = json!(factor);
         let msg = config_from_json(&j.to_string(), "cfg.json")
             .unwrap_err()

@@ -4,9 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::{
-    LayerTensor, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, Tensor, WeightSource,
-};
+use crate::{LayerTensor, LlamaConfig, RopeConfig, SpecialTokens, Tensor, WeightSource};
 
 use super::{Checkpoint, Config, ModelError, Tokenizer};
 
@@ -30,11 +28,12 @@ pub fn llama_config(c: &Config) -> LlamaConfig {
         rms_eps: RMS_EPS,
         rope: RopeConfig {
             theta: ROPE_THETA,
-            scaling: None,
-            pairing: RopePairing::Adjacent,
+            ..RopeConfig::default()
         },
         tied_output: c.shared_classifier,
-        qkv_bias: false,
+        block: crate::Block::default(),
+        embed_scale: None,
+        final_softcap: None,
         special: SpecialTokens {
             bos: Some(Tokenizer::BOS),
             eos: Some(Tokenizer::EOS),
@@ -67,7 +66,8 @@ impl WeightSource for Checkpoint {
                 LayerTensor::Gate => &w.w1,
                 LayerTensor::Up => &w.w3,
                 LayerTensor::Down => &w.w2,
-                LayerTensor::QBias | LayerTensor::KBias | LayerTensor::VBias => return None,
+                // llama2.c checkpoints hold the Llama block only.
+                _ => return None,
             },
         };
         let Tensor::Layer(l, _) = t else { return None };

@@ -9,6 +9,7 @@ fn rope_cfg(theta: f32, pairing: RopePairing) -> RopeConfig {
         theta,
         scaling: None,
         pairing,
+        ..RopeConfig::default()
     }
 }
 
@@ -101,6 +102,7 @@ fn llama3_scaling_keeps_high_divides_low_and_blends_between() {
         theta: 5e5,
         scaling: Some(s),
         pairing: RopePairing::Adjacent,
+        ..RopeConfig::default()
     };
     let rope = Rope::new(64, &cfg);
     for (k, &f) in rope.frequencies().iter().enumerate() {

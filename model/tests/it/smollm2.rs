@@ -52,7 +52,7 @@ fn description_matches_the_published_geometry() {
         (c.vocab_size, c.context_length, c.rope.theta),
         (49152, 8192, 1e5)
     );
-    assert!(c.tied_output && !c.qkv_bias);
+    assert!(c.tied_output && !c.block.qkv_bias);
     assert_eq!(c.rope.pairing, model::RopePairing::Adjacent);
     assert_eq!((c.special.bos, c.special.eos), (Some(1), Some(2)));
     // The header alone gives the same description.

@@ -7,7 +7,7 @@
 //! loop would, so the results do not depend on the thread count or the split.
 
 use model::LlamaConfig as Config;
-use model::ops::attend;
+use model::ops::attend_scaled;
 use rayon::prelude::*;
 
 use super::{Io, KvSlot, visible};
@@ -154,6 +154,7 @@ impl AttnScratch {
     /// (column `j < w`: past row `j`; `w + i`: new row `i`). `q` and `out` are `[n, q_dim]`.
     pub(super) fn attend(&mut self, slot: &KvSlot, c: &Config, q: &[f32], out: &mut [f32]) {
         let (d, heads, w) = (c.head_dim, c.n_heads, slot.rows);
+        let scale = c.attention_scale();
         let n = q.len() / c.q_dim();
         let mask = &self.masks[slot.mask];
         let (kpast, vpast, knew, vnew) = (&self.kpast, &self.vpast, &self.knew, &self.vnew);
@@ -167,8 +168,9 @@ impl AttnScratch {
                 let (mrow, vis) = mask.row(i);
                 let (kp, vp) = (&kpast[h * stride..], &vpast[h * stride..]);
                 let (kn, vn) = (&knew[h * n * d..], &vnew[h * n * d..]);
-                attend(
+                attend_scaled(
                     &q[task * d..(task + 1) * d],
+                    scale,
                     vis.len(),
                     |t| kv_row(kp, kn, vis[t] as usize, w, d),
                     |t| kv_row(vp, vn, vis[t] as usize, w, d),

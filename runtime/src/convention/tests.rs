@@ -18,6 +18,7 @@ fn rope_tables_rotate_like_the_model_rope() {
             original_context: 64,
         }),
         pairing: model::RopePairing::HalfSplit,
+        ..model::RopeConfig::default()
     };
     let width = 4;
     let rope = model::ops::Rope::new(2 * width, &cfg);

@@ -284,6 +284,7 @@ mod tests {
                 theta: 10000.0,
                 scaling: None,
                 pairing,
+                ..RopeConfig::default()
             };
             let rope = model::ops::Rope::new(8, &cfg);
             let raw: Vec<f32> = (0..8).map(|i| (i as f32 * 0.7).sin()).collect();

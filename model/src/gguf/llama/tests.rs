@@ -30,7 +30,7 @@ pub(crate) fn tiny_gguf(c: &LlamaConfig, w: &Weights) -> Writer {
 fn load(g: &Writer) -> Result<(LlamaConfig, Weights), Error> {
     let bytes = g.bytes();
     let file = GgufFile::read(Cursor::new(&bytes), bytes.len() as u64).unwrap();
-    let config = llama_config(&file, "test.gguf")?;
+    let config = llama_config(&file, "test.gguf", &mut Cursor::new(&bytes))?;
     let weights = read_weights(&file, &config, &mut Cursor::new(&bytes), "test.gguf")?;
     Ok((config, weights))
 }
@@ -48,8 +48,8 @@ fn description_and_weights_round_trip() {
 fn untied_output_and_qwen2_biases_are_detected() {
     let mut c = tiny();
     c.tied_output = false;
-    c.qkv_bias = true;
-    c.rope.pairing = RopePairing::HalfSplit;
+    c.block.qkv_bias = true;
+    c.rope.pairing = crate::RopePairing::HalfSplit;
     let w = synthetic(&c, 22);
     let mut g = tiny_gguf(&c, &w);
     for kv in &mut g.kv {
@@ -95,10 +95,23 @@ fn metadata_problems_name_the_key() {
         g.str("llama.rope.scaling.type", "yarn");
     });
     assert_eq!(metadata_key(scaled), "llama.rope.scaling.type");
+    // Llama 3.1/3.2's `rope_freqs` is read into the description: one divisor per rotated pair.
+    let mut g = tiny_gguf(&c, &w);
+    g.f32_tensor("rope_freqs.weight", &[2], &[1.0, 4.0]);
+    assert_eq!(load(&g).unwrap().0.rope.freq_factors, Some(vec![1.0, 4.0]));
     let freqs = edit(&|g: &mut Writer| {
-        g.f32_tensor("rope_freqs.weight", &[2], &[1.0, 1.0]);
+        g.f32_tensor("rope_freqs.weight", &[3], &[1.0, 1.0, 1.0]);
     });
-    assert_eq!(metadata_key(freqs), "rope_freqs.weight");
+    let Error::InFile { source, .. } = freqs else {
+        panic!("{freqs:?}")
+    };
+    assert!(matches!(
+        *source,
+        Error::InvalidConfig {
+            field: "rope.freq_factors",
+            ..
+        }
+    ));
     let bad_heads = edit(&|g: &mut Writer| {
         g.kv.retain(|kv| kv.0 != "llama.attention.head_count_kv");
         g.u32("llama.attention.head_count_kv", 3);
@@ -154,10 +167,11 @@ fn a_block_count_that_disagrees_with_the_tensors_is_refused_naming_file_and_tens
             }
         }
         let bytes = g.bytes();
-        GgufFile::read(Cursor::new(&bytes), bytes.len() as u64).unwrap()
+        let file = GgufFile::read(Cursor::new(&bytes), bytes.len() as u64).unwrap();
+        llama_config(&file, "test.gguf", &mut Cursor::new(&bytes))
     };
     // Fewer layers than the file holds: the description (what budgets see) is refused already.
-    let err = llama_config(&with_blocks(c.n_layers as u32 - 1), "test.gguf").unwrap_err();
+    let err = with_blocks(c.n_layers as u32 - 1).unwrap_err();
     let last = c.n_layers - 1;
     assert!(
         err.to_string()
@@ -169,7 +183,7 @@ fn a_block_count_that_disagrees_with_the_tensors_is_refused_naming_file_and_tens
         "{err}"
     );
     // More layers than it holds.
-    let err = llama_config(&with_blocks(1000), "test.gguf").unwrap_err();
+    let err = with_blocks(1000).unwrap_err();
     let msg = err.to_string();
     assert!(
         msg.starts_with(&format!("test.gguf: tensor blk.{}.", c.n_layers)),
@@ -190,7 +204,7 @@ fn a_block_count_that_disagrees_with_the_tensors_is_refused_naming_file_and_tens
 fn a_nan_weight_is_refused_when_read_naming_file_and_tensor() {
     let c = tiny();
     let mut w = synthetic(&c, 26);
-    let t = Tensor::Layer(0, LayerTensor::Down);
+    let t = Tensor::Layer(0, crate::LayerTensor::Down);
     let mut down = w.tensor(t).unwrap().to_vec();
     down[3] = f32::INFINITY;
     w.set(t, down).unwrap();
@@ -201,10 +215,11 @@ fn a_nan_weight_is_refused_when_read_naming_file_and_tensor() {
     );
 }
 
-/// Issue 21, finding 10: `rope.dimension_count` other than the head width is refused, naming the
-/// file and the key (htpkv rotates whole heads; partial RoPE is not supported).
+/// Issue 21, finding 10, and issue 37: a `rope.dimension_count` no model can have is refused,
+/// naming the file and the key; an even count below the head width is partial RoPE, read into
+/// the description.
 #[test]
-fn a_rope_dimension_count_other_than_the_head_width_is_refused() {
+fn a_rope_dimension_count_is_checked_and_partial_rotary_is_read() {
     let c = tiny();
     let w = synthetic(&c, 27);
     let with_count = |n: u32| {
@@ -212,7 +227,7 @@ fn a_rope_dimension_count_other_than_the_head_width_is_refused() {
         g.u32("llama.rope.dimension_count", n);
         let bytes = g.bytes();
         let file = GgufFile::read(Cursor::new(&bytes), bytes.len() as u64).unwrap();
-        llama_config(&file, "test.gguf")
+        llama_config(&file, "test.gguf", &mut Cursor::new(&bytes))
     };
     assert_eq!(with_count(c.head_dim as u32).unwrap(), c);
     let hd = c.head_dim as u32;
@@ -222,7 +237,6 @@ fn a_rope_dimension_count_other_than_the_head_width_is_refused() {
         (hd - 1, "invalid"),
         (hd + 2, "invalid"),
         (1 << 30, "invalid"),
-        (hd - 2, "partial RoPE"),
     ] {
         let err = with_count(n).unwrap_err();
         let msg = err.to_string();
@@ -232,4 +246,6 @@ fn a_rope_dimension_count_other_than_the_head_width_is_refused() {
         );
         assert!(msg.contains(says), "{n}: {msg}");
     }
+    let partial = with_count(hd - 2).unwrap();
+    assert_eq!(partial.rope.rotated, Some(c.head_dim - 2));
 }

@@ -1,0 +1,27 @@
+//! Qwen3: the Llama block with each query and key head RMS-normalized before RoPE, heads whose
+//! width (`attention.key_length`) is not `dim / heads`, RoPE pairs half a head apart.
+
+use super::{Family, GgufMeta, TensorReader, standard};
+use crate::{Error, LlamaConfig, RopePairing};
+
+pub(super) static FAMILY: Family = Family {
+    name: "qwen3",
+    gguf_archs: &["qwen3"],
+    hf_types: &["qwen3"],
+    gguf,
+    gguf_tensor: standard,
+    gguf_config_tensors: &[],
+    hf,
+};
+
+fn gguf(c: &mut LlamaConfig, m: &GgufMeta<'_>, _: &mut TensorReader<'_>) -> Result<(), Error> {
+    c.rope.pairing = RopePairing::HalfSplit;
+    c.block.qk_norm = true;
+    m.no_rope_scaling()?;
+    m.rotated_dims(c)
+}
+
+fn hf(c: &mut LlamaConfig, _: &serde_json::Value) -> Result<(), String> {
+    c.block.qk_norm = true;
+    Ok(())
+}
