@@ -1,7 +1,8 @@
-//! `--layer-window LAYERS:W`: per-layer attention windows set on a model that has none (a
-//! llama2.c checkpoint, a GGUF file), e.g. to try a sliding-window layout on a small model. A
-//! Hugging Face model's own windows (`config.json`, see [`model::LlamaConfig::layer_windows`])
-//! are honoured without it.
+//! `--layer-window LAYERS:W`: per-layer attention windows set over the model's own. A model's
+//! windows (Gemma 3's local layers, a Hugging Face `config.json`'s, see
+//! [`model::LlamaConfig::layer_windows`]) are honoured without it; the option overrides the
+//! layers it names (e.g. a longer window on Gemma's local layers) or sets windows on a model
+//! without any (a llama2.c checkpoint, to try a sliding-window layout on a small model).
 
 use super::EngineError;
 use model::LlamaConfig;
@@ -40,8 +41,8 @@ impl std::fmt::Display for LayerWindows {
     }
 }
 
-/// Sets `specs` on `config`: refused for a model that brings its own windows, a layer outside the
-/// model, or a layer given two different windows. Layers not listed stay global.
+/// Sets `specs` over `config`'s own windows: refused for a layer outside the model or a layer
+/// given two different windows. Layers not listed keep the model's window (global by default).
 pub fn apply_layer_windows(
     config: &mut LlamaConfig,
     specs: &[LayerWindows],
@@ -50,14 +51,8 @@ pub fn apply_layer_windows(
         return Ok(());
     }
     let bad = |m: String| Err(EngineError::BadOption(format!("--layer-window: {m}")));
-    if config.layer_windows.iter().any(Option::is_some) {
-        return bad(
-            "the model has its own per-layer windows (its config.json); the option sets windows on \
-             a model without any"
-                .into(),
-        );
-    }
     let mut windows = vec![None; config.n_layers];
+    let mut given = vec![None; config.n_layers];
     for spec in specs {
         for &layer in &spec.layers {
             let Some(slot) = windows.get_mut(layer) else {
@@ -66,15 +61,20 @@ pub fn apply_layer_windows(
                     config.n_layers
                 ));
             };
-            match *slot {
+            match given[layer] {
                 Some(w) if w != spec.window => {
                     return bad(format!(
                         "layer {layer} is given two windows, {w} and {}",
                         spec.window
                     ));
                 }
-                _ => *slot = Some(spec.window),
+                _ => (*slot, given[layer]) = (Some(spec.window), Some(spec.window)),
             }
+        }
+    }
+    for (l, w) in windows.iter_mut().enumerate() {
+        if w.is_none() {
+            *w = config.layer_window(l);
         }
     }
     config.layer_windows = windows;
@@ -117,11 +117,11 @@ mod tests {
         let spec = |s: &str| s.parse::<LayerWindows>().unwrap();
         apply_layer_windows(&mut c, &[spec("0:4"), spec("0:4")]).unwrap();
         assert_eq!(c.layer_windows, [Some(4), None]);
-        let e = apply_layer_windows(&mut c, &[spec("1:8")]).unwrap_err();
-        assert!(
-            e.to_string().contains("has its own per-layer windows"),
-            "{e}"
-        );
+        // Over a model's own windows: the named layers change, the others keep theirs.
+        apply_layer_windows(&mut c, &[spec("1:8")]).unwrap();
+        assert_eq!(c.layer_windows, [Some(4), Some(8)]);
+        apply_layer_windows(&mut c, &[spec("0:16")]).unwrap();
+        assert_eq!(c.layer_windows, [Some(16), Some(8)]);
         c.layer_windows.clear();
         let e = apply_layer_windows(&mut c, &[spec("2:8")]).unwrap_err();
         assert_eq!(

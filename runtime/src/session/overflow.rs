@@ -113,11 +113,15 @@ pub struct SlideEvent {
     pub requant: Option<RequantError>,
 }
 
-/// The model's RoPE, to re-rotate K rows: per-pair frequencies and the pair layout.
+/// The model's RoPE, to re-rotate K rows: per-pair frequencies (of the rotated dimensions),
+/// the head width and the pair layout.
 #[derive(Debug, Clone)]
 pub(crate) struct RopeShift {
     freqs: Vec<f32>,
+    head_dim: usize,
     pairing: RopePairing,
+    /// The window layers rotate with a base of their own (not re-rotated yet).
+    two_bases: bool,
 }
 
 impl RopeShift {
@@ -125,7 +129,9 @@ impl RopeShift {
         let rope = model::ops::Rope::new(head_dim, cfg);
         RopeShift {
             freqs: rope.frequencies().to_vec(),
+            head_dim,
             pairing: cfg.pairing,
+            two_bases: rope.has_window_base(),
         }
     }
 
@@ -140,7 +146,7 @@ impl RopeShift {
 
     /// Rotates one head's row by the rotation of `tables`.
     fn apply(&self, row: &mut [f32], (cos, sin): &(Vec<f32>, Vec<f32>)) {
-        model::ops::rope_apply(row, cos, sin, self.pairing);
+        model::ops::rope_apply_heads(row, self.head_dim, cos, sin, self.pairing);
     }
 }
 
@@ -265,6 +271,13 @@ impl<B: Backend> Session<B> {
         let rope = self.rope.clone().ok_or_else(|| {
             SessionError::Input("re-rotation needs the model's RoPE configuration".into())
         })?;
+        if rope.two_bases {
+            return Err(SessionError::Input(
+                "re-rotation of a model whose window layers rotate with a RoPE base of their own \
+                 is not supported yet: slide with re-prefill (restart) instead"
+                    .into(),
+            ));
+        }
         let len = self.cache.len();
         let tables = rope.tables(-(drop as f32));
         Ok(self
