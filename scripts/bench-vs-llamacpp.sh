@@ -8,7 +8,7 @@
 #                 llama.cpp's Q8_0 requantization of the model:
 #                 llama-quantize --allow-requantize model.Q4_1.gguf model.Q8_0.gguf Q8_0
 # Environment: THREADS (2), KV (u16), WEIGHTS (i8), PROMPT (128), TOKENS (128), CONTEXT (2048).
-# llama.cpp must be built outside this repository (see README, "Speed").
+# llama.cpp must be built outside this repository (see docs/measurements/speed.md).
 set -euo pipefail
 [ $# -ge 2 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
 peer_bin=$1 model=$2 peer_model=${3:-$2}

@@ -88,7 +88,7 @@ impl Default for EngineOptions {
 impl EngineOptions {
     /// The update strategy used when none is asked for: `shift` (2x) on the reference backend,
     /// `smart_mask` through QNN, where every distinct window offset of a sliding strategy is a new
-    /// memory handle (see the README's handle-budget measurements).
+    /// memory handle (see the handle budget in docs/design/qnn-memory.md).
     pub fn default_strategy(backend: &BackendChoice) -> Strategy {
         match backend {
             BackendChoice::Reference => Strategy::SHIFT_2X,
@@ -221,7 +221,7 @@ pub fn compile_options(
 /// default conversations ([`ref_backend::DEFAULT_CALIBRATION_CHATS`]) rendered with that template,
 /// then the default story prompts. Calibrated on the story prompts alone, SmolLM2's fixed-point
 /// K/V ranges clipped 0.058% of the values of an unrelated text and u16 K/V missed the 99% top-1
-/// goal; with the conversations, 0.0045% and 99.41% (README, "Accuracy on SmolLM2"). A model
+/// goal; with the conversations, 0.0045% and 99.41% (docs/measurements/accuracy-smollm2.md). A model
 /// without a template (llama2.c stories) gets the story prompts.
 pub fn calibration_sequences(
     codec: &dyn TextCodec,

@@ -158,7 +158,7 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "FILE")]
     resume: Option<PathBuf>,
     /// When the context fills: stop; slide (keep the first --keep tokens, drop the oldest of the
-    /// rest, re-rotate the kept K rows: the default slide, see the README's "Long conversations");
+    /// rest, re-rotate the kept K rows: the default slide, see docs/guide/sessions.md);
     /// slide-rerotate; slide-keep-positions (rows keep their positions); restart (re-prefill the
     /// kept tokens).
     #[arg(long, default_value = "stop")]
@@ -186,7 +186,7 @@ pub struct GenerateArgs {
     /// the verification rows and an n-gram pool; 4,3,8 by default) or draft:PATH[:K] (a second
     /// model sharing the tokenizer, compiled with i8 weights and u8 K/V, proposes K tokens). Greedy output is
     /// unchanged; proposals are verified in one AR-(K+1) step (compiled when --ar is not given).
-    /// See the README's "Speculative decoding".
+    /// See docs/guide/speculation.md.
     #[arg(long, value_name = "SPEC", conflicts_with_all = ["beams", "n"])]
     pub speculate: Option<String>,
     /// Structured output and tool calls.

@@ -1,4 +1,4 @@
-//! Replays the `jni_options` fuzz corpus (see fuzz/README.md) through its check.
+//! Replays the `jni_options` fuzz corpus (see docs/guide/fuzzing.md) through its check.
 
 #[path = "../../fuzz/checks/jni_options.rs"]
 mod jni_options;

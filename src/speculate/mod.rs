@@ -115,7 +115,7 @@ pub enum SpecKind {
 }
 
 impl SpecKind {
-    /// Default K of `prompt-lookup` (see the README's measurements).
+    /// Default K of `prompt-lookup` (see docs/measurements/speculation.md).
     pub const DEFAULT_LOOKUP_K: usize = 4;
     /// Default K of `draft`.
     pub const DEFAULT_DRAFT_K: usize = 4;

@@ -123,7 +123,7 @@ fn genie_refuses_reference_format_binaries_at_dialog_create() {
 /// Genie bundle whose binary Qualcomm's `libQnnHtp.so` composed and prepared; `htpkv generate
 /// --bundle` (htpkv's KV manager) and Genie 1.21 (`GenieDialog_tokenQuery`, its own KV handling) run
 /// it on the same backend from the same prompt ids and must give the same greedy tokens. Both
-/// runtimes' time per decode step is printed (the README's figures come from this test). Float,
+/// runtimes' time per decode step is printed (docs/measurements/genie.md has them). Float,
 /// and quantized as AI Hub ships models: W8A16 (`--weights i8`: u16 activations and per-channel i8
 /// weights in every matrix product) with u8 K/V (one calibrated encoding per layer tensor), which
 /// Genie's own KV handling reads from the binary, cut as AI Hub cuts its exports (`--parts 3
@@ -176,8 +176,8 @@ fn same_tokens_from_one_bundle(libs: &QnnLibs, (weights, kv): (&str, &str), extr
     let o = crate::htpkv(&compile, &cache);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // From BOS alone: a story. (With this test's byte-level tokenizer "Once upon a time" is 17
-    // one-character tokens; from those the two runtimes part at the 8th generated token, see the
-    // README's "Real QNN".)
+    // one-character tokens; from those the two runtimes part at the 8th generated token, see
+    // docs/measurements/genie.md.)
     let steps = 32;
     let generate = [
         "generate",
@@ -217,7 +217,7 @@ fn same_tokens_from_one_bundle(libs: &QnnLibs, (weights, kv): (&str, &str), extr
     // The two runtimes place K/V rows differently in the window (Genie's own layout against
     // htpkv's), so HTP's fp16 attention sums in another order and a near tie can go either way.
     // f32 agrees on all 32 tokens; the quantized bundle agreed on 32 before the FFN smoothing
-    // (README, "Genie as the peer") and parts at a near tie at token 20 after it. A real fault
+    // (docs/measurements/genie.md) and parts at a near tie at token 20 after it. A real fault
     // in either runtime's cache (a wrong row, position or mask) derails within a few tokens.
     let agree = theirs
         .iter()

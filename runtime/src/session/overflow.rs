@@ -50,7 +50,7 @@ pub enum Overflow {
 
 impl Overflow {
     /// The default policy for chats that outgrow the context, chosen from the measured comparison in
-    /// the README ("Long conversations"): slide with re-rotated K rows.
+    /// docs/measurements/slides.md: slide with re-rotated K rows.
     pub const DEFAULT_SLIDE: SlidePositions = SlidePositions::Rerotate;
 
     /// Parses a policy name (`stop`, `slide`, `slide-rerotate`, `slide-keep-positions`, `restart`)
