@@ -23,7 +23,9 @@ fn open(path: &Path) -> (File, GgufFile) {
 
 #[test]
 fn every_tensor_dequantizes_to_finite_values() {
-    let Some(path) = test_support::fetched::gemma3_gguf("every_tensor_dequantizes") else {
+    let Some(path) =
+        test_support::fetched::gemma3_gguf("every_tensor_dequantizes_to_finite_values")
+    else {
         return;
     };
     let (mut f, file) = open(&path);
