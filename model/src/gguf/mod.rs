@@ -107,7 +107,10 @@ pub enum GgufError {
         reason: String,
     },
     /// The tensor's type cannot be dequantized.
-    #[error("tensor {name}: dequantizing {ty:?} is not supported")]
+    #[error(
+        "tensor {name}: its type {ty:?} cannot be dequantized (htpkv reads {:?})",
+        GgmlType::dequantizable()
+    )]
     UnsupportedType {
         /// Tensor name.
         name: String,

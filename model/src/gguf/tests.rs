@@ -274,6 +274,50 @@ fn hostile_tensor_infos_are_rejected() {
     expect_err(&w.bytes(), |e| matches!(e, GgufError::Duplicate(_)));
 }
 
+/// Every block type (the 5-bit and 2/3/5-bit k-quants included) needs whole blocks in each row,
+/// also when the element count as a whole is a multiple of the block.
+#[test]
+fn rows_must_be_whole_blocks_of_every_type() {
+    let dims_err = |e: &GgufError| matches!(e, GgufError::BadDims { .. });
+    for ty in (0..64).filter_map(GgmlType::from_id) {
+        let be = ty.block_elems();
+        if be == 1 {
+            continue;
+        }
+        expect_err(&with_tensor(&[be / 2], ty.id(), 0), dims_err);
+        expect_err(&with_tensor(&[be / 2, 2], ty.id(), 0), dims_err);
+        expect_err(&with_tensor(&[be * 3 / 2, 2], ty.id(), 0), dims_err);
+    }
+}
+
+#[test]
+fn an_unsupported_type_is_named_with_its_tensor() {
+    let mut w = Writer::default();
+    let name = "blk.0.ffn_up.weight";
+    w.tensors
+        .push((name.into(), vec![32], GgmlType::Q8_1, vec![0; 36]));
+    let bytes = w.bytes();
+    let f = parse(&bytes).unwrap();
+    let err = f
+        .read_f32(&mut Cursor::new(&bytes), &f.tensors[0])
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(
+            err,
+            GgufError::UnsupportedType {
+                ty: GgmlType::Q8_1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        msg.contains(name) && msg.contains("Q8_1") && msg.contains("Q5_K"),
+        "{msg}"
+    );
+}
+
 #[test]
 fn alignment_must_be_a_power_of_two() {
     let mut w = sample();

@@ -1,4 +1,5 @@
-//! Hand-made blocks with known values, packed from the layout descriptions.
+//! Hand-made blocks with known values, packed from the layout descriptions, and random valid
+//! blocks against the dequantization of llama.cpp's Python package `gguf`, recorded as fixtures.
 
 use super::*;
 
@@ -146,5 +147,80 @@ fn ids_and_geometry() {
     assert_eq!(GgmlType::from_id(4), None); // removed Q4_2
     assert_eq!(GgmlType::Q8_0.id(), 8);
     let mut out = vec![0.0; 32];
-    assert!(!dequantize(GgmlType::Q5_0, &[0; 22], &mut out));
+    assert!(!dequantize(GgmlType::Q8_1, &[0; 36], &mut out));
+    assert!(!GgmlType::dequantizable().contains(&GgmlType::Q8_1));
+}
+
+/// Random valid blocks of each quantized type and their dequantization by `gguf` 0.19.0
+/// (`gguf.quants.dequantize`), written by `scripts/gguf-dequant-fixtures.py`, whose docstring
+/// gives the format and how the blocks cover extreme scales and every bit pattern.
+const FIXTURES: [(GgmlType, &[u8]); 10] = [
+    (GgmlType::Q4_0, include_bytes!("fixtures/q4_0.bin")),
+    (GgmlType::Q4_1, include_bytes!("fixtures/q4_1.bin")),
+    (GgmlType::Q5_0, include_bytes!("fixtures/q5_0.bin")),
+    (GgmlType::Q5_1, include_bytes!("fixtures/q5_1.bin")),
+    (GgmlType::Q8_0, include_bytes!("fixtures/q8_0.bin")),
+    (GgmlType::Q2_K, include_bytes!("fixtures/q2_k.bin")),
+    (GgmlType::Q3_K, include_bytes!("fixtures/q3_k.bin")),
+    (GgmlType::Q4_K, include_bytes!("fixtures/q4_k.bin")),
+    (GgmlType::Q5_K, include_bytes!("fixtures/q5_k.bin")),
+    (GgmlType::Q6_K, include_bytes!("fixtures/q6_k.bin")),
+];
+
+fn u32s<const N: usize>(b: &[u8]) -> [u32; N] {
+    std::array::from_fn(|i| u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap()))
+}
+
+/// Dequantizes the fixture's blocks and compares with gguf's values bit for bit (NaN with NaN).
+fn check_fixture(ty: GgmlType, file: &[u8]) {
+    let [id, elems, size, n] = u32s::<4>(file).map(|v| v as usize);
+    assert_eq!(
+        (id, elems, size),
+        (
+            ty.id() as usize,
+            ty.block_elems() as usize,
+            ty.block_bytes() as usize
+        ),
+        "{ty:?}: gguf's id and block geometry"
+    );
+    let (raw, want) = file[16..].split_at(n * size);
+    assert_eq!(want.len(), n * elems * 4, "{ty:?}: fixture length");
+    let mut got = vec![f32::NAN; n * elems];
+    assert!(dequantize(ty, raw, &mut got), "{ty:?}");
+    let mut bad = Vec::new();
+    for (i, (g, w)) in got.iter().zip(want.chunks_exact(4)).enumerate() {
+        let w = f32::from_le_bytes(w.try_into().unwrap());
+        if g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan()) {
+            bad.push(format!(
+                "block {} element {}: {g:e} != {w:e}",
+                i / elems,
+                i % elems
+            ));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{ty:?}: {} of {} values differ from gguf's, first: {:?}",
+        bad.len(),
+        got.len(),
+        &bad[..bad.len().min(8)]
+    );
+}
+
+#[test]
+fn random_blocks_match_the_gguf_python_package() {
+    for (ty, file) in FIXTURES {
+        check_fixture(ty, file);
+    }
+}
+
+#[test]
+fn every_dequantized_block_type_has_a_fixture() {
+    for ty in GgmlType::dequantizable() {
+        let recorded = FIXTURES.iter().any(|f| f.0 == ty);
+        assert!(
+            recorded || ty.block_elems() == 1,
+            "{ty:?} has no gguf fixture"
+        );
+    }
 }
