@@ -5,6 +5,7 @@
 mod calibration;
 mod encdec;
 mod exec;
+mod families;
 mod float_equivalence;
 mod format;
 mod fuzz_replay;
