@@ -162,6 +162,26 @@ pub struct ModelConfig {
     pub global_every: Option<usize>,
 }
 
+/// A model's per-layer windows as the pattern [`ModelConfig`] plans: `(None, None)` without
+/// windows, `(Some(W), None)` when every layer slides by `W`, `(Some(W), Some(N))` when every
+/// `N`-th layer is global and the others slide by `W` (Gemma 3: 512 and 6); `None` for windows of
+/// another shape.
+pub fn window_pattern(windows: &[Option<usize>]) -> Option<(Option<usize>, Option<usize>)> {
+    let Some(w) = windows.iter().flatten().copied().next() else {
+        return Some((None, None));
+    };
+    let n = windows.iter().position(Option::is_none).map(|i| i + 1);
+    let fits = |l: usize, got: &Option<usize>| match n {
+        Some(n) if (l + 1).is_multiple_of(n) => got.is_none(),
+        _ => *got == Some(w),
+    };
+    windows
+        .iter()
+        .enumerate()
+        .all(|(l, got)| fits(l, got))
+        .then_some((Some(w), n))
+}
+
 impl ModelConfig {
     /// The per-layer windows of a graph of context `context` whose largest AR variant is
     /// `max_ar` (empty when no layer slides within that context; see the module docs).
@@ -440,6 +460,16 @@ impl Config {
             .file_stem()
             .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
         let context = c.context_length;
+        let (sliding_window, global_every) =
+            window_pattern(&c.layer_windows).ok_or_else(|| ConfigError::Field {
+                path: path.to_path_buf(),
+                field: "model.sliding_window".into(),
+                problem: format!("the model's layer windows {:?}", c.layer_windows),
+                expected: "one window with every N-th layer global (the shapes budgets plan)"
+                    .into(),
+                line: None,
+                column: None,
+            })?;
         let config = Config {
             model: ModelConfig {
                 name,
@@ -449,8 +479,8 @@ impl Config {
                 head_dim: c.head_dim,
                 vocab: c.vocab_size,
                 dim: None,
-                sliding_window: None,
-                global_every: None,
+                sliding_window,
+                global_every,
             },
             graph: GraphConfig {
                 context,
@@ -743,6 +773,19 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A model's windows become the planned pattern, and windows of another shape are named.
+    #[test]
+    fn model_windows_become_the_planned_pattern() {
+        let gemma: Vec<Option<usize>> =
+            (0..12).map(|l| ((l + 1) % 6 != 0).then_some(512)).collect();
+        assert_eq!(window_pattern(&gemma), Some((Some(512), Some(6))));
+        assert_eq!(window_pattern(&[Some(8); 4]), Some((Some(8), None)));
+        assert_eq!(window_pattern(&[]), Some((None, None)));
+        assert_eq!(window_pattern(&[None, None]), Some((None, None)));
+        assert_eq!(window_pattern(&[Some(8), Some(16)]), None);
+        assert_eq!(window_pattern(&[Some(8), None, None]), None);
+    }
 
     const SEED: &str = "model: { name: llama-2-7b, layers: 32, heads: 32, kv_heads: 32, head_dim: 128, vocab: 32000 }
 graph: { context: 2048, ar: [1] }
