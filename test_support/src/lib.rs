@@ -12,13 +12,17 @@
 //! - [`runtime`]: sessions on the reference executor.
 //! - [`files`]: scratch directories and the libraries cargo built for the running test.
 //! - [`cli`]: the arguments of a quick `htpkv compile`.
+//! - [`gguf`]: a GGUF v3 writer; [`families`]: tiny GGUF files of each model family, the inputs of
+//!   the recorded llama.cpp fixtures.
 
 #![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod compile;
+pub mod families;
 pub mod fetched;
 pub mod files;
+pub mod gguf;
 pub mod harness;
 pub mod kv;
 pub mod runtime;
