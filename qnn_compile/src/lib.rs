@@ -85,12 +85,7 @@ pub fn graph_name(naming: Naming, n: usize, s: usize, part: &PartSpec) -> String
 
 /// Why `parts` cannot be the parts of a model of `n_layers` layers in `naming` (`None`: they can).
 fn parts_refusal(parts: &[PartSpec], n_layers: usize, naming: Naming) -> Option<String> {
-    let names_parts = naming
-        .convention()
-        .graphs
-        .iter()
-        .any(|g| g.contains("{part}"));
-    if parts.len() > 1 && !names_parts {
+    if parts.len() > 1 && !naming.convention().names_parts() {
         return Some(format!(
             "several parts need a convention whose graph names carry the part ({} names none)",
             naming.name()
