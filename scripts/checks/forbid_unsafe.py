@@ -9,7 +9,7 @@ import re
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from rust_source import ROOT, crates, sources, strip, target_roots  # noqa: E402
+from rust_source import ROOT, crates, sources, strip, target_roots, verdict  # noqa: E402
 
 UNSAFE = re.compile(r"\bunsafe\b")
 FORBID = re.compile(r"#!\[\s*forbid\s*\([^)]*\bunsafe_code\b[^)]*\)\s*\]")
@@ -27,12 +27,7 @@ def main():
                     f"{root.relative_to(ROOT)}: crate `{name}` has no unsafe code: add "
                     "#![forbid(unsafe_code)]"
                 )
-    for b in bad:
-        print(b)
-    if bad:
-        return 1
-    print(f"the {free} crates without unsafe code forbid it")
-    return 0
+    return verdict(bad, f"the {free} crates without unsafe code forbid it")
 
 
 if __name__ == "__main__":

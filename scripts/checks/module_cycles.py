@@ -13,7 +13,7 @@ import re
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from rust_source import ROOT, crates, sources, target_roots  # noqa: E402
+from rust_source import ROOT, crates, sources, target_roots, verdict  # noqa: E402
 
 ALLOW = ROOT / "scripts" / "checks" / "module_cycles.allow"
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -180,12 +180,7 @@ def main():
     for key, line in allow.items():
         if key not in found:
             bad.append(f"{ALLOW.relative_to(ROOT)}: `{line.strip()}` is no cycle now: remove the line")
-    for b in bad:
-        print(b)
-    if bad:
-        return 1
-    print(f"no module cycle outside the {len(allow)} allowed in {ALLOW.relative_to(ROOT)}")
-    return 0
+    return verdict(bad, f"no module cycle outside the {len(allow)} allowed in {ALLOW.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import re
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from rust_source import ROOT, crates, strip, without_tests  # noqa: E402
+from rust_source import ROOT, crates, strip, test_module_files, verdict, without_tests  # noqa: E402
 
 EXEMPT = {"graph_io"}
 VARIANT = re.compile(r"\b({names})\s*::\s*([A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*|\*)")
@@ -28,12 +28,6 @@ def files(crate_dir):
     """The crate's non-test Rust files: `src` and `examples` (a `tests` folder is test code)."""
     for sub in ("src", "examples"):
         yield from sorted((crate_dir / sub).rglob("*.rs"))
-
-
-def test_files(crate_dir):
-    from rust_source import test_module_files
-
-    return test_module_files(crate_dir / "src")
 
 
 def decisions(path, skip, aliases):
@@ -65,21 +59,16 @@ def main():
     for name, d in crates():
         if name in EXEMPT:
             continue
-        skip = test_files(d)
+        skip = test_module_files(d / "src")
         nested = [c for _, c in crates() if c != d and c.is_relative_to(d)]
         for f in files(d):
             if not any(f.is_relative_to(n) for n in nested):
                 bad += decisions(f, skip, names)
-    for b in bad:
-        print(b)
-    if bad:
-        print(
-            "read what the convention declares instead (graph_io::Convention: layout, mask, "
-            "io, packaging, split, names_parts(), refusal(), ...); see this script's docs"
-        )
-        return 1
-    print("no Preset variant named outside graph_io")
-    return 0
+    hint = (
+        "read what the convention declares instead (graph_io::Convention: layout, mask, io, "
+        "packaging, split, names_parts(), refusal(), ...); see this script's docs"
+    )
+    return verdict(bad, "no Preset variant named outside graph_io", hint)
 
 
 if __name__ == "__main__":

@@ -128,3 +128,15 @@ def sources(crate_dir, tests=False):
         code = strip(f.read_text())
         out.append((f, code if tests else without_tests(code)))
     return out
+
+
+def verdict(bad, ok, hint=None):
+    """Prints each problem in `bad` (and `hint` after them) and returns 1, or prints `ok` and
+    returns 0: a check's exit status."""
+    for b in bad:
+        print(b)
+    if bad and hint:
+        print(hint)
+    if not bad:
+        print(ok)
+    return 1 if bad else 0

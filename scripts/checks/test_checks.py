@@ -11,6 +11,8 @@ import sys
 import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from rust_source import verdict  # noqa: E402
 
 
 def write(root, files):
@@ -76,12 +78,8 @@ def main():
             rc, out = run("module_cycles.py", root)
             if (rc == 0) != (says is None) or (says and says not in out):
                 failures.append(f"module_cycles.py with allow list {allow!r}: got {rc}:\n{out}")
-    for f in failures:
-        print(f)
-    if failures:
-        return 1
-    print(f"the checks pass a clean workspace and catch {len(PLANTED)} planted mistakes")
-    return 0
+    ok = f"the checks pass a clean workspace and catch {len(PLANTED)} planted mistakes"
+    return verdict(failures, ok)
 
 
 if __name__ == "__main__":
