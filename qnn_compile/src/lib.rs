@@ -30,7 +30,8 @@ pub use llama::{KvEncodings, Naming, PartSpec};
 use model::{LlamaConfig, WeightSource};
 pub use qnn_ffi::HtpTarget;
 use qnn_ffi::{
-    Backend, Context, Device, GraphBuilder, GraphOptions, Precision, QnnError, QnnLibrary,
+    Backend, Context, Device, GraphBuilder, GraphOptions, Log, LogLevel, Precision, QnnError,
+    QnnLibrary,
 };
 use std::sync::Arc;
 pub use w8a16::{W8A16, W8Matrix};
@@ -179,7 +180,10 @@ pub fn compile(
     progress: &mut dyn FnMut(&str, usize, usize),
 ) -> Result<Vec<Vec<u8>>, CompileError> {
     check(c, o)?;
-    let backend = Backend::new(lib, None).map_err(qnn_error(lib, ""))?;
+    // The backend's messages through htpkv's log (errors and warnings on stderr, the rest
+    // recorded), not printed by the library itself.
+    let log = Log::new(lib, LogLevel::Warn).map_err(qnn_error(lib, ""))?;
+    let backend = Backend::new(lib, Some(&log)).map_err(qnn_error(lib, ""))?;
     let device = Device::with_htp_target(&backend, o.target).map_err(qnn_error(lib, ""))?;
     let total = o.parts.len() * o.ar.len();
     let mut binaries = Vec::with_capacity(o.parts.len());
