@@ -328,15 +328,14 @@ fn check_parts(args: &CompileArgs, n_layers: usize) -> anyhow::Result<()> {
     if split != Split::Balanced && split != args.convention().split {
         let owner = Preset::owning(split).map_or("another".into(), |p| p.name());
         bail!(
-            "--split {split} cuts the model as the {owner} convention does: it needs --convention {owner}"
+            "--split {split} cuts the model as the {owner} convention does: it needs \
+               --convention {owner}"
         );
     }
-    if split == Split::AiHub {
-        if args.contexts.len() > 1 {
-            // The embedding-only part has no mask to tell its context length by: the runtime
-            // would take every length's part 1 for each context.
-            bail!("--split aihub writes one context length: give --context, not --contexts");
-        }
+    if split == Split::AiHub && args.contexts.len() > 1 {
+        // The embedding-only part has no mask to tell its context length by: the runtime would
+        // take every length's part 1 for each context.
+        bail!("--split aihub writes one context length: give --context, not --contexts");
     }
     if let Some(n) = args.parts {
         ref_backend::Part::split_as(n_layers, n, args.rope_tables(), args.naming()?, split)
