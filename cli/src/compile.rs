@@ -13,8 +13,8 @@ use model::fsio::{FileKind, check_output, open_regular, read_capped};
 use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::DataType;
 use ref_backend::{
-    CompileOptions, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS, Granularity, KLayout,
-    Preset, Progress, WeightType,
+    CompileOptions, Convention, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS,
+    Granularity, KLayout, Packaging, Preset, Progress, Split, WeightType,
 };
 
 /// Arguments of `htpkv compile`.
@@ -57,12 +57,14 @@ pub struct CompileArgs {
     /// [default: i8; with --target htp f32 (run in fp16), i8 for W8A16 or i4 for W4A16 on HTP]
     #[arg(long, value_parser = parse_from_str::<WeightType>)]
     weights: Option<WeightType>,
-    /// Key layout: rows or transposed.
-    #[arg(long, default_value = "rows", value_parser = parse_from_str::<KLayout>)]
-    k_layout: KLayout,
-    /// KV tensor granularity: per_head or per_layer.
-    #[arg(long, default_value = "per_head", value_parser = parse_from_str::<Granularity>)]
-    granularity: Granularity,
+    /// Key layout: rows or transposed [default: the convention's: rows for htpkv, transposed for
+    /// aihub and executorch].
+    #[arg(long, value_parser = parse_from_str::<KLayout>)]
+    k_layout: Option<KLayout>,
+    /// KV tensor granularity: per_head or per_layer [default: the convention's: per_head for
+    /// htpkv, per_layer for aihub and executorch].
+    #[arg(long, value_parser = parse_from_str::<Granularity>)]
+    granularity: Option<Granularity>,
     /// Calibration prompts, one per line (default: built-in story openings, preceded for a model with
     /// a chat template by built-in conversations rendered with it).
     #[arg(long, value_name = "FILE")]
@@ -73,8 +75,8 @@ pub struct CompileArgs {
     /// IO convention of the output: `htpkv` (one file), `aihub` (a Genie bundle of part
     /// binaries taking RoPE cos/sin tables) or `executorch` (one file with ExecuTorch's methods
     /// `kv_forward` / `prefill_forward`: one context length, at most one AR-n variant beside
-    /// AR-1, no parts). `aihub` and `executorch` imply `--granularity per_layer --k-layout
-    /// transposed`.
+    /// AR-1, no parts, and only its own K/V layout: `--granularity per_layer --k-layout
+    /// transposed`). Each convention's layout is the default of `--k-layout` and `--granularity`.
     #[arg(long, default_value = "htpkv", value_parser = parse_preset)]
     convention: Preset,
     /// Cut the model into N parts of consecutive layers and write a Genie bundle (`--out` is
@@ -84,9 +86,10 @@ pub struct CompileArgs {
     /// How `--parts` cuts the model: `balanced` (htpkv's: part 1 embeds and runs the first layers,
     /// sizes differ by at most one) or `aihub` (AI Hub's exports: part 1 only the embedding, then
     /// ceil(layers / (N - 1)) layers per part, the hidden state named after AI Hub's ONNX tensors;
-    /// needs `--convention aihub`).
-    #[arg(long, default_value = "balanced", value_parser = ["balanced", "aihub"])]
-    split: String,
+    /// needs `--convention aihub`) [default: the convention's own: aihub for `--convention aihub`,
+    /// else balanced].
+    #[arg(long, value_parser = parse_from_str::<Split>)]
+    split: Option<Split>,
     /// The HF tokenizer.json copied into a bundle (a llama2.c tokenizer is not one).
     #[arg(long, value_name = "FILE")]
     tokenizer_json: Option<PathBuf>,
@@ -118,6 +121,46 @@ impl CompileArgs {
     /// The KV dtype asked for, u8 when none was.
     fn kv_dtype(&self) -> DataType {
         self.kv_dtype.unwrap_or(DataType::U8)
+    }
+
+    /// What `--convention` declares.
+    fn convention(&self) -> Convention {
+        self.convention.convention()
+    }
+
+    /// The key layout: `--k-layout`, else the convention's.
+    fn k_layout(&self) -> KLayout {
+        self.k_layout.unwrap_or(self.convention().layout.keys)
+    }
+
+    /// The K/V granularity: `--granularity`, else the convention's.
+    fn granularity(&self) -> Granularity {
+        self.granularity.unwrap_or(self.convention().layout.kv)
+    }
+
+    /// How `--parts` cuts the model: `--split`, else the convention's own (one part is the whole
+    /// model, which no split cuts).
+    fn split(&self) -> Split {
+        let cut = self.parts.is_some_and(|n| n > 1);
+        self.split.unwrap_or(if cut {
+            self.convention().split
+        } else {
+            Split::Balanced
+        })
+    }
+
+    /// Whether the graphs take RoPE tables: what the convention's layout declares.
+    fn rope_tables(&self) -> bool {
+        ref_backend::takes_rope_tables(self.convention)
+    }
+
+    /// The naming of the graphs written: the convention's, or with `--parts` the one parts of it
+    /// take ([`Preset::parts_naming`]: AI Hub's for htpkv's).
+    fn naming(&self) -> anyhow::Result<Preset> {
+        if self.parts.is_none() {
+            return Ok(self.convention);
+        }
+        ref_backend::parts_naming(self.convention).map_err(|why| anyhow::anyhow!("--parts: {why}"))
     }
 }
 
@@ -183,28 +226,28 @@ fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<
     write_output(args, &model, path, &inputs, started)
 }
 
-/// True when the output is a Genie bundle (`--parts` or `--convention aihub`).
+/// True when the output is a Genie bundle (`--parts`, or a convention packaged as one:
+/// `--convention aihub`).
 fn is_bundle(args: &CompileArgs) -> bool {
-    args.convention == Preset::AiHub || args.parts.is_some()
+    args.convention().packaging == Packaging::GenieBundle || args.parts.is_some()
 }
 
-/// Refuses what the executorch convention's names cannot express, with the reason
-/// `CompiledModel::with_naming` would give.
-fn check_executorch(args: &CompileArgs) -> anyhow::Result<()> {
-    if args.convention != Preset::ExecuTorch {
-        return Ok(());
-    }
+/// Refuses what the convention cannot express (its names, its fixed layout), with the reason
+/// `CompiledModel::with_naming` / `split` would give.
+fn check_convention(args: &CompileArgs) -> anyhow::Result<()> {
+    let naming = args.naming()?;
     let parts = args.parts.unwrap_or(1);
-    if let Some(reason) = ref_backend::naming_refusal(Preset::ExecuTorch, parts, false, &args.ar) {
-        bail!("--convention executorch: {reason}");
+    let c = args.convention();
+    let refusal = ref_backend::naming_refusal(naming, parts, args.rope_tables(), &args.ar)
+        .or_else(|| c.layout_refusal(args.granularity(), args.k_layout()));
+    if let Some(reason) = refusal {
+        bail!("--convention {}: {reason}", args.convention);
     }
-    if args.parts.is_some() {
-        bail!("--parts: the executorch convention writes one file, not a bundle");
-    }
-    if !args.contexts.is_empty() {
+    if !args.contexts.is_empty() && !is_bundle(args) && !c.names_context() {
         bail!(
-            "--contexts: the executorch convention's method names (kv_forward, prefill_forward) \
-             carry no context length, so one file holds one: use --context S"
+            "--contexts: the {} convention's graph names carry no context length, so one file \
+             holds one: use --context S",
+            args.convention
         );
     }
     Ok(())
@@ -217,7 +260,7 @@ fn check_early(
     inputs: &[&std::path::Path],
     brings_tokenizer: bool,
 ) -> anyhow::Result<()> {
-    check_executorch(args)?;
+    check_convention(args)?;
     if args.kv_zero_point.is_some() && args.kv_dtype() != DataType::U8 {
         bail!(
             "--kv-zero-point 128 is for a u8 KV cache, not --kv-dtype {}",
@@ -281,22 +324,21 @@ fn check_contexts(args: &CompileArgs, config: &model::LlamaConfig) -> anyhow::Re
 /// Refuses a bad `--parts` (or `--ar` the executorch names cannot tell apart) before compiling,
 /// with the reason `CompiledModel::split` / `with_naming` would give.
 fn check_parts(args: &CompileArgs, n_layers: usize) -> anyhow::Result<()> {
-    let split = ref_backend::Split::from_name(&args.split).unwrap_or_default();
-    if split == ref_backend::Split::AiHub {
-        if args.convention != Preset::AiHub {
-            bail!(
-                "--split aihub names the hidden state as AI Hub does: it needs --convention aihub"
-            );
-        }
-        if args.contexts.len() > 1 {
-            // The embedding-only part has no mask to tell its context length by: the runtime
-            // would take every length's part 1 for each context.
-            bail!("--split aihub writes one context length: give --context, not --contexts");
-        }
+    let split = args.split();
+    if split != Split::Balanced && split != args.convention().split {
+        let owner = Preset::owning(split).map_or("another".into(), |p| p.name());
+        bail!(
+            "--split {split} cuts the model as the {owner} convention does: it needs \
+               --convention {owner}"
+        );
+    }
+    if split == Split::AiHub && args.contexts.len() > 1 {
+        // The embedding-only part has no mask to tell its context length by: the runtime would
+        // take every length's part 1 for each context.
+        bail!("--split aihub writes one context length: give --context, not --contexts");
     }
     if let Some(n) = args.parts {
-        let tables = args.convention == Preset::AiHub;
-        ref_backend::Part::split_as(n_layers, n, tables, Preset::AiHub, split)
+        ref_backend::Part::split_as(n_layers, n, args.rope_tables(), args.naming()?, split)
             .map_err(|reason| anyhow::anyhow!("--parts: {reason}"))?;
     }
     Ok(())
@@ -318,28 +360,22 @@ fn write_output(
     } else {
         model
     };
-    let renamed;
-    let model = if args.convention == Preset::ExecuTorch {
-        renamed = model.with_naming(Preset::ExecuTorch)?;
-        &renamed
-    } else {
-        model
-    };
     if !is_bundle(args) {
-        // Written only after it was read back and found equal (the runtime's validation).
+        // One file, named by the convention; written only after it was read back and found equal
+        // (the runtime's validation).
+        let model = model.with_naming(args.convention)?;
         model.write(&args.out, inputs)?;
-        return report(args, model, started);
+        return report(args, &model, started);
     }
     let tokenizer = bundle_tokenizer(args, model_path)?;
     let stem = model_path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned());
     // Checked by `check_parts` before compiling.
-    let split = ref_backend::Split::from_name(&args.split).unwrap_or_default();
     let spec = bundle::BundleSpec {
         parts: args.parts.unwrap_or(1),
-        split,
-        rope_tables: args.convention == Preset::AiHub,
+        split: args.split(),
+        rope_tables: args.rope_tables(),
         tokenizer: &tokenizer,
         stem: stem.as_deref().unwrap_or("model"),
         contexts: &args.contexts,
@@ -404,12 +440,8 @@ fn compile_options(args: &CompileArgs, context: usize) -> CompileOptions {
     let mut opts = CompileOptions::new(context, args.ar.clone());
     opts.kv_dtype = args.kv_dtype();
     opts.weights = args.weights.unwrap_or(WeightType::I8);
-    // AI Hub's and ExecuTorch's conventions: per-layer K/V tensors with K transposed.
-    (opts.k_layout, opts.granularity) = if args.convention != Preset::Htpkv {
-        (KLayout::Transposed, Granularity::PerLayer)
-    } else {
-        (args.k_layout, args.granularity)
-    };
+    // The convention's layout unless asked for another (a fixed one is checked early).
+    (opts.k_layout, opts.granularity) = (args.k_layout(), args.granularity());
     opts.calibration_tokens = args.calibration_tokens;
     opts
 }

@@ -190,10 +190,21 @@ pub struct Convention {
     /// How graph names are written.
     #[serde(skip)]
     pub graph_naming: GraphNaming,
-    /// How the graphs hold K/V and take positions (what the HTP lowering builds); htpkv's by
+    /// How the graphs hold K/V and take positions (what the compilers build); htpkv's by
     /// default.
     #[serde(default)]
     pub layout: crate::GraphLayout,
+    /// Whether the graphs must have exactly [`Convention::layout`] (a foreign runtime expects it:
+    /// ExecuTorch's), or `layout` is what a compiler builds unless asked for another (htpkv's
+    /// runtime reads the layout from the shapes). Not part of a YAML file.
+    #[serde(skip)]
+    pub layout_fixed: bool,
+    /// How a compiled model is packaged (not part of a YAML file).
+    #[serde(skip)]
+    pub packaging: crate::Packaging,
+    /// How a model is cut into parts when it is (not part of a YAML file).
+    #[serde(skip)]
+    pub split: crate::Split,
 }
 
 /// What a convention reads from one tensor.
@@ -228,7 +239,11 @@ pub(crate) fn names(v: &[&str]) -> Vec<String> {
 }
 
 impl Convention {
-    fn pattern(&self, text: &str, allowed: &[Field]) -> Result<Pattern, ConventionError> {
+    pub(crate) fn pattern(
+        &self,
+        text: &str,
+        allowed: &[Field],
+    ) -> Result<Pattern, ConventionError> {
         Pattern::parse(text, allowed).map_err(|reason| ConventionError::Pattern {
             convention: self.name.clone(),
             pattern: text.to_string(),

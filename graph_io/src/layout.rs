@@ -99,9 +99,34 @@ impl PositionInput {
     }
 }
 
-/// The layout of a convention's graphs: K/V grouping and K layout, and how positions enter. The
-/// HTP lowering (`qnn_compile`) builds the graphs from it, so a new convention with a known layout
-/// needs nothing there.
+/// Where a per-layer K/V tensor puts its heads: `[heads, 1, rows, D]` (htpkv's and AI Hub's) or
+/// `[1, heads, rows, D]` (ExecuTorch's). In files it is its lowercase name.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum HeadAxis {
+    /// The heads on the first axis: `[heads, 1, rows, D]`.
+    #[default]
+    First,
+    /// The heads on the second axis: `[1, heads, rows, D]`.
+    Second,
+}
+
+impl HeadAxis {
+    /// `shape` (a K/V tensor's dims as htpkv's executor holds them, heads first) in this order.
+    pub fn arrange(self, shape: &[usize]) -> Vec<usize> {
+        let mut out = shape.to_vec();
+        if self == HeadAxis::Second && out.len() == 4 {
+            out.swap(0, 1);
+        }
+        out
+    }
+}
+
+/// The layout of a convention's graphs: K/V grouping and K layout, the axis of the heads, and how
+/// positions enter. The HTP lowering (`qnn_compile`) builds the graphs from it, so a new
+/// convention with a known layout needs nothing there.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
 )]
@@ -112,6 +137,8 @@ pub struct GraphLayout {
     /// K as rows (`[.., rows, D]`) or transposed (`[.., D, rows]`).
     pub keys: KLayout,
     pub positions: PositionInput,
+    /// Where per-layer K/V tensors put their heads (the dims a client sees).
+    pub heads: HeadAxis,
 }
 
 impl GraphLayout {
@@ -120,11 +147,21 @@ impl GraphLayout {
         kv: Granularity::PerHead,
         keys: KLayout::Rows,
         positions: PositionInput::Ids,
+        heads: HeadAxis::First,
     };
     /// Qualcomm AI Hub's: per-layer K/V with the keys transposed, RoPE tables as inputs.
     pub const AIHUB: GraphLayout = GraphLayout {
         kv: Granularity::PerLayer,
         keys: KLayout::Transposed,
         positions: PositionInput::RopeTables,
+        heads: HeadAxis::First,
+    };
+    /// ExecuTorch's Qualcomm llama: per-layer K/V with the keys transposed and the heads second
+    /// (`k [1, kv_heads, D, rows]`, `v [1, kv_heads, rows, D]`), position ids (`input_pos`).
+    pub const EXECUTORCH: GraphLayout = GraphLayout {
+        kv: Granularity::PerLayer,
+        keys: KLayout::Transposed,
+        positions: PositionInput::Ids,
+        heads: HeadAxis::Second,
     };
 }

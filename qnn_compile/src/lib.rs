@@ -30,7 +30,8 @@ pub use llama::{KvEncodings, Naming, PartSpec};
 use model::{LlamaConfig, WeightSource};
 pub use qnn_ffi::HtpTarget;
 use qnn_ffi::{
-    Backend, Context, Device, GraphBuilder, GraphOptions, Precision, QnnError, QnnLibrary,
+    Backend, Context, Device, GraphBuilder, GraphOptions, Log, LogLevel, Precision, QnnError,
+    QnnLibrary,
 };
 use std::sync::Arc;
 pub use w8a16::{W8A16, W8Matrix};
@@ -89,12 +90,7 @@ pub fn graph_name(naming: Naming, n: usize, s: usize, part: &PartSpec) -> String
 
 /// Why `parts` cannot be the parts of a model of `n_layers` layers in `naming` (`None`: they can).
 fn parts_refusal(parts: &[PartSpec], n_layers: usize, naming: Naming) -> Option<String> {
-    let names_parts = naming
-        .convention()
-        .graphs
-        .iter()
-        .any(|g| g.contains("{part}"));
-    if parts.len() > 1 && !names_parts {
+    if parts.len() > 1 && !naming.convention().names_parts() {
         return Some(format!(
             "several parts need a convention whose graph names carry the part ({} names none)",
             naming.name()
@@ -191,7 +187,10 @@ pub fn compile(
     progress: &mut dyn FnMut(&str, usize, usize),
 ) -> Result<Vec<Vec<u8>>, CompileError> {
     check(c, o)?;
-    let backend = Backend::new(lib, None).map_err(qnn_error(lib, ""))?;
+    // The backend's messages through htpkv's log (errors and warnings on stderr, the rest
+    // recorded), not printed by the library itself.
+    let log = Log::new(lib, LogLevel::Warn).map_err(qnn_error(lib, ""))?;
+    let backend = Backend::new(lib, Some(&log)).map_err(qnn_error(lib, ""))?;
     let device = Device::with_htp_target(&backend, o.target).map_err(qnn_error(lib, ""))?;
     let total = o.parts.len() * o.ar.len();
     let mut binaries = Vec::with_capacity(o.parts.len());

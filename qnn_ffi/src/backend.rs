@@ -69,6 +69,14 @@ pub fn take_log_messages() -> Vec<(LogLevel, String)> {
     std::mem::take(&mut *CAPTURE.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
+/// Errors the backend reports about its own defaults, whatever a client sets: recorded and
+/// counted, not printed. QNN 2.51's `libQnnHtp.so` consolidates every graph's settings at
+/// `graphCreate`, its built-in defaults included, and reports its default setting 66 as
+/// "unexpected GraphHtpSettings option 66": with no graph, device or context config at all, and
+/// in onnxruntime's QNN execution provider too (the same settings, 23 to 66, consolidated
+/// there), while the graph prepares and runs as asked.
+const QNN_OWN_DEFAULTS: &[&str] = &["unexpected GraphHtpSettings option 66"];
+
 unsafe extern "C" {
     fn vsnprintf(buf: *mut c_char, size: usize, fmt: *const c_char, args: *mut c_void) -> i32;
 }
@@ -100,7 +108,7 @@ unsafe extern "C" fn log_callback(
             .to_string();
         let level = LogLevel::from_raw(level);
         LOGGED.fetch_add(1, Ordering::Relaxed);
-        if level <= LogLevel::Warn {
+        if level <= LogLevel::Warn && !QNN_OWN_DEFAULTS.iter().any(|m| text.contains(m)) {
             eprintln!("qnn[{level:?}]: {text}");
         }
         let mut capture = CAPTURE.lock().unwrap_or_else(|p| p.into_inner());

@@ -10,13 +10,12 @@ use quant::{
     Symmetry,
 };
 
-use crate::compile::Recipe;
 use crate::error::CompileError;
 use crate::gptq::{Gram, Rounding};
 use crate::model::{ActSite, act_index, act_of, classifier_act_index};
 use crate::options::CompileOptions;
 use crate::progress::{Progress, Stage};
-use crate::smooth::{self, ChannelRanges, FfnSmoothing};
+use crate::smooth::{self, ChannelRanges, FFN_SMOOTHING, FfnSmoothing};
 
 /// How the observers turn observed values into encodings (documented for users; part of the
 /// calibration version).
@@ -510,4 +509,22 @@ fn act_name(i: usize, n_layers: usize) -> String {
         Some((l, site)) => format!("activation {} of layer {l}", site.name()),
         None => "the classifier input".into(),
     }
+}
+
+/// How a compile quantizes beyond its [`CompileOptions`]: choices made by measurement (README,
+/// "Accuracy on SmolLM2"), which a compiled file does not record.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Recipe {
+    /// The FFN smoothing of i8 builds ([`FFN_SMOOTHING`]), or none; ignored for other weights.
+    pub ffn_smoothing: Option<FfnSmoothing>,
+    /// How integer weights are rounded ([`Rounding::Gptq`]).
+    pub rounding: Rounding,
+}
+
+impl Recipe {
+    /// What [`crate::compile`] uses.
+    pub const DEFAULT: Recipe = Recipe {
+        ffn_smoothing: Some(FFN_SMOOTHING),
+        rounding: Rounding::Gptq,
+    };
 }

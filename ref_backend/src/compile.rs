@@ -4,15 +4,15 @@ use model::{LlamaConfig, Tensor, WeightSource, check_weights};
 
 use rayon::prelude::*;
 
-use crate::calibrate::{Calibrated, calibrate};
+use crate::calibrate::{Calibrated, Recipe, calibrate};
 use crate::compiled::CompiledModel;
 use crate::error::CompileError;
-use crate::gptq::{Factor, Rounding};
-use crate::lpbq::{is_lpbq, lpbq_grid};
+use crate::gptq::Factor;
+use crate::lpbq::{is_lpbq, lpbq_grid, quantize_lpbq};
 use crate::model::{ActSite, LayerData, Matrix, ModelData, act_index, act_site, i8_grid};
 use crate::options::CompileOptions;
 use crate::progress::{Progress, Stage};
-use crate::smooth::{self, FFN_SMOOTHING, FfnSmoothing};
+use crate::smooth;
 use crate::types::WeightType;
 use crate::validate::validate_options;
 
@@ -44,10 +44,10 @@ fn validate_calibration(opts: &CompileOptions, calibration: &[Vec<u32>]) -> Resu
 ///    for the observers.
 /// 3. Converts the weights: i8 per-output-channel symmetric (also the token embedding, whose
 ///    rows are the output channels of the tied classifier), or f16/f32; RMSNorm weights and
-///    Q/K/V biases stay f32. With i8 weights, [`FFN_SMOOTHING`] is folded into each layer's
+///    Q/K/V biases stay f32. With i8 weights, [`FFN_SMOOTHING`](crate::FFN_SMOOTHING) is folded into each layer's
 ///    `Up` and `Down` first (f32), its factors from step 2 (see [`mod@crate::smooth`]). The
 ///    layers' integer weights are rounded by their output error over the calibration positions
-///    ([`Rounding::Gptq`], step 2 accumulating each matmul input's Gram matrix).
+///    ([`Rounding::Gptq`](crate::Rounding::Gptq), step 2 accumulating each matmul input's Gram matrix).
 /// 4. Builds one graph per AR variant, named `ar{n}_cl{S}`.
 ///
 /// `fingerprint` is the SHA-256 of the model file(s); it is stored and returned by
@@ -63,24 +63,6 @@ pub fn compile(
 ) -> Result<CompiledModel, CompileError> {
     let setup = (opts, Recipe::DEFAULT);
     compile_with(config, weights, calibration, setup, fingerprint, progress)
-}
-
-/// How a compile quantizes beyond its [`CompileOptions`]: choices made by measurement (README,
-/// "Accuracy on SmolLM2"), which a compiled file does not record.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Recipe {
-    /// The FFN smoothing of i8 builds ([`FFN_SMOOTHING`]), or none; ignored for other weights.
-    pub ffn_smoothing: Option<FfnSmoothing>,
-    /// How integer weights are rounded ([`Rounding::Gptq`]).
-    pub rounding: Rounding,
-}
-
-impl Recipe {
-    /// What [`compile`] uses.
-    pub const DEFAULT: Recipe = Recipe {
-        ffn_smoothing: Some(FFN_SMOOTHING),
-        rounding: Rounding::Gptq,
-    };
 }
 
 /// [`compile`] with another [`Recipe`] than [`Recipe::DEFAULT`]: for measuring the choices (the
@@ -140,7 +122,7 @@ fn tensor(w: &dyn WeightSource, t: Tensor) -> &[f32] {
 /// The embedding, the layers and the separate classifier (if any) in `wt`, each layer's `Up`
 /// and `Down` smoothed by its calibrated factors first (none when `cal.smoothing` is empty),
 /// the layers' integer weights rounded by their inputs' Gram matrices when `cal.gram` holds
-/// them ([`Rounding::Gptq`]; the embedding and the classifier are rounded to nearest).
+/// them ([`Rounding::Gptq`](crate::Rounding::Gptq); the embedding and the classifier are rounded to nearest).
 fn convert_weights(
     c: &LlamaConfig,
     w: &dyn WeightSource,
@@ -233,7 +215,7 @@ fn convert_matrix(
         (WeightType::F16, ..) => return Ok(Matrix::float(data, rows, cols, true)),
         (WeightType::F32, ..) => return Ok(Matrix::float(data, rows, cols, false)),
         (_, false, None) => Matrix::quantize_i8(data, rows, cols),
-        (_, true, None) => Matrix::quantize_lpbq(data, rows, cols, crate::LPBQ_BLOCK),
+        (_, true, None) => quantize_lpbq(data, rows, cols, crate::LPBQ_BLOCK),
         (_, false, Some(f)) => Matrix::quantize_by_error(data, (rows, cols), i8_grid, f),
         (_, true, Some(f)) => Matrix::quantize_by_error(data, (rows, cols), lpbq, f),
     };

@@ -10,7 +10,7 @@ use crate::error::CompileError;
 use crate::exec::Graph;
 use crate::model::{ActSite, I8Matrix, LayerData, Matrix, ModelData};
 use crate::options::CompileOptions;
-use crate::parts::{Part, Split, check_naming};
+use crate::parts::{Part, Split, check_naming, parts_naming};
 
 /// A compiled model: configuration, weights, encodings and one [`Graph`] per AR variant — the
 /// reference backend's "context binary" (see [`mod@crate::format`] for the file).
@@ -171,6 +171,18 @@ impl CompiledModel {
         m.and_then(Matrix::as_i8)
     }
 
+    /// The block multipliers of matrix `t` when it is on the LPBQ grid ([`crate::is_lpbq`]),
+    /// recomputed from `source`'s f32 values and checked against the stored values
+    /// ([`crate::lpbq`]'s `matrix_multipliers`); `Ok(None)` for a matrix on the i8 grid.
+    pub fn lpbq_multipliers(
+        &self,
+        t: Tensor,
+        source: &dyn ::model::WeightSource,
+    ) -> Result<Option<Vec<u8>>, CompileError> {
+        let stored = (self.i8_matrix(t), self.options().weights);
+        crate::lpbq::matrix_multipliers(stored, t, source)
+    }
+
     /// The static i16 encoding of the classifier input (`None` for float weights).
     pub fn classifier_input_encoding(&self) -> Option<ScaleOffset> {
         self.data.act_final()
@@ -190,7 +202,8 @@ impl CompiledModel {
         self.split_as(count, rope_tables, Split::Balanced)
     }
 
-    /// [`CompiledModel::split`] cut as `split` ([`Part::split_as`], AI Hub's names).
+    /// [`CompiledModel::split`] cut as `split` ([`Part::split_as`]) under the names parts of
+    /// this model's naming take ([`crate::parts::parts_naming`]: AI Hub's for htpkv's).
     pub fn split_as(
         &self,
         count: usize,
@@ -199,7 +212,8 @@ impl CompiledModel {
     ) -> Result<Vec<CompiledModel>, CompileError> {
         self.require_whole("cut into parts")?;
         let n = self.data.config.n_layers;
-        let parts = Part::split_as(n, count, rope_tables, Preset::AiHub, split)
+        let parts = parts_naming(self.part.naming)
+            .and_then(|naming| Part::split_as(n, count, rope_tables, naming, split))
             .map_err(|reason| CompileError::InvalidOptions { reason })?;
         Ok(parts
             .into_iter()

@@ -490,7 +490,7 @@ fn read_part_section(
         naming_from_code(code)
             .ok_or_else(|| s.corrupt_at(code_at, format!("unknown naming code {code}")))?
     } else {
-        Preset::AiHub
+        naming_from_code(V3_NAMING).unwrap_or_default()
     };
     // An optional split byte: 1 for AI Hub's split (absent: htpkv's own).
     let split = if named && s.remaining() > 0 {
@@ -1083,6 +1083,9 @@ fn naming_code(naming: Preset) -> u8 {
     let at = Preset::ALL.iter().position(|&p| p == naming);
     at.and_then(|i| u8::try_from(i).ok()).unwrap_or(u8::MAX)
 }
+
+/// The naming code of a version-3 part, which has no naming byte: AI Hub's names (1).
+const V3_NAMING: u8 = 1;
 
 fn naming_from_code(code: u8) -> Option<Preset> {
     Preset::ALL.get(usize::from(code)).copied()

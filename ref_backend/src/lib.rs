@@ -100,8 +100,9 @@ mod types;
 mod validate;
 
 pub use ::model::checksum::crc32;
+pub use calibrate::Recipe;
 pub use calibrate::{U8_KV_PERCENTILE, U16_KV_MARGIN};
-pub use compile::{Recipe, compile, compile_with};
+pub use compile::{compile, compile_with};
 pub use compiled::CompiledModel;
 pub use error::{CompileError, ExecError, FormatError};
 pub use exec::{Graph, mask_value_bytes};
@@ -109,8 +110,18 @@ pub use format::{DESC_FORMAT_VERSION, FORMAT_VERSION, WINDOWS_FORMAT_VERSION};
 pub use gptq::{GPTQ_DAMPING, Rounding};
 /// Graph tensors are described in the IO vocabulary's terms, and a compiled file names its graphs
 /// and tensors after one of its conventions.
-pub use graph_io::{IoRole, IoTensor, Preset};
-pub use lpbq::{I4_KEPT_AT_8_BITS, LPBQ_BLOCK, is_lpbq, lpbq_multipliers};
+pub use graph_io::{Convention, IoRole, IoTensor, Packaging, Preset};
+pub use lpbq::{I4_KEPT_AT_8_BITS, LPBQ_BLOCK, is_lpbq};
+
+/// The block multipliers of `model`'s matrix `t` on the LPBQ grid
+/// ([`CompiledModel::lpbq_multipliers`]).
+pub fn lpbq_multipliers(
+    model: &CompiledModel,
+    t: ::model::Tensor,
+    source: &dyn ::model::WeightSource,
+) -> Result<Option<Vec<u8>>, CompileError> {
+    model.lpbq_multipliers(t, source)
+}
 pub use model::{
     ActSite, I8Matrix, MASK_OFFSET, MASK_SCALE, MASKED_AT_OR_BELOW, graph_name, mask_encoding,
 };
@@ -118,7 +129,7 @@ pub use options::{
     CALIBRATION_VERSION, CompileOptions, DEFAULT_CALIBRATION_CHATS, DEFAULT_CALIBRATION_PROMPTS,
     DEFAULT_CALIBRATION_TOKENS, MAX_CALIBRATION_TOKENS,
 };
-pub use parts::{Part, Split, naming_refusal};
+pub use parts::{Part, Split, naming_refusal, parts_naming, takes_rope_tables};
 pub use progress::{Progress, Stage};
 pub use smooth::{FFN_SMOOTHING, FfnSmoothing, ffn_smoothing_factors, smoothed_weights};
 pub use types::{Granularity, I8F16_KEPT_AT_F16, KLayout, WeightType};

@@ -3,15 +3,14 @@
 //! integer multiplier in `[1, 15]`, values in `[-8, 7]`. The executor stores each value times its
 //! block's multiplier (at most 120 in magnitude, an exact i8) with the row's scale, so the i8
 //! kernels multiply it unchanged; the HTP lowering recovers the multipliers
-//! ([`lpbq_multipliers`]) and writes the values and multipliers QNN reads.
+//! ([`crate::lpbq_multipliers`]) and writes the values and multipliers QNN reads.
 
 use model::{LayerTensor, Tensor, WeightSource};
 use quant::{QuantError, ScaleOffset};
 
-use crate::compiled::CompiledModel;
 use crate::error::CompileError;
 use crate::gptq::RowGrid;
-use crate::model::finite_absmax;
+use crate::model::{I8Matrix, Matrix, finite_absmax};
 use crate::types::WeightType;
 
 /// Inputs per block of the 4-bit weights ([`WeightType::I4`]), chosen by measurement (README,
@@ -37,7 +36,7 @@ pub fn is_lpbq(weights: WeightType, t: Tensor, cols: usize) -> bool {
 /// 0.12, down by 0.21).
 pub const I4_KEPT_AT_8_BITS: [LayerTensor; 2] = [LayerTensor::V, LayerTensor::Down];
 
-/// The LPBQ grid of one row ([`Matrix::quantize_lpbq`]): each block of `block` inputs gets the
+/// The LPBQ grid of one row ([`quantize_lpbq`]): each block of `block` inputs gets the
 /// scale `max|w| / 7`; the row's scale is the largest of them over 15 and each block's
 /// multiplier is its scale over the row's, rounded into `[1, 15]`; values in `[-8, 7]`.
 pub(crate) fn lpbq_grid(row: &[f32], block: usize) -> Result<RowGrid, QuantError> {
@@ -61,7 +60,7 @@ pub(crate) fn lpbq_grid(row: &[f32], block: usize) -> Result<RowGrid, QuantError
     })
 }
 
-/// One row of [`Matrix::quantize_lpbq`]: the row's scale and the values times their block's
+/// One row of [`quantize_lpbq`]: the row's scale and the values times their block's
 /// multiplier, each rounded to nearest.
 pub(crate) fn lpbq_row(row: &[f32], block: usize) -> Result<(f32, Vec<i8>), QuantError> {
     let g = lpbq_grid(row, block)?;
@@ -72,13 +71,36 @@ pub(crate) fn lpbq_row(row: &[f32], block: usize) -> Result<(f32, Vec<i8>), Quan
     Ok((g.scale, out.collect()))
 }
 
-/// The block multipliers of `model`'s matrix `t` when it is on the LPBQ grid ([`is_lpbq`]):
-/// `cols / LPBQ_BLOCK` per row, row-major, recomputed from `source`'s f32 values of `t` (the
-/// grid is a function of them; rounding by error changes only the values) and checked against
-/// the stored values: each must be its block's multiplier times a value in `[-8, 7]`.
-/// `Ok(None)` for a matrix on the i8 grid.
-pub fn lpbq_multipliers(
-    model: &CompiledModel,
+/// Quantizes `w` to 4 bits with QNN's blockwise-expansion encoding ("LPBQ"): per row, each
+/// block of `block` inputs gets the scale `max|w| / 7`; the row's scale is the largest of them
+/// over 15, and each block's 4-bit multiplier `m` in `[1, 15]` is its scale over the row's,
+/// rounded; values are `round(w / (row scale * m))` in `[-8, 7]`. The matrix holds `q * m` (at
+/// most 120 in magnitude, an exact i8) with the row's scale, so `w = q * m * scale` is what
+/// the i8 kernels multiply.
+pub(crate) fn quantize_lpbq(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    block: usize,
+) -> Result<Matrix, QuantError> {
+    let mut scales = Vec::with_capacity(rows);
+    let mut q = Vec::with_capacity(rows * cols);
+    for row in w.chunks_exact(cols.max(1)).take(rows) {
+        let (scale, values) = lpbq_row(row, block)?;
+        scales.push(scale);
+        q.extend(values);
+    }
+    Ok(Matrix::from_i8(rows, cols, scales, q))
+}
+
+/// The block multipliers of the stored matrix `m` of tensor `t` (of a `weights` build) when it
+/// is on the LPBQ grid ([`is_lpbq`]): `cols / LPBQ_BLOCK` per row, row-major, recomputed from
+/// `source`'s f32 values of `t` (the grid is a function of them; rounding by error changes only
+/// the values) and checked against the stored values: each must be its block's multiplier times
+/// a value in `[-8, 7]`. `Ok(None)` for a matrix on the i8 grid. Public as
+/// [`crate::lpbq_multipliers`], which finds `m` in a compiled model.
+pub(crate) fn matrix_multipliers(
+    (m, weights): (Option<I8Matrix<'_>>, WeightType),
     t: Tensor,
     source: &dyn WeightSource,
 ) -> Result<Option<Vec<u8>>, CompileError> {
@@ -86,10 +108,8 @@ pub fn lpbq_multipliers(
         tensor: t.to_string(),
         reason,
     };
-    let m = model
-        .i8_matrix(t)
-        .ok_or_else(|| mismatch("the compiled model holds no integer matrix".into()))?;
-    if !is_lpbq(model.options().weights, t, m.cols) {
+    let m = m.ok_or_else(|| mismatch("the compiled model holds no integer matrix".into()))?;
+    if !is_lpbq(weights, t, m.cols) {
         return Ok(None);
     }
     let w = source
@@ -166,7 +186,7 @@ mod tests {
         let f = gram.factor(None).unwrap();
         let grid = |row: &[f32]| lpbq_grid(row, 32);
         let by_error = Matrix::quantize_by_error(&w, (2, 64), grid, &f).unwrap();
-        let nearest = Matrix::quantize_lpbq(&w, 2, 64, 32).unwrap();
+        let nearest = quantize_lpbq(&w, 2, 64, 32).unwrap();
         let (a, b) = (by_error.as_i8().unwrap(), nearest.as_i8().unwrap());
         assert_eq!(a.scales, b.scales);
         assert_ne!(a.q, b.q, "nothing was rounded differently");

@@ -196,28 +196,6 @@ impl Matrix {
         Ok(Matrix::from_i8(rows, cols, scales, q))
     }
 
-    /// Quantizes `w` to 4 bits with QNN's blockwise-expansion encoding ("LPBQ"): per row, each
-    /// block of `block` inputs gets the scale `max|w| / 7`; the row's scale is the largest of them
-    /// over 15, and each block's 4-bit multiplier `m` in `[1, 15]` is its scale over the row's,
-    /// rounded; values are `round(w / (row scale * m))` in `[-8, 7]`. The matrix holds `q * m` (at
-    /// most 120 in magnitude, an exact i8) with the row's scale, so `w = q * m * scale` is what
-    /// the i8 kernels multiply.
-    pub(crate) fn quantize_lpbq(
-        w: &[f32],
-        rows: usize,
-        cols: usize,
-        block: usize,
-    ) -> Result<Matrix, QuantError> {
-        let mut scales = Vec::with_capacity(rows);
-        let mut q = Vec::with_capacity(rows * cols);
-        for row in w.chunks_exact(cols.max(1)).take(rows) {
-            let (scale, values) = crate::lpbq::lpbq_row(row, block)?;
-            scales.push(scale);
-            q.extend(values);
-        }
-        Ok(Matrix::from_i8(rows, cols, scales, q))
-    }
-
     pub(crate) fn from_i8(rows: usize, cols: usize, scales: Vec<f32>, q: Vec<i8>) -> Matrix {
         let row_sums = q
             .chunks_exact(cols.max(1))

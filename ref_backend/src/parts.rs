@@ -20,10 +20,10 @@
 
 use std::ops::Range;
 
-use graph_io::Preset;
+pub use graph_io::Split;
+use graph_io::{PositionInput, Preset};
 
 use crate::options::CompileOptions;
-use crate::types::{Granularity, KLayout};
 
 /// One part of a split model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,99 +44,52 @@ pub struct Part {
     pub split: Split,
 }
 
-/// How a model is cut into parts (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Split {
-    /// htpkv's own: consecutive layers, sizes differing by at most one, earlier parts larger;
-    /// part 1 embeds and runs the first layers.
-    #[default]
-    Balanced,
-    /// AI Hub's: part 1 only the embedding, then `ceil(n_layers / (N - 1))` layers per part;
-    /// the hidden state named after AI Hub's ONNX tensors.
-    AiHub,
-}
-
-impl Split {
-    /// The option name (`balanced`, `aihub`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Split::Balanced => "balanced",
-            Split::AiHub => "aihub",
-        }
-    }
-
-    /// The split of an option name.
-    pub fn from_name(name: &str) -> Option<Split> {
-        [Split::Balanced, Split::AiHub]
-            .into_iter()
-            .find(|s| s.name() == name)
-    }
-}
-
-/// Why `naming` cannot name `count` parts with these AR variants (`None`: it can). The
-/// ExecuTorch method names tell neither parts nor several AR-n variants apart.
+/// Why `naming` cannot name `count` parts with these AR variants and positions (`None`: it can):
+/// what its convention declares ([`graph_io::Convention::refusal`]; ExecuTorch's method names
+/// tell neither parts nor several AR-n variants apart).
 pub fn naming_refusal(
     naming: Preset,
     count: usize,
     rope_tables: bool,
     ar: &[usize],
 ) -> Option<String> {
-    if naming != Preset::ExecuTorch {
-        return None;
-    }
-    if count > 1 {
-        return Some(format!(
-            "the executorch convention cannot be cut into {count} parts: its method names \
-             (kv_forward, prefill_forward) carry no part number to order them by"
-        ));
-    }
-    if rope_tables {
-        return Some(
-            "the executorch convention takes positions (input_pos), not RoPE tables".into(),
-        );
-    }
-    let prefill = ar.iter().filter(|&&n| n > 1).count();
-    if prefill > 1 {
-        return Some(format!(
-            "the executorch convention has one AR-n method (prefill_forward) besides kv_forward \
-             (AR-1); {prefill} AR variants above 1 cannot be told apart"
-        ));
-    }
-    None
+    naming.convention().refusal(count, rope_tables, ar)
 }
 
 impl Part {
-    /// The whole model as its one part, with position ids (htpkv's own graphs).
+    /// The whole model as its one part, with position ids, under the default naming (htpkv's
+    /// own graphs).
     pub fn whole(n_layers: usize) -> Part {
         Part {
             index: 0,
             count: 1,
             layers: 0..n_layers,
             rope_tables: false,
-            naming: Preset::Htpkv,
+            naming: Preset::default(),
             split: Split::Balanced,
         }
     }
 
-    /// `count` parts of consecutive layers of an `n_layers` model under AI Hub's names; sizes
-    /// differ by at most one, earlier parts the larger. Every part needs at least one layer.
+    /// `count` parts of consecutive layers of an `n_layers` model under the names parts of
+    /// htpkv's files take ([`Preset::parts_naming`]: AI Hub's); sizes differ by at most one,
+    /// earlier parts the larger. Every part needs at least one layer.
     pub fn split(n_layers: usize, count: usize, rope_tables: bool) -> Result<Vec<Part>, String> {
-        Part::split_named(n_layers, count, rope_tables, Preset::AiHub)
+        Part::split_named(
+            n_layers,
+            count,
+            rope_tables,
+            parts_naming(Preset::default())?,
+        )
     }
 
-    /// [`Part::split`] under `naming` (see [`naming_refusal`]; htpkv's names carry no part
-    /// number either, so they name only the whole model).
+    /// [`Part::split`] under `naming` (see [`naming_refusal`]: a naming whose graph names carry
+    /// no part number names only the whole model).
     pub fn split_named(
         n_layers: usize,
         count: usize,
         rope_tables: bool,
         naming: Preset,
     ) -> Result<Vec<Part>, String> {
-        if naming == Preset::Htpkv && count > 1 {
-            return Err(format!(
-                "htpkv's graph names carry no part number: {count} parts need the aihub convention"
-            ));
-        }
         if let Some(reason) = naming_refusal(naming, count, rope_tables, &[]) {
             return Err(reason);
         }
@@ -176,10 +129,10 @@ impl Part {
         if split == Split::Balanced {
             return Part::split_named(n_layers, count, rope_tables, naming);
         }
-        if naming != Preset::AiHub {
+        if naming.convention().split != split {
+            let owner = Preset::owning(split).map_or("no".into(), |p| p.name());
             return Err(format!(
-                "AI Hub's split is for the aihub convention, not {}",
-                naming
+                "the {split} split is for the {owner} convention, not {naming}"
             ));
         }
         if count < 2 || count > n_layers + 1 {
@@ -272,23 +225,33 @@ impl Part {
     }
 }
 
+/// The preset parts of a model named by `naming` take ([`Preset::parts_naming`]), or why there
+/// is none.
+pub fn parts_naming(naming: Preset) -> Result<Preset, String> {
+    naming.parts_naming().ok_or_else(|| {
+        format!(
+            "the {naming} convention writes one file, never parts: its graph names carry no part \
+             number"
+        )
+    })
+}
+
+/// Whether a part under `naming` takes RoPE tables: what its convention's layout declares.
+pub fn takes_rope_tables(naming: Preset) -> bool {
+    naming.convention().layout.positions == PositionInput::RopeTables
+}
+
 /// Refuses a part whose naming cannot express the model compiled with `o` ([`naming_refusal`];
-/// ExecuTorch's K/V are one tensor per layer with K transposed).
+/// a convention with a fixed layout, ExecuTorch's, refuses any other K/V layout).
 pub(crate) fn check_naming(part: &Part, o: &CompileOptions) -> Result<(), String> {
-    if let Some(reason) = naming_refusal(part.naming, part.count, part.rope_tables, &o.ar) {
+    let convention = part.naming.convention();
+    if let Some(reason) = convention.refusal(part.count, part.rope_tables, &o.ar) {
         return Err(reason);
     }
-    if part.naming == Preset::ExecuTorch
-        && (o.k_layout != KLayout::Transposed || o.granularity != Granularity::PerLayer)
-    {
-        return Err(
-            "the executorch convention's K/V are one tensor per layer with K transposed \
-             ([1, kv_heads, head_dim, c - n]): compile with --k-layout transposed \
-             --granularity per_layer"
-                .into(),
-        );
+    match convention.layout_refusal(o.granularity, o.k_layout) {
+        Some(reason) => Err(reason),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use qnn_ffi::bindings as b;
 use qnn_ffi::dtype_to_qnn;
-use ref_backend::{CompiledModel, IoRole, IoTensor, Preset};
+use ref_backend::{CompiledModel, IoTensor, Preset};
 
 use crate::backend::drop_context;
 use crate::present::{
-    additive_from_attend_max, presented, reported_graph_name, reported_order, reported_shape,
-    reported_tensor_name,
+    additive_from_attend_max, converts_mask, is_u16_mask, presented, reported_graph_name,
+    reported_order, reported_shape, reported_tensor_name,
 };
 use crate::state::{ContextObj, GraphObj, State, as_handle, guard, key, state};
 use crate::{OK, Rc, code};
@@ -331,13 +331,10 @@ pub(crate) unsafe extern "C" fn graph_execute(
                 Err((rc, msg)) => return fail(rc, msg),
             }
         }
-        // ExecuTorch's mask, converted; it must outlive the execution below.
+        // An attend-max mask (ExecuTorch's), converted; it must outlive the execution below.
         let mut converted: Vec<u8>;
-        if naming == Preset::ExecuTorch {
-            let mask = exec
-                .inputs()
-                .iter()
-                .position(|d| d.role == IoRole::Mask && d.dtype == quant::DataType::U16);
+        if converts_mask(naming) {
+            let mask = exec.inputs().iter().position(is_u16_mask);
             if let Some(m) = mask {
                 // SAFETY: the caller's mask buffer is valid for its (checked) length during the call.
                 let bytes = unsafe { std::slice::from_raw_parts(ins[m].ptr, ins[m].len) };

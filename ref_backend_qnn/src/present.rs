@@ -1,7 +1,8 @@
 //! How graphs and tensors are presented to clients: under the naming the file records, or the
-//! one [`NAMES_ENV`] asks for (names, order, K/V dims and ExecuTorch's mask encoding).
+//! one [`NAMES_ENV`] asks for (names, order, K/V dims and mask encoding), each read from what the
+//! naming's convention declares.
 
-use graph_io::IoRules;
+use graph_io::{IoRules, MaskEncoding};
 use qnn_ffi::{Quantization, TensorInfo, TensorType, dtype_to_qnn};
 use ref_backend::{IoRole, IoTensor, Preset};
 
@@ -12,12 +13,10 @@ pub fn tensor_info(
     tensor_type: TensorType,
     naming: Preset,
 ) -> TensorInfo {
-    let executorch_mask = naming == Preset::ExecuTorch
-        && desc.role == IoRole::Mask
-        && desc.dtype == quant::DataType::U16;
+    let attend_max = converts_mask(naming) && is_u16_mask(desc);
     let quant = match &desc.encoding() {
-        // ExecuTorch's mask is a 0..1 multiplier quantized to u16 (65535 attend, 0 masked).
-        _ if executorch_mask => Quantization::PerTensor {
+        // An attend-max mask is a 0..1 multiplier quantized to u16 (65535 attend, 0 masked).
+        _ if attend_max => Quantization::PerTensor {
             scale: 1.0 / 65535.0,
             offset: 0,
         },
@@ -79,14 +78,23 @@ pub fn reported_graph_name(g: &ref_backend::Graph) -> String {
     part.graph_name(g.ar(), g.context())
 }
 
-/// The name tensor `desc` is reported under `naming`: htpkv's as the file has it; AI Hub's written
-/// by its convention (a sliding window's mask keeps its name in every convention, and a tensor the
-/// convention has no name for, the hidden state, keeps the file's); ExecuTorch's prefixed so that
-/// no convention knows them (its IO is found by index).
+/// True when a graph presented under `naming` takes its mask as the executor's additive one
+/// converted from the convention's attend-max encoding (ExecuTorch's).
+pub fn converts_mask(naming: Preset) -> bool {
+    naming.convention().mask == MaskEncoding::AttendMax
+}
+
+/// True for the u16 mask, the one an attend-max convention's client fills.
+pub(crate) fn is_u16_mask(desc: &IoTensor) -> bool {
+    desc.role == IoRole::Mask && desc.dtype == quant::DataType::U16
+}
+
+/// The name tensor `desc` is reported under `naming`: written by the naming's convention (a
+/// sliding window's mask keeps its name in every convention, and a tensor the convention has no
+/// name for, such as the hidden state, keeps the file's; htpkv's files carry htpkv's names, so
+/// under htpkv's naming every name is the file's); prefixed so that no convention knows them when
+/// its IO is found by position (ExecuTorch's).
 pub fn reported_tensor_name(desc: &IoTensor, naming: Preset) -> String {
-    if naming == Preset::Htpkv {
-        return desc.name.clone();
-    }
     let convention = naming.convention();
     if matches!(convention.io, IoRules::ByIndex(_)) {
         return format!("et_{}", desc.name);
@@ -99,32 +107,20 @@ pub fn reported_tensor_name(desc: &IoTensor, naming: Preset) -> String {
         .unwrap_or_else(|| desc.name.clone())
 }
 
-/// The dims tensor `desc` is reported with: ExecuTorch's K/V put the heads second.
+/// The dims tensor `desc` is reported with: K/V with the heads on the axis the naming's layout
+/// declares ([`graph_io::HeadAxis`]: ExecuTorch's second).
 pub fn reported_shape(desc: &IoTensor, naming: Preset) -> Vec<usize> {
-    let mut shape = desc.shape.clone();
-    if naming == Preset::ExecuTorch && desc.role.is_kv() && shape.len() == 4 {
-        shape.swap(0, 1);
+    if !desc.role.is_kv() {
+        return desc.shape.clone();
     }
-    shape
+    naming.convention().layout.heads.arrange(&desc.shape)
 }
 
-/// The graph's tensor indices in the order they are reported (ExecuTorch's index order; else as
-/// the model lists them).
+/// The graph's tensor indices in the order they are reported: the naming's index order when its
+/// IO is found by position ([`graph_io::Convention::io_order`]), else as the model lists them.
 pub fn reported_order(descs: &[IoTensor], naming: Preset) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..descs.len()).collect();
-    if naming == Preset::ExecuTorch {
-        let rank = |r: IoRole| match r {
-            IoRole::InputIds | IoRole::Embeddings | IoRole::SourceIds => 0,
-            IoRole::Logits | IoRole::HiddenIn | IoRole::HiddenOut => 0,
-            IoRole::Mask | IoRole::NewKey => 1,
-            IoRole::Positions | IoRole::RopeCos | IoRole::RopeSin => 2,
-            IoRole::NewValue => 2,
-            IoRole::PastKey | IoRole::CrossKey => 3,
-            IoRole::PastValue | IoRole::CrossValue => 4,
-        };
-        order.sort_by_key(|&i| (rank(descs[i].role), descs[i].layer, descs[i].head));
-    }
-    order
+    let roles: Vec<_> = descs.iter().map(|d| (d.role, d.layer, d.head)).collect();
+    naming.convention().io_order(&roles)
 }
 
 /// ExecuTorch's u16 mask (65535 attend, 0 masked; reported with scale 1/65535 and offset 0) in

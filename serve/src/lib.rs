@@ -9,6 +9,8 @@
 //! Constrained output (`tools`, `tool_choice`, `response_format`) goes through one seam,
 //! [`constraint::constraint_for`] and [`constraint::tool_calls_in`].
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 pub mod constraint;
 pub mod error;

@@ -17,7 +17,7 @@ use qnn_ffi::dtype_to_qnn;
 use qnn_ffi::{QnnLibrary, QnnSystemLibrary, SystemContext};
 use quant::DataType;
 use quant::{Encoding, ScaleOffset};
-use ref_backend::{CompiledModel, WeightType};
+use ref_backend::{CompiledModel, Granularity, Packaging, WeightType};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,14 +31,26 @@ fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
     if args.weights.is_some_and(|w| w == WeightType::F16) {
         bad.push("--weights f16 (f32, run in fp16, or i8: W8A16)");
     }
-    if args.parts.is_some_and(|p| p != 1) && args.convention != Naming::AiHub {
-        bad.push("--parts without --convention aihub (parts are AI Hub bundles)");
+    let c = args.convention();
+    let bundle = c.packaging == Packaging::GenieBundle;
+    let parts_in = Naming::default().parts_naming();
+    let parts_in = parts_in.map_or("a bundle".into(), |p| p.name());
+    let parts_msg = format!("--parts without --convention {parts_in} (parts are Genie bundles)");
+    if args.parts.is_some_and(|p| p != 1) && !bundle {
+        bad.push(&parts_msg);
     }
     if !args.contexts.is_empty() {
         bad.push("--contexts (one context length)");
     }
-    if args.convention == Naming::ExecuTorch {
-        bad.push("--convention executorch (htpkv or aihub)");
+    let by_index = format!("--convention {} (its IO goes by position)", c.name);
+    if c.io_by_index() {
+        bad.push(&by_index);
+    }
+    let layout = (args.granularity(), args.k_layout());
+    if layout != (c.layout.kv, c.layout.keys) {
+        bad.push(
+            "--k-layout/--granularity other than the convention's (the lowering builds its layout)",
+        );
     }
     if args.kv_zero_point.is_some() || !args.layer_window.is_empty() {
         bad.push("--kv-zero-point/--layer-window");
@@ -46,8 +58,8 @@ fn refuse_reference_only(args: &CompileArgs) -> anyhow::Result<()> {
     if args.calibration_prompts.is_some() && reference_options(args, 2).is_none() {
         bad.push("--calibration-prompts without --kv-dtype u8/u16 or --weights i8/i4 (nothing to calibrate)");
     }
-    if args.tokenizer_json.is_some() && args.convention != Naming::AiHub {
-        bad.push("--tokenizer-json (for an aihub bundle)");
+    if args.tokenizer_json.is_some() && !bundle {
+        bad.push("--tokenizer-json (for a Genie bundle)");
     }
     if bad.is_empty() {
         return Ok(());
@@ -90,8 +102,8 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     inputs.extend(args.tokenizer_json.as_deref());
     let naming = args.convention;
     // Refused before any work; checked again when written.
-    // An AI Hub compile writes a Genie bundle with its tokenizer; any other, one file.
-    let tokenizer = if naming == Naming::AiHub {
+    // A convention packaged as a Genie bundle writes one with its tokenizer; any other, one file.
+    let tokenizer = if args.convention().packaging == Packaging::GenieBundle {
         check_bundle_out(&args.out, &inputs)?;
         Some(super::bundle_tokenizer(args, &opened.path)?)
     } else {
@@ -175,16 +187,15 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     })
 }
 
-/// The parts `--parts N [--split aihub|balanced]` cut the model into (AI Hub's convention), or the
-/// whole model.
+/// The parts `--parts N [--split aihub|balanced]` cut the model into (a convention packaged as a
+/// Genie bundle, refused otherwise before), or the whole model.
 fn parts(args: &CompileArgs, n_layers: usize) -> anyhow::Result<Vec<PartSpec>> {
     let Some(count) = args.parts else {
         return Ok(vec![PartSpec::whole(n_layers)]);
     };
-    let split = ref_backend::Split::from_name(&args.split).unwrap_or_default();
-    let parts =
-        ref_backend::Part::split_as(n_layers, count, true, ref_backend::Preset::AiHub, split)
-            .map_err(|reason| anyhow::anyhow!("--parts: {reason}"))?;
+    let (tables, split) = (args.rope_tables(), args.split());
+    let parts = ref_backend::Part::split_as(n_layers, count, tables, args.naming()?, split)
+        .map_err(|reason| anyhow::anyhow!("--parts: {reason}"))?;
     Ok(parts
         .iter()
         .map(|p| PartSpec {
@@ -268,9 +279,10 @@ fn calibrated(
 }
 
 /// With fixed-point K/V: the calibrated K/V encodings, shared by the past and new tensors: one
-/// per (layer, KV head) in htpkv's convention, exactly as the reference executor and the KV
-/// manager use them; in AI Hub's, whose K/V tensors hold a whole layer, one per layer covering
-/// the union of its heads' calibrated ranges (QNN's activations take one encoding per tensor).
+/// per (layer, KV head) when the convention's K/V tensors are per head (htpkv's), exactly as the
+/// reference executor and the KV manager use them; when they hold a whole layer (AI Hub's), one
+/// per layer covering the union of its heads' calibrated ranges (QNN's activations take one
+/// encoding per tensor).
 fn kv_encodings(
     model: Option<&CompiledModel>,
     c: &LlamaConfig,
@@ -286,10 +298,9 @@ fn kv_encodings(
         }
     };
     let fixed = |l: usize, h: usize, value: bool| -> anyhow::Result<Fixed> {
-        let (dtype, so) = match naming {
-            // ExecuTorch is refused before any work.
-            Naming::Htpkv | Naming::ExecuTorch => spec(l, h, value)?,
-            Naming::AiHub => {
+        let (dtype, so) = match naming.convention().layout.kv {
+            Granularity::PerHead => spec(l, h, value)?,
+            Granularity::PerLayer => {
                 let heads: Vec<_> = (0..c.n_kv_heads)
                     .map(|h| spec(l, h, value))
                     .collect::<anyhow::Result<_>>()?;

@@ -127,3 +127,22 @@ fn an_ai_hub_split_that_cannot_be_made_is_refused() {
     let err = refused(&["--contexts", "32,64", "--convention", "aihub"]);
     assert!(err.contains("give --context, not --contexts"), "{err}");
 }
+
+/// `--convention aihub --parts N` cuts as the convention declares (AI Hub's own shape) without
+/// `--split`: the same part files as `--split aihub`; `--split balanced` still overrides it.
+#[test]
+fn the_aihub_convention_cuts_its_own_way_by_default() {
+    let dir = ScratchDir::new("aihub_split_cli-default");
+    let o = crate::compile_aihub(&dir, "default", &["--parts", "3"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = compile(&dir, "aihub", "3", "aihub");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = compile(&dir, "balanced", "3", "balanced");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let part1 = |name: &str| {
+        let file = dir.join(name).join("stories260K_part_1_of_3.bin");
+        std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+    };
+    assert_eq!(part1("default"), part1("aihub"));
+    assert_ne!(part1("default"), part1("balanced"));
+}

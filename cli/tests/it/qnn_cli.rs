@@ -646,7 +646,15 @@ fn compile_aihub_bundle(name: &str, extra: &[&str]) -> PathBuf {
     let tok = bundle(&format!("{name}-tok"), "2").join("tokenizer.json");
     let dir = scratch().join(name);
     let mut args = vec!["compile", "--ar", "1,8", "--kv-dtype", "u8"];
-    args.extend(["--parts", "2", "--convention", "aihub"]);
+    // htpkv's balanced cut (the hidden state `hidden_in`/`hidden_out`), not the convention's own.
+    args.extend([
+        "--parts",
+        "2",
+        "--convention",
+        "aihub",
+        "--split",
+        "balanced",
+    ]);
     args.extend(extra);
     args.extend(["--tokenizer-json", tok.to_str().unwrap()]);
     args.extend(["--out", dir.to_str().unwrap()]);
@@ -672,6 +680,8 @@ fn compiled_aihub_parts_bundle_gives_the_tokens_of_one_binary() {
         "6",
         "--convention",
         "aihub",
+        "--split",
+        "balanced",
     ];
     let tok = dir.join("tokenizer.json");
     six.extend(["--tokenizer-json", tok.to_str().unwrap(), "--out", "six"]);

@@ -56,7 +56,17 @@ fn binary(htp: &Path, weights: &str, kv: &str) -> PathBuf {
         "--out",
         o,
     ];
-    let text = ok(htpkv(&args, &dir));
+    let o = htpkv(&args, &dir);
+    // Qualcomm's library reports what it refuses on the process's output (`<E> ...`): a compile
+    // sets only options QNN 2.51 knows.
+    let all = [&o.stdout[..], &o.stderr[..]].concat();
+    let all = String::from_utf8_lossy(&all);
+    let refused: Vec<&str> = all.lines().filter(|l| l.contains("<E>")).collect();
+    assert!(
+        refused.is_empty(),
+        "libQnnHtp.so reported errors: {refused:?}"
+    );
+    let text = ok(o);
     assert!(text.contains("ar1_cl64, ar8_cl64"), "{text}");
     bins.push((key, out.clone()));
     out

@@ -1,8 +1,11 @@
 //! Qualcomm AI Hub's LLM exports and Genie bundles: graphs
 //! `{prompt|token}_ar{n}_cl{c}_{i}_of_{N}`, K/V `past_{key|value}_{l}[_h{h}]_{in|out}` (the new
-//! rows are the `_out` of the past names), RoPE tables `position_ids_cos` / `_sin`.
+//! rows are the `_out` of the past names), RoPE tables `position_ids_cos` / `_sin`; per-layer K/V
+//! with K transposed, packaged as a Genie bundle and cut as AI Hub cuts its exports (part 1 the
+//! embedding alone).
 
 use crate::convention::{Convention, GraphNaming, IoRules, NameTable, names};
+use crate::packaging::{Packaging, Split};
 use crate::tensor::MaskEncoding;
 
 pub(crate) fn convention() -> Convention {
@@ -25,5 +28,8 @@ pub(crate) fn convention() -> Convention {
         mask: MaskEncoding::Additive,
         graph_naming: GraphNaming::default(),
         layout: crate::GraphLayout::AIHUB,
+        layout_fixed: false,
+        packaging: Packaging::GenieBundle,
+        split: Split::AiHub,
     }
 }

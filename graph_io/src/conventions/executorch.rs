@@ -1,8 +1,11 @@
 //! ExecuTorch's Qualcomm llama export: methods `kv_forward` (AR-1) and `prefill_forward`, IO found
 //! by position (tokens, mask, positions, then past K and past V per layer; logits, then new K and
-//! new V per layer), a multiplicative mask at the type's extremes.
+//! new V per layer), a multiplicative mask at the type's extremes; per-layer K/V with K transposed
+//! and the heads second (`k [1, kv_heads, D, rows]`), the layout ExecuTorch's runtime expects, in
+//! one file.
 
 use crate::convention::{Convention, GraphNaming, IndexOrder, IoRules, names};
+use crate::packaging::{Packaging, Split};
 use crate::role::IoRole;
 use crate::tensor::MaskEncoding;
 
@@ -26,6 +29,9 @@ pub(crate) fn convention() -> Convention {
             prompt: "prefill".into(),
             token: "kv".into(),
         },
-        layout: crate::GraphLayout::HTPKV,
+        layout: crate::GraphLayout::EXECUTORCH,
+        layout_fixed: true,
+        packaging: Packaging::FileOnly,
+        split: Split::Balanced,
     }
 }

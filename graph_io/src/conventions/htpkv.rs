@@ -3,6 +3,7 @@
 
 use crate::convention::{Convention, GraphNaming, IoRules, NameTable, names};
 use crate::kv::{KvIo, TensorKind, htpkv_kv_name};
+use crate::packaging::{Packaging, Split};
 use crate::tensor::MaskEncoding;
 
 /// The per-layer and per-head patterns of one K/V tensor kind: [`crate::KvTensor::name`]'s rule
@@ -35,5 +36,8 @@ pub(crate) fn convention() -> Convention {
             ..GraphNaming::default()
         },
         layout: crate::GraphLayout::HTPKV,
+        layout_fixed: false,
+        packaging: Packaging::File,
+        split: Split::Balanced,
     }
 }

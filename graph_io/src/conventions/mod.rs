@@ -2,21 +2,25 @@
 //!
 //! # Adding a convention
 //! 1. Write `conventions/{name}.rs` with `pub(crate) fn convention() -> Convention`: its graph
-//!    patterns, its tensor-name table (or index order), its mask encoding, its [`GraphLayout`](crate::GraphLayout)
-//!    (what the HTP lowering builds) and, if its graph names
-//!    are not written with the first graph pattern and the phases `prompt` / `token`, its
-//!    [`GraphNaming`](crate::GraphNaming). The same patterns read names (the runtime) and write
-//!    them (the compiler and the reference QNN library).
+//!    patterns, its tensor-name table (or index order), its mask encoding, its
+//!    [`GraphLayout`](crate::GraphLayout) (what the compilers build, the axis of the K/V heads
+//!    clients see) and whether it is fixed, its [`Packaging`](crate::Packaging), its
+//!    [`Split`](crate::Split) and, if its graph names are not written with the first graph
+//!    pattern and the phases `prompt` / `token`, its [`GraphNaming`](crate::GraphNaming). The
+//!    same patterns read names (the runtime) and write them (the compiler and the reference QNN
+//!    library); what the names carry (parts, AR, context length) follows from them.
 //! 2. Add `mod {name};`, the enum arm and its entry in [`Preset::ALL`] and [`Preset::convention`]
 //!    below.
 //!
-//! Nothing else changes: the runtime detects and parses the new convention, `htpkv compile
-//! --convention {name}` and the reference library name and present graphs with it (a convention
-//! the compiler cannot express refuses in `ref_backend::Part`). The test
-//! `a_new_convention_is_one_file_and_one_arm` shows one.
+//! Nothing else changes: the runtime detects and parses the new convention; `htpkv compile
+//! --convention {name}` builds its layout, packages and cuts it as it declares, and refuses what
+//! its names cannot carry ([`Convention::refusal`]); the reference library names and presents
+//! graphs with it (order, K/V dims, mask). No code outside this crate names a [`Preset`] variant
+//! (a CI check). The test `a_new_convention_is_one_file_and_one_arm` shows one.
 
 use crate::convention::{Convention, ConventionError, GraphNames};
 use crate::kv::KvTensor;
+use crate::packaging::Split;
 use crate::role::IoRole;
 use crate::tensor::PartOf;
 
@@ -25,10 +29,12 @@ pub(crate) mod executorch;
 pub(crate) mod htpkv;
 pub mod yaml;
 
-/// A built-in IO convention.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// A built-in IO convention: its identity, parsed once from the command line or a file. What it
+/// does is its [`Preset::convention`]'s declaration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Preset {
-    /// htpkv's own: graphs `ar{n}_cl{c}`, K/V `past_key_{l}[_{h}]`, `new_key_…`.
+    /// htpkv's own (the default): graphs `ar{n}_cl{c}`, K/V `past_key_{l}[_{h}]`, `new_key_…`.
+    #[default]
     Htpkv,
     /// Qualcomm AI Hub's: graphs `{prompt|token}_ar{n}_cl{c}_{i}_of_{N}`, K/V
     /// `past_key_{l}_in`, `past_key_{l}_out`, … (`…_{l}_h{h}_…` per head).
@@ -51,6 +57,25 @@ impl Preset {
             Preset::AiHub => aihub::convention(),
             Preset::ExecuTorch => executorch::convention(),
         }
+    }
+
+    /// The preset a model cut into parts is written under ([`Convention::parts_convention`] among
+    /// the presets): this one when its graph names carry a part number, else (htpkv's, a
+    /// [`Packaging::File`] convention) the preset packaged as a Genie bundle whose names do;
+    /// `None` for a convention that is one file only.
+    pub fn parts_naming(self) -> Option<Preset> {
+        let all = Preset::ALL.map(Preset::convention);
+        let own = self.convention();
+        let name = &own.parts_convention(&all)?.name;
+        Preset::ALL.into_iter().find(|p| &p.name() == name)
+    }
+
+    /// The preset whose own way to cut a model `split` is ([`Convention::split`]); `None` for a
+    /// split no preset declares.
+    pub fn owning(split: Split) -> Option<Preset> {
+        Preset::ALL
+            .into_iter()
+            .find(|p| p.convention().split == split)
     }
 
     /// The convention name (`htpkv`, `aihub`, `executorch`).

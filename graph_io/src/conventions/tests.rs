@@ -333,7 +333,10 @@ fn presets_write_the_names_they_read() {
 }
 
 /// What a new convention is: one `conventions/{name}.rs` building a [`Convention`] (here inline),
-/// plus its arm in [`Preset`]. Both directions follow from its patterns alone.
+/// plus its arm in [`Preset`]. Both directions of its names follow from its patterns alone, and
+/// what it declares beyond names (a fixed layout with the heads second, an attend-max mask, one
+/// file only, its own split) takes effect through the calls every consumer makes: the compiler's
+/// refusals and layout, the parts' naming, the reference library's dims and IO order.
 #[test]
 fn a_new_convention_is_one_file_and_one_arm() {
     let mine = Convention {
@@ -343,32 +346,145 @@ fn a_new_convention_is_one_file_and_one_arm() {
             tokens: vec!["ids".into()],
             mask: vec!["m".into()],
             logits: vec!["out".into()],
-            past_key: vec!["k{layer}.{head}".into()],
-            new_key: vec!["k{layer}.{head}.new".into()],
+            past_key: vec!["k{layer}".into()],
+            new_key: vec!["k{layer}.new".into()],
             ..NameTable::default()
         })),
-        mask: MaskEncoding::Additive,
+        mask: MaskEncoding::AttendMax,
         graph_naming: GraphNaming::default(),
-        layout: crate::GraphLayout::HTPKV,
+        layout: GraphLayout {
+            kv: Granularity::PerLayer,
+            keys: KLayout::Transposed,
+            positions: PositionInput::Ids,
+            heads: HeadAxis::Second,
+        },
+        layout_fixed: true,
+        packaging: Packaging::FileOnly,
+        split: Split::AiHub,
     };
     let g = mine.name_graph(4, 128, PartOf::default()).unwrap().unwrap();
     assert_eq!(g, "step4_of128");
     let k = mine
-        .tensor_name(IoRole::PastKey, Some(2), Some(0))
+        .tensor_name(IoRole::PastKey, Some(2), None)
         .unwrap()
         .unwrap();
     let nk = mine
-        .tensor_name(IoRole::NewKey, Some(2), Some(0))
+        .tensor_name(IoRole::NewKey, Some(2), None)
         .unwrap()
         .unwrap();
     let (ins, outs) = mine.assign(&g, &["ids", "m", &k], &["out", &nk]).unwrap();
-    assert_eq!(ins[2], a(IoRole::PastKey, Some(2), Some(0)));
-    assert_eq!(outs[1], a(IoRole::NewKey, Some(2), Some(0)));
+    assert_eq!(ins[2], a(IoRole::PastKey, Some(2), None));
+    assert_eq!(outs[1], a(IoRole::NewKey, Some(2), None));
     assert_eq!(mine.graph_name(&g).unwrap().context, Some(128));
-    // No per-layer pattern: a per-layer name cannot be written.
+    // No per-head pattern: a per-head name cannot be written.
     assert_eq!(
-        mine.tensor_name(IoRole::PastKey, Some(2), None).unwrap(),
+        mine.tensor_name(IoRole::PastKey, Some(2), Some(0)).unwrap(),
         None
+    );
+
+    // What its names carry: AR and context, no part.
+    assert!(mine.names_ar() && mine.names_context() && !mine.names_parts());
+    let cut = mine.refusal(2, false, &[1]).unwrap();
+    assert!(
+        cut.contains("mine convention cannot be cut into 2 parts"),
+        "{cut}"
+    );
+    assert_eq!(mine.refusal(1, false, &[1, 8, 16]), None);
+    // Its fixed layout: position ids only, and only its own K/V layout.
+    let tables = mine.refusal(1, true, &[1]).unwrap();
+    assert!(
+        tables.contains("takes position ids, not RoPE tables"),
+        "{tables}"
+    );
+    let other = mine
+        .layout_refusal(Granularity::PerHead, KLayout::Rows)
+        .unwrap();
+    assert!(
+        other.contains("--k-layout transposed --granularity per_layer"),
+        "{other}"
+    );
+    assert_eq!(
+        mine.layout_refusal(Granularity::PerLayer, KLayout::Transposed),
+        None
+    );
+    // Not fixed, the same layout is only a default.
+    let loose = Convention {
+        layout_fixed: false,
+        ..mine.clone()
+    };
+    assert_eq!(
+        loose.layout_refusal(Granularity::PerHead, KLayout::Rows),
+        None
+    );
+    assert_eq!(loose.refusal(1, true, &[1]), None);
+    // The heads second in the dims clients see.
+    assert_eq!(mine.layout.heads.arrange(&[4, 1, 63, 8]), [1, 4, 63, 8]);
+    // One file only: its parts go nowhere; packaged as a file, under the bundle convention.
+    let aihub = Preset::AiHub.convention();
+    let bundles = [aihub.clone()];
+    assert_eq!(mine.parts_convention(&bundles), None);
+    let file = Convention {
+        packaging: Packaging::File,
+        ..mine.clone()
+    };
+    assert_eq!(file.parts_convention(&bundles), Some(&aihub));
+    // By position, its IO is listed in its index order (K/V by layer); by name, as given.
+    let positional = Convention {
+        io: IoRules::ByIndex(IndexOrder {
+            inputs: vec![IoRole::PastKey, IoRole::InputIds, IoRole::Mask],
+            outputs: vec![IoRole::NewKey, IoRole::Logits],
+        }),
+        ..mine.clone()
+    };
+    let held = [
+        (IoRole::InputIds, None, None),
+        (IoRole::Mask, None, None),
+        (IoRole::PastKey, Some(1), None),
+        (IoRole::PastKey, Some(0), None),
+    ];
+    assert!(positional.io_by_index() && !mine.io_by_index());
+    assert_eq!(positional.io_order(&held), [3, 2, 0, 1]);
+    assert_eq!(mine.io_order(&held), [0, 1, 2, 3]);
+}
+
+/// What each preset declares, as the compiler and the reference library read it: ExecuTorch's
+/// layout is its runtime's (`k [1, kv_heads, D, rows]`, fixed, position ids; the one layout the
+/// compiler writes for it), AI Hub's its exports' (a Genie bundle cut its own way), htpkv's a
+/// default whose parts take AI Hub's names.
+#[test]
+fn presets_declare_what_callers_read() {
+    let et = Preset::ExecuTorch.convention();
+    assert_eq!(et.layout, GraphLayout::EXECUTORCH);
+    assert!(et.layout_fixed && et.io_by_index() && !et.names_parts() && !et.names_context());
+    assert_eq!(et.mask, MaskEncoding::AttendMax);
+    assert_eq!(et.packaging, Packaging::FileOnly);
+    let ar = et.refusal(1, false, &[1, 8, 16]).unwrap();
+    assert!(ar.contains("(prefill_forward, kv_forward)"), "{ar}");
+    let aihub = Preset::AiHub.convention();
+    assert_eq!(aihub.layout, GraphLayout::AIHUB);
+    assert_eq!(
+        (aihub.packaging, aihub.split),
+        (Packaging::GenieBundle, Split::AiHub)
+    );
+    let own = Preset::Htpkv.convention();
+    assert_eq!(own.layout, GraphLayout::HTPKV);
+    assert!(!own.layout_fixed && !own.names_parts());
+    assert_eq!(
+        (own.packaging, own.split),
+        (Packaging::File, Split::Balanced)
+    );
+    assert_eq!(Preset::default(), Preset::Htpkv);
+    assert_eq!(Preset::Htpkv.parts_naming(), Some(Preset::AiHub));
+    assert_eq!(Preset::AiHub.parts_naming(), Some(Preset::AiHub));
+    assert_eq!(Preset::ExecuTorch.parts_naming(), None);
+    assert_eq!(Preset::owning(Split::AiHub), Some(Preset::AiHub));
+    assert_eq!(Preset::owning(Split::Balanced), Some(Preset::Htpkv));
+    assert_eq!("aihub".parse::<Split>(), Ok(Split::AiHub));
+    assert!(
+        "even"
+            .parse::<Split>()
+            .unwrap_err()
+            .contains("balanced or aihub")
     );
 }
 
