@@ -145,7 +145,7 @@ fn check(c: &LlamaConfig, o: &HtpOptions) -> Result<(), CompileError> {
     if let Some(why) = llama::layout_refusal(convention.layout) {
         return bad(why);
     }
-    if let Some(why) = llama::model_refusal(c) {
+    if let Some(why) = llama::model_refusal(c, convention.layout) {
         return Err(CompileError::Unsupported(why));
     }
     if let Some(kv) = &o.kv {
@@ -170,9 +170,6 @@ fn check(c: &LlamaConfig, o: &HtpOptions) -> Result<(), CompileError> {
     }
     if let Some(reason) = parts_refusal(&o.parts, c.n_layers, o.naming) {
         return bad(reason);
-    }
-    if c.layer_windows.iter().any(Option::is_some) {
-        return bad("per-layer attention windows are not lowered to QNN yet".into());
     }
     Ok(())
 }

@@ -6,11 +6,15 @@
 //! `past_key_{l}_{h}` and `past_value_{l}_{h}` `[1, 1, S-n, D]`; outputs `logits [1, n, V]` and
 //! `new_key_{l}_{h}`, `new_value_{l}_{h}` `[1, 1, n, D]` (keys after RoPE).
 //!
-//! The block structure is the one forward's (`model::forward`): RMSNorm, Q/K/V projections (+
-//! biases), RoPE by the description's pairing with angles from `model::Rope::cos_sin` (a static
-//! `[S, D/2]` table gathered by position), scaled dot-product attention of query head `h` over KV
-//! head `h / kv_mul` with the additive mask, the output projection and residual, the SwiGLU FFN
-//! and residual, the final RMSNorm and the classifier (the embedding when tied).
+//! The block structure is the one forward's (`model::forward`), read from the model's description
+//! (`model::Block` and the RoPE, window, scale and soft-cap properties): the embedding (times its
+//! scale), RMSNorm, Q/K/V projections (+ biases), per-head q/k RMSNorm, RoPE of the rotated
+//! dimensions by the description's pairing with angles from `model::Rope` (static `[S, R/2]`
+//! tables gathered by position; the window layers' own base in a table of their own), scaled
+//! dot-product attention of query head `h` over KV head `h / kv_mul` with the additive mask (a
+//! sliding layer's past K/V hold its window's `W - 1` rows and read `attention_mask_w{W}`), the
+//! output projection, post norm and residual, the gated FFN (SiLU or GELU-tanh), post norm and
+//! residual, the final RMSNorm, the classifier (the embedding when tied) and the soft-cap.
 
 use crate::emit::{Emitter, Val};
 use crate::encoding::Fixed;
@@ -94,39 +98,26 @@ pub struct Step<'a> {
 /// has the layer's encoding); `None`: f32 K/V.
 pub type KvEncodings = Option<Vec<(Fixed, Fixed)>>;
 
-/// Why the lowering cannot build a model of description `c` (`None`: it can). It builds the
-/// Llama block with Q/K/V biases, any RoPE frequencies (Llama 3's scaling and factors) and
-/// per-layer windows; each other property of the description is refused by name until its
-/// ops are built and tested against Qualcomm's backend.
-pub fn model_refusal(c: &LlamaConfig) -> Option<String> {
-    let b = &c.block;
+/// Why the lowering cannot build a model of description `c` in `layout` (`None`: it can). It
+/// builds every property of the description ([`model::Block`], RoPE factors, partial rotary,
+/// window layers with their own base and window-sized K/V, embedding scale, soft-cap) in
+/// htpkv's layout; what a convention's inputs cannot carry is refused by name.
+pub fn model_refusal(c: &LlamaConfig, layout: GraphLayout) -> Option<String> {
+    let tables = layout.positions == PositionInput::RopeTables;
+    let windows = c.layer_windows.iter().any(Option::is_some);
     let unbuilt = [
-        (b.qk_norm, "per-head q/k RMSNorm (block.qk_norm)"),
         (
-            b.post_attention_norm,
-            "a post-attention norm (block.post_attention_norm)",
-        ),
-        (b.post_ffn_norm, "a post-FFN norm (block.post_ffn_norm)"),
-        (
-            b.activation != model::Activation::Silu,
-            "a GELU gate (block.activation)",
+            tables && c.rope.window_theta.is_some(),
+            "window layers with a RoPE base of their own (rope.window_theta) under a convention \
+             whose RoPE tables give one base",
         ),
         (
-            b.attention_scale.is_some(),
-            "an attention scale of its own (block.attention_scale)",
-        ),
-        (c.embed_scale.is_some(), "a scaled embedding (embed_scale)"),
-        (
-            c.final_softcap.is_some(),
-            "a logit soft-cap (final_softcap)",
+            tables && c.rope.rotated.is_some(),
+            "partial rotary embeddings (rope.rotated) under a convention of RoPE tables",
         ),
         (
-            c.rope.rotated.is_some(),
-            "partial rotary embeddings (rope.rotated)",
-        ),
-        (
-            c.rope.window_theta.is_some(),
-            "a RoPE base of its own in window layers (rope.window_theta)",
+            windows && layout.kv == Granularity::PerLayer,
+            "per-layer attention windows in a layout of per-layer K/V tensors",
         ),
     ];
     let missing: Vec<&str> = unbuilt
@@ -157,12 +148,34 @@ struct LayerKv {
     past: Option<(Val, Val)>,
 }
 
+/// The inputs every layer of a step reads: the masks (global first, then one per window) and
+/// the RoPE rows (the global layers', then the window layers' own base when it has one).
+struct StepInputs {
+    windows: Vec<usize>,
+    masks: Vec<Val>,
+    rope: Vec<(Val, Val)>,
+}
+
+impl StepInputs {
+    /// The mask of a layer of window `w` (`None`: global).
+    fn index(&self, w: Option<usize>) -> usize {
+        w.and_then(|w| self.windows.iter().position(|&x| x == w))
+            .map_or(0, |i| i + 1)
+    }
+
+    /// The RoPE rows of layer `l`: its window's own base when it has one.
+    fn rope_of(&self, lw: &Lowering<'_>, l: usize) -> usize {
+        usize::from(self.rope.len() > 1 && lw.layer_window(l).is_some())
+    }
+}
+
 struct Lowering<'a> {
     c: &'a LlamaConfig,
     w: &'a dyn WeightSource,
     e: Emitter,
     n: u32,
-    past: u32,
+    /// Context length S.
+    context: usize,
     naming: Naming,
     /// The naming's graph layout ([`GraphLayout::HTPKV`] or [`GraphLayout::AIHUB`], checked by
     /// [`layout_refusal`]).
@@ -204,6 +217,44 @@ impl<'a> Lowering<'a> {
         self.e.rmsnorm(x, &gamma, self.c.rms_eps)
     }
 
+    /// RMSNorm of every head of `x [n, heads*D]` with weights `[D]` (`block.qk_norm`).
+    fn norm_heads(&mut self, x: &Val, heads: usize, weight: Tensor) -> Result<Val, QnnError> {
+        let (n, d) = (self.n, u(self.c.head_dim));
+        let x3 = self.e.reshape(x, &[n, u(heads), d], None)?;
+        let y = self.rmsnorm(&x3, weight)?;
+        self.e.reshape(&y, &[n, u(heads) * d], None)
+    }
+
+    /// `x + out`, `out` RMS-normalized first when the block has that post norm.
+    fn residual(&mut self, x: &Val, out: &Val, post: Option<Tensor>) -> Result<Val, QnnError> {
+        match post {
+            Some(t) => {
+                let o = self.rmsnorm(out, t)?;
+                self.e.add(x, &o)
+            }
+            None => self.e.add(x, out),
+        }
+    }
+
+    /// `x * sigmoid(k * x)`-style gates: SiLU (`k = 1`) or GELU-tanh written as
+    /// `x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3))` (`0.5 (1 + tanh(z)) = sigmoid(2z)`).
+    fn activate(&mut self, g: &Val) -> Result<Val, QnnError> {
+        let z = match self.c.block.activation {
+            model::Activation::Silu => g.clone(),
+            model::Activation::GeluTanh => {
+                let cube = self.e.mul(g, g)?;
+                let cube = self.e.mul(&cube, g)?;
+                let a = self.scalar(0.044_715)?;
+                let inner = self.e.mul(&cube, &a)?;
+                let inner = self.e.add(g, &inner)?;
+                let k = self.scalar(2.0 * (2.0 / std::f32::consts::PI).sqrt())?;
+                self.e.mul(&inner, &k)?
+            }
+        };
+        let s = self.e.sigmoid(&z)?;
+        self.e.mul(g, &s)
+    }
+
     fn linear(&mut self, x: &Val, w: Tensor, bias: Option<Tensor>) -> Result<Val, QnnError> {
         let y = match self.w8.filter(|w8| !w8.float.contains(&w)) {
             Some(w8) => {
@@ -227,9 +278,28 @@ impl<'a> Lowering<'a> {
         }
     }
 
-    /// RoPE of `x [n, heads*D]` with the step's `cos`/`sin` (shaped for the pairing).
+    /// RoPE of `x [n, heads*D]` with the step's `cos`/`sin` (shaped for the pairing): the first
+    /// `rotated` dimensions of each head turn, the rest pass through (partial rotary).
     fn rope(&mut self, x: &Val, heads: usize, cs: &(Val, Val)) -> Result<Val, QnnError> {
-        let (n, d, half) = (self.n, u(self.c.head_dim), u(self.c.head_dim / 2));
+        let (n, d, h) = (self.n, u(self.c.head_dim), u(heads));
+        let rot = u(self.c.rope.rotated_dims(self.c.head_dim));
+        if rot == d {
+            return self.rope_rotated(x, heads, cs);
+        }
+        let x3 = self.e.reshape(x, &[n, h, d], None)?;
+        let turned = self.e.slice(&x3, 2, 0, rot)?;
+        let turned = self.e.reshape(&turned, &[n, h * rot], None)?;
+        let turned = self.rope_rotated(&turned, heads, cs)?;
+        let turned = self.e.reshape(&turned, &[n, h, rot], None)?;
+        let kept = self.e.slice(&x3, 2, rot, d)?;
+        let r = self.e.concat(&[&turned, &kept], 2)?;
+        self.e.reshape(&r, &[n, h * d], None)
+    }
+
+    /// RoPE of `x [n, heads*R]` whose every dimension turns (`R` the rotated width).
+    fn rope_rotated(&mut self, x: &Val, heads: usize, cs: &(Val, Val)) -> Result<Val, QnnError> {
+        let rot = self.c.rope.rotated_dims(self.c.head_dim);
+        let (n, d, half) = (self.n, u(rot), u(rot / 2));
         let h = u(heads);
         // Adjacent pairs (2k, 2k+1): [n, H, half, 2], split on the last axis. Half-split
         // pairs (k, k+half): [n, H, 2, half], split on axis 2.
@@ -293,12 +363,31 @@ impl<'a> Lowering<'a> {
         }
     }
 
-    /// Past rows of a K/V input `[1, 1, S-n, D]` (dequantized from `enc`) followed by the
-    /// step's new rows `[n, D]`.
-    fn window(&mut self, name: &str, new: &Val, enc: Option<Fixed>) -> Result<Val, QnnError> {
-        let d = u(self.c.head_dim);
-        let past = self.kv_input(name, enc, &[1, 1, self.past, d])?;
-        let past = self.e.reshape(&past, &[self.past, d], None)?;
+    /// The attention window of layer `l` in graphs of this context (`None`: global; a window
+    /// as long as the graph's context is the global layer), the reference executor's rule.
+    fn layer_window(&self, l: usize) -> Option<usize> {
+        self.c.layer_window(l).filter(|&w| w < self.context)
+    }
+
+    /// Past rows of layer `l`'s K/V inputs: `S - n`, or `W - 1` for a sliding layer of window W
+    /// (its K/V buffers hold the window's rows, not the context's).
+    fn past(&self, l: usize) -> u32 {
+        self.layer_window(l)
+            .map_or(u(self.context) - self.n, |w| u(w - 1))
+    }
+
+    /// Past rows of layer `l`'s K/V input `[1, 1, P, D]` (dequantized from `enc`) followed by
+    /// the step's new rows `[n, D]`.
+    fn window(
+        &mut self,
+        l: usize,
+        name: &str,
+        new: &Val,
+        enc: Option<Fixed>,
+    ) -> Result<Val, QnnError> {
+        let (d, p) = (u(self.c.head_dim), self.past(l));
+        let past = self.kv_input(name, enc, &[1, 1, p, d])?;
+        let past = self.e.reshape(&past, &[p, d], None)?;
         self.e.concat(&[&past, new], 0)
     }
 
@@ -345,11 +434,13 @@ impl<'a> Lowering<'a> {
                     ve,
                 )?;
                 let keys = self.window(
+                    l,
                     &kv_name(self.naming, KvIo::Past, TensorKind::Key, l, Some(h)),
                     &kh,
                     ke,
                 )?;
                 let values = self.window(
+                    l,
                     &kv_name(self.naming, KvIo::Past, TensorKind::Value, l, Some(h)),
                     &vh,
                     ve,
@@ -407,7 +498,7 @@ impl<'a> Lowering<'a> {
         if self.layout.kv != Granularity::PerLayer {
             return Ok(LayerKv { past: None });
         }
-        let (h, d, p) = (u(self.c.n_kv_heads), u(self.c.head_dim), self.past);
+        let (h, d, p) = (u(self.c.n_kv_heads), u(self.c.head_dim), self.past(l));
         let (ke, ve) = self.kv_encoding(l, 0).unzip();
         let pk = self.kv_input(
             &kv_name(self.naming, KvIo::Past, TensorKind::Key, l, None),
@@ -424,15 +515,13 @@ impl<'a> Lowering<'a> {
         })
     }
 
-    fn attention(
-        &mut self,
-        l: usize,
-        x: &Val,
-        mask: &Val,
-        cs: &(Val, Val),
-    ) -> Result<Val, QnnError> {
+    fn attention(&mut self, l: usize, x: &Val, lm: &StepInputs) -> Result<Val, QnnError> {
         let c = self.c;
         let xn = self.rmsnorm(x, Tensor::Layer(l, L::AttnNorm))?;
+        let (mask, cs) = (
+            &lm.masks[lm.index(self.layer_window(l))],
+            &lm.rope[lm.rope_of(self, l)],
+        );
         let q = self.linear(
             &xn,
             Tensor::Layer(l, L::Q),
@@ -448,9 +537,18 @@ impl<'a> Lowering<'a> {
             Tensor::Layer(l, L::V),
             Some(Tensor::Layer(l, L::VBias)),
         )?;
+        let (q, k) = if c.block.qk_norm {
+            let q = self.norm_heads(&q, c.n_heads, Tensor::Layer(l, L::QNorm))?;
+            (
+                q,
+                self.norm_heads(&k, c.n_kv_heads, Tensor::Layer(l, L::KNorm))?,
+            )
+        } else {
+            (q, k)
+        };
         let q = self.rope(&q, c.n_heads, cs)?;
         let k = self.rope(&k, c.n_kv_heads, cs)?;
-        let scale = self.scalar(1.0 / (c.head_dim as f32).sqrt())?;
+        let scale = self.scalar(c.attention_scale())?;
         let q = self.e.mul(&q, &scale)?;
         let kv_mul = c.n_heads / c.n_kv_heads;
         let layer = self.layer_inputs(l)?;
@@ -471,29 +569,41 @@ impl<'a> Lowering<'a> {
         self.layer_outputs(l, &ks, &vs)?;
         let att = self.e.concat(&outs.iter().collect::<Vec<_>>(), 1)?;
         let o = self.linear(&att, Tensor::Layer(l, L::O), None)?;
-        self.e.add(x, &o)
+        let post = c
+            .block
+            .post_attention_norm
+            .then_some(Tensor::Layer(l, L::PostAttnNorm));
+        self.residual(x, &o, post)
     }
 
     fn ffn(&mut self, l: usize, x: &Val) -> Result<Val, QnnError> {
         let xn = self.rmsnorm(x, Tensor::Layer(l, L::FfnNorm))?;
         let g = self.linear(&xn, Tensor::Layer(l, L::Gate), None)?;
         let up = self.linear(&xn, Tensor::Layer(l, L::Up), None)?;
-        let sg = self.e.sigmoid(&g)?;
-        let silu = self.e.mul(&g, &sg)?;
-        let hb = self.e.mul(&silu, &up)?;
+        let act = self.activate(&g)?;
+        let hb = self.e.mul(&act, &up)?;
         let down = self.linear(&hb, Tensor::Layer(l, L::Down), None)?;
-        self.e.add(x, &down)
+        let post = self
+            .c
+            .block
+            .post_ffn_norm
+            .then_some(Tensor::Layer(l, L::PostFfnNorm));
+        self.residual(x, &down, post)
     }
 
     /// The step's cos/sin rows, shaped to broadcast over heads for the pairing: gathered from a
     /// static table by the `positions` input (htpkv), or AI Hub's `position_ids_cos/sin` inputs.
-    fn rope_rows(&mut self, context: usize) -> Result<(Val, Val), QnnError> {
-        let half = u(self.c.head_dim / 2);
+    fn rope_rows(&mut self, context: usize) -> Result<Vec<(Val, Val)>, QnnError> {
+        let half = u(self.c.rope.rotated_dims(self.c.head_dim) / 2);
         if self.layout.positions == PositionInput::Ids {
             let positions = self
                 .e
                 .input("positions", b::QNN_DATATYPE_INT_32, &[1, self.n])?;
-            return self.rope_tables(&positions, context);
+            let mut rows = vec![self.rope_tables(&positions, context, false)?];
+            if self.c.rope.window_theta.is_some() {
+                rows.push(self.rope_tables(&positions, context, true)?);
+            }
+            return Ok(rows);
         }
         let shape = self.pair_shape();
         let f = b::QNN_DATATYPE_FLOAT_32;
@@ -501,30 +611,37 @@ impl<'a> Lowering<'a> {
             let v = self.e.input(name, f, &[1, 1, self.n, half])?;
             self.e.reshape(&v, &shape, None)
         };
-        Ok((row("position_ids_cos")?, row("position_ids_sin")?))
+        Ok(vec![(row("position_ids_cos")?, row("position_ids_sin")?)])
     }
 
     /// `[n, 1, D/2, 1]` (adjacent pairs) or `[n, 1, 1, D/2]` (half-split): cos/sin rows that
     /// broadcast over the heads of [`Self::rope`]'s layout.
     fn pair_shape(&self) -> [u32; 4] {
-        let half = u(self.c.head_dim / 2);
+        let half = u(self.c.rope.rotated_dims(self.c.head_dim) / 2);
         match self.c.rope.pairing {
             RopePairing::Adjacent => [self.n, 1, half, 1],
             RopePairing::HalfSplit => [self.n, 1, 1, half],
         }
     }
 
-    fn rope_tables(&mut self, positions: &Val, context: usize) -> Result<(Val, Val), QnnError> {
+    /// The cos/sin rows of `positions` from a static `[S, R/2]` table of the global layers'
+    /// frequencies, or of the window layers' own (`windowed`).
+    fn rope_tables(
+        &mut self,
+        positions: &Val,
+        context: usize,
+        windowed: bool,
+    ) -> Result<(Val, Val), QnnError> {
         let c = self.c;
-        let half = c.head_dim / 2;
         let rope = Rope::new(c.head_dim, &c.rope);
+        let half = rope.frequencies().len();
         let (mut cos, mut sin) = (vec![0.0; context * half], vec![0.0; context * half]);
         for (p, (cr, sr)) in cos
             .chunks_exact_mut(half)
             .zip(sin.chunks_exact_mut(half))
             .enumerate()
         {
-            rope.cos_sin(p, cr, sr);
+            rope.cos_sin_of(windowed, p, cr, sr);
         }
         let shape = self.pair_shape();
         let mut rows = |t: &[f32]| -> Result<Val, QnnError> {
@@ -546,14 +663,9 @@ impl<'a> Lowering<'a> {
             }
         };
         if !part.layers.is_empty() {
-            let s = u(step.context);
-            let mask = self
-                .e
-                .input("attention_mask", b::QNN_DATATYPE_FLOAT_32, &[1, 1, n, s])?;
-            let mask = self.e.reshape(&mask, &[n, s], None)?;
-            let cs = self.rope_rows(step.context)?;
+            let inputs = self.step_inputs(part)?;
             for l in part.layers.clone() {
-                x = self.attention(l, &x, &mask, &cs)?;
+                x = self.attention(l, &x, &inputs)?;
                 x = self.ffn(l, &x)?;
             }
         }
@@ -562,6 +674,35 @@ impl<'a> Lowering<'a> {
             None => self.logits(&x)?,
         };
         Ok(())
+    }
+
+    /// The masks (the global `attention_mask [1, 1, n, S]`, then `attention_mask_w{W}
+    /// [1, 1, n, W - 1 + n]` per distinct window of the part's layers, ascending: the reference
+    /// executor's inputs) and the RoPE rows of one step.
+    fn step_inputs(&mut self, part: &PartSpec) -> Result<StepInputs, QnnError> {
+        let n = self.n;
+        let mut windows: Vec<usize> = part
+            .layers
+            .clone()
+            .filter_map(|l| self.layer_window(l))
+            .collect();
+        windows.sort_unstable();
+        windows.dedup();
+        let mut masks = Vec::new();
+        for w in std::iter::once(None).chain(windows.iter().copied().map(Some)) {
+            let cols = w.map_or(u(self.context), |w| u(w - 1) + n);
+            let name = graph_io::mask_name(w);
+            let m = self
+                .e
+                .input(&name, b::QNN_DATATYPE_FLOAT_32, &[1, 1, n, cols])?;
+            masks.push(self.e.reshape(&m, &[n, cols], None)?);
+        }
+        let rope = self.rope_rows(self.context)?;
+        Ok(StepInputs {
+            windows,
+            masks,
+            rope,
+        })
     }
 
     /// The `input_ids` input through the embedding, `[n, dim]`.
@@ -578,7 +719,14 @@ impl<'a> Lowering<'a> {
             None => self.weight(Tensor::TokenEmbedding)?,
         };
         let x = self.e.gather_rows(&emb, &ids)?;
-        self.e.reshape(&x, &[self.n, u(c.dim)], None)
+        let x = self.e.reshape(&x, &[self.n, u(c.dim)], None)?;
+        match c.embed_scale {
+            Some(s) => {
+                let s = self.scalar(s)?;
+                self.e.mul(&x, &s)
+            }
+            None => Ok(x),
+        }
     }
 
     /// The final RMSNorm and the classifier (the embedding when tied): output `logits`.
@@ -587,8 +735,23 @@ impl<'a> Lowering<'a> {
         let xn = self.rmsnorm(x, Tensor::OutputNorm)?;
         let cls = Tensor::classifier(c);
         let logits = self.linear(&xn, cls, None)?;
+        let logits = match c.final_softcap {
+            Some(cap) => self.softcap(&logits, cap)?,
+            None => logits,
+        };
         self.e
             .reshape(&logits, &[1, self.n, u(c.vocab_size)], Some("logits"))
+    }
+
+    /// `cap * tanh(x / cap)`, written as `cap * (2 sigmoid(2x / cap) - 1)`.
+    fn softcap(&mut self, x: &Val, cap: f32) -> Result<Val, QnnError> {
+        let k = self.scalar(2.0 / cap)?;
+        let s = self.e.mul(x, &k)?;
+        let s = self.e.sigmoid(&s)?;
+        let two_cap = self.scalar(2.0 * cap)?;
+        let s = self.e.mul(&s, &two_cap)?;
+        let c = self.scalar(cap)?;
+        self.e.sub(&s, &c)
     }
 }
 
@@ -607,7 +770,7 @@ pub fn emit_step(
         w,
         e,
         n: u(step.n),
-        past: u(step.context - step.n),
+        context: step.context,
         naming: step.naming,
         layout: step.naming.convention().layout,
         kv,
