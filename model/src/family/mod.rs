@@ -18,6 +18,8 @@ mod mistral;
 mod phi3;
 mod qwen2;
 mod qwen3;
+#[cfg(test)]
+mod toy;
 
 use std::ops::Range;
 
@@ -54,6 +56,8 @@ pub static REGISTRY: &[&Family] = &[
     &qwen3::FAMILY,
     &gemma3::FAMILY,
     &phi3::FAMILY,
+    #[cfg(test)]
+    &toy::FAMILY,
 ];
 
 /// The family of a GGUF `general.architecture`.

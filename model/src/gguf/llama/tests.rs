@@ -63,6 +63,44 @@ fn untied_output_and_qwen2_biases_are_detected() {
     assert_eq!(got_w, w);
 }
 
+/// A new family is one file and one registry line (`family/toy.rs`, built in tests only): a
+/// `toyarch` file with that family's tensor names (a fused gate/up, a post-FFN norm under a name of
+/// its own) loads, its description has the family's block, and it runs the one forward.
+#[test]
+fn a_new_family_is_one_file_and_one_registry_line() {
+    use crate::LayerTensor as L;
+    let mut c = tiny();
+    c.rope.pairing = crate::RopePairing::HalfSplit;
+    (c.block.activation, c.block.qk_norm, c.block.post_ffn_norm) =
+        (crate::Activation::GeluTanh, true, true);
+    let w = synthetic(&c, 28);
+    let mut g = tiny_gguf(&c, &w);
+    for kv in &mut g.kv {
+        kv.0 = kv.0.replace("llama.", "toyarch.");
+        if kv.0 == "general.architecture" {
+            kv.2 = crate::gguf::tests::gguf_str("toyarch");
+        }
+    }
+    let h = c.hidden_dim;
+    for l in 0..c.n_layers {
+        let (gate, up) = (format!("blk.{l}.ffn_gate.weight"), format!("blk.{l}.ffn_up.weight"));
+        g.tensors.retain(|t| t.0 != gate && t.0 != up);
+        let mut fused = w.tensor(Tensor::Layer(l, L::Up)).unwrap().to_vec();
+        fused.extend_from_slice(w.tensor(Tensor::Layer(l, L::Gate)).unwrap());
+        g.f32_tensor(&format!("blk.{l}.ffn_gate_up.weight"), &[c.dim as u64, 2 * h as u64], &fused);
+        for t in &mut g.tensors {
+            if t.0 == format!("blk.{l}.post_ffw_norm.weight") {
+                t.0 = format!("blk.{l}.ffn_post_norm.weight");
+            }
+        }
+    }
+    let (got_c, got_w) = load(&g).unwrap();
+    assert_eq!(got_c, c);
+    assert_eq!(got_w, w);
+    let mut m = crate::FloatModel::new(got_c, std::sync::Arc::new(got_w), 4).unwrap();
+    assert!(m.forward(3, 0).unwrap().iter().all(|v| v.is_finite()));
+}
+
 fn metadata_key(e: Error) -> String {
     match e {
         Error::Metadata { key, .. } => key,
