@@ -126,7 +126,10 @@ fn count_u8(bytes: &[u8], lo: u8, hi: u8) -> u64 {
     bytes
         .chunks(BLOCK)
         .map(|block| {
-            let n: u16 = block.iter().map(|&b| u16::from((b == lo) | (b == hi))).sum();
+            let n: u16 = block
+                .iter()
+                .map(|&b| u16::from((b == lo) | (b == hi)))
+                .sum();
             u64::from(n)
         })
         .sum()

@@ -392,13 +392,16 @@ fn sampling_with_proposals_draws_as_plain_sampling() {
             let plain = s.generate(&tok, prompt, &options, &mut |_| true).unwrap();
             let mut s = session(&compiled, &ckpt, Strategy::SHIFT_2X);
             let fast = spec.generate(&mut s, &tok, prompt, &options, &mut |_| true);
-            assert_eq!(plain.tokens, fast.unwrap().tokens, "seed {seed} {sampler:?}");
+            assert_eq!(plain.tokens, fast.unwrap().tokens, "{:?}", options.sampler);
         }
     }
     // Both ways out of a verification happened many times: proposals accepted (99 of 1184 when
     // written) and rejected.
     let st = spec.stats();
-    assert!(st.accepted > 50 && st.proposed - st.accepted > 500, "{st:?}");
+    assert!(
+        st.accepted > 50 && st.proposed - st.accepted > 500,
+        "{st:?}"
+    );
 }
 
 /// A speculator reading a script: at its i-th proposal, `script[i] = (right, wrong)` proposes the
@@ -447,7 +450,9 @@ fn the_counters_of_a_scripted_run_are_the_hand_count() {
     let compiled = compile(&ckpt, &tok, 64, &[1, 5, 16]);
     let prompt = "Once upon a time";
     let mut s = session(&compiled, &ckpt, Strategy::SHIFT_2X);
-    let plain = s.generate(&tok, prompt, &greedy(20), &mut |_| true).unwrap();
+    let plain = s
+        .generate(&tok, prompt, &greedy(20), &mut |_| true)
+        .unwrap();
     assert_eq!(plain.tokens.len(), 20, "{plain:?}");
     let scripted = Scripted {
         text: plain.tokens.clone(),
@@ -462,7 +467,12 @@ fn the_counters_of_a_scripted_run_are_the_hand_count() {
     let st = spec.stats();
     let counts = (st.calls, st.verify_calls, st.plain_calls, st.tokens);
     assert_eq!(counts, (10, 4, 6, 19), "{st:?}");
-    let rows = (st.proposed, st.accepted, st.rolled_back_rows, st.padded_rows);
+    let rows = (
+        st.proposed,
+        st.accepted,
+        st.rolled_back_rows,
+        st.padded_rows,
+    );
     assert_eq!(rows, (12, 9, 3, 4), "{st:?}");
     assert_eq!((st.tokens_per_call(), st.acceptance_rate()), (1.9, 0.75));
     let variants: Vec<(usize, usize)> = st.variants.iter().map(|v| (v.0, v.1)).collect();

@@ -487,7 +487,12 @@ fn json_and_stats_report_kv_saturation() {
     // codes at the extremes are those the run reported (the save caches the last token too).
     let saved = cache.join("saturation.session");
     let o = htpkv(
-        &[&args[..], &["--kv-dtype", "u8", "--json", "--save"], &[saved.to_str().unwrap()]].concat(),
+        &[
+            &args[..],
+            &["--kv-dtype", "u8", "--json", "--save"],
+            &[saved.to_str().unwrap()],
+        ]
+        .concat(),
         &cache,
     );
     let doc: serde_json::Value = serde_json::from_str(&text(&o)).unwrap();

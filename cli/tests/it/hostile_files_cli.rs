@@ -67,7 +67,8 @@ fn mkfifo(path: &Path, test: &str) -> bool {
         .status()
         .is_ok_and(|s| s.success());
     // Without mkfifo the FIFO cases are skipped by the one rule: saying so, and failing in CI.
-    made || test_support::fetched::missing::<()>(test, "mkfifo is unavailable: the FIFO cases").is_some()
+    made || test_support::fetched::missing::<()>(test, "mkfifo is unavailable: the FIFO cases")
+        .is_some()
 }
 
 #[cfg(unix)]
@@ -253,7 +254,10 @@ fn special_files_as_inputs_are_refused_without_blocking() {
         "error: context binary /dev/zero is a character device, not a regular file"
     );
     let fifo = work.join("fifo");
-    if !mkfifo(&fifo, "special_files_as_inputs_are_refused_without_blocking") {
+    if !mkfifo(
+        &fifo,
+        "special_files_as_inputs_are_refused_without_blocking",
+    ) {
         return;
     }
     let tok = stories260k_dir().join("tok512.bin");

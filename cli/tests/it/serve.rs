@@ -225,7 +225,11 @@ fn serve_answers_chat_and_completions_over_curl() {
     assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
     let three = v["choices"][0]["text"].as_str().unwrap().to_owned();
-    assert_eq!(three, generated(&["Once upon a time", "--steps", "3"]), "{v}");
+    assert_eq!(
+        three,
+        generated(&["Once upon a time", "--steps", "3"]),
+        "{v}"
+    );
 
     // A stop string that the answer holds: cut there, finish_reason stop.
     let longer = json!({"prompt": "Once upon a time", "max_tokens": 24});

@@ -75,8 +75,15 @@ fn check_counters(doc: &serde_json::Value) {
     let rows: u64 = (variants.iter())
         .map(|v| v["ar"].as_u64().unwrap() * v["calls"].as_u64().unwrap())
         .sum();
-    assert_eq!(rows - n("verify_calls") - n("proposed"), n("padded_rows"), "{s}");
-    let verify: f64 = variants.iter().map(|v| v["seconds"].as_f64().unwrap()).sum();
+    assert_eq!(
+        rows - n("verify_calls") - n("proposed"),
+        n("padded_rows"),
+        "{s}"
+    );
+    let verify: f64 = variants
+        .iter()
+        .map(|v| v["seconds"].as_f64().unwrap())
+        .sum();
     assert!((verify - f("verify_seconds")).abs() < 1e-9, "{s}");
     if n("plain_calls") == 0 {
         return assert!(s["estimated_speedup"].is_null(), "{s}");
@@ -84,7 +91,10 @@ fn check_counters(doc: &serde_json::Value) {
     let taken = f("propose_seconds") + f("verify_seconds") + f("plain_seconds");
     let plain_step = f("plain_seconds") / n("plain_calls") as f64;
     let speedup = plain_step * tokens as f64 / taken;
-    assert!((f("estimated_speedup") / speedup - 1.0).abs() < 1e-12, "{speedup}: {s}");
+    assert!(
+        (f("estimated_speedup") / speedup - 1.0).abs() < 1e-12,
+        "{speedup}: {s}"
+    );
 }
 
 #[test]
