@@ -4,12 +4,16 @@
 //! Every step plans AR-1, writes the new K/V rows into the step's output bindings (what the graph
 //! would do) and commits. The `floor` is that write alone. Each strategy runs a whole context (S - 1
 //! steps) so rebases are included; `naive` is sampled on `--naive-steps` steps (default 48).
+//! Saturation counting is off, as in a cache nobody asked to count; each strategy but `naive` runs
+//! a second time with it on (`--stats`, `eval`), reported as `counting_median_ns` and its ratio.
 //!
 //! `cargo run --release --example kv_update -- [--json] [--naive-steps N] [--steps N]`
 
 use anyhow::{Context, bail};
 use kv_manager::CacheSpec;
-use kv_manager::workload::{StepTimes, llama2_7b_decode, seed_strategies, time_decode, time_floor};
+use kv_manager::workload::{
+    StepTimes, llama2_7b_decode, seed_strategies, time_decode_counting, time_floor,
+};
 
 fn main() -> anyhow::Result<()> {
     let mut json = false;
@@ -34,33 +38,36 @@ fn main() -> anyhow::Result<()> {
     }
     let geometry = llama2_7b_decode();
     let full = steps.min(geometry.capacity());
-    let mut rows: Vec<(String, StepTimes)> = Vec::new();
+    // (name, counting off, counting on)
+    let mut rows: Vec<(String, StepTimes, Option<StepTimes>)> = Vec::new();
     for strategy in seed_strategies() {
         let name = strategy.to_string();
-        let n = if strategy == kv_manager::Strategy::Naive {
-            naive_steps.min(full)
-        } else {
-            full
+        let naive = strategy == kv_manager::Strategy::Naive;
+        let n = if naive { naive_steps.min(full) } else { full };
+        let run = |counting: bool| {
+            eprintln!("running {name} for {n} steps, saturation counting {counting} ...");
+            let spec = CacheSpec::for_simulation(geometry.clone(), strategy);
+            time_decode_counting(spec, n, counting).with_context(|| format!("strategy {name}"))
         };
-        eprintln!("running {name} for {n} steps ...");
-        let times = time_decode(CacheSpec::for_simulation(geometry.clone(), strategy), n)
-            .with_context(|| format!("strategy {name}"))?;
-        rows.push((name, times));
+        let off = run(false)?;
+        let on = if naive { None } else { Some(run(true)?) };
+        rows.push((name, off, on));
     }
     eprintln!("running floor for {full} steps ...");
-    rows.push(("floor".into(), time_floor(&geometry, full)?));
+    rows.push(("floor".into(), time_floor(&geometry, full)?, None));
 
     let median_of = |wanted: &str| {
         rows.iter()
-            .find(|(n, _)| *n == wanted)
-            .map(|(_, t)| t.median_ns().max(1) as f64)
+            .find(|(n, _, _)| *n == wanted)
+            .map(|(_, t, _)| t.median_ns().max(1) as f64)
             .unwrap_or(1.0)
     };
     let (floor, naive) = (median_of("floor"), median_of("naive"));
     if json {
         let strategies: Vec<serde_json::Value> = rows
             .iter()
-            .map(|(name, t)| {
+            .map(|(name, t, on)| {
+                let on = on.as_ref().map(|on| on.median_ns());
                 serde_json::json!({
                     "name": name,
                     "steps": t.nanos.len(),
@@ -70,6 +77,8 @@ fn main() -> anyhow::Result<()> {
                     "region_bytes": t.region_bytes,
                     "ratio_to_floor": t.median_ns().max(1) as f64 / floor,
                     "naive_over_this": naive / t.median_ns().max(1) as f64,
+                    "counting_median_ns": on,
+                    "counting_ratio_to_floor": on.map(|m| m.max(1) as f64 / floor),
                 })
             })
             .collect();
@@ -83,7 +92,7 @@ fn main() -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         println!(
-            "{:<22} {:>6} {:>12} {:>12} {:>16} {:>15} {:>9} {:>10}",
+            "{:<22} {:>6} {:>12} {:>12} {:>16} {:>15} {:>9} {:>10} {:>12} {:>10}",
             "strategy",
             "steps",
             "median_ns",
@@ -91,11 +100,14 @@ fn main() -> anyhow::Result<()> {
             "copied B/step",
             "region bytes",
             "x floor",
-            "naive/x"
+            "naive/x",
+            "counting_ns",
+            "x floor"
         );
-        for (name, t) in &rows {
+        for (name, t, on) in &rows {
+            let on = on.as_ref().map(|on| on.median_ns());
             println!(
-                "{:<22} {:>6} {:>12} {:>12} {:>16.0} {:>15} {:>9.2} {:>10.0}",
+                "{:<22} {:>6} {:>12} {:>12} {:>16.0} {:>15} {:>9.2} {:>10.0} {:>12} {:>10}",
                 name,
                 t.nanos.len(),
                 t.median_ns(),
@@ -103,7 +115,9 @@ fn main() -> anyhow::Result<()> {
                 t.bytes_copied_per_step(),
                 t.region_bytes,
                 t.median_ns().max(1) as f64 / floor,
-                naive / t.median_ns().max(1) as f64
+                naive / t.median_ns().max(1) as f64,
+                on.map_or("-".into(), |m| m.to_string()),
+                on.map_or("-".into(), |m| format!("{:.2}", m.max(1) as f64 / floor)),
             );
         }
     }

@@ -8,6 +8,7 @@
 # Environment: HTPKV_MODEL_DIR (default: the embedded <workspace>/models/stories260K);
 # HTPKV_QNN_BACKEND (a QNN backend library for the qnn tests; unset: build and use
 # libhtpkv_ref_qnn.so; `none`: skip the qnn tests) and HTPKV_QNN_SYSTEM; JAVA_OPTS (extra JVM flags).
+# With CI set, any skipped test fails the run.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
@@ -67,4 +68,15 @@ echo "run-jvm-tests: java org.htpkv.JvmTest"
 # -Xcheck:jni makes the JVM verify every JNI call the native code makes. Panics are turned into
 # exceptions by design (one test makes one): keep their report short.
 # shellcheck disable=SC2086
-RUST_BACKTRACE=0 exec java -Xcheck:jni ${JAVA_OPTS:-} -Dhtpkv.jni.library="$lib" -cp "$classes" org.htpkv.JvmTest "${args[@]}"
+set +e
+RUST_BACKTRACE=0 java -Xcheck:jni ${JAVA_OPTS:-} -Dhtpkv.jni.library="$lib" -cp "$classes" org.htpkv.JvmTest "${args[@]}" \
+    | tee "$classes/report.txt"
+status=${PIPESTATUS[0]}
+set -e
+# A skip follows the tests' one rule (test_support's fetched files): it says why, and in CI, which
+# provides the model and the libraries, it is a failure.
+if [ -n "${CI:-}" ] && grep -q '^skip ' "$classes/report.txt"; then
+    echo "run-jvm-tests: tests were skipped, and CI is set: what they need must be there in CI" >&2
+    exit 1
+fi
+exit "$status"

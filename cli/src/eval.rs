@@ -101,9 +101,9 @@ impl Opened {
     fn open(args: &EvalArgs) -> anyhow::Result<Opened> {
         let checked = check_run(&args.run, |ar| ar)?;
         if !foreign::wanted(&args.run) {
-            return Ok(Opened::Engine(Box::new(
-                open_run(&args.run, &checked, args.json)?.0,
-            )));
+            let mut engine = open_run(&args.run, &checked, args.json)?.0;
+            crate::saturation::count_in(engine.session_mut());
+            return Ok(Opened::Engine(Box::new(engine)));
         }
         anyhow::ensure!(
             args.run.model_dir.is_some(),

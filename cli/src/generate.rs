@@ -398,7 +398,8 @@ fn join(v: &[usize]) -> String {
 /// against them.
 pub fn open_engine(args: &GenerateArgs) -> anyhow::Result<(Engine, Checked, Ran)> {
     let checked = check_args(args)?;
-    let (engine, ran) = open_run(&args.run, &checked.run, args.json)?;
+    let (mut engine, ran) = open_run(&args.run, &checked.run, args.json)?;
+    crate::saturation::count_in(engine.session_mut());
     Ok((engine, checked, ran))
 }
 

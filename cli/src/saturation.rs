@@ -1,8 +1,17 @@
 //! KV saturation in `--stats`, `--json` and a warning: the committed K/V codes at their encoding's
 //! extremes (`kv_manager::saturation`), the first sign that a fixed-point cache clips the text.
 
+use htpkv::backend::Backend;
+use htpkv::session::Session;
 use kv_manager::saturation::Worst;
 use kv_manager::{KvCache, TensorKind};
+
+/// Makes `session`'s cache count saturated codes. A cache counts only when asked; the commands
+/// that read the counts (`generate` and `chat` for the warning, `--stats` and `--json`, `eval`)
+/// ask for it when they open their session.
+pub fn count_in(session: &mut Session<Box<dyn Backend>>) {
+    session.set_kv_saturation_counting(true);
+}
 
 /// Above this saturated fraction in one buffer (and [`WARN_MIN_CODES`] codes), a warning names it.
 pub const WARN_RATE: f64 = 0.01;

@@ -37,8 +37,10 @@ pub struct KvCache {
     /// Per layer: the first token whose rows the layer still holds (0 for a global layer; a
     /// sliding layer keeps its last [`crate::Geometry::kept_rows`] tokens).
     first_held: Vec<usize>,
-    /// Committed K/V codes at their encoding's extremes, per buffer.
+    /// Committed K/V codes at their encoding's extremes, per buffer (while `counting`).
     saturation: Saturation,
+    /// Whether commits count saturated codes ([`KvCache::set_saturation_counting`]).
+    counting: bool,
 }
 
 impl KvCache {
@@ -77,6 +79,7 @@ impl KvCache {
         Ok(KvCache {
             first_held,
             saturation,
+            counting: false,
             spec,
             rule,
             region,
@@ -197,7 +200,9 @@ impl KvCache {
             });
         }
         self.pending = None;
-        self.count_saturation(accepted);
+        if self.counting {
+            self.count_saturation(accepted);
+        }
         self.with_rule(|rule, cx| rule.commit(cx, ar, accepted));
         self.len += accepted;
         self.counters.tokens_committed += accepted;
@@ -213,39 +218,62 @@ impl KvCache {
         Ok(())
     }
 
-    /// Committed K/V codes at their encoding's extremes, per buffer, since the cache was made.
+    /// Committed K/V codes at their encoding's extremes, per buffer, counted while counting was on
+    /// ([`KvCache::set_saturation_counting`]; all zero when it never was).
     pub fn saturation(&self) -> &Saturation {
         &self.saturation
     }
 
+    /// Turns saturation counting on or off (off when the cache is made): while on, every commit
+    /// scans the rows it keeps (about one more read of them; see the `kv_update` example), and
+    /// [`KvCache::saturation`] grows.
+    pub fn set_saturation_counting(&mut self, on: bool) {
+        self.counting = on;
+    }
+
+    /// Whether commits count saturated codes.
+    pub fn counts_saturation(&self) -> bool {
+        self.counting
+    }
+
+    /// Takes `other`'s saturation counts and whether it counts (a relayout carries them over).
+    pub(crate) fn carry_saturation(&mut self, other: &KvCache) {
+        self.counting = other.counting;
+        self.saturation = other.saturation.clone();
+    }
+
     /// Adds the saturated codes of the first `accepted` new rows of the planned step (still where
-    /// the graph wrote them: the strategies move rows only in their commit).
+    /// the graph wrote them: the strategies move rows only in their commit). A head's rows are
+    /// one slice ([heads, 1, n, D]: rows 0..k side by side; transposed, all n rows are the
+    /// head's block), or with a transposed K and part of a step kept, one slice per channel.
     fn count_saturation(&mut self, accepted: usize) {
         let g = &self.spec.geometry;
-        if !g.dtype.is_fixed_point() {
+        if !g.dtype.is_fixed_point() || accepted == 0 {
             return;
         }
-        let elem = self.plan.elem_bytes;
+        let (elem, d) = (self.plan.elem_bytes, g.head_dim);
         let region = self.region.as_slice();
         for index in 0..self.plan.tensor_count() {
             let binding = self.plan.new_output(index);
+            let id = self.plan.tensors[index];
             for head in 0..self.plan.heads_per_tensor {
-                let id = self.plan.tensors[index];
                 let buffer = g.buffer_index(id.layer, id.head.unwrap_or(head), id.kind);
-                let spec = &self.spec.encodings[buffer];
-                let codes = (0..accepted).flat_map(|row| {
-                    (0..g.head_dim).map(move |c| {
-                        let at = binding.offset + binding.element_offset(head, row, c, elem);
-                        match elem {
-                            1 => u16::from(region[at]),
-                            _ => u16::from_le_bytes([region[at], region[at + 1]]),
-                        }
-                    })
-                });
-                let (saturated, values) = crate::saturation::count_saturated(spec, codes);
+                let dtype = self.spec.encodings[buffer].dtype;
+                if !dtype.is_fixed_point() {
+                    continue;
+                }
+                let count = |channel: usize, len: usize| {
+                    let at = binding.offset + binding.element_offset(head, 0, channel, elem);
+                    crate::saturation::count_saturated_bytes(dtype, &region[at..at + len * elem])
+                };
+                let saturated = if binding.transposed && accepted < self.plan.ar {
+                    (0..d).map(|c| count(c, accepted)).sum()
+                } else {
+                    count(0, accepted * d)
+                };
                 let b = &mut self.saturation.buffers[buffer];
                 b.saturated += saturated;
-                b.values += values;
+                b.values += (accepted * d) as u64;
             }
         }
     }

@@ -17,7 +17,7 @@ impl KvCache {
     /// tokens exceed the target's capacity; a pending plan is not carried over. The target's counters
     /// are this cache's totals plus the relayout (one relayout, `len` rows per buffer, their bytes,
     /// also in `bytes_copied`), with the target's region size; its memory handles start afresh, since
-    /// the region is new.
+    /// the region is new. The saturation counts, and whether commits count them, carry over.
     pub fn relayout_into(
         &self,
         spec: CacheSpec,
@@ -50,6 +50,7 @@ impl KvCache {
             );
         }
         let mut target = KvCache::new(spec, allocator)?;
+        target.carry_saturation(self);
         let len = self.len();
         target.reset_to_len(len);
         // Each layer's window in the target must show only rows this cache still holds.

@@ -2,9 +2,11 @@
 //!
 //! A fixed-point K/V value outside its calibrated range is clipped to the smallest or largest code
 //! (0 or 255 for u8, 0 or 65535 for u16): on a device, the first sign of an encoding that does not
-//! fit the text ("garbage output"). The new rows of every committed step are in the region anyway,
-//! so the cache counts them as it commits them, per buffer (layer, KV head, K or V). Float caches
-//! never saturate. Only the committed rows count (rejected speculative rows do not).
+//! fit the text ("garbage output"). Counting is opt-in ([`crate::KvCache::set_saturation_counting`]):
+//! when on, the cache scans the rows each commit keeps, where the graph just wrote them, per buffer
+//! (layer, KV head, K or V) as contiguous slices ([`count_saturated_bytes`]); when off (the default),
+//! a commit reads no code. Float caches never saturate. Only the committed rows count (rejected
+//! speculative rows do not).
 
 use crate::{Geometry, TensorKind};
 use quant::{DataType, QuantSpec};
@@ -93,7 +95,8 @@ fn extremes(dtype: DataType) -> Option<[u16; 2]> {
     }
 }
 
-/// Counts the saturated codes among `codes` (little-endian elements of `spec`'s type).
+/// Counts the saturated codes among `codes` (little-endian elements of `spec`'s type), one at a
+/// time: the plain statement of what [`count_saturated_bytes`] computes.
 pub fn count_saturated(spec: &QuantSpec, codes: impl Iterator<Item = u16>) -> (u64, u64) {
     let Some([lo, hi]) = extremes(spec.dtype) else {
         return (0, 0);
@@ -101,6 +104,50 @@ pub fn count_saturated(spec: &QuantSpec, codes: impl Iterator<Item = u16>) -> (u
     codes.fold((0, 0), |(s, n), c| {
         (s + u64::from(c == lo || c == hi), n + 1)
     })
+}
+
+/// The saturated codes among `bytes`, the little-endian elements of `dtype` side by side (0 for a
+/// float type). A straight scan the compiler vectorizes: blocks small enough for a narrow
+/// per-lane count.
+pub fn count_saturated_bytes(dtype: DataType, bytes: &[u8]) -> u64 {
+    let Some([lo, hi]) = extremes(dtype) else {
+        return 0;
+    };
+    match dtype.size_bytes() {
+        1 => count_u8(bytes, lo as u8, hi as u8),
+        _ => count_u16(bytes, lo, hi),
+    }
+}
+
+/// Elements per block of the scans: each lane's count fits a `u16`.
+const BLOCK: usize = 4096;
+
+fn count_u8(bytes: &[u8], lo: u8, hi: u8) -> u64 {
+    bytes
+        .chunks(BLOCK)
+        .map(|block| {
+            let n: u16 = block
+                .iter()
+                .map(|&b| u16::from((b == lo) | (b == hi)))
+                .sum();
+            u64::from(n)
+        })
+        .sum()
+}
+
+fn count_u16(bytes: &[u8], lo: u16, hi: u16) -> u64 {
+    bytes
+        .chunks(2 * BLOCK)
+        .map(|block| {
+            let n: u16 = (block.chunks_exact(2))
+                .map(|c| {
+                    let v = u16::from_le_bytes([c[0], c[1]]);
+                    u16::from((v == lo) | (v == hi))
+                })
+                .sum();
+            u64::from(n)
+        })
+        .sum()
 }
 
 #[cfg(test)]
@@ -131,6 +178,35 @@ mod tests {
         );
         let f16 = QuantSpec::float(DataType::F16).unwrap();
         assert_eq!(count_saturated(&f16, [0u16, 0xFFFF].into_iter()), (0, 0));
+    }
+
+    proptest::proptest! {
+        /// The block scan counts what the one-code-at-a-time count counts, on random codes with
+        /// many at the extremes, across block boundaries, for every fixed-point type (and none for
+        /// a float type).
+        #[test]
+        fn the_block_scan_counts_as_the_plain_count(
+            pick in 0usize..5,
+            codes in proptest::collection::vec((0u8..4, proptest::prelude::any::<u16>()), 0..3 * BLOCK),
+        ) {
+            let dtype = [DataType::U8, DataType::I8, DataType::U16, DataType::I16, DataType::F16][pick];
+            let size = dtype.size_bytes();
+            let [lo, hi] = extremes(dtype).unwrap_or([0, 0xFFFF]);
+            let mask = if size == 1 { 0xFF } else { 0xFFFF };
+            // One code in four is each extreme, the rest anything (the extremes again, by chance).
+            let codes: Vec<u16> = (codes.iter())
+                .map(|&(k, v)| match k { 0 => lo, 1 => hi, _ => v & mask })
+                .collect();
+            let bytes: Vec<u8> = (codes.iter())
+                .flat_map(|c| c.to_le_bytes().into_iter().take(size))
+                .collect();
+            let spec = match dtype {
+                DataType::F16 => QuantSpec::float(dtype).unwrap(),
+                _ => spec(dtype),
+            };
+            let (plain, _) = count_saturated(&spec, codes.iter().copied());
+            proptest::prop_assert_eq!(count_saturated_bytes(dtype, &bytes), plain);
+        }
     }
 
     #[test]

@@ -114,7 +114,17 @@ impl StepTimes {
 
 /// Runs `steps` AR-1 decode steps from an empty cache (at most a full context) and times each one.
 pub fn time_decode(spec: CacheSpec, steps: usize) -> Result<StepTimes, KvError> {
+    time_decode_counting(spec, steps, false)
+}
+
+/// [`time_decode`] with saturation counting on or off ([`KvCache::set_saturation_counting`]).
+pub fn time_decode_counting(
+    spec: CacheSpec,
+    steps: usize,
+    count_saturation: bool,
+) -> Result<StepTimes, KvError> {
     let mut cache = KvCache::new(spec, &HostAllocator::default())?;
+    cache.set_saturation_counting(count_saturation);
     let steps = steps.min(cache.spec().geometry.capacity());
     let mut times = StepTimes {
         nanos: Vec::with_capacity(steps),

@@ -732,6 +732,12 @@ impl<B: Backend> Session<B> {
         &self.cache
     }
 
+    /// Turns the KV saturation count of the cache on or off (off by default: a commit then reads
+    /// no code; see [`KvCache::set_saturation_counting`]). It stays on across context tiers.
+    pub fn set_kv_saturation_counting(&mut self, on: bool) {
+        self.cache.set_saturation_counting(on);
+    }
+
     /// The backend.
     pub fn backend(&self) -> &B {
         &self.backend

@@ -1,9 +1,11 @@
 """Talks to a running `htpkv serve` with the real `openai` Python client.
 
-Usage: python3 openai_client.py BASE_URL MODEL_NAME
-(the openai package on PYTHONPATH: scripts/fetch-openai.sh). Checks the models list, a streaming
-and a non-streaming chat completion (greedy: the streamed text equals the whole answer), a
-completion with max_tokens (finish_reason "length"), a json_schema response that parses and
+Usage: python3 openai_client.py BASE_URL MODEL_NAME QUESTION ANSWER COMPLETION
+(the openai package on PYTHONPATH: scripts/fetch-openai.sh). ANSWER is the text `htpkv generate
+--chat QUESTION --steps 24` gives, COMPLETION the text of `htpkv generate "Once upon a time"
+--steps 5` (both greedy, the server's model and options). Checks the models list, a streaming
+and a non-streaming chat completion (greedy: the whole answer is ANSWER, and the streamed text
+equals it), a completion with max_tokens (its text is COMPLETION, finish_reason "length"), a json_schema response that parses and
 validates (checked field by field here, independent of the server's grammar), and a required tool
 call, whole and streamed, whose arguments validate. Prints one line per check and exits non-zero
 on the first failure.
@@ -22,19 +24,20 @@ def check(name, ok, detail=""):
 
 
 def main():
-    base_url, model = sys.argv[1], sys.argv[2]
+    base_url, model, question, expected_answer, expected_completion = sys.argv[1:6]
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
 
     models = client.models.list()
     ids = [m.id for m in models.data]
     check("models.list", ids == [model], ids)
 
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    messages = [{"role": "user", "content": question}]
     whole = client.chat.completions.create(
         model=model, messages=messages, max_tokens=24, temperature=0
     )
     answer = whole.choices[0].message.content
-    check("chat non-stream", bool(answer) and whole.choices[0].message.role == "assistant", whole)
+    check("chat non-stream", whole.choices[0].message.role == "assistant", whole)
+    check("chat answer is htpkv generate's", answer == expected_answer, (answer, expected_answer))
     check("chat usage", whole.usage.completion_tokens > 0 and whole.usage.prompt_tokens > 0, whole.usage)
     print(f"   answer: {answer!r}")
 
@@ -63,6 +66,8 @@ def main():
 
     completion = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5, temperature=0)
     check("completions length", completion.choices[0].finish_reason == "length", completion)
+    text = completion.choices[0].text
+    check("completion is htpkv generate's", text == expected_completion, (text, expected_completion))
     check("completions usage", completion.usage.completion_tokens == 5, completion.usage)
 
     person = {

@@ -152,10 +152,11 @@ pub fn open(run: &RunArgs, engine: &EngineOptions) -> anyhow::Result<Foreign> {
     let allocator = qnn.region_allocator();
     let convention = qnn.convention().name.clone();
     let backend: Box<dyn Backend> = Box::new(qnn);
-    let session = Session::with_contexts(backend, engine.strategy, allocator, m.rope.clone())
+    let mut session = Session::with_contexts(backend, engine.strategy, allocator, m.rope.clone())
         .map_err(htpkv::engine::EngineError::from)
         .with_context(|| format!("{} do not form one model", m.origin))?;
     check_declared(&m, &session)?;
+    crate::saturation::count_in(&mut session);
     Ok(Foreign {
         session,
         codec,

@@ -61,11 +61,14 @@ fn failure(o: &Output) -> String {
         .to_owned()
 }
 
-fn mkfifo(path: &Path) -> bool {
-    Command::new("mkfifo")
+fn mkfifo(path: &Path, test: &str) -> bool {
+    let made = Command::new("mkfifo")
         .arg(path)
         .status()
-        .is_ok_and(|s| s.success())
+        .is_ok_and(|s| s.success());
+    // Without mkfifo the FIFO cases are skipped by the one rule: saying so, and failing in CI.
+    made || test_support::fetched::missing::<()>(test, "mkfifo is unavailable: the FIFO cases")
+        .is_some()
 }
 
 #[cfg(unix)]
@@ -107,7 +110,7 @@ fn save_never_replaces_special_files_or_inputs() {
     let model = model_copy(&work);
     // A FIFO: refused before the model is opened, and still a FIFO.
     let fifo = work.join("fifo.session");
-    if mkfifo(&fifo) {
+    if mkfifo(&fifo, "save_never_replaces_special_files_or_inputs") {
         let o = run(
             &generate_save(&model, &fifo, &[]),
             &cache,
@@ -251,8 +254,10 @@ fn special_files_as_inputs_are_refused_without_blocking() {
         "error: context binary /dev/zero is a character device, not a regular file"
     );
     let fifo = work.join("fifo");
-    if !mkfifo(&fifo) {
-        eprintln!("SKIPPED the FIFO cases: mkfifo unavailable");
+    if !mkfifo(
+        &fifo,
+        "special_files_as_inputs_are_refused_without_blocking",
+    ) {
         return;
     }
     let tok = stories260k_dir().join("tok512.bin");

@@ -163,6 +163,13 @@ fn streamed_chat(body: &str) -> (String, String) {
     (text, finish)
 }
 
+/// The text `htpkv generate --model MODEL ARGS` generates (greedy unless ARGS say otherwise).
+fn generate_text(model: &str, args: &[&str], cache: &Path) -> String {
+    let all = [&["generate", "--model", model, "--json"][..], args].concat();
+    let doc = super::ok_json(&super::htpkv(&all, cache));
+    doc["text"].as_str().unwrap().to_owned()
+}
+
 fn error_code(v: &Value) -> &str {
     v["error"]["code"]
         .as_str()
@@ -189,7 +196,10 @@ fn serve_answers_chat_and_completions_over_curl() {
         .as_str()
         .unwrap()
         .to_owned();
-    assert!(!answer.is_empty(), "{whole}");
+    // The answer is `htpkv generate`'s for the same question (both greedy).
+    let generated = |args: &[&str]| generate_text(&model, args, &cache);
+    let expected = generated(&["--chat", "Once upon a time", "--steps", "12"]);
+    assert_eq!(answer, expected, "{whole}");
     assert_eq!(whole["choices"][0]["finish_reason"], "length", "{whole}");
     assert_eq!(whole["usage"]["completion_tokens"], 12, "{whole}");
 
@@ -215,6 +225,11 @@ fn serve_answers_chat_and_completions_over_curl() {
     assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
     let three = v["choices"][0]["text"].as_str().unwrap().to_owned();
+    assert_eq!(
+        three,
+        generated(&["Once upon a time", "--steps", "3"]),
+        "{v}"
+    );
 
     // A stop string that the answer holds: cut there, finish_reason stop.
     let longer = json!({"prompt": "Once upon a time", "max_tokens": 24});
@@ -413,18 +428,30 @@ fn serve_smollm2_openai_client_disconnect_and_ctrl_c() {
         &SMOLLM2_ARGS,
     ]
     .concat();
+    // The answers the script checks word for word: `htpkv generate`'s, greedy.
+    let generated = |args: &[&str]| generate_text(model, &[args, &SMOLLM2_ARGS].concat(), &cache);
+    let expected = [
+        generated(&["--chat", OPENAI_QUESTION, "--steps", "24"]),
+        generated(&["Once upon a time", "--steps", "5"]),
+    ];
     let mut server = Server::start(&args, &cache);
-    openai_client_script(&server, &openai);
+    openai_client_script(&server, &openai, &expected);
     client_disconnect_cancels(&server);
     ctrl_c_cancels_and_exits_cleanly(&mut server);
 }
 
-fn openai_client_script(server: &Server, openai: &Path) {
+/// The chat question of `openai_client.py` (its answer is checked against `htpkv generate`'s).
+const OPENAI_QUESTION: &str = "What is the capital of France?";
+
+/// Runs `openai_client.py` with the answers `htpkv generate` gives to its chat question and to its
+/// completion prompt.
+fn openai_client_script(server: &Server, openai: &Path, [chat, completion]: &[String; 2]) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../serve/tests/openai_client.py");
     let out = Command::new("python3")
         .arg(&script)
         .arg(server.url("/v1"))
         .arg("SmolLM2-135M-Instruct.Q4_1")
+        .args([OPENAI_QUESTION, chat, completion])
         .env("PYTHONPATH", openai)
         .output()
         .expect("python3 is needed by the serve tests");
@@ -436,6 +463,8 @@ fn openai_client_script(server: &Server, openai: &Path) {
     );
     println!("{stdout}");
     for check in [
+        "ok chat answer is htpkv generate's",
+        "ok completion is htpkv generate's",
         "ok json_schema validates",
         "ok tool call arguments validate",
         "ok streamed tool call",

@@ -37,6 +37,7 @@ fn saturated_codes_of_committed_rows_are_counted_per_buffer() {
     let g = Geometry::new(2, 2, 8, 32, &[1, 4], DataType::U8);
     for config in configs(&[1, 4]) {
         let mut c = cache(&g, config);
+        c.set_saturation_counting(true);
         // Two steps: AR-4 keeping 3 rows, then AR-1 keeping it.
         for (ar, keep) in [(4, 3), (1, 1)] {
             c.plan(ar).unwrap();
@@ -57,4 +58,36 @@ fn saturated_codes_of_committed_rows_are_counted_per_buffer() {
         }
         assert!(s.worst(&g).is_some());
     }
+}
+
+/// Counting is off until asked for (a commit then reads no code), and a relayout into a larger
+/// cache keeps the counts and goes on counting.
+#[test]
+fn counting_is_opt_in_and_survives_a_relayout() {
+    let g = Geometry::new(2, 2, 8, 32, &[1, 4], DataType::U8);
+    let step = |c: &mut KvCache| {
+        c.plan(4).unwrap();
+        write_step(c);
+        c.commit(4).unwrap();
+    };
+    let config = configs(&[1, 4])[0];
+    let mut off = cache(&g, config);
+    step(&mut off);
+    assert!(!off.counts_saturation());
+    assert_eq!(off.saturation().total(), Default::default());
+    let mut on = cache(&g, config);
+    on.set_saturation_counting(true);
+    step(&mut on);
+    let once = on.saturation().total();
+    assert!(once.saturated > 0 && once.values == 4 * 8 * g.buffers() as u64);
+    let larger = Geometry::new(2, 2, 8, 64, &[1, 4], DataType::U8);
+    let spec = kv_manager::CacheSpec::for_simulation(larger, on.spec().strategy);
+    let mut moved = on
+        .relayout_into(spec, &kv_manager::HostAllocator::default())
+        .unwrap();
+    assert!(moved.counts_saturation());
+    assert_eq!(moved.saturation(), on.saturation());
+    step(&mut moved);
+    assert_eq!(moved.saturation().total().values, 2 * once.values);
+    assert_eq!(moved.saturation().total().saturated, 2 * once.saturated);
 }
