@@ -88,12 +88,24 @@ impl Default for EngineOptions {
 impl EngineOptions {
     /// The update strategy used when none is asked for: `shift` (2x) on the reference backend,
     /// `smart_mask` through QNN, where every distinct window offset of a sliding strategy is a new
-    /// memory handle (see the handle budget in docs/design/qnn-memory.md).
-    pub fn default_strategy(backend: &BackendChoice) -> Strategy {
+    /// memory handle (see the handle budget in docs/design/qnn-memory.md), except for a model with
+    /// sliding-window layers (`windowed`, Gemma 3), whose left-padded windows `smart_mask` cannot
+    /// serve: `shift` there too.
+    pub fn default_strategy(backend: &BackendChoice, windowed: bool) -> Strategy {
         match backend {
-            BackendChoice::Reference => Strategy::SHIFT_2X,
-            BackendChoice::Qnn { .. } => Strategy::SmartMask,
+            BackendChoice::Qnn { .. } if !windowed => Strategy::SmartMask,
+            _ => Strategy::SHIFT_2X,
         }
+    }
+
+    /// Whether the model at `model` (a GGUF file or a Hugging Face folder) has sliding-window
+    /// layers, from its description alone; `false` for anything else or an unreadable file (whose
+    /// error comes when it is opened).
+    pub fn model_is_windowed(model: Option<&Path>) -> bool {
+        let Some(path) = model.filter(|p| model::format_of(p).is_ok()) else {
+            return false;
+        };
+        model::describe(path).is_ok_and(|c| c.layer_windows.iter().any(Option::is_some))
     }
 
     /// Parses an update strategy: [`Strategy`]'s spelling, the one parser of strategy names

@@ -289,7 +289,10 @@ pub fn check_run(
         .map_err(|e| anyhow::anyhow!("--weights: {e}"))?;
     let strategy = match &run.update {
         Some(name) => EngineOptions::parse_strategy(name)?,
-        None => EngineOptions::default_strategy(&backend),
+        None => EngineOptions::default_strategy(
+            &backend,
+            EngineOptions::model_is_windowed(run.model_dir.as_deref()),
+        ),
     };
     let defaults = EngineOptions::default();
     let engine = EngineOptions {

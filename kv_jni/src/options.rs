@@ -82,7 +82,10 @@ impl OpenArgs {
         };
         options.strategy = match non_empty(&self.strategy) {
             Some(name) => EngineOptions::parse_strategy(name)?,
-            None => EngineOptions::default_strategy(&options.backend),
+            None => EngineOptions::default_strategy(
+                &options.backend,
+                EngineOptions::model_is_windowed(options.model_dir.as_deref()),
+            ),
         };
         if let Some(name) = non_empty(&self.kv_dtype) {
             options.kv_dtype = name.parse().map_err(|_| {
