@@ -24,6 +24,7 @@
 
 mod error;
 mod grammar;
+pub mod guard;
 pub mod tools;
 
 pub use error::{ErrorKind, StructuredError};
