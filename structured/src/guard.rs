@@ -212,16 +212,16 @@ impl Walk<'_> {
             return Ok(());
         };
         match key {
-            "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum" => {
-                if !within_exact(n) {
-                    return Err(self.error(
-                        at,
-                        format!(
-                            "{key} = {n} is outside ±{MAX_EXACT_BOUND} (2^53 − 1), the bounds the \
-                             constraint engine holds exactly"
-                        ),
-                    ));
-                }
+            "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum"
+                if !within_exact(n) =>
+            {
+                return Err(self.error(
+                    at,
+                    format!(
+                        "{key} = {n} is outside ±{MAX_EXACT_BOUND} (2^53 − 1), the bounds the \
+                         constraint engine holds exactly"
+                    ),
+                ));
             }
             "multipleOf" => {
                 let decimal = n.as_f64().filter(|&f| f > 0.0).and_then(decimal);
