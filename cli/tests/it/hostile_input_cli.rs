@@ -259,3 +259,40 @@ fn genie_run_dialog_refuses_bad_configs_and_never_replaces_a_named_file() {
     );
     assert_eq!(std::fs::read(&bin).unwrap(), b"context");
 }
+
+/// Finding 8 (speculation): a draft model of another vocabulary is refused before anything is
+/// compiled or printed (it was compiled and run before the mismatch showed mid-generation).
+#[test]
+fn a_draft_of_another_vocabulary_is_refused_before_compiling() {
+    let cache = ScratchDir::new("hostile-input-draft");
+    let draft = cache.join("draft");
+    std::fs::create_dir_all(&draft).unwrap();
+    let model = stories260k_dir();
+    for entry in std::fs::read_dir(&model).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), draft.join(entry.file_name())).unwrap();
+    }
+    // One piece spelled otherwise, same length: the ids line up, one token's bytes do not.
+    let tokenizer = draft.join("tok512.bin");
+    let mut bytes = std::fs::read(&tokenizer).unwrap();
+    let at = bytes
+        .windows(3)
+        .position(|w| w == b"the")
+        .expect("a piece with `the`");
+    bytes[at + 2] = b'x';
+    std::fs::write(&tokenizer, bytes).unwrap();
+    let spec = format!("draft:{}:2", s(&draft));
+    let started = std::time::Instant::now();
+    let o = generate(&["--speculate", &spec], &cache);
+    let err = failure(&o);
+    assert!(
+        err.contains("--speculate draft:") && err.contains("must share"),
+        "{err}"
+    );
+    assert!(o.stdout.is_empty(), "printed before refusing");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // The model itself as its draft shares every token: it runs.
+    let same = format!("draft:{}:2", s(&model));
+    let o = generate(&["--speculate", &same], &cache);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
