@@ -218,22 +218,7 @@ pub async fn stream_completion(
 
 async fn request(addr: SocketAddr, path: &str, body: &Value) -> Result<Answer, LoadError> {
     let started = Instant::now();
-    let body = body.to_string();
-    let mut stream = TcpStream::connect(addr).await?;
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    let mut reader = BufReader::new(stream);
-    let (status, chunked) = read_head(&mut reader).await?;
-    let mut events = Events {
-        reader,
-        chunked,
-        pending: Vec::new(),
-        done: false,
-    };
+    let (status, mut events) = exchange(addr, "POST", path, &body.to_string()).await?;
     if status != 200 {
         let body = events.rest().await?;
         return Err(LoadError::Status { status, body });
@@ -265,8 +250,18 @@ pub async fn send(
     path: &str,
     body: Option<&str>,
 ) -> Result<(u16, String), LoadError> {
+    let (status, mut events) = exchange(addr, method, path, body.unwrap_or("")).await?;
+    Ok((status, events.rest().await?))
+}
+
+/// Sends one request on a new connection; returns the status and the body's reader.
+async fn exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<(u16, Events), LoadError> {
     let mut stream = TcpStream::connect(addr).await?;
-    let body = body.unwrap_or("");
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
@@ -275,13 +270,13 @@ pub async fn send(
     stream.write_all(body.as_bytes()).await?;
     let mut reader = BufReader::new(stream);
     let (status, chunked) = read_head(&mut reader).await?;
-    let mut events = Events {
+    let events = Events {
         reader,
         chunked,
         pending: Vec::new(),
         done: false,
     };
-    Ok((status, events.rest().await?))
+    Ok((status, events))
 }
 
 /// What `/health` did while heavy requests were in flight ([`health_under_load`]).

@@ -350,17 +350,29 @@ fn completion_job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
     job(&state.pool, prompt, "prompt", common, common.max_tokens)
 }
 
+/// Reads the body, admits the request (429 when the queue is full) and makes it ready with
+/// `make` inside admission, on a blocking thread ([`Pool::prepare`]).
+async fn admitted<T: Send + 'static>(
+    state: &Arc<AppState>,
+    headers: &HeaderMap,
+    body: Body,
+    make: fn(&AppState, &[u8]) -> Result<T, ApiError>,
+) -> Result<(T, Admission), ApiError> {
+    let body = read_body(headers, body, state.max_body_bytes).await?;
+    let admission = state.pool.admit()?;
+    let shared = state.clone();
+    let made = (state.pool)
+        .prepare(&admission, move || make(&shared, &body))
+        .await?;
+    Ok((made, admission))
+}
+
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_body(&headers, body, state.max_body_bytes).await?;
-    let admission = state.pool.admit()?;
-    let shared = state.clone();
-    let (job, structured) = (state.pool)
-        .prepare(&admission, move || chat_job(&shared, &body))
-        .await?;
+    let ((job, structured), admission) = admitted(&state, &headers, body, chat_job).await?;
     let (rx, guard) = run(&state, admission, &job).await?;
     let meta = Meta {
         id: state.id("chatcmpl"),
@@ -388,12 +400,7 @@ async fn completions(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_body(&headers, body, state.max_body_bytes).await?;
-    let admission = state.pool.admit()?;
-    let shared = state.clone();
-    let job = (state.pool)
-        .prepare(&admission, move || completion_job(&shared, &body))
-        .await?;
+    let (job, admission) = admitted(&state, &headers, body, completion_job).await?;
     let (rx, guard) = run(&state, admission, &job).await?;
     let meta = Meta {
         id: state.id("cmpl"),

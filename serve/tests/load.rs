@@ -14,10 +14,13 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-#[test]
-fn eight_streaming_clients_lose_nothing_and_match_the_answers_served_alone() {
-    let _one = one_at_a_time();
-    let cache = test_support::files::ScratchDir::new("serve-load-cache");
+/// A server state on stories260K with `parallel` sessions and `queue` places.
+fn stories_state(
+    name: &str,
+    parallel: usize,
+    queue: usize,
+) -> std::sync::Arc<htpkv_serve::AppState> {
+    let cache = test_support::files::ScratchDir::new(name);
     let options = EngineOptions {
         model_dir: Some(test_support::stories::stories260k_dir()),
         cache_dir: Some(cache.to_path_buf()),
@@ -25,11 +28,17 @@ fn eight_streaming_clients_lose_nothing_and_match_the_answers_served_alone() {
     };
     let engine = Engine::open(&options, &mut |_| {}).unwrap();
     let serve_options = ServeOptions {
-        parallel: 2,
-        queue: 8,
+        parallel,
+        queue,
         ..ServeOptions::default()
     };
-    let state = state(engine, &serve_options).unwrap();
+    state(engine, &serve_options).unwrap()
+}
+
+#[test]
+fn eight_streaming_clients_lose_nothing_and_match_the_answers_served_alone() {
+    let _one = one_at_a_time();
+    let state = stories_state("serve-load-cache", 2, 8);
     let load = LoadOptions {
         clients: 8,
         requests_per_client: 4,
@@ -74,14 +83,8 @@ fn eight_streaming_clients_lose_nothing_and_match_the_answers_served_alone() {
 fn health_answers_within_100_ms_while_heavy_requests_are_prepared() {
     let _one = one_at_a_time();
     use htpkv_serve::loadtest::health_under_load;
-    let cache = test_support::files::ScratchDir::new("serve-heavy-cache");
-    let options = EngineOptions {
-        model_dir: Some(test_support::stories::stories260k_dir()),
-        cache_dir: Some(cache.to_path_buf()),
-        ..EngineOptions::default()
-    };
-    let engine = Engine::open(&options, &mut |_| {}).unwrap();
-    let state = state(engine, &ServeOptions::default()).unwrap();
+    let defaults = ServeOptions::default();
+    let state = stories_state("serve-heavy-cache", defaults.parallel, defaults.queue);
     let tools: Vec<serde_json::Value> = (0..20_000)
         .map(|i| serde_json::json!({"type": "function", "function": {"name": format!("f{i}")}}))
         .collect();
@@ -155,19 +158,7 @@ fn framework_rejections_and_bad_bodies_get_openai_errors() {
     use htpkv_serve::loadtest::send;
     use htpkv_serve::timeouts::TimedListener;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let cache = test_support::files::ScratchDir::new("serve-errors-cache");
-    let options = EngineOptions {
-        model_dir: Some(test_support::stories::stories260k_dir()),
-        cache_dir: Some(cache.to_path_buf()),
-        ..EngineOptions::default()
-    };
-    let engine = Engine::open(&options, &mut |_| {}).unwrap();
-    let serve_options = ServeOptions {
-        parallel: 1,
-        queue: usize::MAX,
-        ..ServeOptions::default()
-    };
-    let state = state(engine, &serve_options).unwrap();
+    let state = stories_state("serve-errors-cache", 1, usize::MAX);
     let error = |body: &str| -> serde_json::Value {
         serde_json::from_str::<serde_json::Value>(body).unwrap()["error"].clone()
     };
