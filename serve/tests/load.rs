@@ -4,7 +4,7 @@
 
 use htpkv::engine::{Engine, EngineOptions};
 use htpkv_serve::loadtest::{LoadOptions, run};
-use htpkv_serve::{ServeOptions, serve, state};
+use htpkv_serve::{ServeOptions, state};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -35,6 +35,35 @@ fn stories_state(
     state(engine, &serve_options).unwrap()
 }
 
+/// Runs `client` against a server of `state` on loopback (connections timed by `timeouts`:
+/// header and idle), then shuts the server down and returns what `client` returned.
+fn served<T>(
+    state: &std::sync::Arc<htpkv_serve::AppState>,
+    timeouts: (Duration, Duration),
+    client: impl AsyncFnOnce(std::net::SocketAddr) -> T,
+) -> T {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let listener = htpkv_serve::timeouts::TimedListener::with(tcp, timeouts.0, timeouts.1);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(htpkv_serve::serve_on(listener, state.clone(), async {
+            let _ = stopped.await;
+        }));
+        let out = client(addr).await;
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
+        out
+    })
+}
+
+/// The server's own connection timeouts.
+const TIMEOUTS: (Duration, Duration) = (
+    htpkv_serve::timeouts::HEADER_READ_TIMEOUT,
+    htpkv_serve::timeouts::IDLE_TIMEOUT,
+);
+
 #[test]
 fn eight_streaming_clients_lose_nothing_and_match_the_answers_served_alone() {
     let _one = one_at_a_time();
@@ -48,18 +77,8 @@ fn eight_streaming_clients_lose_nothing_and_match_the_answers_served_alone() {
             .to_vec(),
         timeout: Duration::from_secs(60),
     };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let report = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, state.clone(), async {
-            let _ = stopped.await;
-        }));
-        let report = run(addr, &load).await.unwrap();
-        stop.send(()).unwrap();
-        server.await.unwrap().unwrap();
-        report
+    let report = served(&state, TIMEOUTS, async |addr| {
+        run(addr, &load).await.unwrap()
     });
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
     assert_eq!(report.requests, 32);
@@ -111,20 +130,9 @@ fn health_answers_within_100_ms_while_heavy_requests_are_prepared() {
     for _ in 0..2 {
         heavy.push(("/v1/chat/completions".to_owned(), enum_body.clone()));
     }
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let report = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, state.clone(), async {
-            let _ = stopped.await;
-        }));
-        let report = health_under_load(addr, heavy, Duration::from_millis(20))
-            .await
-            .unwrap();
-        stop.send(()).unwrap();
-        server.await.unwrap().unwrap();
-        report
+    let report = served(&state, TIMEOUTS, async |addr| {
+        let every = Duration::from_millis(20);
+        health_under_load(addr, heavy, every).await.unwrap()
     });
     println!("{}", serde_json::to_string(&report).unwrap());
     assert!(report.probes > 0);
@@ -156,40 +164,49 @@ fn serve_request_fuzz_corpus() {
 fn framework_rejections_and_bad_bodies_get_openai_errors() {
     let _one = one_at_a_time();
     use htpkv_serve::loadtest::send;
-    use htpkv_serve::timeouts::TimedListener;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let state = stories_state("serve-errors-cache", 1, usize::MAX);
     let error = |body: &str| -> serde_json::Value {
         serde_json::from_str::<serde_json::Value>(body).unwrap()["error"].clone()
     };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = tcp.local_addr().unwrap();
-        let listener =
-            TimedListener::with(tcp, Duration::from_millis(300), Duration::from_secs(5));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(htpkv_serve::serve_on(listener, state.clone(), async {
-            let _ = stopped.await;
-        }));
-        let (status, body) = send(addr, "GET", "/v1/chat/completions", None).await.unwrap();
+    let short = (Duration::from_millis(300), Duration::from_secs(5));
+    served(&state, short, async |addr| {
+        let (status, body) = send(addr, "GET", "/v1/chat/completions", None)
+            .await
+            .unwrap();
         assert_eq!(status, 405, "{body}");
         assert_eq!(error(&body)["code"], "method_not_allowed", "{body}");
         let wrong = r#"{"prompt": "x", "max_tokens": "many"}"#;
-        let (status, body) = send(addr, "POST", "/v1/completions", Some(wrong)).await.unwrap();
-        assert_eq!((status, &error(&body)["param"]), (400, &serde_json::json!("max_tokens")), "{body}");
+        let (status, body) = send(addr, "POST", "/v1/completions", Some(wrong))
+            .await
+            .unwrap();
+        assert_eq!(
+            (status, &error(&body)["param"]),
+            (400, &serde_json::json!("max_tokens")),
+            "{body}"
+        );
         let long = serde_json::json!({"prompt": "a ".repeat(200_000)}).to_string();
-        let (status, body) = send(addr, "POST", "/v1/completions", Some(&long)).await.unwrap();
+        let (status, body) = send(addr, "POST", "/v1/completions", Some(&long))
+            .await
+            .unwrap();
         assert_eq!(status, 400, "{body}");
         assert_eq!(error(&body)["param"], "prompt", "{body}");
         assert_eq!(error(&body)["code"], "context_length_exceeded", "{body}");
         let schema = r#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"integer","minimum":-9223372036854775807,"maximum":-9223372036854775807}}}}"#;
-        let (status, body) = send(addr, "POST", "/v1/chat/completions", Some(schema)).await.unwrap();
-        assert_eq!((status, &error(&body)["param"]), (400, &serde_json::json!("response_format")), "{body}");
+        let (status, body) = send(addr, "POST", "/v1/chat/completions", Some(schema))
+            .await
+            .unwrap();
+        assert_eq!(
+            (status, &error(&body)["param"]),
+            (400, &serde_json::json!("response_format")),
+            "{body}"
+        );
         assert!(body.contains("9007199254740991"), "{body}");
         // An idle server with an unbounded queue admits (the sum saturates).
         let ok = r#"{"prompt": "Once", "max_tokens": 2}"#;
-        let (status, body) = send(addr, "POST", "/v1/completions", Some(ok)).await.unwrap();
+        let (status, body) = send(addr, "POST", "/v1/completions", Some(ok))
+            .await
+            .unwrap();
         assert_eq!(status, 200, "{body}");
         // Raw HTTP: a malformed chunk size, a body shorter than declared, slow headers.
         let raw = |bytes: &'static [u8], shut: bool| async move {
@@ -200,22 +217,27 @@ fn framework_rejections_and_bad_bodies_get_openai_errors() {
             }
             let mut out = String::new();
             let read = s.read_to_string(&mut out);
-            tokio::time::timeout(Duration::from_secs(10), read).await.unwrap().unwrap_or(0);
+            tokio::time::timeout(Duration::from_secs(10), read)
+                .await
+                .unwrap()
+                .unwrap_or(0);
             out
         };
         let chunked = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n";
         let out = raw(chunked, false).await;
         assert!(out.starts_with("HTTP/1.1 400"), "{out}");
-        let short = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"";
+        let short =
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"";
         let out = raw(short, true).await;
         assert!(out.is_empty() || out.starts_with("HTTP/1.1 400"), "{out}");
         let slow = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
         let started = std::time::Instant::now();
         let out = raw(slow, false).await;
-        assert!(!out.contains("200 OK") && started.elapsed() < Duration::from_secs(5), "{out}");
+        assert!(
+            !out.contains("200 OK") && started.elapsed() < Duration::from_secs(5),
+            "{out}"
+        );
         let (status, _) = send(addr, "GET", "/health", None).await.unwrap();
         assert_eq!(status, 200);
-        stop.send(()).unwrap();
-        server.await.unwrap().unwrap();
     });
 }
