@@ -212,9 +212,7 @@ impl Walk<'_> {
             return Ok(());
         };
         match key {
-            "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum"
-                if !within_exact(n) =>
-            {
+            "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum" if !within_exact(n) => {
                 return Err(self.error(
                     at,
                     format!(
