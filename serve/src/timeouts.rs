@@ -67,7 +67,7 @@ impl axum::serve::Listener for TimedListener {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Waiting,
-    /// Reading headers; how many bytes of `\r\n\r\n` end the bytes read so far.
+    /// Reading headers; how many line ends in a row end the bytes read so far.
     Headers(usize),
     Request,
 }
@@ -103,7 +103,7 @@ impl TimedStream {
         self.set_deadline(self.idle);
     }
 
-    /// Follows the bytes read: the first starts the headers' deadline, `\r\n\r\n` ends it.
+    /// Follows the bytes read: the first starts the headers' deadline, an empty line ends it.
     fn saw(&mut self, bytes: &[u8]) {
         for &b in bytes {
             self.phase = match self.phase {
@@ -118,18 +118,18 @@ impl TimedStream {
     }
 }
 
-/// The phase after byte `b` with `matched` bytes of `\r\n\r\n` seen.
-fn next_header_state(matched: usize, b: u8) -> Phase {
-    const END: &[u8; 4] = b"\r\n\r\n";
-    let matched = if b == END[matched] {
-        matched + 1
-    } else {
-        usize::from(b == b'\r')
+/// The phase after byte `b` with `newlines` line ends in a row seen: headers end at an empty
+/// line, `\r\n\r\n` or (as HTTP parsers accept) `\n\n`.
+fn next_header_state(newlines: usize, b: u8) -> Phase {
+    let newlines = match b {
+        b'\n' => newlines + 1,
+        b'\r' => newlines,
+        _ => 0,
     };
-    if matched == END.len() {
+    if newlines == 2 {
         Phase::Request
     } else {
-        Phase::Headers(matched)
+        Phase::Headers(newlines)
     }
 }
 
@@ -190,5 +190,25 @@ impl AsyncWrite for TimedStream {
 
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Phase, next_header_state};
+
+    fn after(bytes: &[u8]) -> Phase {
+        bytes.iter().fold(Phase::Headers(0), |p, &b| match p {
+            Phase::Headers(n) => next_header_state(n, b),
+            other => other,
+        })
+    }
+
+    #[test]
+    fn headers_end_at_an_empty_line_with_or_without_carriage_returns() {
+        assert_eq!(after(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"), Phase::Request);
+        assert_eq!(after(b"GET / HTTP/1.1\nHost: x\n\n"), Phase::Request);
+        assert_eq!(after(b"GET / HTTP/1.1\r\nHost: x\r\n"), Phase::Headers(1));
+        assert_eq!(after(b"GET / HTTP/1.1\r\nHost: x\r\nA"), Phase::Headers(0));
     }
 }
