@@ -284,7 +284,7 @@ fn bounded(v: u64, min: u64, max: u64) -> Result<usize, String> {
 /// `name` as a path inside `dir`: relative, without `..`, and, when it exists, resolving (through
 /// any symlinked directory or file) to a path inside `dir`'s canonical path. The resolved path is
 /// returned, so the file read is the one checked. A missing file is left to the reader to report.
-fn inside(dir: &Path, name: &str) -> Result<PathBuf, String> {
+pub fn inside(dir: &Path, name: &str) -> Result<PathBuf, String> {
     let p = Path::new(name);
     let ok = !name.is_empty()
         && p.components()

@@ -837,8 +837,11 @@ fn check_plan_work(g: &Geometry, run: &Run, p: &Prediction) -> anyhow::Result<()
     let bindings = Size::new("plan bindings", p.steps)
         .times(g.buffers())
         .get()?;
-    let written_rows =
-        run.prefill.div_ceil(g.max_ar()) * g.max_ar() + run.decode_steps * g.min_ar();
+    // --prefill and --steps are the user's numbers: checked, so a huge one is an error.
+    let prefill_rows =
+        Size::new("prefill rows (--prefill)", run.prefill.div_ceil(g.max_ar())).times(g.max_ar());
+    let decode_rows = Size::new("decode rows (--steps)", run.decode_steps).times(g.min_ar());
+    let written_rows = prefill_rows.plus_size(decode_rows).get()?;
     let moved = Size::new("plan bytes moved", written_rows)
         .times(g.kv_bytes_per_token())
         .plus(p.bytes_copied)

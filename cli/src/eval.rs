@@ -136,20 +136,29 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     let bytes = read_capped(&args.text, FileKind::TEXT)?;
     let text = String::from_utf8(bytes)
         .with_context(|| format!("--text {} is not UTF-8", args.text.display()))?;
+    anyhow::ensure!(
+        args.tokens >= 1,
+        "--tokens 0: at least one position must be scored"
+    );
     let mut opened = Opened::open(&args)?;
     let n = args.tokens.min(opened.session().capacity());
-    let tokens = tokens_of(opened.codec(), &text, n + 1);
+    let tokens = tokens_of(opened.codec(), &text, n.saturating_add(1));
     anyhow::ensure!(
         tokens.len() >= 2,
         "--text {} gives {} token(s): at least 2 are needed to score one prediction",
         args.text.display(),
         tokens.len()
     );
+    // Positions skip..fed are scored; one of them must have a next token to predict.
+    let fed = tokens.len().min(n);
+    let predictable = fed.min(tokens.len() - 1);
     anyhow::ensure!(
-        args.skip + 1 < tokens.len().min(n),
-        "--skip {} leaves no position to score among the {} fed",
+        args.skip < predictable,
+        "--skip {} leaves no position to score: {fed} position(s) are fed (--tokens {}, the \
+         text's tokens and the context) and the last one with a next token is {}",
         args.skip,
-        tokens.len().min(n)
+        args.tokens,
+        predictable - 1
     );
     let oracle = OpenedModel::open(args.run.model_dir.as_deref())?;
     anyhow::ensure!(

@@ -195,6 +195,10 @@ fn status(call: &'static str, raw: i32) -> Result<Status, GenieError> {
 impl Genie {
     /// Loads `libGenie.so` from `path` and resolves the dialog functions.
     pub fn load(path: &Path) -> Result<Genie, GenieError> {
+        qnn_ffi::elf::check_library(path).map_err(|reason| GenieError::Load {
+            path: path.to_path_buf(),
+            reason,
+        })?;
         // SAFETY: loading runs the library's initializers; libGenie.so is an ordinary shared
         // library whose initializers have no preconditions.
         let lib = unsafe { libloading::Library::new(path) }.map_err(|e| GenieError::Load {

@@ -54,6 +54,7 @@ pub mod bindings {
 
 mod backend;
 mod compose;
+pub mod elf;
 mod error;
 mod loader;
 mod rpcmem;

@@ -79,6 +79,10 @@ fn with_stdout_on_stderr<T>(f: impl FnOnce() -> T) -> T {
 }
 
 fn open(path: &Path) -> Result<libloading::Library, QnnError> {
+    crate::elf::check_library(path).map_err(|reason| QnnError::LibraryNotFound {
+        path: path.to_path_buf(),
+        reason,
+    })?;
     // SAFETY: loading a library runs its initializers; QNN backends (and htpkv's reference
     // backend) are ordinary shared libraries whose initializers have no preconditions.
     with_stdout_on_stderr(|| unsafe { libloading::Library::new(path) }).map_err(|e| {

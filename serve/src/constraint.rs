@@ -12,7 +12,7 @@ use crate::error::{ApiError, ErrorKind};
 use htpkv_runtime::constraint::ConstraintFactory;
 use htpkv_structured::{
     OutputFormat, StructuredError, Tool, ToolChoice, Vocabulary, parse_tool_calls, parse_tools,
-    prepare_tool_chat,
+    tool_chat_constraint, tool_chat_messages,
 };
 use model::Message;
 use serde_json::Value;
@@ -47,7 +47,7 @@ impl From<StructuredError> for ApiError {
         };
         let param = e
             .what()
-            .split(['.', '['])
+            .split(['.', '[', ' '])
             .next()
             .unwrap_or("messages")
             .to_owned();
@@ -102,42 +102,56 @@ impl Structured {
         self.may_call_tools() || self.format.is_some()
     }
 
-    /// The conversation to render and the constraint: a response format's grammar, or the tool
-    /// call grammar of `required` or a named function (`auto` is parsed afterwards, unconstrained).
+    /// The conversation to render and the constraint ([`Structured::conversation`] and
+    /// [`Structured::constraint`] together).
     pub fn prepare(
         &self,
         vocab: Option<&Arc<Vocabulary>>,
         messages: Vec<Message>,
         template_takes_tools: bool,
     ) -> Result<Prepared, ApiError> {
-        let Some(vocab) = vocab.filter(|_| self.needs_vocabulary()) else {
-            return Ok(Prepared {
-                messages,
-                template_tools: None,
-                constraint: None,
-            });
-        };
-        if let Some(format) = &self.format {
-            let grammar = vocab.compile(format, "response_format")?;
-            return Ok(Prepared {
-                messages,
-                template_tools: None,
-                constraint: Some(grammar.factory()),
-            });
+        let constraint = self.constraint(vocab)?;
+        let (messages, template_tools) = self.conversation(messages, template_takes_tools);
+        Ok(Prepared {
+            messages,
+            template_tools,
+            constraint,
+        })
+    }
+
+    /// The conversation to render: with the tools in a system message, or the tools for a
+    /// template that takes them, when the answer may be a tool call.
+    pub fn conversation(
+        &self,
+        messages: Vec<Message>,
+        template_takes_tools: bool,
+    ) -> (Vec<Message>, Option<Value>) {
+        if !self.may_call_tools() {
+            return (messages, None);
         }
-        let chat = prepare_tool_chat(
-            vocab,
+        tool_chat_messages(
             &messages,
             &self.tools,
             &self.tool_choice,
-            self.parallel,
             template_takes_tools,
-        )?;
-        Ok(Prepared {
-            messages: chat.messages,
-            template_tools: chat.template_tools,
-            constraint: chat.constraint.map(|g| g.factory()),
-        })
+        )
+    }
+
+    /// The constraint: a response format's grammar, or the tool call grammar of `required` or a
+    /// named function (`auto` is parsed afterwards, unconstrained). Compiling is the costly part
+    /// of a request's preparation: the server does it once the prompt is known to fit.
+    pub fn constraint(
+        &self,
+        vocab: Option<&Arc<Vocabulary>>,
+    ) -> Result<Option<Arc<dyn ConstraintFactory>>, ApiError> {
+        let Some(vocab) = vocab.filter(|_| self.needs_vocabulary()) else {
+            return Ok(None);
+        };
+        let grammar = match &self.format {
+            Some(format) => Some(vocab.compile(format, "response_format")?),
+            None => tool_chat_constraint(vocab, &self.tools, &self.tool_choice, self.parallel)?,
+        };
+        Ok(grammar.map(|g| g.factory()))
     }
 
     /// The tool calls of a finished answer in OpenAI's shape, `None` when it holds none (plain

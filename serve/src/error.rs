@@ -15,6 +15,10 @@ pub enum ErrorKind {
     ContextLength,
     /// No such route (404).
     NotFound,
+    /// The route does not take this method (405).
+    MethodNotAllowed,
+    /// The client did not send its request in time (408).
+    Timeout,
     /// The request body is larger than the server takes (413).
     TooLarge,
     /// Every session is busy and the queue is full (429).
@@ -33,6 +37,8 @@ impl ErrorKind {
                 StatusCode::BAD_REQUEST
             }
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::Timeout => StatusCode::REQUEST_TIMEOUT,
             ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::QueueFull => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
@@ -43,9 +49,11 @@ impl ErrorKind {
     /// The error body's `type` (OpenAI's names where it has one).
     pub fn type_name(self) -> &'static str {
         match self {
-            ErrorKind::BadRequest | ErrorKind::ContextLength | ErrorKind::TooLarge => {
-                "invalid_request_error"
-            }
+            ErrorKind::BadRequest
+            | ErrorKind::ContextLength
+            | ErrorKind::TooLarge
+            | ErrorKind::MethodNotAllowed
+            | ErrorKind::Timeout => "invalid_request_error",
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::NotFound => "not_found_error",
             ErrorKind::QueueFull => "rate_limit_error",
@@ -61,6 +69,8 @@ impl ErrorKind {
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::ContextLength => "context_length_exceeded",
             ErrorKind::NotFound => "not_found",
+            ErrorKind::MethodNotAllowed => "method_not_allowed",
+            ErrorKind::Timeout => "request_timeout",
             ErrorKind::TooLarge => "request_too_large",
             ErrorKind::QueueFull => "queue_full",
             ErrorKind::ShuttingDown => "shutting_down",
@@ -153,6 +163,8 @@ mod tests {
             (ErrorKind::Unsupported, 400),
             (ErrorKind::ContextLength, 400),
             (ErrorKind::NotFound, 404),
+            (ErrorKind::MethodNotAllowed, 405),
+            (ErrorKind::Timeout, 408),
             (ErrorKind::TooLarge, 413),
             (ErrorKind::QueueFull, 429),
             (ErrorKind::ShuttingDown, 503),

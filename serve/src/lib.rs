@@ -18,6 +18,7 @@ pub mod generation;
 pub mod loadtest;
 pub mod pool;
 pub mod routes;
+pub mod timeouts;
 
 pub use error::{ApiError, ErrorKind};
 pub use pool::Pool;
@@ -78,6 +79,15 @@ pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(1
 /// [`SHUTDOWN_GRACE`], dropping the connections still open.
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    serve_on(timeouts::TimedListener::new(listener), state, shutdown).await
+}
+
+/// [`serve`] on a listener with its own connection timeouts ([`timeouts::TimedListener`]).
+pub async fn serve_on(
+    listener: timeouts::TimedListener,
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {

@@ -218,22 +218,7 @@ pub async fn stream_completion(
 
 async fn request(addr: SocketAddr, path: &str, body: &Value) -> Result<Answer, LoadError> {
     let started = Instant::now();
-    let body = body.to_string();
-    let mut stream = TcpStream::connect(addr).await?;
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    let mut reader = BufReader::new(stream);
-    let (status, chunked) = read_head(&mut reader).await?;
-    let mut events = Events {
-        reader,
-        chunked,
-        pending: Vec::new(),
-        done: false,
-    };
+    let (status, mut events) = exchange(addr, "POST", path, &body.to_string()).await?;
     if status != 200 {
         let body = events.rest().await?;
         return Err(LoadError::Status { status, body });
@@ -255,6 +240,99 @@ async fn request(addr: SocketAddr, path: &str, body: &Value) -> Result<Answer, L
     Err(LoadError::Malformed(
         "the stream ended before data: [DONE]".into(),
     ))
+}
+
+/// Sends one request and reads its whole answer: the status and the body (a streamed body as its
+/// raw events). `body` `None` sends no body (a GET).
+pub async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<(u16, String), LoadError> {
+    let (status, mut events) = exchange(addr, method, path, body.unwrap_or("")).await?;
+    Ok((status, events.rest().await?))
+}
+
+/// Sends one request on a new connection; returns the status and the body's reader.
+async fn exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<(u16, Events), LoadError> {
+    let mut stream = TcpStream::connect(addr).await?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    let mut reader = BufReader::new(stream);
+    let (status, chunked) = read_head(&mut reader).await?;
+    let events = Events {
+        reader,
+        chunked,
+        pending: Vec::new(),
+        done: false,
+    };
+    Ok((status, events))
+}
+
+/// What `/health` did while heavy requests were in flight ([`health_under_load`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HealthUnderLoad {
+    /// `/health` answers, each within its time.
+    pub probes: usize,
+    /// The median `/health` answer, in milliseconds.
+    pub median_ms: f64,
+    /// The slowest `/health` answer, in milliseconds.
+    pub slowest_ms: f64,
+    /// The heavy requests' statuses, in the order given.
+    pub statuses: Vec<u16>,
+    /// How long the heavy requests took, all of them, in seconds.
+    pub heavy_seconds: f64,
+}
+
+/// Sends the `heavy` requests (path, body) at once and asks `/health` every `every` until they
+/// have all been answered: how slow `/health` was meanwhile, and how the heavy ones ended.
+pub async fn health_under_load(
+    addr: SocketAddr,
+    heavy: Vec<(String, String)>,
+    every: Duration,
+) -> Result<HealthUnderLoad, LoadError> {
+    let started = Instant::now();
+    let tasks: Vec<_> = (heavy.into_iter())
+        .map(|(path, body)| {
+            tokio::spawn(async move { send(addr, "POST", &path, Some(&body)).await })
+        })
+        .collect();
+    let mut times = Vec::new();
+    while !tasks.iter().all(|t| t.is_finished()) {
+        let asked = Instant::now();
+        let (status, body) = send(addr, "GET", "/health", None).await?;
+        if status != 200 {
+            return Err(LoadError::Status { status, body });
+        }
+        times.push(asked.elapsed());
+        tokio::time::sleep(every).await;
+    }
+    let spread = Percentiles::of(&times);
+    let heavy_seconds = started.elapsed().as_secs_f64();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        let (status, _) = task
+            .await
+            .map_err(|e| LoadError::Malformed(format!("a heavy request's task: {e}")))??;
+        statuses.push(status);
+    }
+    Ok(HealthUnderLoad {
+        probes: times.len(),
+        median_ms: spread.p50_ms,
+        slowest_ms: times.iter().max().map_or(0.0, |d| d.as_secs_f64() * 1e3),
+        statuses,
+        heavy_seconds,
+    })
 }
 
 /// Adds one `data:` event to the answer.

@@ -34,6 +34,9 @@ pub struct Pool {
     model: Arc<Model>,
     idle: Mutex<Vec<Engine>>,
     permits: Arc<Semaphore>,
+    /// Requests being prepared (parsed, rendered, tokenized, their grammar compiled): at most
+    /// `parallel` at once, on blocking threads.
+    preparing: Arc<Semaphore>,
     parallel: usize,
     queue: usize,
     /// Requests admitted: waiting for a session or running.
@@ -69,6 +72,7 @@ impl Pool {
             model,
             idle: Mutex::new(idle),
             permits: Arc::new(Semaphore::new(parallel)),
+            preparing: Arc::new(Semaphore::new(parallel)),
             parallel,
             queue,
             admitted: AtomicUsize::new(0),
@@ -111,7 +115,7 @@ impl Pool {
         if self.closing.load(Ordering::Acquire) {
             return Err(shutting_down());
         }
-        let most = self.parallel + self.queue;
+        let most = self.parallel.saturating_add(self.queue);
         let admitted = self
             .admitted
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -128,6 +132,34 @@ impl Pool {
             ));
         }
         Ok(Admission(self.clone()))
+    }
+
+    /// Runs `work` (parsing a request, rendering and tokenizing its prompt, compiling its
+    /// grammar) on a blocking thread, at most `parallel` at once: an admitted request's
+    /// preparation waits its turn in the queue like its generation, and never runs on the async
+    /// workers that answer `/health`. The turn is held by the blocking task itself, so a client
+    /// that leaves does not free it before the work ends.
+    pub async fn prepare<T: Send + 'static>(
+        &self,
+        _admission: &Admission,
+        work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let turn = self
+            .preparing
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| shutting_down())?;
+        let task = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            work()
+        });
+        task.await.unwrap_or_else(|e| {
+            Err(ApiError::new(
+                ErrorKind::Internal,
+                format!("preparing the request failed: {e}"),
+            ))
+        })
     }
 
     /// Waits for a session (the queue) and hands out the idle one whose cache shares the longest
@@ -178,6 +210,7 @@ impl Pool {
         let running = lock(&self.running);
         self.closing.store(true, Ordering::Release);
         self.permits.close();
+        self.preparing.close();
         for cancel in running.values() {
             cancel.cancel();
         }

@@ -1,10 +1,10 @@
 //! The routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`.
 
 use crate::api::{ChatRequest, CommonFields, CompletionRequest, Usage, finish_reason};
-use crate::constraint::{Prepared, Structured};
+use crate::constraint::Structured;
 use crate::error::{ApiError, ErrorKind};
 use crate::generation::{CancelOnDrop, Outcome, Piece, start};
-use crate::pool::Pool;
+use crate::pool::{Admission, Pool};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -14,6 +14,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::Stream;
 use htpkv::session::GenerateOptions;
+use htpkv_runtime::session::check_text_fits;
 use htpkv_structured::Vocabulary;
 use model::Message;
 use serde_json::{Value, json};
@@ -61,6 +62,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .fallback(|| async { ApiError::new(ErrorKind::NotFound, "no such route") })
+        .method_not_allowed_fallback(|method: axum::http::Method| async move {
+            ApiError::new(
+                ErrorKind::MethodNotAllowed,
+                format!("{method} is not allowed on this route"),
+            )
+        })
         .with_state(state)
 }
 
@@ -100,12 +107,14 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Reads a JSON body of at most `max` bytes: 413 past that, 400 for what is not the expected JSON.
-async fn read_json<T: serde::de::DeserializeOwned>(
-    headers: &HeaderMap,
-    body: Body,
-    max: usize,
-) -> Result<T, ApiError> {
+/// How long a client may take to send a request's body, once its headers are in (408 past it).
+pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Reads a body of at most `max` bytes within [`BODY_READ_TIMEOUT`]: 413 past the size (declared
+/// or sent), 408 past the time, 400 for a body that breaks HTTP (a malformed chunk, a connection
+/// closed before the declared length).
+async fn read_body(headers: &HeaderMap, body: Body, max: usize) -> Result<Vec<u8>, ApiError> {
+    use futures_util::StreamExt;
     let too_large = || {
         ApiError::new(
             ErrorKind::TooLarge,
@@ -119,16 +128,63 @@ async fn read_json<T: serde::de::DeserializeOwned>(
     if declared.is_some_and(|n| n > max as u64) {
         return Err(too_large());
     }
-    let bytes = axum::body::to_bytes(body, max)
+    let read = async {
+        let mut bytes = Vec::new();
+        let mut stream = body.into_data_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                ApiError::new(
+                    ErrorKind::BadRequest,
+                    format!("the request body could not be read: {e}"),
+                )
+                .with_source(e)
+            })?;
+            if bytes.len().saturating_add(chunk.len()) > max {
+                return Err(too_large());
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(bytes)
+    };
+    tokio::time::timeout(BODY_READ_TIMEOUT, read)
         .await
-        .map_err(|e| too_large().with_source(e))?;
-    serde_json::from_slice(&bytes).map_err(|e| {
+        .unwrap_or_else(|_| {
+            Err(ApiError::new(
+                ErrorKind::Timeout,
+                format!(
+                    "the request body did not arrive within {} s",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
+            ))
+        })
+}
+
+/// Parses a request body: 400 for what is not the expected JSON, naming the field at fault (its
+/// first path segment) when there is one. The fields both endpoints share are flattened into the
+/// request, where serde loses the path: a type error there is found by reading them alone.
+fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let invalid = |e: &dyn std::fmt::Display| {
         ApiError::new(
             ErrorKind::BadRequest,
             format!("the request body is not a valid request: {e}"),
         )
-        .with_source(e)
-    })
+    };
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| invalid(&e).with_source(e))?;
+    let error = match serde_path_to_error::deserialize::<_, T>(&value) {
+        Ok(request) => return Ok(request),
+        Err(e) => e,
+    };
+    let path = match serde_path_to_error::deserialize::<_, CommonFields>(&value) {
+        Err(common) => common.path().to_string(),
+        Ok(_) => error.path().to_string(),
+    };
+    let field = path.split(['.', '[']).next().unwrap_or("");
+    let inner = error.into_inner();
+    let mut api = invalid(&inner);
+    if !field.is_empty() && field != "?" {
+        api = api.with_param(field);
+    }
+    Err(api.with_source(inner))
 }
 
 /// A checked request, ready to run: its prompt's tokens and its generation options.
@@ -141,17 +197,29 @@ struct Job {
 
 /// Checks the shared fields and the token counts against the context: the prompt must leave room,
 /// and `max_tokens` (default: all the room left) must fit in it.
+/// `prompt_param` names the request field the prompt comes from (`messages` or `prompt`). A text
+/// whose byte length shows it cannot fit is refused before it is tokenized.
 fn job(
     pool: &Pool,
     prompt_text: &str,
+    prompt_param: &str,
     common: &CommonFields,
     max_tokens: Option<u64>,
 ) -> Result<Job, ApiError> {
     common.check_n()?;
     let sampler = common.sampler()?;
     let stop = common.stops()?;
-    let prompt = pool.model().tokenizer().encode(prompt_text, true);
     let capacity = pool.capacity();
+    let codec = pool.model().tokenizer();
+    check_text_fits(codec, prompt_text, capacity.saturating_sub(1), true).map_err(|e| {
+        ApiError::new(
+            ErrorKind::ContextLength,
+            format!("the {prompt_param} do not fit the context of {capacity} tokens: {e}"),
+        )
+        .with_param(prompt_param)
+        .with_source(e)
+    })?;
+    let prompt = codec.encode(prompt_text, true);
     if prompt.is_empty() {
         return Err(ApiError::bad_param(
             "prompt",
@@ -166,7 +234,7 @@ fn job(
                 prompt.len()
             ),
         )
-        .with_param("messages"));
+        .with_param(prompt_param));
     }
     let room = capacity - prompt.len();
     let max_tokens = match max_tokens {
@@ -217,15 +285,18 @@ fn chat_messages(request: &ChatRequest) -> Result<Vec<Message>, ApiError> {
         .collect()
 }
 
-/// The chat prompt: the prepared messages rendered with the model's chat format (with the tools
-/// when it takes them), ending where the assistant's answer starts.
-fn chat_prompt(pool: &Pool, prepared: &Prepared) -> Result<String, ApiError> {
+/// The chat prompt: the messages rendered with the model's chat format (with the tools when it
+/// takes them), ending where the assistant's answer starts.
+fn chat_prompt(
+    pool: &Pool,
+    messages: &[Message],
+    tools: Option<&Value>,
+) -> Result<String, ApiError> {
     // A rendering is bounded by the body's bytes times the template's own text: well under this.
     let cap = 64 << 20;
-    let tools = prepared.template_tools.as_ref();
     pool.model()
         .chat_format()
-        .render_with_tools(&prepared.messages, tools, true, cap)
+        .render_with_tools(messages, tools, true, cap)
         .map_err(|e| {
             ApiError::bad_param(
                 "messages",
@@ -235,12 +306,10 @@ fn chat_prompt(pool: &Pool, prepared: &Prepared) -> Result<String, ApiError> {
         })
 }
 
-async fn chat_completions(
-    State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let request: ChatRequest = read_json(&headers, body, state.max_body_bytes).await?;
+/// A chat request made ready on a blocking thread ([`Pool::prepare`]): parsed, its constraint
+/// compiled, its prompt rendered and tokenized against the context.
+fn chat_job(state: &AppState, body: &[u8]) -> Result<(Job, Structured), ApiError> {
+    let request: ChatRequest = parse_json(body)?;
     let structured = Structured::of(&request)?;
     if structured.needs_vocabulary() && state.vocab.is_none() {
         return Err(ApiError::new(
@@ -249,13 +318,62 @@ async fn chat_completions(
         ));
     }
     let takes_tools = state.pool.model().chat_format().takes_tools();
-    let prepared =
-        structured.prepare(state.vocab.as_ref(), chat_messages(&request)?, takes_tools)?;
-    let prompt = chat_prompt(&state.pool, &prepared)?;
+    let (messages, tools) = structured.conversation(chat_messages(&request)?, takes_tools);
+    let prompt = chat_prompt(&state.pool, &messages, tools.as_ref())?;
     let max_tokens = request.common.max_tokens.or(request.max_completion_tokens);
-    let mut job = job(&state.pool, &prompt, &request.common, max_tokens)?;
-    job.options.constraint = prepared.constraint;
-    let (rx, guard) = run(&state, &job).await?;
+    let mut job = job(
+        &state.pool,
+        &prompt,
+        "messages",
+        &request.common,
+        max_tokens,
+    )?;
+    // Compiled last: a prompt that cannot fit costs no grammar.
+    job.options.constraint = structured.constraint(state.vocab.as_ref())?;
+    Ok((job, structured))
+}
+
+/// A completion request made ready on a blocking thread.
+fn completion_job(state: &AppState, body: &[u8]) -> Result<Job, ApiError> {
+    let request: CompletionRequest = parse_json(body)?;
+    let prompts = request.prompt.into_vec();
+    let [prompt] = prompts.as_slice() else {
+        return Err(ApiError::bad_param(
+            "prompt",
+            format!(
+                "{} prompts: this server answers one prompt per request",
+                prompts.len()
+            ),
+        ));
+    };
+    let common = &request.common;
+    job(&state.pool, prompt, "prompt", common, common.max_tokens)
+}
+
+/// Reads the body, admits the request (429 when the queue is full) and makes it ready with
+/// `make` inside admission, on a blocking thread ([`Pool::prepare`]).
+async fn admitted<T: Send + 'static>(
+    state: &Arc<AppState>,
+    headers: &HeaderMap,
+    body: Body,
+    make: fn(&AppState, &[u8]) -> Result<T, ApiError>,
+) -> Result<(T, Admission), ApiError> {
+    let body = read_body(headers, body, state.max_body_bytes).await?;
+    let admission = state.pool.admit()?;
+    let shared = state.clone();
+    let made = (state.pool)
+        .prepare(&admission, move || make(&shared, &body))
+        .await?;
+    Ok((made, admission))
+}
+
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let ((job, structured), admission) = admitted(&state, &headers, body, chat_job).await?;
+    let (rx, guard) = run(&state, admission, &job).await?;
     let meta = Meta {
         id: state.id("chatcmpl"),
         created: now(),
@@ -282,24 +400,8 @@ async fn completions(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let request: CompletionRequest = read_json(&headers, body, state.max_body_bytes).await?;
-    let prompts = request.prompt.clone().into_vec();
-    let [prompt] = prompts.as_slice() else {
-        return Err(ApiError::bad_param(
-            "prompt",
-            format!(
-                "{} prompts: this server answers one prompt per request",
-                prompts.len()
-            ),
-        ));
-    };
-    let job = job(
-        &state.pool,
-        prompt,
-        &request.common,
-        request.common.max_tokens,
-    )?;
-    let (rx, guard) = run(&state, &job).await?;
+    let (job, admission) = admitted(&state, &headers, body, completion_job).await?;
+    let (rx, guard) = run(&state, admission, &job).await?;
     let meta = Meta {
         id: state.id("cmpl"),
         created: now(),
@@ -314,12 +416,12 @@ async fn completions(
     Ok(Json(meta.completion_response(&text, outcome)).into_response())
 }
 
-/// Admits the job (429 when the queue is full), waits for a session and starts generating.
+/// Waits for a session (the admitted job's place in the queue) and starts generating.
 async fn run(
     state: &AppState,
+    admission: Admission,
     job: &Job,
 ) -> Result<(mpsc::Receiver<Piece>, CancelOnDrop), ApiError> {
-    let admission = state.pool.admit()?;
     let lease = state.pool.checkout(admission, &job.prompt).await?;
     Ok(start(lease, job.prompt.clone(), job.options.clone()))
 }

@@ -68,20 +68,46 @@ impl Vocabulary {
 
     /// Compiles `format` into a constraint factory; errors name `what` (the request's field,
     /// e.g. `response_format.json_schema`).
+    ///
+    /// What llguidance cannot compile safely is refused first ([`crate::guard`]: integer bounds
+    /// past 2^53 − 1, nesting and `$ref` chains past their measured limits, Lark grammars nested
+    /// too deep); the rest compiles on a thread of its own with a stack of
+    /// [`guard::COMPILE_STACK_BYTES`](crate::guard::COMPILE_STACK_BYTES), whose panic is an error.
     pub fn compile(
         self: &Arc<Self>,
         format: &OutputFormat,
         what: &str,
     ) -> Result<Arc<Grammar>, StructuredError> {
+        crate::guard::check(format, what)?;
+        let vocab = Arc::clone(self);
+        let owned = (format.clone(), what.to_owned());
+        crate::guard::on_compile_thread(what, move || vocab.compile_unguarded(&owned.0, &owned.1))
+    }
+
+    /// [`Vocabulary::compile`] without the guard, on the caller's thread: only for measuring
+    /// llguidance's own limits (`examples/stack_probe.rs`).
+    #[doc(hidden)]
+    pub fn compile_unguarded(
+        self: &Arc<Self>,
+        format: &OutputFormat,
+        what: &str,
+    ) -> Result<Arc<Grammar>, StructuredError> {
         let grammar = format.to_llguidance(what)?;
-        let parser = self
-            .factory
-            .create_parser(grammar)
-            .map_err(|e| StructuredError::invalid_from(what, "it does not compile", e))?;
+        let parser = self.factory.create_parser(grammar).map_err(|e| {
+            StructuredError::invalid_from(
+                what,
+                format!("it does not compile: {}", first_line(&e)),
+                e,
+            )
+        })?;
         let mut probe = Matcher::new(Ok(parser.clone()));
-        probe
-            .compute_mask()
-            .map_err(|e| StructuredError::invalid_from(what, "no output can match it", e))?;
+        probe.compute_mask().map_err(|e| {
+            StructuredError::invalid_from(
+                what,
+                format!("no output can match it: {}", first_line(&e)),
+                e,
+            )
+        })?;
         Ok(Arc::new(Grammar {
             vocab: Arc::clone(self),
             fresh: Mutex::new(parser),

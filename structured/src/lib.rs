@@ -24,6 +24,7 @@
 
 mod error;
 mod grammar;
+pub mod guard;
 pub mod tools;
 
 pub use error::{ErrorKind, StructuredError};
@@ -57,19 +58,42 @@ pub fn prepare_tool_chat(
     parallel: bool,
     template_takes_tools: bool,
 ) -> Result<ToolChat, StructuredError> {
-    let format = tools::tool_call_format(tools, choice, parallel)?;
-    let constraint = format.map(|f| vocab.compile(&f, "tools")).transpose()?;
-    let shown = !tools.is_empty() && *choice != ToolChoice::None;
-    let (messages, template_tools) = if !shown {
-        (messages.to_vec(), None)
-    } else if template_takes_tools {
-        (messages.to_vec(), Some(serde_json::json!(tools)))
-    } else {
-        (tools::with_tool_prompt(messages, tools, choice), None)
-    };
+    let constraint = tool_chat_constraint(vocab, tools, choice, parallel)?;
+    let (messages, template_tools) =
+        tool_chat_messages(messages, tools, choice, template_takes_tools);
     Ok(ToolChat {
         messages,
         template_tools,
         constraint,
     })
+}
+
+/// The constraint half of [`prepare_tool_chat`]: the grammar of `required` or a named function
+/// (`None` for `auto` and `none`). A server compiles it once the prompt is known to fit.
+pub fn tool_chat_constraint(
+    vocab: &Arc<Vocabulary>,
+    tools: &[Tool],
+    choice: &ToolChoice,
+    parallel: bool,
+) -> Result<Option<Arc<Grammar>>, StructuredError> {
+    let format = tools::tool_call_format(tools, choice, parallel)?;
+    format.map(|f| vocab.compile(&f, "tools")).transpose()
+}
+
+/// The conversation half of [`prepare_tool_chat`]: the messages to render and the `tools` for a
+/// template that takes them.
+pub fn tool_chat_messages(
+    messages: &[Message],
+    tools: &[Tool],
+    choice: &ToolChoice,
+    template_takes_tools: bool,
+) -> (Vec<Message>, Option<serde_json::Value>) {
+    let shown = !tools.is_empty() && *choice != ToolChoice::None;
+    if !shown {
+        (messages.to_vec(), None)
+    } else if template_takes_tools {
+        (messages.to_vec(), Some(serde_json::json!(tools)))
+    } else {
+        (tools::with_tool_prompt(messages, tools, choice), None)
+    }
 }

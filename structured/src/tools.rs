@@ -117,7 +117,10 @@ fn check_tool(tool: &Tool, what: &str) -> Result<(), StructuredError> {
         ));
     }
     match &tool.function.parameters {
-        None | Some(Value::Object(_)) => Ok(()),
+        None => Ok(()),
+        Some(schema @ Value::Object(_)) => {
+            crate::guard::check_schema(schema, &format!("{what}.function.parameters"))
+        }
         Some(other) => Err(StructuredError::invalid(
             format!("{what}.function.parameters"),
             format!("a JSON schema object is expected, got {other}"),

@@ -414,3 +414,6 @@ fn the_tool_prompt_goes_into_the_system_message_unless_the_choice_is_none() {
     assert!(auto.constraint.is_none() && auto.template_tools.is_none());
     assert_ne!(auto.messages, m.to_vec());
 }
+
+#[path = "unit/guard.rs"]
+mod guard;

@@ -192,13 +192,18 @@ fn dialog(
     let mut doc: Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", config.display()))?;
     if let Some(n) = max_tokens {
-        doc["dialog"]["max-num-tokens"] = json!(n);
+        set_max_tokens(&mut doc, n).with_context(|| format!("{}", config.display()))?;
     }
     // Bundles name their files relative to their folder.
     let dir = config
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
+    let named = named_files(&doc, dir).with_context(|| format!("{}", config.display()))?;
+    let inputs: Vec<&Path> = [config, genie_path]
+        .into_iter()
+        .chain(named.iter().map(PathBuf::as_path))
+        .collect();
     std::env::set_current_dir(dir).with_context(|| format!("entering {}", dir.display()))?;
 
     // A refusal by Genie is a result (a document with the failing call and status, exit status
@@ -208,7 +213,7 @@ fn dialog(
         print(
             out,
             &document(config, genie_path, genie, status, fields),
-            &[config, genie_path],
+            &inputs,
         )?;
         Ok(std::process::ExitCode::from(4))
     };
@@ -276,7 +281,39 @@ fn dialog(
     print(
         out,
         &document(config, genie_path, genie, status, fields),
-        &[config, genie_path],
+        &inputs,
     )?;
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Sets `dialog.max-num-tokens`: the configuration must be an object, and its `dialog` one too.
+fn set_max_tokens(doc: &mut Value, n: u32) -> anyhow::Result<()> {
+    let Some(top) = doc.as_object_mut() else {
+        bail!("a Genie configuration is a JSON object, not {doc}");
+    };
+    let dialog = top.entry("dialog").or_insert_with(|| json!({}));
+    let Some(dialog) = dialog.as_object_mut() else {
+        bail!("`dialog` is a JSON object, not {dialog}");
+    };
+    dialog.insert("max-num-tokens".into(), json!(n));
+    Ok(())
+}
+
+/// Every file the configuration names (a string naming something that exists, taken from the
+/// configuration's folder `dir`), under the bundle path rules (`htpkv::bundle::inside`: relative,
+/// no `..`, no symbolic link out of the folder): the output may replace none of them.
+fn named_files(doc: &Value, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    let mut stack = vec![doc];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::String(s) if !s.is_empty() && dir.join(s).symlink_metadata().is_ok() => {
+                files.push(htpkv::bundle::inside(dir, s).map_err(anyhow::Error::msg)?);
+            }
+            Value::Array(items) => stack.extend(items),
+            Value::Object(map) => stack.extend(map.values()),
+            _ => {}
+        }
+    }
+    Ok(files)
 }

@@ -3,8 +3,9 @@
 
 use super::GenerateArgs;
 use anyhow::Context;
-use htpkv::engine::Engine;
+use htpkv::engine::{Engine, OpenedModel};
 use htpkv::speculate::{SpecKind, SpecStats};
+use std::path::Path;
 
 /// The speculator asked for, parsed before any work.
 pub fn kind(args: &GenerateArgs) -> anyhow::Result<Option<SpecKind>> {
@@ -106,12 +107,48 @@ pub fn stats_json(name: &str, s: &SpecStats) -> serde_json::Value {
     })
 }
 
-/// Checks --speculate against the other options.
+/// Checks --speculate against the other options, and a draft model's vocabulary against the
+/// model's, before anything is compiled or printed.
 pub fn check(args: &GenerateArgs) -> anyhow::Result<()> {
-    if kind(args)?.is_some() && super::foreign::wanted(&args.run) {
+    let kind = kind(args)?;
+    if kind.is_some() && super::foreign::wanted(&args.run) {
         anyhow::bail!(
             "--speculate runs on htpkv's own compiled models; binaries of other tools \
              (--bundle, --convention, --tokenizer, several --compiled) are not supported yet"
+        );
+    }
+    if let Some(SpecKind::Draft { path, .. }) = &kind {
+        same_vocabulary(args.run.model_dir.as_deref(), path)
+            .with_context(|| format!("--speculate {}", args.speculate.as_deref().unwrap_or("")))?;
+    }
+    Ok(())
+}
+
+/// A draft proposes token ids that the model verifies: both must have the same tokens, id by id
+/// (their size, and each token's bytes). Read from the two tokenizers, without compiling.
+fn same_vocabulary(model: Option<&Path>, draft: &Path) -> anyhow::Result<()> {
+    let target = OpenedModel::open(model)?;
+    let proposer = OpenedModel::open(Some(draft))?;
+    anyhow::ensure!(
+        target.vocab == proposer.vocab,
+        "the draft model {} has {} tokens and the model {} has {}: a draft must share the \
+         model's tokenizer",
+        draft.display(),
+        proposer.vocab,
+        target.path.display(),
+        target.vocab
+    );
+    let ids = u32::try_from(target.vocab).context("the vocabulary is too large")?;
+    if let Some(id) =
+        (0..ids).find(|&t| target.codec.token_bytes(t) != proposer.codec.token_bytes(t))
+    {
+        anyhow::bail!(
+            "token {id} is {:?} in the draft model {} and {:?} in the model {}: a draft must share \
+             the model's tokenizer",
+            String::from_utf8_lossy(&proposer.codec.token_bytes(id)),
+            draft.display(),
+            String::from_utf8_lossy(&target.codec.token_bytes(id)),
+            target.path.display()
         );
     }
     Ok(())

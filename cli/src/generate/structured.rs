@@ -9,6 +9,7 @@ use htpkv::session::GenerateOptions;
 use htpkv::structured::tools::{self, ParsedOutput};
 use htpkv::structured::{Grammar, OutputFormat, Tool, ToolChoice, Vocabulary};
 use model::Message;
+use model::fsio::{FileKind, read_text_capped};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -86,9 +87,17 @@ pub struct Plan {
     prompt_tools: bool,
 }
 
+/// The cap of a `--json-schema`, `--grammar` or `--tools` file: what the server takes as a whole
+/// request body (1 MiB).
+const STRUCTURED_FILE: FileKind = FileKind::new("structured-output file", 1 << 20);
+
+/// The text of `path` through the capped reader (a regular file of at most 1 MiB).
+fn read_text(path: &Path, what: &str) -> anyhow::Result<String> {
+    read_text_capped(path, STRUCTURED_FILE).with_context(|| format!("{what}: reading it"))
+}
+
 fn read(path: &Path, what: &str) -> anyhow::Result<serde_json::Value> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("{what}: reading {}", path.display()))?;
+    let text = read_text(path, what)?;
     serde_json::from_str(&text).with_context(|| format!("{what}: {} is not JSON", path.display()))
 }
 
@@ -105,11 +114,7 @@ impl Plan {
                 "--json-schema",
             ),
             (_, Some(r), _) => (OutputFormat::Regex(r.clone()), "--regex"),
-            (_, _, Some(p)) => {
-                let text = std::fs::read_to_string(p)
-                    .with_context(|| format!("--grammar: reading {}", p.display()))?;
-                (OutputFormat::Lark(text), "--grammar")
-            }
+            (_, _, Some(p)) => (OutputFormat::Lark(read_text(p, "--grammar")?), "--grammar"),
             _ => return Plan::with_tools(s, engine),
         };
         let vocab = Arc::new(Vocabulary::new(engine.tokenizer())?);

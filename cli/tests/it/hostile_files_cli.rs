@@ -9,13 +9,13 @@ use test_support::cli::compile_args;
 use test_support::files::ScratchDir;
 use test_support::stories::stories260k_dir;
 
-fn s(p: &Path) -> &str {
+pub(crate) fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
 /// Runs htpkv with a deadline: a run still going after `limit` is killed and the test fails (a
 /// FIFO that blocks at `open` must not hang the suite).
-fn run(args: &[&str], cache: &Path, limit: Duration) -> Output {
+pub(crate) fn run(args: &[&str], cache: &Path, limit: Duration) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_htpkv"))
         .args(args)
         .env("HTPKV_CACHE_DIR", cache)
@@ -48,7 +48,7 @@ fn htpkv_owned(args: &[String], cache: &Path) -> Output {
 }
 
 /// The error line of a failed run.
-fn failure(o: &Output) -> String {
+pub(crate) fn failure(o: &Output) -> String {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(
         !o.status.success(),
@@ -61,7 +61,7 @@ fn failure(o: &Output) -> String {
         .to_owned()
 }
 
-fn mkfifo(path: &Path, test: &str) -> bool {
+pub(crate) fn mkfifo(path: &Path, test: &str) -> bool {
     let made = Command::new("mkfifo")
         .arg(path)
         .status()

@@ -10,6 +10,7 @@ mod genie_cli;
 mod hostile_budget_cli;
 mod hostile_cli;
 mod hostile_files_cli;
+mod hostile_input_cli;
 mod interrupt_cli;
 mod model_budget_cli;
 mod qnn_cli;
