@@ -23,12 +23,14 @@
 #![forbid(unsafe_code)]
 
 mod error;
+mod format;
 mod grammar;
 pub mod guard;
 pub mod tools;
 
 pub use error::{ErrorKind, StructuredError};
-pub use grammar::{Grammar, MaskStats, OutputFormat, Vocabulary};
+pub use format::OutputFormat;
+pub use grammar::{Grammar, MaskStats, Vocabulary};
 pub use tools::{Tool, ToolCall, ToolChoice, parse_tool_calls, parse_tools};
 
 use model::Message;

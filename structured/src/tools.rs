@@ -26,7 +26,7 @@
 //! arguments validate against the function's `parameters` schema.
 
 use crate::StructuredError;
-use crate::grammar::OutputFormat;
+use crate::format::OutputFormat;
 use model::Message;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};

@@ -83,11 +83,18 @@ fn a_new_family_is_one_file_and_one_registry_line() {
     }
     let h = c.hidden_dim;
     for l in 0..c.n_layers {
-        let (gate, up) = (format!("blk.{l}.ffn_gate.weight"), format!("blk.{l}.ffn_up.weight"));
+        let (gate, up) = (
+            format!("blk.{l}.ffn_gate.weight"),
+            format!("blk.{l}.ffn_up.weight"),
+        );
         g.tensors.retain(|t| t.0 != gate && t.0 != up);
         let mut fused = w.tensor(Tensor::Layer(l, L::Up)).unwrap().to_vec();
         fused.extend_from_slice(w.tensor(Tensor::Layer(l, L::Gate)).unwrap());
-        g.f32_tensor(&format!("blk.{l}.ffn_gate_up.weight"), &[c.dim as u64, 2 * h as u64], &fused);
+        g.f32_tensor(
+            &format!("blk.{l}.ffn_gate_up.weight"),
+            &[c.dim as u64, 2 * h as u64],
+            &fused,
+        );
         for t in &mut g.tensors {
             if t.0 == format!("blk.{l}.post_ffw_norm.weight") {
                 t.0 = format!("blk.{l}.ffn_post_norm.weight");
