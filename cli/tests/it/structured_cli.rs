@@ -75,6 +75,21 @@ fn a_regex_constrains_the_story_model() {
     assert!(!is_short_sentence(ok_json(&free)["text"].as_str().unwrap()));
 }
 
+/// Issue 36: with an empty prompt the first token follows BOS, after which the tokenizer drops a
+/// leading space; the reported text is still the one the grammar accepted, leading space included.
+#[test]
+fn a_regex_after_bos_alone_reports_the_text_the_grammar_accepted() {
+    let cache = ScratchDir::new("structured_cli-regex-empty");
+    let dir = stories260k_dir();
+    let re = r" [a-z]+( [a-z]+){2,5}\.";
+    let args = ["generate", "", "--model", dir.to_str().unwrap(), "--regex", re];
+    let o = htpkv(&[&args[..], &["--steps", "40", "--json"]].concat(), &cache);
+    let doc = ok_json(&o);
+    let text = doc["text"].as_str().unwrap();
+    assert!(is_short_sentence(text), "{text:?}");
+    assert_eq!(doc["finish_reason"], "stop", "{doc}");
+}
+
 /// Short, so that the tool prompt fits the story model's context of 512 tokens.
 const TOOLS: &str = r#"[
   {"type": "function", "function": {"name": "weather", "parameters": {"type": "object",

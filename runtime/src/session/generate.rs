@@ -311,9 +311,17 @@ impl<'a> TextOutput<'a> {
 
     /// Adds a sampled token (not end of text); `Some` when generation ends after it: a stop string
     /// completed, the callback asked to stop, or the token budget is spent.
+    ///
+    /// A constrained text is spelled with the bytes the constraint matched
+    /// ([`TextCodec::token_bytes`]): after BOS a tokenizer drops a token's leading space that the
+    /// grammar saw, and the text must be what the grammar accepted (issue 36).
     pub fn push(&mut self, token: u32) -> Option<StopReason> {
         self.tokens.push(token);
-        let piece = self.utf8.push(&self.codec.decode_piece(self.prev, token));
+        let bytes = match self.options.constraint {
+            Some(_) => self.codec.token_bytes(token),
+            None => self.codec.decode_piece(self.prev, token),
+        };
+        let piece = self.utf8.push(&bytes);
         self.prev = token;
         self.text.push_str(&piece);
         if let Some(at) = find_stop(&self.text, self.emitted, &self.options.stop) {
