@@ -484,6 +484,102 @@ fn rescale_loop(sums: &[i64], shift: i64, (a, b): (f32, f32), out: &mut [f32]) {
     }
 }
 
+/// `Σ w[i] · x[i]` of an f16 weight row with f32 inputs: exactly `model::ops::dot` of the row
+/// widened to f32 (the widening is exact, and the sum has `ops::dot`'s order: eight lanes of
+/// a multiply then an add, the lanes added pairwise, then the tail), without keeping the
+/// widened row in memory. With F16C (every AVX2 kernel), eight weights per `vcvtph2ps`.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn dot_f16(w: &[half::f16], x: &[f32]) -> f32 {
+    dot_f16_on(Isa::current(), w, x)
+}
+
+/// [`dot_f16`] for `isa` (one of [`Isa::available`]).
+#[inline(always)]
+fn dot_f16_on(isa: Isa, w: &[half::f16], x: &[f32]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_f16: lengths differ");
+    match isa {
+        // SAFETY: `avx2::dot_f16` enables AVX2/FMA/F16C; the CPU has them all (every kernel
+        // from AVX2 up needs them: `Isa::features`).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni | Isa::AvxVnni | Isa::Avx2 => unsafe { avx2::dot_f16(w, x) },
+        _ => dot_f16_loop(w, x),
+    }
+}
+
+/// The plain form of [`dot_f16`].
+fn dot_f16_loop(w: &[half::f16], x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (wc, xc) = (w.chunks_exact(8), x.chunks_exact(8));
+    let (wr, xr) = (wc.remainder(), xc.remainder());
+    for (a, b) in wc.zip(xc) {
+        for k in 0..8 {
+            acc[k] += a[k].to_f32() * b[k];
+        }
+    }
+    f16_tail(lanes_sum(acc), wr, xr)
+}
+
+/// The lanes of [`dot_f16`] added in `model::ops::dot`'s order.
+#[inline(always)]
+fn lanes_sum(a: [f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
+}
+
+/// `s` plus the tail products of [`dot_f16`], in order.
+#[inline(always)]
+fn f16_tail(s: f32, w: &[half::f16], x: &[f32]) -> f32 {
+    w.iter().zip(x).fold(s, |s, (a, &b)| s + a.to_f32() * b)
+}
+
+/// `out[t * rows + r] = dot_f16(w[r], x[t])` for every row `r` of the f16 matrix `w` (`rows x
+/// cols`) and token `t` of `x` (`n x cols`), token-major like `model::ops::matmul_rows`, the
+/// same values as `ops::matmul_rows` of the widened matrix. Rows are split over rayon's pool
+/// (the result does not depend on the split); with `n > 1`, `scratch` holds at least
+/// `out.len()` f32 (the row-major products before the transpose).
+///
+/// # Panics
+/// If `cols == 0`, the lengths are not `rows x cols`, `n x cols`, `n x rows`, or `scratch` is
+/// short.
+pub fn matmul_f16(out: &mut [f32], x: &[f32], w: &[half::f16], cols: usize, scratch: &mut [f32]) {
+    let (rows, n) = (w.len() / cols.max(1), x.len() / cols.max(1));
+    assert!(
+        cols > 0 && w.len() == rows * cols && x.len() == n * cols && out.len() == n * rows,
+        "matmul_f16: shapes do not fit (w {}, x {}, out {}, cols {cols})",
+        w.len(),
+        x.len(),
+        out.len()
+    );
+    if n <= 1 {
+        return rows_f16(out, x, w, cols);
+    }
+    let t = &mut scratch[..out.len()];
+    rows_f16(t, x, w, cols);
+    for (r, t) in t.chunks_exact(n).enumerate() {
+        for (i, &v) in t.iter().enumerate() {
+            out[i * rows + r] = v;
+        }
+    }
+}
+
+/// [`matmul_f16`] row-major (`t[r * n + i]`), over rayon's pool.
+fn rows_f16(t: &mut [f32], x: &[f32], w: &[half::f16], cols: usize) {
+    let isa = Isa::current();
+    let n = x.len() / cols;
+    let per_task = (PARALLEL_MIN_MACS / (cols * n).max(1)).max(1);
+    t.par_chunks_mut(per_task * n.max(1))
+        .zip(w.par_chunks(per_task * cols))
+        .with_min_len(min_len_for(w.len() * n, PARALLEL_MIN_MACS))
+        .for_each(|(t, wc)| {
+            for (t, row) in t.chunks_exact_mut(n.max(1)).zip(wc.chunks_exact(cols)) {
+                for (t, xr) in t.iter_mut().zip(x.chunks_exact(cols)) {
+                    *t = dot_f16_on(isa, row, xr);
+                }
+            }
+        });
+}
+
 /// How long an idle pool thread keeps looking for work inside [`on_busy_pool`] before it goes
 /// back to rayon's sleep: longer than the serial stretches of a decode step (a layer's
 /// attention, norms and activation quantization), short enough to give the cores back soon
@@ -935,6 +1031,39 @@ mod tests {
                 add_scaled_loop(&mut want, 0.37, &z[..len]);
                 assert_eq!(got, want, "{}", isa.name());
             }
+        }
+    }
+
+    #[test]
+    fn f16_products_equal_the_widened_f32_products_bit_for_bit() {
+        let f = |seed: u64, len: usize, scale: f32| -> Vec<f32> {
+            values(seed, len)
+                .into_iter()
+                .map(|v| (v >> 40) as i32 as f32 * scale - 1.0)
+                .collect()
+        };
+        // Extremes of f16 (its largest finite and its smallest subnormal) among the weights.
+        let mut wf = f(3, 37 * 45, 1.7e-7);
+        wf[..4].copy_from_slice(&[65504.0, -65504.0, 6.0e-8, -6.0e-8]);
+        let w: Vec<half::f16> = wf.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let wide: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+        for isa in kernels_here() {
+            for len in [0, 1, 7, 8, 9, 16, 45] {
+                let x = f(5 + len as u64, len, 3.1e-7);
+                let got = dot_f16_on(isa, &w[..len], &x).to_bits();
+                let want = model::ops::dot(&wide[..len], &x).to_bits();
+                assert_eq!(got, want, "{} len {len}", isa.name());
+            }
+        }
+        for n in [1, 2, 5] {
+            let (cols, rows) = (45, 37);
+            let x = f(9 + n as u64, n * cols, 2.3e-7);
+            let (mut got, mut want) = (vec![0.0; n * rows], vec![0.0; n * rows]);
+            let mut scratch = vec![0.0; n * rows];
+            matmul_f16(&mut got, &x, &w, cols, &mut scratch);
+            model::ops::matmul_rows(&mut want, &x, &wide, cols, &mut scratch);
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "n {n}");
         }
     }
 

@@ -16,9 +16,10 @@
 //! result is the exact sum, like the portable kernel's.
 
 use std::arch::x86_64::{
-    __m128i, __m256i, _MM_HINT_T0, _mm_prefetch, _mm256_add_epi32, _mm256_add_epi64,
-    _mm256_castsi256_si128, _mm256_cvtepi8_epi16, _mm256_cvtepi32_epi64, _mm256_dpwssd_avx_epi32,
-    _mm256_extracti128_si256, _mm256_madd_epi16, _mm256_setzero_si256,
+    __m128i, __m256, __m256i, _MM_HINT_T0, _mm_prefetch, _mm256_add_epi32, _mm256_add_epi64,
+    _mm256_add_ps, _mm256_castsi256_si128, _mm256_cvtepi8_epi16, _mm256_cvtepi32_epi64,
+    _mm256_cvtph_ps, _mm256_dpwssd_avx_epi32, _mm256_extracti128_si256, _mm256_madd_epi16,
+    _mm256_mul_ps, _mm256_setzero_ps, _mm256_setzero_si256,
 };
 
 use super::ROW_TILE;
@@ -176,4 +177,20 @@ pub(super) fn dot_f64(a: &[f64], b: &[f64]) -> f64 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
     super::add_scaled_loop(y, a, x);
+}
+
+/// [`super::dot_f16`] with F16C: eight weights widened per `vcvtph2ps`, then a multiply and an
+/// add per lane (not fused), the lanes and the tail added as the plain loop adds them.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dot_f16(w: &[half::f16], x: &[f32]) -> f32 {
+    let (wc, xc) = (w.chunks_exact(8), x.chunks_exact(8));
+    let (wr, xr) = (wc.remainder(), xc.remainder());
+    let mut acc = _mm256_setzero_ps();
+    for (a, b) in wc.zip(xc) {
+        let bits: [u16; 8] = std::array::from_fn(|k| a[k].to_bits());
+        let wv = _mm256_cvtph_ps(bytemuck::cast(bits));
+        let xv: __m256 = bytemuck::cast(<[f32; 8]>::try_from(b).expect("eight inputs"));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(wv, xv));
+    }
+    super::f16_tail(super::lanes_sum(bytemuck::cast(acc)), wr, xr)
 }
