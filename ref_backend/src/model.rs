@@ -377,6 +377,15 @@ impl Matrix {
         }
     }
 
+    /// Bytes the matrix takes in memory.
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            Matrix::I8 { q, scales, .. } => q.len() + scales.len() * (4 + 8),
+            Matrix::Float { w, .. } => w.len() * 4,
+            Matrix::Half { w, .. } => w.len() * 2,
+        }
+    }
+
     /// Columns (the input width).
     pub(crate) fn cols(&self) -> usize {
         match self {
