@@ -352,6 +352,43 @@ fn quantize_on(isa: Isa, x: &[f32], so: quant::ScaleOffset, out: &mut [i16]) {
     }
 }
 
+/// The vectorized copies of the plain loops for one ISA's module: each the same function
+/// compiled with `$features`, so the same operations and the same values.
+macro_rules! vector_loops {
+    ($features:literal) => {
+        /// [`super::quantize_loop`] compiled for this ISA: the same codes.
+        #[target_feature(enable = $features)]
+        pub(super) fn quantize_i16(x: &[f32], so: quant::ScaleOffset, out: &mut [i16]) {
+            super::quantize_loop(x, so, out);
+        }
+
+        /// [`super::rescale_loop`] compiled for this ISA: the same values.
+        #[target_feature(enable = $features)]
+        pub(super) fn rescale(sums: &[i64], shift: i64, scales: (f32, f32), out: &mut [f32]) {
+            super::rescale_loop(sums, shift, scales, out);
+        }
+
+        /// [`super::dot_loop`] in f32 compiled for this ISA: the same value.
+        #[target_feature(enable = $features)]
+        pub(super) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+            super::dot_loop::<f32, 16>(a, b)
+        }
+
+        /// [`super::dot_loop`] in f64 compiled for this ISA: the same value.
+        #[target_feature(enable = $features)]
+        pub(super) fn dot_f64(a: &[f64], b: &[f64]) -> f64 {
+            super::dot_loop::<f64, 8>(a, b)
+        }
+
+        /// [`super::add_scaled_loop`] compiled for this ISA: the same values.
+        #[target_feature(enable = $features)]
+        pub(super) fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
+            super::add_scaled_loop(y, a, x);
+        }
+    };
+}
+use vector_loops;
+
 /// The loop of [`quantize_i16`], inlined into each ISA's copy.
 #[inline(always)]
 fn quantize_loop(x: &[f32], so: quant::ScaleOffset, out: &mut [i16]) {

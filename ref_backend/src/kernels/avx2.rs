@@ -148,36 +148,9 @@ fn load_weights(w: &[i8]) -> __m128i {
     bytemuck::cast(w)
 }
 
-/// [`super::quantize_loop`] compiled with AVX2: the same function, so the same codes.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn quantize_i16(x: &[f32], so: quant::ScaleOffset, out: &mut [i16]) {
-    super::quantize_loop(x, so, out);
-}
-
-/// [`super::rescale_loop`] compiled with AVX2: the same operations per element.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn rescale(sums: &[i64], shift: i64, scales: (f32, f32), out: &mut [f32]) {
-    super::rescale_loop(sums, shift, scales, out);
-}
-
-/// [`super::dot_loop`] in f32 compiled with AVX2 (Rust never fuses the multiply and the add,
-/// so FMA changes nothing): the same operations, so the same value.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    super::dot_loop::<f32, 16>(a, b)
-}
-
-/// [`super::dot_loop`] in f64 compiled with AVX2: the same operations, so the same value.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_f64(a: &[f64], b: &[f64]) -> f64 {
-    super::dot_loop::<f64, 8>(a, b)
-}
-
-/// [`super::add_scaled_loop`] compiled with AVX2: the same operations per element.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
-    super::add_scaled_loop(y, a, x);
-}
+// The plain loops of `quantize_i16`, `rescale`, `dot_f32`, `dot_f64` and `add_scaled` compiled
+// with AVX2 (Rust never fuses a multiply and an add, so FMA changes no value).
+super::vector_loops!("avx2,fma,f16c");
 
 /// [`super::dot_f16`] with F16C: eight weights widened per `vcvtph2ps`, then a multiply and an
 /// add per lane (not fused), the lanes and the tail added as the plain loop adds them.

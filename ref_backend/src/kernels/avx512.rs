@@ -113,35 +113,7 @@ fn load_weights(w: &[i8]) -> __m256i {
     bytemuck::cast(w)
 }
 
-/// [`super::quantize_loop`] compiled with AVX-512, so that LLVM vectorizes the one rounding
-/// rule (eight f64 quotients per `vdivpd`, `vcvttpd2qq` for the truncation): the same
-/// function, so the same codes.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-pub(super) fn quantize_i16(x: &[f32], so: quant::ScaleOffset, out: &mut [i16]) {
-    super::quantize_loop(x, so, out);
-}
-
-/// [`super::rescale_loop`] compiled with AVX-512 (`vcvtqq2ps` converts eight i64 at once): the
-/// same operations per element, so the same values.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-pub(super) fn rescale(sums: &[i64], shift: i64, scales: (f32, f32), out: &mut [f32]) {
-    super::rescale_loop(sums, shift, scales, out);
-}
-
-/// [`super::dot_loop`] in f32 compiled with AVX-512: the same operations, so the same value.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-pub(super) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    super::dot_loop::<f32, 16>(a, b)
-}
-
-/// [`super::dot_loop`] in f64 compiled with AVX-512: the same operations, so the same value.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-pub(super) fn dot_f64(a: &[f64], b: &[f64]) -> f64 {
-    super::dot_loop::<f64, 8>(a, b)
-}
-
-/// [`super::add_scaled_loop`] compiled with AVX-512: the same operations per element.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-pub(super) fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
-    super::add_scaled_loop(y, a, x);
-}
+// The plain loops of `quantize_i16`, `rescale`, `dot_f32`, `dot_f64` and `add_scaled` compiled
+// with AVX-512: LLVM vectorizes the one rounding rule (eight f64 quotients per `vdivpd`,
+// `vcvttpd2qq` for the truncation) and converts eight i64 sums at once (`vcvtqq2ps`).
+super::vector_loops!("avx512f,avx512bw,avx512dq,avx512vl");
