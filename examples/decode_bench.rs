@@ -32,6 +32,8 @@ struct ModelRun {
 }
 
 fn main() -> anyhow::Result<()> {
+    // A refused HTPKV_ISA stops the benchmark before it measures anything.
+    ref_backend::kernels::isa()?;
     let (mut json, mut tokens, mut kv, mut weights) =
         (false, None, "u16".to_string(), "i8".to_string());
     let (mut model, mut context, mut prompt, mut runs) = (None, 2048usize, 128usize, 3usize);
@@ -168,6 +170,7 @@ fn model_bench(run: &ModelRun, kv: &str, weights: &str) -> anyhow::Result<serde_
         "kv_dtype": kv,
         "weights": weights,
         "threads": threads(),
+        "isa": ref_backend::kernels::isa()?.name(),
         "compile_seconds": compile_s,
         "compile_stage_seconds": stage_seconds,
         "runs": run.runs,

@@ -7,7 +7,11 @@
 #   <peer.gguf>   what llama-bench runs (default: the same file); for the i8 comparison give
 #                 llama.cpp's Q8_0 requantization of the model:
 #                 llama-quantize --allow-requantize model.Q4_1.gguf model.Q8_0.gguf Q8_0
-# Environment: THREADS (2), KV (u16), WEIGHTS (i8), PROMPT (128), TOKENS (128), CONTEXT (2048).
+# Environment: THREADS (2), KV (u16), WEIGHTS (i8), PROMPT (128), TOKENS (128), CONTEXT (2048),
+# HTPKV_ISA (htpkv's kernel: avx512, avxvnni, avx2, sse41 or portable; default the CPU's best).
+# The JSON records the CPU model, the load average before the run, the kernel htpkv ran and the
+# x86 options llama.cpp was built with (read from the CMakeCache.txt of its build directory, so
+# a like-for-like pair is visible: e.g. HTPKV_ISA=avx2 against a build with GGML_AVX512=OFF).
 # llama.cpp must be built outside this repository (see docs/measurements/speed.md).
 set -euo pipefail
 [ $# -ge 2 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
@@ -16,6 +20,15 @@ threads=${THREADS:-2} kv=${KV:-u16} weights=${WEIGHTS:-i8}
 prompt=${PROMPT:-128} tokens=${TOKENS:-128} context=${CONTEXT:-2048}
 [ -x "$peer_bin" ] || { echo "not an executable: $peer_bin" >&2; exit 2; }
 for f in "$model" "$peer_model"; do [ -e "$f" ] || { echo "no such model: $f" >&2; exit 2; }; done
+
+peer_bin=$(realpath "$peer_bin")
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//' || true)
+load=$(cut -d' ' -f1-3 /proc/loadavg)
+# The build directory holds CMakeCache.txt (the binary is in <build>/bin).
+cache=$(dirname "$(dirname "$peer_bin")")/CMakeCache.txt
+peer_isa=$( [ -f "$cache" ] &&
+    grep -E '^GGML_(NATIVE|AVX|AVX2|AVX_VNNI|FMA|F16C|AVX512|AVX512_VNNI|AVX512_VBMI|AVX512_BF16):BOOL=' "$cache" |
+    sed 's/:BOOL=/=/' | paste -sd' ' || echo unknown)
 
 cd "$(dirname "$0")/.."
 cargo build --release --example decode_bench >&2
@@ -32,7 +45,7 @@ peer_tg=$("$peer_bin" -m "$peer_model" -t "$threads" -p 0 -n "$tokens" -d "$prom
     peer_tg=$("$peer_bin" -m "$peer_model" -t "$threads" -p 0 -n "$tokens" -o json)
 peer=$(PP=$peer_pp TG=$peer_tg python3 -c 'import json, os; print(json.dumps(json.loads(os.environ["PP"]) + json.loads(os.environ["TG"])))')
 
-OURS=$ours PEER=$peer PEER_MODEL=$peer_model python3 - <<'PY'
+OURS=$ours PEER=$peer PEER_MODEL=$peer_model CPU=$cpu LOAD=$load PEER_ISA=$peer_isa python3 - <<'PY'
 import json, os
 ours = json.loads(os.environ["OURS"])
 peer = json.loads(os.environ["PEER"])
@@ -44,11 +57,15 @@ def rate(kind):
     raise SystemExit(f"llama-bench reported no {kind} test")
 pp, tg = rate("pp"), rate("tg")
 print(json.dumps({
+    "cpu": os.environ["CPU"],
+    "load_average_before": os.environ["LOAD"],
+    "htpkv_isa": ours.get("isa"),
+    "llama_cpp_build_options": os.environ["PEER_ISA"],
     "htpkv": ours,
     "llama_cpp": {"model": os.environ["PEER_MODEL"], "threads": peer[0]["n_threads"],
                   "prefill_tokens_per_second": pp, "decode_tokens_per_second": tg,
                   "decode_depth": next(t.get("n_depth", 0) for t in peer if t["n_prompt"] == 0),
-                  "build": peer[0].get("build_commit")},
+                  "build": peer[0].get("build_commit"), "cpu_info": peer[0].get("cpu_info")},
     "decode_ratio": ours["decode_tokens_per_second"] / tg,
     "prefill_ratio": ours["prefill_tokens_per_second"] / pp,
 }, indent=2))

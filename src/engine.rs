@@ -1065,6 +1065,15 @@ impl Engine {
         self.session.stats()
     }
 
+    /// Bytes the reference executor's weights take in memory (`None` on QNN, whose weights
+    /// live in its context).
+    pub fn weight_bytes(&self) -> Option<u64> {
+        match &self.model.loaded {
+            Loaded::Reference(c) => Some(c.weight_bytes()),
+            Loaded::Qnn { .. } => None,
+        }
+    }
+
     /// How the backend was handed the KV region, and the memory handles it cost (QNN only).
     pub fn memory_report(&self) -> Option<crate::backend::MemoryReport> {
         self.session.backend().memory_report()

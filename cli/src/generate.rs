@@ -600,6 +600,7 @@ fn finish(
                 "context": ran.context,
                 "ar": ran.ar,
                 "peak_memory_bytes": peak_memory_bytes(),
+                "weight_bytes": engine.weight_bytes(),
                 "prefill_tokens_per_second": stats.prefill_tokens_per_second(),
                 "decode_tokens_per_second": stats.decode_tokens_per_second(),
                 "overflow": args.overflow,
@@ -691,8 +692,32 @@ pub fn print_stats(engine: &Engine, strategy: kv_manager::Strategy) {
                 m.max_handles
             );
         }
-        eprintln!("peak memory: {}", peak_memory_text());
+        eprintln!(
+            "{}",
+            peak_memory_line(engine.weight_bytes(), kv.region_bytes)
+        );
     }
+}
+
+/// `peak memory: …` for `--stats`, with what it is made of: the weights (reference executor),
+/// the K/V region, and the rest: the compiled file's bytes while they are parsed (the file is
+/// read whole, then copied into the weights), graph inputs and outputs, the executor's
+/// scratch, the tokenizer and the program itself.
+fn peak_memory_line(weights: Option<u64>, kv_region: usize) -> String {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let peak = peak_memory_bytes();
+    let mut line = format!("peak memory: {}", peak_memory_text());
+    if let (Some(peak), Some(w)) = (peak, weights) {
+        let kv_region = kv_region as u64;
+        let rest = peak.saturating_sub(w + kv_region);
+        line += &format!(
+            " = weights {:.1} MiB + K/V region {:.1} MiB + {:.1} MiB of the rest (the compiled file while it is parsed, graph IO, scratch, tokenizer, code)",
+            w as f64 / MIB,
+            kv_region as f64 / MIB,
+            rest as f64 / MIB
+        );
+    }
+    line
 }
 
 /// One slide for `--stats`.

@@ -51,6 +51,11 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // A kernel forced through HTPKV_ISA that this CPU lacks is refused before any work.
+    if let Err(e) = ref_backend::kernels::isa() {
+        eprintln!("error: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Budget(args) => budget::run_budget(args),
         Command::Plan(args) => budget::run_plan(args),

@@ -183,6 +183,18 @@ impl CompiledModel {
         crate::lpbq::matrix_multipliers(stored, t, source)
     }
 
+    /// Bytes the weights take in memory: every matrix (its values, row scales and row sums)
+    /// and every norm and bias vector of this part.
+    pub fn weight_bytes(&self) -> u64 {
+        let d = &self.data;
+        let layers = d.layers.iter();
+        let matrices = layers.clone().flat_map(|l| &l.matrices);
+        let matrices = matrices.chain(&d.embedding).chain(&d.classifier);
+        let vectors = layers.flat_map(|l| &l.vectors).chain([&d.output_norm]);
+        let floats: usize = vectors.map(Vec::len).sum();
+        (matrices.map(Matrix::bytes).sum::<usize>() + floats * 4) as u64
+    }
+
     /// The static i16 encoding of the classifier input (`None` for float weights).
     pub fn classifier_input_encoding(&self) -> Option<ScaleOffset> {
         self.data.act_final()

@@ -921,23 +921,28 @@ fn write_matrix(w: &mut Writer, m: &Matrix) {
             }
             w.buf.extend(q.iter().map(|&v| v as u8));
         }
+        Matrix::Half {
+            rows,
+            cols,
+            w: data,
+        } => {
+            w.u8(1);
+            w.len(*rows);
+            w.len(*cols);
+            for v in data {
+                w.bytes(&v.to_le_bytes());
+            }
+        }
         Matrix::Float {
             rows,
             cols,
             w: data,
-            half,
         } => {
-            w.u8(if *half { 1 } else { 2 });
+            w.u8(2);
             w.len(*rows);
             w.len(*cols);
-            if *half {
-                for &v in data {
-                    w.bytes(&half::f16::from_f32(v).to_le_bytes());
-                }
-            } else {
-                for &v in data {
-                    w.f32(v);
-                }
+            for &v in data {
+                w.f32(v);
             }
         }
     }
@@ -1008,17 +1013,15 @@ fn read_matrix(
         1 => {
             let at = s.offset();
             let b = s.take(n * 2, name)?;
-            let w: Vec<f32> = b
+            let w: Vec<half::f16> = b
                 .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
                 .collect();
-            check_finite(s, name, at, 2, &w)?;
-            Matrix::Float {
-                rows,
-                cols,
-                w,
-                half: true,
+            if let Some(i) = w.iter().position(|v| !v.is_finite()) {
+                let offset = at + i as u64 * 2;
+                return Err(non_finite(s, name, i, offset, w[i].to_f32()));
             }
+            Matrix::Half { rows, cols, w }
         }
         _ => {
             let at = s.offset();
@@ -1028,12 +1031,7 @@ fn read_matrix(
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
             check_finite(s, name, at, 4, &w)?;
-            Matrix::Float {
-                rows,
-                cols,
-                w,
-                half: false,
-            }
+            Matrix::Float { rows, cols, w }
         }
     })
 }

@@ -145,12 +145,18 @@ pub(crate) enum Matrix {
         /// `Σ_c q[r][c]` per row, for the activation offset term.
         row_sums: Vec<i64>,
     },
-    /// f32 values (f16 weights are stored widened, `half = true`; they convert back exactly).
+    /// f32 values.
     Float {
         rows: usize,
         cols: usize,
         w: Vec<f32>,
-        half: bool,
+    },
+    /// f16 values, kept as f16 (half the memory of widening them) and widened in the kernel
+    /// ([`kernels::matmul_f16`]): the same products as the widened f32 matrix.
+    Half {
+        rows: usize,
+        cols: usize,
+        w: Vec<half::f16>,
     },
 }
 
@@ -225,22 +231,20 @@ impl Matrix {
                 q,
                 scales,
             }),
-            Matrix::Float { .. } => None,
+            Matrix::Float { .. } | Matrix::Half { .. } => None,
         }
     }
 
-    /// Float weights; with `half` they are rounded to f16 (and kept widened).
+    /// Float weights; with `half` they are rounded to f16.
     pub(crate) fn float(w: &[f32], rows: usize, cols: usize, half: bool) -> Matrix {
-        let w = if half {
-            w.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
-        } else {
-            w.to_vec()
-        };
+        if half {
+            let w = w.iter().map(|&v| half::f16::from_f32(v)).collect();
+            return Matrix::Half { rows, cols, w };
+        }
         Matrix::Float {
             rows,
             cols,
-            w,
-            half,
+            w: w.to_vec(),
         }
     }
 
@@ -262,6 +266,11 @@ impl Matrix {
             .row_into(r, out),
             Matrix::Float { cols, w, .. } => {
                 out.copy_from_slice(&w[r * cols..(r + 1) * cols]);
+            }
+            Matrix::Half { cols, w, .. } => {
+                for (o, v) in out.iter_mut().zip(&w[r * cols..(r + 1) * cols]) {
+                    *o = v.to_f32();
+                }
             }
         }
     }
@@ -288,6 +297,10 @@ impl Matrix {
             Matrix::Float { cols, w, .. } => {
                 let w = &w[row0 * cols..(row0 + out.len()) * cols];
                 model::ops::matmul(out, x, w);
+            }
+            Matrix::Half { cols, w, .. } => {
+                let w = &w[row0 * cols..(row0 + out.len()) * cols];
+                kernels::matmul_f16(out, x, w, *cols, &mut []);
             }
             Matrix::I8 { .. } => self.matmul_i8(row0, out, x, act, qbuf),
         }
@@ -320,11 +333,17 @@ impl Matrix {
         );
         let m = out.len() / n;
         match self {
-            Matrix::Float { .. } if n == 1 => self.matvec(row0, out, x, act, qbuf),
+            Matrix::Float { .. } | Matrix::Half { .. } if n == 1 => {
+                self.matvec(row0, out, x, act, qbuf)
+            }
             Matrix::Float { cols, w, .. } => {
                 let w = &w[row0 * cols..(row0 + m) * cols];
                 let t = &mut tbuf[..out.len()];
                 model::ops::matmul_rows(out, x, w, *cols, t);
+            }
+            Matrix::Half { cols, w, .. } => {
+                let w = &w[row0 * cols..(row0 + m) * cols];
+                kernels::matmul_f16(out, x, w, *cols, tbuf);
             }
             Matrix::I8 { .. } if n == 1 => self.matmul_i8(row0, out, x, act, qbuf),
             Matrix::I8 { .. } => {
@@ -336,10 +355,21 @@ impl Matrix {
         }
     }
 
+    /// Bytes the matrix takes in memory.
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            Matrix::I8 { q, scales, .. } => q.len() + scales.len() * (4 + 8),
+            Matrix::Float { w, .. } => w.len() * 4,
+            Matrix::Half { w, .. } => w.len() * 2,
+        }
+    }
+
     /// Columns (the input width).
     pub(crate) fn cols(&self) -> usize {
         match self {
-            Matrix::I8 { cols, .. } | Matrix::Float { cols, .. } => *cols,
+            Matrix::I8 { cols, .. } | Matrix::Float { cols, .. } | Matrix::Half { cols, .. } => {
+                *cols
+            }
         }
     }
 
@@ -422,7 +452,9 @@ impl Matrix {
     fn i8_weights(&self) -> (usize, &[i8]) {
         match self {
             Matrix::I8 { cols, q, .. } => (*cols, q),
-            Matrix::Float { .. } => unreachable!("an i8 path on a float matrix"),
+            Matrix::Float { .. } | Matrix::Half { .. } => {
+                unreachable!("an i8 path on a float matrix")
+            }
         }
     }
 

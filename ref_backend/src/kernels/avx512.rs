@@ -11,12 +11,10 @@
 //! on the first token's pass.
 //!
 //! Exactness: a lane adds two products per step and at most [`RUN`]` / 16` products per run
-//! (512, not above [`I32_CHUNK`]), so no lane overflows; a run's lanes are summed in i64, and so
+//! (256: at most `2^30` in magnitude even for the weight -128), so no lane overflows; a run's lanes are summed in i64, and so
 //! are the runs. The result is the exact sum, like the portable kernel's. Runs this long (one
 //! per dot product for SmolLM2's 576 and 1536 columns) keep the horizontal sums out of the
 //! loop: with runs of `KERNEL_CHUNK` they cost about a third as much as the products.
-//!
-//! [`I32_CHUNK`]: super::I32_CHUNK
 
 use std::arch::x86_64::{
     __m256i, __m512i, _MM_HINT_T0, _mm_prefetch, _mm512_add_epi64, _mm512_castsi512_si256,
@@ -24,7 +22,7 @@ use std::arch::x86_64::{
     _mm512_reduce_add_epi64, _mm512_setzero_si512,
 };
 
-use super::{I32_CHUNK, ROW_TILE};
+use super::ROW_TILE;
 
 /// Weight bytes per cache line: the prefetch step.
 const LINE: usize = 64;
@@ -35,8 +33,9 @@ const LANES: usize = 32;
 
 /// Elements summed in i32 lanes before they go to i64: each of the 16 lanes takes two products
 /// per step, so a lane holds `RUN / 16` products.
-const RUN: usize = 8192;
-const _: () = assert!(RUN.is_multiple_of(LINE) && RUN / 16 <= I32_CHUNK);
+const RUN: usize = 4096;
+const _: () =
+    assert!(RUN.is_multiple_of(LINE) && (RUN / 16) as i64 * 128 * 32768 <= i32::MAX as i64);
 
 /// Exact dot products of [`ROW_TILE`] weight rows with `T` activation rows of equal length
 /// (`out[t][r] = w[r] · act[t]`), as the SSE4.1 kernel's `dot_tile` (same contract, same
@@ -114,35 +113,7 @@ fn load_weights(w: &[i8]) -> __m256i {
     bytemuck::cast(w)
 }
 
-/// [`super::quantize_loop`] compiled with AVX-512, so that LLVM vectorizes the one rounding
-/// rule (eight f64 quotients per `vdivpd`, `vcvttpd2qq` for the truncation): the same
-/// function, so the same codes.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-pub(super) fn quantize_i16(x: &[f32], so: quant::ScaleOffset, out: &mut [i16]) {
-    super::quantize_loop(x, so, out);
-}
-
-/// [`super::rescale_loop`] compiled with AVX-512 (`vcvtqq2ps` converts eight i64 at once): the
-/// same operations per element, so the same values.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-pub(super) fn rescale(sums: &[i64], shift: i64, scales: (f32, f32), out: &mut [f32]) {
-    super::rescale_loop(sums, shift, scales, out);
-}
-
-/// [`super::dot_loop`] in f32 compiled with AVX-512: the same operations, so the same value.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-pub(super) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    super::dot_loop::<f32, 16>(a, b)
-}
-
-/// [`super::dot_loop`] in f64 compiled with AVX-512: the same operations, so the same value.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-pub(super) fn dot_f64(a: &[f64], b: &[f64]) -> f64 {
-    super::dot_loop::<f64, 8>(a, b)
-}
-
-/// [`super::add_scaled_loop`] compiled with AVX-512: the same operations per element.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-pub(super) fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
-    super::add_scaled_loop(y, a, x);
-}
+// The plain loops of `quantize_i16`, `rescale`, `dot_f32`, `dot_f64` and `add_scaled` compiled
+// with AVX-512: LLVM vectorizes the one rounding rule (eight f64 quotients per `vdivpd`,
+// `vcvttpd2qq` for the truncation) and converts eight i64 sums at once (`vcvtqq2ps`).
+super::vector_loops!("avx512f,avx512bw,avx512dq,avx512vl");

@@ -1,10 +1,10 @@
 //! The x86-64 micro-kernel: SSE4.1 `pmovsxbw` widens 8 i8 weights to i16 and `pmaddwd`
 //! multiplies them with 8 i16 activations, adding adjacent products into 4 i32 lanes.
 //!
-//! The fallback for CPUs without AVX-512 VNNI (`kernels/avx512.rs`). 128-bit on purpose: on the
-//! project's earlier benchmark machine (AMD Zen 1, which executes every
-//! 256-bit operation as two 128-bit halves) the 128-bit loop ran 1.3-1.4x faster than the same
-//! loop on 256-bit AVX2 registers (`examples/kernel_bench.rs`). LLVM does not form `pmaddwd`
+//! The fallback for CPUs without AVX2 (`kernels/avx2.rs`) or AVX-512 VNNI (`kernels/avx512.rs`).
+//! (On AMD Zen 1, which executes every 256-bit operation as two 128-bit halves, this loop ran
+//! 1.3-1.4x faster than the same loop on AVX2 registers: force it there with
+//! `HTPKV_ISA=sse41`.) LLVM does not form `pmaddwd`
 //! from the portable loop (it widens both operands to i32 and multiplies with `pmulld`), which
 //! is why this loop is written with intrinsics.
 //!
