@@ -82,7 +82,14 @@ fn a_regex_after_bos_alone_reports_the_text_the_grammar_accepted() {
     let cache = ScratchDir::new("structured_cli-regex-empty");
     let dir = stories260k_dir();
     let re = r" [a-z]+( [a-z]+){2,5}\.";
-    let args = ["generate", "", "--model", dir.to_str().unwrap(), "--regex", re];
+    let args = [
+        "generate",
+        "",
+        "--model",
+        dir.to_str().unwrap(),
+        "--regex",
+        re,
+    ];
     let o = htpkv(&[&args[..], &["--steps", "40", "--json"]].concat(), &cache);
     let doc = ok_json(&o);
     let text = doc["text"].as_str().unwrap();
