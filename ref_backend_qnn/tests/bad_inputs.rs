@@ -29,11 +29,12 @@ fn missing_library_is_library_not_found() {
     let path = Path::new("/nonexistent/libQnnNothing.so");
     match QnnLibrary::load(path) {
         Err(e @ QnnError::LibraryNotFound { .. }) => {
-            // The loader's own reason, said once (not libloading's bare "dlopen failed").
+            // The reason said once: the check before dlopen cannot open the file (not
+            // libloading's bare "dlopen failed").
             assert_eq!(
                 e.to_string(),
-                "cannot load QNN library /nonexistent/libQnnNothing.so: cannot open shared \
-                 object file: No such file or directory"
+                "cannot load QNN library /nonexistent/libQnnNothing.so: cannot open it: No such \
+                 file or directory (os error 2)"
             );
         }
         other => panic!("expected LibraryNotFound, got {other:?}"),
