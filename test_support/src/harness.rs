@@ -176,6 +176,25 @@ pub fn mask_dtype(graph: &Graph) -> quant::DataType {
     graph.inputs()[2].dtype
 }
 
+/// The logits of every position of `tokens` through `model`'s graphs: the first 8 tokens in
+/// AR-4 steps, then AR-1 (the model must have both graphs).
+pub fn logits_ar4_then_ar1(model: &ref_backend::CompiledModel, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let (g1, g4) = (
+        model.graph_for_ar(1).unwrap(),
+        model.graph_for_ar(4).unwrap(),
+    );
+    let v = model.config().vocab_size;
+    let mut h = Harness::for_model(model);
+    let mut out = Vec::new();
+    for chunk in tokens[..8].chunks(4) {
+        out.extend(h.step(g4, chunk).chunks_exact(v).map(<[f32]>::to_vec));
+    }
+    for &t in &tokens[8..] {
+        out.push(h.step(g1, &[t]));
+    }
+    out
+}
+
 /// The largest absolute difference of two equally long vectors.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());

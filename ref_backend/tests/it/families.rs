@@ -12,7 +12,7 @@ use model::{Activation, FloatModel, LayerTensor as L, LlamaConfig, Overlay, Rope
 use quant::DataType;
 use ref_backend::format::DESC_FORMAT_VERSION;
 use ref_backend::{CompileOptions, CompiledModel, WeightType};
-use test_support::harness::{Harness, max_abs_diff};
+use test_support::harness::{logits_ar4_then_ar1, max_abs_diff};
 
 const CONTEXT: usize = 32;
 
@@ -56,24 +56,6 @@ fn tokens() -> Vec<u32> {
     (0..20u32).map(|i| (i * 37 + 1) % 64).collect()
 }
 
-/// Logits of every position: 8 tokens in AR-4 steps, then AR-1.
-fn through_graphs(model: &CompiledModel, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let (g1, g4) = (
-        model.graph_for_ar(1).unwrap(),
-        model.graph_for_ar(4).unwrap(),
-    );
-    let v = model.config().vocab_size;
-    let mut h = Harness::for_model(model);
-    let mut out = Vec::new();
-    for chunk in tokens[..8].chunks(4) {
-        out.extend(h.step(g4, chunk).chunks_exact(v).map(<[f32]>::to_vec));
-    }
-    for &t in &tokens[8..] {
-        out.push(h.step(g1, &[t]));
-    }
-    out
-}
-
 fn oracle(c: &LlamaConfig, w: Overlay<'static>, tokens: &[u32]) -> Vec<Vec<f32>> {
     let mut fm = FloatModel::new(c.clone(), Arc::new(w), CONTEXT).unwrap();
     (tokens.iter().enumerate())
@@ -101,10 +83,10 @@ fn every_block_property_runs_in_the_executor_as_in_the_float_model() {
         "the properties must change the logits ({effect})"
     );
     let f32_model = compile(&c, &w(), DataType::F32, WeightType::F32);
-    let d = worst(&through_graphs(&f32_model, &tokens), &want);
+    let d = worst(&logits_ar4_then_ar1(&f32_model, &tokens), &want);
     assert!(d < 1e-4, "f32 graphs: max |logit diff| {d}");
     let q = compile(&c, &w(), DataType::U16, WeightType::I8);
-    let d = worst(&through_graphs(&q, &tokens), &want);
+    let d = worst(&logits_ar4_then_ar1(&q, &tokens), &want);
     eprintln!("u16/i8: max |logit diff| {d} (the properties' own effect {effect})");
     assert!(
         d < effect / 4.0,

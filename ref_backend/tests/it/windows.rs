@@ -10,7 +10,7 @@ use model::{FloatModel, LlamaConfig};
 use quant::DataType;
 use ref_backend::format::{FORMAT_VERSION, WINDOWS_FORMAT_VERSION};
 use ref_backend::{CompileOptions, CompiledModel, FormatError, IoRole, WeightType};
-use test_support::harness::{Harness, max_abs_diff};
+use test_support::harness::{logits_ar4_then_ar1, max_abs_diff};
 
 const CONTEXT: usize = 32;
 const WINDOW: usize = 8;
@@ -39,24 +39,6 @@ fn compile(
 
 fn tokens() -> Vec<u32> {
     (0..30u32).map(|i| (i * 37 + 1) % 64).collect()
-}
-
-/// Logits of every position: the first 8 tokens in AR-4 steps, then AR-1.
-fn through_graphs(model: &CompiledModel, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let (g1, g4) = (
-        model.graph_for_ar(1).unwrap(),
-        model.graph_for_ar(4).unwrap(),
-    );
-    let v = model.config().vocab_size;
-    let mut h = Harness::for_model(model);
-    let mut out = Vec::new();
-    for chunk in tokens[..8].chunks(4) {
-        out.extend(h.step(g4, chunk).chunks_exact(v).map(<[f32]>::to_vec));
-    }
-    for &t in &tokens[8..] {
-        out.push(h.step(g1, &[t]));
-    }
-    out
 }
 
 /// The float model's logits at every position of `tokens`.
@@ -113,7 +95,7 @@ fn f32_windowed_graphs_match_the_windowed_float_model() {
         max_abs_diff(&want[29], &global[29]) > 1e-3,
         "the window must change the logits for the test to mean anything"
     );
-    let got = through_graphs(&model, &tokens);
+    let got = logits_ar4_then_ar1(&model, &tokens);
     for (p, (g, w)) in got.iter().zip(&want).enumerate() {
         let d = max_abs_diff(g, w);
         assert!(d < 1e-4, "position {p}: max |logit diff| {d}");
@@ -142,7 +124,7 @@ fn quantized_windowed_graphs_stay_close_to_the_windowed_float_model() {
         (DataType::U8, WeightType::I8, 0.21),
     ] {
         let model = compile(&ckpt, &config, &options(kv, weights)).unwrap();
-        let got = through_graphs(&model, &tokens);
+        let got = logits_ar4_then_ar1(&model, &tokens);
         let (near, far) = (worst(&got, &want), worst(&got, &global));
         eprintln!(
             "{kv}/{}: max |logit diff| {near} to the windowed float model, {far} to the global one \
