@@ -64,6 +64,9 @@ pub struct EngineOptions {
     /// Per-layer attention windows to set on a model that has none (`--layer-window`; see
     /// [`apply_layer_windows`]); only when compiling (a compiled file has its own).
     pub layer_windows: Vec<LayerWindows>,
+    /// A chat template (Jinja, as Hugging Face's `chat_template`) used instead of the model's
+    /// own or its absence (`--chat-template FILE`).
+    pub chat_template: Option<PathBuf>,
 }
 
 impl Default for EngineOptions {
@@ -81,6 +84,7 @@ impl Default for EngineOptions {
             ar: crate::config::default_ar(usize::MAX),
             cache_dir: None,
             layer_windows: Vec::new(),
+            chat_template: None,
         }
     }
 }
@@ -350,11 +354,31 @@ impl OpenedModel {
             fingerprint: fingerprint(path)?,
             vocab: text.tokenizer.vocab_size(),
             codec: Box::new(HfCodec::new(text.tokenizer, stops)),
-            chat: ChatFormat::new(text.chat),
+            chat: match text.chat {
+                Some(t) => ChatFormat::new(Some(t)),
+                None => ChatFormat::missing(path.display().to_string()),
+            },
             config: text.config,
             inputs: model_inputs(path)?,
             weights: WeightsFrom::File,
         })
+    }
+
+    /// Uses the Jinja chat template in `path` (read through the capped reader) instead of the
+    /// model's own; its BOS/EOS strings are the tokenizer's spelling of the model's ids.
+    pub fn use_chat_template(&mut self, path: &Path) -> Result<(), EngineError> {
+        let source = model::fsio::read_text_capped(path, model::fsio::FileKind::CONFIG)
+            .map_err(model::Error::from)?;
+        let spell = |id: Option<u32>| {
+            id.map(|t| String::from_utf8_lossy(&self.codec.token_bytes(t)).into_owned())
+                .unwrap_or_default()
+        };
+        let special = &self.config.special;
+        let (bos, eos) = (spell(special.bos), spell(special.eos));
+        let t = model::ChatTemplate::new(&source, &bos, &eos)?.named(path.display().to_string());
+        self.chat = ChatFormat::new(Some(t));
+        self.inputs.push(path.to_path_buf());
+        Ok(())
     }
 
     /// Lower-case hex of [`OpenedModel::fingerprint`].
@@ -624,6 +648,9 @@ impl Model {
             ));
         }
         apply_layer_windows(&mut opened.config, &options.layer_windows)?;
+        if let Some(path) = &options.chat_template {
+            opened.use_chat_template(path)?;
+        }
         // A given compiled file is only parsed by the reference backend; the QNN backend hands it to the
         // QNN library as it is (on a device: a context binary made by Qualcomm's tools).
         let (model, compiled_path) = match &options.compiled {

@@ -88,6 +88,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "LAYERS:W", conflicts_with = "compiled",
           value_parser = |s: &str| s.parse::<LayerWindows>())]
     pub layer_window: Vec<LayerWindows>,
+    /// A chat template (Jinja, as in a Hugging Face tokenizer_config.json) used instead of the
+    /// model's own: for a base model without one (Gemma 3 270M), whose chat turns are refused.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
 }
 
 /// Arguments of `htpkv generate`.
@@ -308,6 +312,7 @@ pub fn check_run(
         }),
         cache_dir: None,
         layer_windows: run.layer_window.clone(),
+        chat_template: run.chat_template.clone(),
     };
     Ok(RunChecked {
         engine,

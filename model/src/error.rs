@@ -130,6 +130,14 @@ pub enum Error {
     },
 
     /// Rendering the chat template went past a limit: its work (fuel) or its output cap.
+    #[error(
+        "{origin} has no chat template (a base model): give one with --chat-template FILE, or \
+         generate from a plain prompt"
+    )]
+    NoChatTemplate {
+        /// The model file or folder.
+        origin: String,
+    },
     #[error("{origin}: {reason}")]
     TemplateLimit {
         /// The template's source, as for [`Error::Template`].

@@ -168,12 +168,27 @@ impl TextCodec for Box<dyn TextCodec + Send + Sync> {
 #[derive(Debug)]
 pub struct ChatFormat {
     template: Option<ChatTemplate>,
+    /// A model file without a template (a base model): rendering is refused, naming it.
+    missing: Option<String>,
 }
 
 impl ChatFormat {
-    /// With `template`, or the plain fallback when `None`.
+    /// With `template`, or the plain fallback when `None` (llama2.c story models).
     pub fn new(template: Option<ChatTemplate>) -> ChatFormat {
-        ChatFormat { template }
+        ChatFormat {
+            template,
+            missing: None,
+        }
+    }
+
+    /// A model file (`origin`) that brings no chat template: a base model, which answers no chat
+    /// turns; rendering is refused ([`model::Error::NoChatTemplate`]), and generating from a
+    /// plain prompt works.
+    pub fn missing(origin: impl Into<String>) -> ChatFormat {
+        ChatFormat {
+            template: None,
+            missing: Some(origin.into()),
+        }
     }
 
     /// True when the model has its own chat template.
@@ -220,6 +235,10 @@ impl ChatFormat {
         add_generation_prompt: bool,
         max_bytes: usize,
     ) -> Result<String, model::Error> {
+        if let Some(origin) = &self.missing {
+            let origin = origin.clone();
+            return Err(model::Error::NoChatTemplate { origin });
+        }
         match &self.template {
             Some(t) => t.render_with_tools(messages, tools, add_generation_prompt, max_bytes),
             None => {

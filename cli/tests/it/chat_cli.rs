@@ -178,3 +178,42 @@ fn a_tokenizer_without_binaries_is_named_as_the_option_given() {
     );
     assert!(!stderr.contains("--bundle and --convention"), "{stderr}");
 }
+
+/// Issue 37: a base model without a chat template (the toy llama GGUF, as Gemma 3 270M) refuses
+/// chat turns naming the file, while `generate` from a plain prompt works; `--chat-template FILE`
+/// gives it one, and the answer is the plain generation of the prompt that template renders.
+#[test]
+fn a_model_without_a_template_refuses_chat_until_given_one() {
+    let cache = ScratchDir::new("chat-no-template");
+    std::fs::create_dir_all(&cache).unwrap();
+    let model = cache.join("llama.gguf");
+    std::fs::write(&model, test_support::families::toy_gguf("llama").unwrap()).unwrap();
+    let m = model.to_str().unwrap();
+    let shape = ["--model", m, "--steps", "6", "--context", "64"];
+    let refused = htpkv(
+        &[&["generate", "--chat", "hi"], &shape[..]].concat(),
+        &cache,
+    );
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("llama.gguf has no chat template"), "{err}");
+    let template = cache.join("turns.jinja");
+    let jinja = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}\
+                 {% if add_generation_prompt %}assistant:{% endif %}";
+    std::fs::write(&template, jinja).unwrap();
+    let t = template.to_str().unwrap();
+    let chat = [
+        &["generate", "--chat", "hi", "--chat-template", t],
+        &shape[..],
+    ]
+    .concat();
+    let answered = ok_stdout(&htpkv(&chat, &cache));
+    let plain = ok_stdout(&htpkv(
+        &[&["generate", "user: hi\nassistant:"], &shape[..]].concat(),
+        &cache,
+    ));
+    assert!(
+        plain.trim_end().ends_with(answered.trim_end()),
+        "{answered:?} vs {plain:?}"
+    );
+}
