@@ -172,9 +172,9 @@ pub fn read_weights(
     let (fam, _) = family_of(file, origin)?;
     let mut w = Weights::with_layers(config.n_layers);
     for (name, e) in layout(fam, config) {
+        // Checked finite as it is read.
         let data = read_tensor(file, r, &name, origin)?
             .ok_or(Error::MissingTensor { name: name.clone() })?;
-        crate::weights::check_finite(origin, &name, &data)?;
         let cols: usize = e.shape[1..].iter().product();
         match e.parts.as_slice() {
             [(t, None)] => w.set(*t, data)?,
