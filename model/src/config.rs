@@ -281,6 +281,14 @@ impl LlamaConfig {
         self.layer_windows.get(layer).copied().flatten()
     }
 
+    /// The attention window of `layer` in static graphs of context `context`: the model's window
+    /// when it is shorter than the context, `None` otherwise (a longer one never bites: a graph
+    /// attends to at most `context` positions). The reference executor and the HTP lowering
+    /// both size a sliding layer's K/V by it.
+    pub fn graph_window(&self, layer: usize, context: usize) -> Option<usize> {
+        self.layer_window(layer).filter(|&w| w < context)
+    }
+
     /// Sets window `window` on `layers` (the others stay as they are, global by default).
     pub fn with_layer_windows(mut self, layers: &[usize], window: usize) -> LlamaConfig {
         self.layer_windows.resize(self.n_layers, None);

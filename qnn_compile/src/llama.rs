@@ -363,10 +363,10 @@ impl<'a> Lowering<'a> {
         }
     }
 
-    /// The attention window of layer `l` in graphs of this context (`None`: global; a window
-    /// as long as the graph's context is the global layer), the reference executor's rule.
+    /// The attention window of layer `l` in graphs of this context (`None`: global), the
+    /// reference executor's rule ([`LlamaConfig::graph_window`]).
     fn layer_window(&self, l: usize) -> Option<usize> {
-        self.c.layer_window(l).filter(|&w| w < self.context)
+        self.c.graph_window(l, self.context)
     }
 
     /// Past rows of layer `l`'s K/V inputs: `S - n`, or `W - 1` for a sliding layer of window W

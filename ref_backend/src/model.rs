@@ -748,7 +748,7 @@ impl ModelData {
     /// is shorter than the context, `None` for a global layer (a window the context never
     /// reaches attends exactly as a global layer).
     pub(crate) fn graph_window(&self, layer: usize) -> Option<usize> {
-        graph_window(&self.config, self.options.context, layer)
+        self.config.graph_window(layer, self.options.context)
     }
 
     /// Rows of `layer`'s past tensors in the AR-`n` graph: `S - n`, or `W - 1` for a sliding
@@ -908,13 +908,6 @@ fn plain(name: &str, shape: Vec<usize>, dtype: DataType, role: IoRole) -> IoTens
         layer: None,
         head: None,
     }
-}
-
-/// The attention window of `layer` in graphs of context `context`: the model's window when it is
-/// shorter than the context (a longer one never bites: a graph attends to at most `context`
-/// positions).
-pub(crate) fn graph_window(config: &LlamaConfig, context: usize, layer: usize) -> Option<usize> {
-    config.layer_window(layer).filter(|&w| w < context)
 }
 
 /// The name of the AR-`n` graph for context `s`: `ar{n}_cl{s}`.

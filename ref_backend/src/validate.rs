@@ -6,7 +6,6 @@ use std::collections::HashSet;
 use model::LlamaConfig;
 use quant::DataType;
 
-use crate::model::graph_window;
 use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS};
 
 /// Checks `opts` against `config`; the reason names the offending option.
@@ -63,7 +62,7 @@ pub(crate) fn validate_options(config: &LlamaConfig, opts: &CompileOptions) -> R
 /// can serve, so it is refused rather than served as a global layer.
 fn validate_windows(config: &LlamaConfig, opts: &CompileOptions) -> Result<(), String> {
     let windows: Vec<Option<usize>> = (0..config.n_layers)
-        .map(|l| graph_window(config, opts.context, l))
+        .map(|l| config.graph_window(l, opts.context))
         .collect();
     if windows.iter().all(Option::is_none) {
         return Ok(());
