@@ -19,7 +19,7 @@
 //! `RAYON_NUM_THREADS` overrides).
 
 use anyhow::{Context, bail, ensure};
-use htpkv::engine::{Engine, EngineOptions};
+use htpkv::engine::{Engine, EngineOptions, speculator};
 use htpkv::sampler::SamplerOptions;
 use htpkv::session::{GenerateOptions, Generation};
 use htpkv::speculate::{SpecKind, SpecStats, Speculation};
@@ -153,7 +153,7 @@ fn run(
     let context = engine.session().cache().spec().geometry.context;
     let speculation = match spec {
         Some(((k, all), options)) => {
-            let s = Speculation::new(k.open(options, context)?);
+            let s = Speculation::new(speculator::open(k, options, context)?);
             Some(if *all { s.verifying_all() } else { s })
         }
         None => None,

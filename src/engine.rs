@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 mod layer_windows;
+pub mod speculator;
 pub use layer_windows::{LayerWindows, apply_layer_windows};
 
 /// Which backend runs the graphs.
@@ -1005,7 +1006,7 @@ impl Engine {
                 kind.verify_ar()
             )));
         }
-        let speculator = kind.open(target, g.context)?;
+        let speculator = speculator::open(kind, target, g.context)?;
         self.speculation = Some(crate::speculate::Speculation::new(speculator));
         Ok(())
     }

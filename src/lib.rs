@@ -5,7 +5,8 @@
 //! [`Engine`] opens sessions on a provider, [`bundle`] reads Genie/AI Hub bundles. The pieces it
 //! puts together are crates of their own, re-exported here under their old paths:
 //! - the runtime (`htpkv_runtime`): [`backend`] (the provider seam), [`session`], [`sampler`],
-//!   [`text`], [`convention`], [`persist`], [`constraint`] (the seam of constrained decoding);
+//!   [`text`], [`convention`], [`persist`], [`constraint`] (the seam of constrained decoding),
+//!   [`speculate`] (speculative decoding);
 //! - [`structured`] (`htpkv_structured`): JSON schema, regex and grammar constraints over
 //!   llguidance, and tool calls;
 //! - the providers: [`reference`] (`htpkv_reference`, the CPU executor) and [`qnn`],
@@ -23,11 +24,12 @@ pub use quant;
 pub use htpkv_planning::{budget, config};
 pub use htpkv_qnn::{backend as qnn, libs as qnn_libs, memory as qnn_memory};
 pub use htpkv_reference as reference;
-pub use htpkv_runtime::{backend, constraint, convention, persist, sampler, session, text};
+pub use htpkv_runtime::{
+    backend, constraint, convention, persist, sampler, session, speculate, text,
+};
 pub use htpkv_structured as structured;
 
 pub mod bundle;
 pub mod engine;
-pub mod speculate;
 
 pub use engine::{Engine, Model};

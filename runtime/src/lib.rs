@@ -6,7 +6,8 @@
 //!   cross-attention, overflow rules and several contexts;
 //! - [`constraint`]: the logit-mask seam of constrained decoding (JSON schema, regex, grammar);
 //! - [`sampler`], [`text`] (tokenizers and chat formats), [`convention`] (which tensor is which);
-//! - [`persist`]: a session saved to a file and restored.
+//! - [`persist`]: a session saved to a file and restored;
+//! - [`speculate`]: speculative decoding (prompt lookup, lookahead, a draft model's session).
 //!
 //! The runtime depends on no provider: providers depend on it, and the app façade (`htpkv`) puts
 //! them together.
@@ -17,4 +18,5 @@ pub mod convention;
 pub mod persist;
 pub mod sampler;
 pub mod session;
+pub mod speculate;
 pub mod text;

@@ -10,11 +10,8 @@
 
 use super::{Proposal, SpeculateError, Speculator, during};
 use crate::backend::Backend;
-use crate::engine::{EngineError, EngineOptions, Model};
 use crate::sampler::{Sampler, SamplerOptions};
 use crate::session::Session;
-use quant::DataType;
-use std::path::Path;
 
 /// A draft model on its own session.
 pub struct DraftModel<B: Backend> {
@@ -34,33 +31,6 @@ impl<B: Backend> DraftModel<B> {
     pub fn session(&self) -> &Session<B> {
         &self.session
     }
-}
-
-/// Opens the model at `path` as a draft for a target opened with `target`: the same backend,
-/// strategy and context, compiled with i8 weights and u8 K/V (the cheapest build) and AR [1, 32].
-pub fn open(
-    target: &EngineOptions,
-    context: usize,
-    path: &Path,
-    k: usize,
-) -> Result<DraftModel<Box<dyn Backend>>, EngineError> {
-    let options = EngineOptions {
-        model_dir: Some(path.to_path_buf()),
-        compiled: None,
-        kv_dtype: DataType::U8,
-        weights: "i8".into(),
-        context: Some(context),
-        ar: crate::config::default_ar(context),
-        layer_windows: Vec::new(),
-        ..target.clone()
-    };
-    let model = Model::open(&options, &mut |_| {})?;
-    let session = model.new_session()?;
-    Ok(DraftModel::new(
-        session,
-        k,
-        format!("draft:{}:{k}", path.display()),
-    ))
 }
 
 impl<B: Backend> std::fmt::Debug for DraftModel<B> {

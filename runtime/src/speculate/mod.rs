@@ -178,22 +178,6 @@ impl SpecKind {
         ar.dedup();
         ar
     }
-
-    /// The speculator for a target opened with `target` at context length `context` (a draft
-    /// model is opened and compiled as [`draft::open`] says).
-    pub fn open(
-        &self,
-        target: &crate::engine::EngineOptions,
-        context: usize,
-    ) -> Result<Box<dyn Speculator>, crate::engine::EngineError> {
-        Ok(match self {
-            SpecKind::PromptLookup { k } => Box::new(PromptLookup::new(*k)),
-            SpecKind::Draft { path, k } => Box::new(draft::open(target, context, path, *k)?),
-            SpecKind::Lookahead { window, ngram, cap } => {
-                Box::new(Lookahead::new(*window, *ngram, *cap))
-            }
-        })
-    }
 }
 
 /// `W,N,G` of `lookahead` (the defaults when empty): W and N - 1 from 1 to [`SpecKind::MAX_K`],
