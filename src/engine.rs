@@ -68,6 +68,9 @@ pub struct EngineOptions {
     /// A chat template (Jinja, as Hugging Face's `chat_template`) used instead of the model's
     /// own or its absence (`--chat-template FILE`).
     pub chat_template: Option<PathBuf>,
+    /// A llama2.c model's tokenizer file, when not the one beside its checkpoint
+    /// ([`OpenedModel::open`]).
+    pub tokenizer: Option<PathBuf>,
 }
 
 impl Default for EngineOptions {
@@ -86,6 +89,7 @@ impl Default for EngineOptions {
             cache_dir: None,
             layer_windows: Vec::new(),
             chat_template: None,
+            tokenizer: None,
         }
     }
 }
@@ -152,6 +156,14 @@ pub enum EngineError {
     Speculate(#[from] crate::speculate::SpeculateError),
     #[error("{0}")]
     BadOption(String),
+    /// A `--model` file that is neither a GGUF file nor a llama2.c checkpoint (the source says
+    /// what its checkpoint header holds), or a checkpoint without a tokenizer beside it.
+    #[error("{} is neither a GGUF file, a folder with a config.json nor a usable llama2.c checkpoint", path.display())]
+    NotAModel {
+        path: PathBuf,
+        #[source]
+        source: model::llama2c::ModelError,
+    },
     /// An I/O failure: the message says what was done to which file, the I/O error is the source.
     #[error("{what} {}", path.display())]
     Io {
@@ -190,6 +202,7 @@ impl EngineError {
             EngineError::Session(e) => e.kind(),
             EngineError::Speculate(e) => e.kind(),
             EngineError::BadOption(_) => "bad_option",
+            EngineError::NotAModel { source, .. } => source.kind(),
             EngineError::Io { .. } | EngineError::File(_) => "io",
             EngineError::Qnn(e) => e.kind(),
             EngineError::Budget(_) => "budget",
@@ -323,12 +336,39 @@ impl std::fmt::Debug for OpenedModel {
 
 impl OpenedModel {
     /// Finds and opens the model `model` names: a GGUF file or a folder with `config.json` is
-    /// opened with the `model` crate; anything else is a llama2.c directory (`None`: discovery,
-    /// see [`EngineOptions::model_dir`]).
-    pub fn open(model: Option<&Path>) -> Result<OpenedModel, EngineError> {
+    /// opened with the `model` crate; any other file is a llama2.c checkpoint and any other folder
+    /// a llama2.c model directory (`None`: discovery, see [`EngineOptions::model_dir`]).
+    /// `tokenizer` is a llama2.c model's tokenizer (default: the one beside its checkpoint, see
+    /// [`ModelFiles::for_checkpoint`]); the other formats bring their own and refuse one.
+    pub fn open(
+        model: Option<&Path>,
+        tokenizer: Option<&Path>,
+    ) -> Result<OpenedModel, EngineError> {
         match model {
-            Some(p) if p.is_file() || p.join("config.json").is_file() => Self::open_file(p),
-            other => Self::open_llama2c(&ModelFiles::discover(other)?),
+            Some(p) if model::format_of(p).is_ok() => match tokenizer {
+                None => Self::open_file(p),
+                Some(t) => Err(EngineError::BadOption(format!(
+                    "--tokenizer {} is for llama2.c checkpoints; {} brings its own tokenizer",
+                    t.display(),
+                    p.display()
+                ))),
+            },
+            Some(p) if p.is_file() => {
+                let files = ModelFiles::for_checkpoint(p, tokenizer).map_err(|source| {
+                    EngineError::NotAModel {
+                        path: p.to_path_buf(),
+                        source,
+                    }
+                })?;
+                Self::open_llama2c(&files)
+            }
+            other => {
+                let mut files = ModelFiles::discover(other)?;
+                if let Some(t) = tokenizer {
+                    files.tokenizer = t.to_path_buf();
+                }
+                Self::open_llama2c(&files)
+            }
         }
     }
 
@@ -642,7 +682,8 @@ impl Model {
         status: &mut dyn FnMut(&str),
         progress: &mut dyn FnMut(ref_backend::Progress),
     ) -> Result<Model, EngineError> {
-        let mut opened = OpenedModel::open(options.model_dir.as_deref())?;
+        let mut opened =
+            OpenedModel::open(options.model_dir.as_deref(), options.tokenizer.as_deref())?;
         if options.compiled.is_some() && !options.layer_windows.is_empty() {
             return Err(EngineError::BadOption(
                 "--layer-window applies when compiling; a compiled file has its own windows".into(),

@@ -10,23 +10,22 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use htpkv::engine::{DEFAULT_MAX_CONTEXT, LayerWindows, OpenedModel, apply_layer_windows};
 use model::fsio::{FileKind, check_output, open_regular, read_capped};
-use model::llama2c::{Checkpoint, ModelFiles, Tokenizer};
 use quant::DataType;
 use ref_backend::{
     CompileOptions, Convention, DEFAULT_CALIBRATION_PROMPTS, DEFAULT_CALIBRATION_TOKENS,
-    Granularity, KLayout, Packaging, Preset, Progress, Split, WeightType,
+    Granularity, KLayout, Packaging, Preset, Split, WeightType,
 };
 
 /// Arguments of `htpkv compile`.
 #[derive(Debug, clap::Args)]
 pub struct CompileArgs {
-    /// llama2.c checkpoint, GGUF file or Hugging Face folder (default: the llama2.c model
-    /// discovered like the tests do: $HTPKV_MODEL_DIR, ./models/stories260K,
-    /// ../shared/models/stories260K).
+    /// The model, as `generate --model` takes it: a GGUF file, a Hugging Face folder, a llama2.c
+    /// checkpoint file or a llama2.c directory (default: the llama2.c model discovered like the
+    /// tests do: $HTPKV_MODEL_DIR, ./models/stories260K, ../shared/models/stories260K).
     #[arg(long, value_name = "MODEL")]
     model: Option<PathBuf>,
-    /// llama2.c tokenizer (default: beside the discovered checkpoint; GGUF and Hugging Face
-    /// models bring their own).
+    /// llama2.c tokenizer (default: the `tok{N}.bin` or `tokenizer.bin` beside the checkpoint;
+    /// GGUF and Hugging Face models bring their own).
     #[arg(long, value_name = "TOK")]
     tokenizer: Option<PathBuf>,
     /// Context length S (default: the model's seq_len).
@@ -194,20 +193,16 @@ fn parse_from_str<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, Stri
     s.parse()
 }
 
-/// Compiles a GGUF file or Hugging Face folder (its own tokenizer encodes the calibration).
-fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<()> {
-    if args.tokenizer.is_some() {
-        bail!(
-            "--tokenizer is for llama2.c checkpoints; {} brings its own",
-            path.display()
-        );
-    }
-    // A Hugging Face folder's files, not only the folder: `--out DIR/config.json` is an input.
-    let files = htpkv::engine::model_inputs(path)?;
-    let mut inputs: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
+/// Compiles the model `--model` names (a GGUF file, a Hugging Face folder or a llama2.c
+/// checkpoint, found as `generate` finds it); its own tokenizer encodes the calibration.
+fn run_reference(args: &CompileArgs) -> anyhow::Result<()> {
+    let mut opened = OpenedModel::open(args.model.as_deref(), args.tokenizer.as_deref())?;
+    // Every file the model is read from (a Hugging Face folder's files, not only the folder:
+    // `--out DIR/config.json` is an input).
+    let mut inputs: Vec<&std::path::Path> = opened.inputs.iter().map(PathBuf::as_path).collect();
     inputs.extend(args.calibration_prompts.as_deref());
-    check_early(args, &inputs, true)?;
-    let mut opened = OpenedModel::open(Some(path))?;
+    let brings_tokenizer = model::format_of(&opened.path).is_ok();
+    check_early(args, &inputs, brings_tokenizer)?;
     apply_layer_windows(&mut opened.config, &args.layer_window)?;
     let context = args
         .context
@@ -223,7 +218,7 @@ fn run_model_file(args: &CompileArgs, path: &std::path::Path) -> anyhow::Result<
     let model = opened.compile(&opts, &calibration, &mut |p| bars.update(p));
     bars.finish();
     let model = model.context("compiling")?;
-    write_output(args, &model, path, &inputs, started)
+    write_output(args, &model, &opened.path, &inputs, started)
 }
 
 /// True when the output is a Genie bundle (`--parts`, or a convention packaged as one:
@@ -450,59 +445,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     if args.target == "htp" {
         return htp::run(&args);
     }
-    if let Some(path) = args
-        .model
-        .as_deref()
-        .filter(|m| model::format_of(m).is_ok())
-    {
-        return run_model_file(&args, path);
-    }
-    let (ckpt_path, tok_path) = match (&args.model, &args.tokenizer) {
-        (Some(m), Some(t)) => (m.clone(), t.clone()),
-        (Some(m), None) => bail!(
-            "--model {} given without --tokenizer: pass both, or neither to discover the model",
-            m.display()
-        ),
-        (None, tok) => {
-            let files = ModelFiles::discover(None).context("no --model given")?;
-            (files.checkpoint, tok.clone().unwrap_or(files.tokenizer))
-        }
-    };
-    // Refuse a bad output path before any work; it is checked again when written.
-    let mut inputs = vec![ckpt_path.as_path(), tok_path.as_path()];
-    inputs.extend(args.calibration_prompts.as_deref());
-    check_early(&args, &inputs, false)?;
-    let ckpt = Checkpoint::load(&ckpt_path).context("loading the checkpoint")?;
-    let context = args
-        .context
-        .or(args.contexts.iter().max().copied())
-        .unwrap_or(ckpt.config.seq_len);
-    check_parts(&args, ckpt.config.n_layers)?;
-    let mut config = model::llama2c::llama_config(&ckpt.config);
-    apply_layer_windows(&mut config, &args.layer_window)?;
-    check_contexts(&args, &config)?;
-    htpkv::engine::check_geometry(&config, context, &args.ar, args.kv_dtype())?;
-    let tok =
-        Tokenizer::load(&tok_path, ckpt.config.vocab_size).context("loading the tokenizer")?;
-
-    let texts = calibration_texts(&args)?;
-    let opts = compile_options(&args, context);
-    let calibration: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t, true, false)).collect();
-
-    let mut bars = crate::progress::StageBars::default();
-    let started = Instant::now();
-    let fingerprint = ckpt.sha256();
-    let model = ref_backend::compile(
-        &config,
-        &ckpt,
-        &calibration,
-        &opts,
-        fingerprint,
-        &mut |p: Progress| bars.update(p),
-    )
-    .context("compiling")?;
-    bars.finish();
-    write_output(&args, &model, &ckpt_path, &inputs, started)
+    run_reference(&args)
 }
 
 /// What was written, on stdout.

@@ -160,7 +160,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         args.tokens,
         predictable - 1
     );
-    let oracle = OpenedModel::open(args.run.model_dir.as_deref())?;
+    let oracle = OpenedModel::open(args.run.model_dir.as_deref(), args.run.tokenizer.as_deref())?;
     anyhow::ensure!(
         oracle.config.vocab_size == opened.session().vocab_size(),
         "the f32 model ({} tokens) and the run ({} logits) are not the same model",

@@ -20,9 +20,9 @@ pub mod structured;
 /// Which model runs, and where: the options `generate`, `chat` and `eval` share.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// The model: a llama2.c directory, a GGUF file or a Hugging Face folder (config.json,
-    /// safetensors, tokenizer.json); else $HTPKV_MODEL_DIR, ./models/stories260K,
-    /// ../shared/models/stories260K.
+    /// The model: a GGUF file, a Hugging Face folder (config.json, safetensors, tokenizer.json), a
+    /// llama2.c checkpoint file or a llama2.c directory; else $HTPKV_MODEL_DIR,
+    /// ./models/stories260K, ../shared/models/stories260K.
     #[arg(long = "model", visible_alias = "model-dir", value_name = "PATH")]
     pub model_dir: Option<PathBuf>,
     /// A compiled model file to run instead of compiling; with --backend qnn, one or more context
@@ -38,7 +38,9 @@ pub struct RunArgs {
     /// detected from the graph and tensor names].
     #[arg(long, value_name = "NAME|FILE")]
     pub convention: Option<String>,
-    /// tokenizer.json of context binaries made by other tools (with --compiled).
+    /// The tokenizer of a model that does not carry one: a llama2.c checkpoint's (default: the
+    /// `tok{N}.bin` or `tokenizer.bin` beside it), or with --compiled the tokenizer.json of
+    /// context binaries made by other tools.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
     /// RoPE base of binaries that take cos/sin tables (with --compiled; a bundle gives its own).
@@ -313,6 +315,7 @@ pub fn check_run(
         cache_dir: None,
         layer_windows: run.layer_window.clone(),
         chat_template: run.chat_template.clone(),
+        tokenizer: run.tokenizer.clone(),
     };
     Ok(RunChecked {
         engine,

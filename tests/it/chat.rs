@@ -78,7 +78,7 @@ fn hf_codec_pieces_spell_the_text_and_stop_at_the_models_stop_tokens() {
     let Some(path) = test_support::fetched::smollm2_gguf("hf_codec_pieces_spell_the_text") else {
         return;
     };
-    let model = htpkv::engine::OpenedModel::open(Some(&path)).unwrap();
+    let model = htpkv::engine::OpenedModel::open(Some(&path), None).unwrap();
     let text = "Paris — café, 東京!\n  Done.";
     let ids = model.codec.encode(text, false);
     let mut bytes = Vec::new();

@@ -95,7 +95,7 @@ fn verify(backend: &Path, file: &Path, names: &[String]) -> Result<(), String> {
 /// (`--convention aihub`: the binary, `genie_config.json` and `tokenizer.json` in `--out`).
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     refuse_reference_only(args)?;
-    let opened = OpenedModel::open(args.model.as_deref())?;
+    let opened = OpenedModel::open(args.model.as_deref(), args.tokenizer.as_deref())?;
     // Every file of the model (a Hugging Face folder's files, not the folder).
     let mut inputs: Vec<&Path> = opened.inputs.iter().map(PathBuf::as_path).collect();
     inputs.extend(args.tokenizer.as_deref());

@@ -27,11 +27,12 @@ const EOS_NAMES: [&str; 5] = [
     "<|im_end|>",
 ];
 
-/// True when the options ask for binaries made by other tools.
+/// True when the options ask for binaries made by other tools (`--tokenizer` without
+/// `--compiled` is a llama2.c model's tokenizer, for the engine).
 pub fn wanted(run: &RunArgs) -> bool {
     run.bundle.is_some()
         || run.convention.is_some()
-        || run.tokenizer.is_some()
+        || (run.tokenizer.is_some() && !run.compiled.is_empty())
         || run.compiled.len() > 1
 }
 
@@ -69,22 +70,9 @@ fn model_of(run: &RunArgs) -> anyhow::Result<Model> {
         });
     }
     if run.compiled.is_empty() {
-        let given: Vec<&str> = [
-            (run.tokenizer.is_some(), "--tokenizer"),
-            (run.convention.is_some(), "--convention"),
-        ]
-        .into_iter()
-        .filter_map(|(on, name)| on.then_some(name))
-        .collect();
-        let verb = if given.len() == 1 {
-            "describes"
-        } else {
-            "describe"
-        };
         anyhow::bail!(
-            "{} {verb} context binaries made by other tools: give them with --compiled FILE… \
-             (a Genie bundle, --bundle DIR, brings its own tokenizer)",
-            given.join(" and ")
+            "--convention describes context binaries made by other tools: give them with \
+             --compiled FILE… (a Genie bundle, --bundle DIR, brings its own tokenizer)"
         );
     }
     let tokenizer = run

@@ -118,7 +118,7 @@ pub fn check(args: &GenerateArgs) -> anyhow::Result<()> {
         );
     }
     if let Some(SpecKind::Draft { path, .. }) = &kind {
-        same_vocabulary(args.run.model_dir.as_deref(), path)
+        same_vocabulary(&args.run, path)
             .with_context(|| format!("--speculate {}", args.speculate.as_deref().unwrap_or("")))?;
     }
     Ok(())
@@ -126,9 +126,10 @@ pub fn check(args: &GenerateArgs) -> anyhow::Result<()> {
 
 /// A draft proposes token ids that the model verifies: both must have the same tokens, id by id
 /// (their size, and each token's bytes). Read from the two tokenizers, without compiling.
-fn same_vocabulary(model: Option<&Path>, draft: &Path) -> anyhow::Result<()> {
-    let target = OpenedModel::open(model)?;
-    let proposer = OpenedModel::open(Some(draft))?;
+fn same_vocabulary(run: &super::RunArgs, draft: &Path) -> anyhow::Result<()> {
+    let (model, tokenizer) = (run.model_dir.as_deref(), run.tokenizer.as_deref());
+    let target = OpenedModel::open(model, tokenizer)?;
+    let proposer = OpenedModel::open(Some(draft), None)?;
     anyhow::ensure!(
         target.vocab == proposer.vocab,
         "the draft model {} has {} tokens and the model {} has {}: a draft must share the \

@@ -157,7 +157,9 @@ fn a_chat_line_of_megabytes_is_refused_before_it_is_tokenized() {
     assert!(stderr.contains("at least"), "{stderr}");
 }
 
-/// Issue 21, finding 13: `--tokenizer FILE` alone is about --tokenizer, not --bundle/--convention.
+/// Issue 21, finding 13, and issue 38: `--tokenizer FILE` alone is the llama2.c model's tokenizer
+/// (here the discovered stories260K's), so a missing file is refused naming it; `--convention`
+/// alone is about context binaries.
 #[test]
 fn a_tokenizer_without_binaries_is_named_as_the_option_given() {
     let cache = ScratchDir::new("chat-tokenizer-alone");
@@ -172,11 +174,15 @@ fn a_tokenizer_without_binaries_is_named_as_the_option_given() {
     );
     assert!(!o.status.success());
     let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("/nonexistent/tokenizer.json"), "{stderr}");
+    assert!(!stderr.contains("--bundle and --convention"), "{stderr}");
+    let o = htpkv(&["generate", "--convention", "aihub", "Once"], &cache);
+    assert!(!o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(
-        stderr.contains("--tokenizer describes context binaries"),
+        stderr.contains("--convention describes context binaries"),
         "{stderr}"
     );
-    assert!(!stderr.contains("--bundle and --convention"), "{stderr}");
 }
 
 /// Issue 37: a base model without a chat template (the toy llama GGUF, as Gemma 3 270M) refuses

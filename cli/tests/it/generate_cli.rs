@@ -559,3 +559,81 @@ fn saturated_in_session_file(file: &[u8]) -> (u64, u64) {
         .count();
     (saturated as u64, (codes.len() / size) as u64)
 }
+
+/// Issue 38: one `--model` spelling. A llama2.c checkpoint file is a model for `generate` and
+/// `compile` alike, its tokenizer found beside it (`tok{N}.bin`, else `tokenizer.bin`) or given with
+/// `--tokenizer`; a file that is no model, or a checkpoint without a tokenizer, is refused naming
+/// what is missing; a GGUF file refuses a llama2.c tokenizer.
+#[test]
+fn a_llama2c_checkpoint_file_is_a_model_like_its_directory() {
+    let dir = stories260k_dir();
+    let work = ScratchDir::new("cli-ckpt-file");
+    let (ckpt, tok) = (dir.join("stories260K.bin"), dir.join("tok512.bin"));
+    let run = |model: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--steps",
+            "24",
+        ];
+        args.extend(extra);
+        htpkv(&args, &work)
+    };
+    let from_dir = text(&run(&dir, &[]));
+    assert!(from_dir.starts_with("Once upon a time"), "{from_dir}");
+    assert_eq!(text(&run(&ckpt, &[])), from_dir);
+    // Alone in a folder, the checkpoint needs its tokenizer named.
+    let alone = work.join("alone");
+    std::fs::create_dir_all(&alone).unwrap();
+    let lone = alone.join("my-model.bin");
+    std::fs::copy(&ckpt, &lone).unwrap();
+    let o = run(&lone, &[]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    for needle in ["my-model.bin", "tok512.bin", "tokenizer.bin", "--tokenizer"] {
+        assert!(err.contains(needle), "{needle} missing from: {err}");
+    }
+    assert_eq!(
+        text(&run(&lone, &["--tokenizer", tok.to_str().unwrap()])),
+        from_dir
+    );
+    // compile takes the same spelling, without --tokenizer.
+    let out = work.join("model.htpkv");
+    let o = htpkv(
+        &[
+            "compile",
+            "--model",
+            ckpt.to_str().unwrap(),
+            "--context",
+            "64",
+            "--ar",
+            "1,8",
+        ]
+        .into_iter()
+        .chain(["--out", out.to_str().unwrap()])
+        .collect::<Vec<_>>(),
+        &work,
+    );
+    text(&o);
+    // A GGUF file brings its own tokenizer.
+    let gguf = work.join("llama.gguf");
+    std::fs::write(&gguf, test_support::families::toy_gguf("llama").unwrap()).unwrap();
+    let o = run(&gguf, &["--tokenizer", tok.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("is for llama2.c checkpoints") && err.contains("llama.gguf"),
+        "{err}"
+    );
+    // A text file is no model: the message names it and what it was tried as.
+    let notes = work.join("notes.txt");
+    std::fs::write(&notes, "just some notes, not a model\n").unwrap();
+    let o = run(&notes, &[]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("notes.txt is neither a GGUF file") && err.contains("checkpoint"),
+        "{err}"
+    );
+}

@@ -27,7 +27,9 @@ fn ok(out: std::process::Output) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// stories260K compiled once per weight and K/V type for the real HTP: context 64, AR-1 and AR-8.
+/// stories260K compiled once per weight and K/V type for the real HTP: context 64, AR-1 and AR-8,
+/// from `--model stories260K.bin` (a llama2.c checkpoint file, its tokenizer found beside it: issue
+/// 38, one `--model` spelling).
 fn binary(htp: &Path, weights: &str, kv: &str) -> PathBuf {
     static BINS: OnceLock<std::sync::Mutex<Vec<(String, PathBuf)>>> = OnceLock::new();
     let bins = BINS.get_or_init(Default::default);
@@ -39,10 +41,13 @@ fn binary(htp: &Path, weights: &str, kv: &str) -> PathBuf {
     let dir = test_support::files::shared_dir(&format!("real_qnn-bin-{key}"));
     let out = dir.join(format!("stories260K-htp-{key}.bin"));
     let (o, h) = (out.to_str().unwrap(), htp.to_str().unwrap());
+    let ckpt = test_support::stories::stories260k_dir().join("stories260K.bin");
     let args = [
         "compile",
         "--target",
         "htp",
+        "--model",
+        ckpt.to_str().unwrap(),
         "--qnn-backend",
         h,
         "--context",

@@ -106,6 +106,26 @@ impl ModelFiles {
         ))
     }
 
+    /// The model of one llama2.c checkpoint file: its tokenizer is `tokenizer` when given, else the
+    /// file beside it that llama2.c's own tools name: `tok{N}.bin` for a vocabulary of N (as
+    /// `tok512.bin` beside `stories260K.bin`), else `tokenizer.bin` (the Llama 2 vocabulary).
+    /// Only the checkpoint's 28-byte header is read here; a bad header is an error naming the file.
+    pub fn for_checkpoint(
+        checkpoint: &Path,
+        tokenizer: Option<&Path>,
+    ) -> Result<ModelFiles, ModelError> {
+        let dir = checkpoint.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let tokenizer = match tokenizer {
+            Some(t) => t.to_path_buf(),
+            None => tokenizer_beside(checkpoint, &dir)?,
+        };
+        Ok(ModelFiles {
+            dir,
+            checkpoint: checkpoint.to_path_buf(),
+            tokenizer,
+        })
+    }
+
     /// Loads the checkpoint, then the tokenizer with the checkpoint's vocabulary size.
     pub fn load(&self) -> Result<(Checkpoint, Tokenizer), ModelError> {
         let ckpt = Checkpoint::load(&self.checkpoint)?;
@@ -195,6 +215,32 @@ pub fn sha256(bytes: &[u8]) -> [u8; 32] {
         o.copy_from_slice(&v.to_be_bytes());
     }
     out
+}
+
+/// The tokenizer llama2.c's tools would pair with `checkpoint` in `dir` (see
+/// [`ModelFiles::for_checkpoint`]).
+fn tokenizer_beside(checkpoint: &Path, dir: &Path) -> Result<PathBuf, ModelError> {
+    let origin = checkpoint.display().to_string();
+    let mut file = crate::fsio::CappedFile::open(checkpoint, crate::fsio::FileKind::CHECKPOINT)?;
+    let mut header = Vec::with_capacity(super::HEADER_BYTES);
+    file.read_up_to(&mut header, super::HEADER_BYTES as u64)?;
+    let vocab = super::Config::from_header(&header, &origin)?.vocab_size;
+    let names = [format!("tok{vocab}.bin"), GENERIC_TOKENIZER_NAME.to_owned()];
+    names
+        .iter()
+        .map(|n| dir.join(n))
+        .find(|p| p.is_file())
+        .ok_or_else(|| ModelError::ModelNotFound {
+            tried: vec![(
+                dir.to_path_buf(),
+                format!(
+                    "holds {} but neither {} nor {} beside it (give the tokenizer with --tokenizer FILE)",
+                    checkpoint.file_name().unwrap_or_default().to_string_lossy(),
+                    names[0],
+                    names[1]
+                ),
+            )],
+        })
 }
 
 #[cfg(test)]
