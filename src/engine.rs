@@ -19,8 +19,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 mod layer_windows;
+mod spec;
 pub mod speculator;
 pub use layer_windows::{LayerWindows, apply_layer_windows};
+pub use spec::EngineSpec;
 
 /// Which backend runs the graphs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,7 +159,7 @@ pub enum EngineError {
     #[error("{0}")]
     BadOption(String),
     /// A `--model` file that is neither a GGUF file nor a llama2.c checkpoint (the source says
-    /// what its checkpoint header holds), or a checkpoint without a tokenizer beside it.
+    /// what its checkpoint header holds).
     #[error("{} is neither a GGUF file, a folder with a config.json nor a usable llama2.c checkpoint", path.display())]
     NotAModel {
         path: PathBuf,
@@ -334,41 +336,89 @@ impl std::fmt::Debug for OpenedModel {
     }
 }
 
-impl OpenedModel {
-    /// Finds and opens the model `model` names: a GGUF file or a folder with `config.json` is
-    /// opened with the `model` crate; any other file is a llama2.c checkpoint and any other folder
-    /// a llama2.c model directory (`None`: discovery, see [`EngineOptions::model_dir`]).
-    /// `tokenizer` is a llama2.c model's tokenizer (default: the one beside its checkpoint, see
-    /// [`ModelFiles::for_checkpoint`]); the other formats bring their own and refuse one.
-    pub fn open(
+/// Where a model's files are, found from what the user named, before anything is loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A GGUF file or a Hugging Face folder (`config.json`), which brings its own tokenizer.
+    File(PathBuf),
+    /// A llama2.c checkpoint and its tokenizer.
+    Llama2c(ModelFiles),
+}
+
+impl ModelSource {
+    /// The model `model` names: a GGUF file or a folder with `config.json` is read by the `model`
+    /// crate; any other folder is a llama2.c model directory, and any other path a llama2.c
+    /// checkpoint (`None`: discovery, see [`EngineOptions::model_dir`]). `tokenizer` is a llama2.c
+    /// model's tokenizer (default: the one beside its checkpoint, see
+    /// [`ModelFiles::for_checkpoint`]); the other formats bring their own and refuse one. Only a
+    /// checkpoint's header is read here.
+    pub fn find(
         model: Option<&Path>,
         tokenizer: Option<&Path>,
-    ) -> Result<OpenedModel, EngineError> {
+    ) -> Result<ModelSource, EngineError> {
         match model {
             Some(p) if model::format_of(p).is_ok() => match tokenizer {
-                None => Self::open_file(p),
+                None => Ok(ModelSource::File(p.to_path_buf())),
                 Some(t) => Err(EngineError::BadOption(format!(
                     "--tokenizer {} is for llama2.c checkpoints; {} brings its own tokenizer",
                     t.display(),
                     p.display()
                 ))),
             },
-            Some(p) if p.is_file() => {
-                let files = ModelFiles::for_checkpoint(p, tokenizer).map_err(|source| {
-                    EngineError::NotAModel {
-                        path: p.to_path_buf(),
-                        source,
-                    }
-                })?;
-                Self::open_llama2c(&files)
+            Some(p) if p.exists() && !p.is_dir() => {
+                Ok(ModelSource::Llama2c(checkpoint_files(p, tokenizer)?))
             }
             other => {
                 let mut files = ModelFiles::discover(other)?;
                 if let Some(t) = tokenizer {
                     files.tokenizer = t.to_path_buf();
                 }
-                Self::open_llama2c(&files)
+                Ok(ModelSource::Llama2c(files))
             }
+        }
+    }
+
+    /// Every file the model is read from (no output may replace one of them).
+    pub fn inputs(&self) -> Result<Vec<PathBuf>, EngineError> {
+        match self {
+            ModelSource::File(path) => model_inputs(path),
+            ModelSource::Llama2c(f) => Ok(vec![f.checkpoint.clone(), f.tokenizer.clone()]),
+        }
+    }
+
+    /// True for a GGUF file or Hugging Face folder, which carry a tokenizer.json.
+    pub fn brings_tokenizer(&self) -> bool {
+        matches!(self, ModelSource::File(_))
+    }
+}
+
+/// The files of the llama2.c checkpoint `path`: a file that cannot be read is that file's error; one
+/// whose header is no checkpoint's is refused as no model at all.
+fn checkpoint_files(path: &Path, tokenizer: Option<&Path>) -> Result<ModelFiles, EngineError> {
+    use model::llama2c::ModelError;
+    ModelFiles::for_checkpoint(path, tokenizer).map_err(|source| match source {
+        ModelError::File(_) | ModelError::ModelNotFound { .. } => EngineError::Model(source),
+        source => EngineError::NotAModel {
+            path: path.to_path_buf(),
+            source,
+        },
+    })
+}
+
+impl OpenedModel {
+    /// Finds and opens the model `model` names ([`ModelSource::find`]).
+    pub fn open(
+        model: Option<&Path>,
+        tokenizer: Option<&Path>,
+    ) -> Result<OpenedModel, EngineError> {
+        Self::open_source(&ModelSource::find(model, tokenizer)?)
+    }
+
+    /// Opens a model found with [`ModelSource::find`].
+    pub fn open_source(source: &ModelSource) -> Result<OpenedModel, EngineError> {
+        match source {
+            ModelSource::File(path) => Self::open_file(path),
+            ModelSource::Llama2c(files) => Self::open_llama2c(files),
         }
     }
 

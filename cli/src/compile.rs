@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use htpkv::engine::{DEFAULT_MAX_CONTEXT, LayerWindows, OpenedModel, apply_layer_windows};
+use htpkv::engine::{
+    DEFAULT_MAX_CONTEXT, LayerWindows, ModelSource, OpenedModel, apply_layer_windows,
+};
 use model::fsio::{FileKind, check_output, open_regular, read_capped};
 use quant::DataType;
 use ref_backend::{
@@ -196,13 +198,14 @@ fn parse_from_str<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, Stri
 /// Compiles the model `--model` names (a GGUF file, a Hugging Face folder or a llama2.c
 /// checkpoint, found as `generate` finds it); its own tokenizer encodes the calibration.
 fn run_reference(args: &CompileArgs) -> anyhow::Result<()> {
-    let mut opened = OpenedModel::open(args.model.as_deref(), args.tokenizer.as_deref())?;
+    let source = ModelSource::find(args.model.as_deref(), args.tokenizer.as_deref())?;
     // Every file the model is read from (a Hugging Face folder's files, not only the folder:
-    // `--out DIR/config.json` is an input).
-    let mut inputs: Vec<&std::path::Path> = opened.inputs.iter().map(PathBuf::as_path).collect();
+    // `--out DIR/config.json` is an input), refused as the output before the model is read.
+    let files = source.inputs()?;
+    let mut inputs: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
     inputs.extend(args.calibration_prompts.as_deref());
-    let brings_tokenizer = model::format_of(&opened.path).is_ok();
-    check_early(args, &inputs, brings_tokenizer)?;
+    check_early(args, &inputs, source.brings_tokenizer())?;
+    let mut opened = OpenedModel::open_source(&source)?;
     apply_layer_windows(&mut opened.config, &args.layer_window)?;
     let context = args
         .context
@@ -217,8 +220,7 @@ fn run_reference(args: &CompileArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let model = opened.compile(&opts, &calibration, &mut |p| bars.update(p));
     bars.finish();
-    let model = model.context("compiling")?;
-    write_output(args, &model, &opened.path, &inputs, started)
+    write_output(args, &model?, &opened.path, &inputs, started)
 }
 
 /// True when the output is a Genie bundle (`--parts`, or a convention packaged as one:

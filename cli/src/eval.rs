@@ -99,7 +99,7 @@ enum Opened {
 
 impl Opened {
     fn open(args: &EvalArgs) -> anyhow::Result<Opened> {
-        let checked = check_run(&args.run, |ar| ar)?;
+        let checked = check_run(&args.run, None, None)?;
         if !foreign::wanted(&args.run) {
             let mut engine = open_run(&args.run, &checked, args.json)?.0;
             crate::saturation::count_in(engine.session_mut());

@@ -2,7 +2,7 @@
 
 use crate::interrupt;
 use anyhow::Context;
-use htpkv::engine::{BackendChoice, Engine, EngineOptions, LayerWindows};
+use htpkv::engine::{Engine, EngineOptions, EngineSpec, LayerWindows};
 use htpkv::sampler::{Sampler, SamplerOptions};
 use htpkv::session::{GenerateOptions, StopReason};
 use model::Message;
@@ -78,12 +78,13 @@ pub struct RunArgs {
     /// is the fetched libQnnHtp.so, else the backend library.
     #[arg(long)]
     pub qnn_system: Option<PathBuf>,
-    /// How K/V memory reaches the QNN library: auto, shared-buffer, client, host.
-    #[arg(long, default_value = "auto")]
-    pub qnn_memory: String,
-    /// Most QNN memory handles alive at once; least recently used ones are deregistered.
-    #[arg(long, default_value_t = htpkv::qnn_memory::DEFAULT_MAX_HANDLES)]
-    pub qnn_max_handles: usize,
+    /// How K/V memory reaches the QNN library: auto, shared-buffer, client, host [default: auto].
+    #[arg(long)]
+    pub qnn_memory: Option<String>,
+    /// Most QNN memory handles alive at once; least recently used ones are deregistered [default:
+    /// 4096].
+    #[arg(long)]
+    pub qnn_max_handles: Option<usize>,
     /// Sliding attention window W on the listed layers (e.g. `0,2,4:16`; repeat for other
     /// windows) of a model without its own, applied when the model is compiled (not with
     /// --compiled: the file has its own).
@@ -246,88 +247,43 @@ pub struct Checked {
     pub generate: GenerateOptions,
 }
 
-/// The options of [`RunArgs`], parsed and checked; `ar_default` turns the default AR variants
-/// into the command's (`--beams` adds an AR-B variant).
+/// The options of [`RunArgs`], parsed and checked by the engine's one reader of option spellings
+/// ([`EngineSpec`]); `speculate` and `beams` add their variants to the default AR.
 pub fn check_run(
     run: &RunArgs,
-    ar_default: impl FnOnce(Vec<usize>) -> Vec<usize>,
+    speculate: Option<htpkv::speculate::SpecKind>,
+    beams: Option<usize>,
 ) -> anyhow::Result<RunChecked> {
-    let backend = match run.backend.as_str() {
-        // The reference backend runs in process: QNN memory options would be ignored silently.
-        "reference" if run.qnn_memory != "auto" => anyhow::bail!(
-            "--qnn-memory {} applies only to --backend qnn (the reference backend runs in process)",
-            run.qnn_memory
-        ),
-        "reference" => BackendChoice::Reference,
-        "qnn" => {
-            let backend_lib = htpkv::qnn_libs::backend_library(run.qnn_backend.as_deref())
-                .with_context(|| {
-                    format!(
-                        "--backend qnn needs --qnn-backend PATH or $HTPKV_QNN_BACKEND (or {})",
-                        htpkv::qnn_libs::FETCH_QNN
-                    )
-                })?;
-            let system_lib =
-                htpkv::qnn_libs::system_library(run.qnn_system.as_deref(), &backend_lib);
-            BackendChoice::Qnn {
-                backend_lib,
-                system_lib,
-                memory: run
-                    .qnn_memory
-                    .parse()
-                    .map_err(|e: String| anyhow::anyhow!("--qnn-memory: {e}"))?,
-                max_handles: run.qnn_max_handles,
-            }
-        }
-        other => anyhow::bail!("unknown backend `{other}` (expected reference or qnn)"),
-    };
-    let kv_dtype = run
-        .kv_dtype
-        .as_deref()
-        .map(|s| s.parse::<DataType>())
-        .transpose()
-        .map_err(|e| anyhow::anyhow!("--kv-dtype: {e}"))?;
-    let weights = run
-        .weights
-        .as_deref()
-        .map(|s| s.parse::<WeightType>())
-        .transpose()
-        .map_err(|e| anyhow::anyhow!("--weights: {e}"))?;
-    let strategy = match &run.update {
-        Some(name) => EngineOptions::parse_strategy(name)?,
-        None => EngineOptions::default_strategy(
-            &backend,
-            EngineOptions::model_is_windowed(run.model_dir.as_deref()),
-        ),
-    };
-    let defaults = EngineOptions::default();
-    let engine = EngineOptions {
-        model_dir: run.model_dir.clone(),
+    let spec = EngineSpec {
+        model: run.model_dir.clone(),
         compiled: run.compiled.first().cloned(),
-        backend,
-        strategy,
-        kv_dtype: kv_dtype.unwrap_or(defaults.kv_dtype),
-        weights: weights.map_or(defaults.weights, |w| w.name().to_owned()),
-        context: run.context,
-        ar: run.ar.clone().unwrap_or_else(|| {
-            ar_default(run.context.map_or(defaults.ar, htpkv::config::default_ar))
-        }),
-        cache_dir: None,
-        layer_windows: run.layer_window.clone(),
-        chat_template: run.chat_template.clone(),
         tokenizer: run.tokenizer.clone(),
+        chat_template: run.chat_template.clone(),
+        backend: Some(run.backend.clone()),
+        qnn_backend: run.qnn_backend.clone(),
+        qnn_system: run.qnn_system.clone(),
+        qnn_memory: run.qnn_memory.clone(),
+        qnn_max_handles: run.qnn_max_handles,
+        update: run.update.clone(),
+        kv_dtype: run.kv_dtype.clone(),
+        weights: run.weights.clone(),
+        context: run.context,
+        ar: run.ar.clone(),
+        speculate,
+        beams,
+        layer_windows: run.layer_window.clone(),
+        cache_dir: None,
     };
     Ok(RunChecked {
-        engine,
-        kv_dtype,
-        weights,
+        engine: spec.resolve()?,
+        kv_dtype: spec.kv_dtype()?,
+        weights: spec.weights()?,
     })
 }
 
 fn check_args(args: &GenerateArgs) -> anyhow::Result<Checked> {
-    let run = check_run(&args.run, |ar| {
-        speculate::default_ar(args, beams::default_ar(args, ar))
-    })?;
+    let spec = speculate::kind(args).ok().flatten();
+    let run = check_run(&args.run, spec, args.beams.or(args.n))?;
     let generate = GenerateOptions {
         max_tokens: args.steps,
         sampler: SamplerOptions {

@@ -40,7 +40,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             "`htpkv serve` takes one model or compiled file; --bundle and split models are not served yet"
         );
     }
-    let checked = check_run(&args.run, |ar| ar)?;
+    let checked = check_run(&args.run, None, None)?;
     let (engine, _) = open_run(&args.run, &checked, false)?;
     let options = htpkv_serve::ServeOptions {
         parallel: args.parallel.into(),

@@ -4,7 +4,7 @@
 //! checked here or by the engine, and a bad value is a `bad_option` error naming what was expected.
 
 use crate::error::GlueError;
-use htpkv::engine::{BackendChoice, EngineOptions};
+use htpkv::engine::{EngineOptions, EngineSpec};
 use htpkv::sampler::SamplerOptions;
 use htpkv::session::{GenerateOptions, StopReason};
 use htpkv::speculate::SpecKind;
@@ -13,7 +13,8 @@ use std::path::PathBuf;
 /// The arguments of `HtpkvSession.open`, as Java passed them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct OpenArgs {
-    /// Directory of the model checkpoint and tokenizer (None: the engine's model discovery).
+    /// The model as `--model` spells it: a GGUF file, a Hugging Face folder, a llama2.c checkpoint
+    /// or directory (None: the engine's model discovery).
     pub model_dir: Option<String>,
     /// A compiled model file (context binary) to use instead of compiling.
     pub compiled: Option<String>,
@@ -42,79 +43,37 @@ pub struct OpenArgs {
 }
 
 impl OpenArgs {
-    /// The engine options these arguments ask for, starting from `EngineOptions::default()`.
+    /// The engine options these arguments ask for, read by the engine's one reader of option
+    /// spellings ([`EngineSpec`]), whose messages name each option as the CLI spells it.
     pub fn to_engine_options(&self) -> Result<EngineOptions, GlueError> {
-        let mut options = EngineOptions::default();
-        if let Some(dir) = non_empty(&self.model_dir) {
-            options.model_dir = Some(PathBuf::from(dir));
-        }
-        if let Some(file) = non_empty(&self.compiled) {
-            options.compiled = Some(PathBuf::from(file));
-        }
-        let backend_lib = non_empty(&self.backend_lib);
-        let system_lib = non_empty(&self.system_lib);
-        options.backend = match non_empty(&self.backend).unwrap_or("reference") {
-            "reference" => {
-                if backend_lib.is_some() || system_lib.is_some() {
-                    return Err(GlueError::bad_option(
-                        "QNN library paths were given but the backend is `reference`; \
-                         choose the `qnn` backend to use them",
-                    ));
-                }
-                BackendChoice::Reference
-            }
-            "qnn" => BackendChoice::Qnn {
-                backend_lib: PathBuf::from(backend_lib.ok_or_else(|| {
-                    GlueError::bad_option(
-                        "the `qnn` backend needs the path of a QNN backend library \
-                         (e.g. libQnnHtp.so)",
-                    )
-                })?),
-                system_lib: system_lib.map(PathBuf::from),
-                memory: htpkv::qnn_memory::QnnMemory::Auto,
-                max_handles: htpkv::qnn_memory::DEFAULT_MAX_HANDLES,
+        let path = |v: &Option<String>| non_empty(v).map(PathBuf::from);
+        let text = |v: &Option<String>| non_empty(v).map(str::to_owned);
+        let spec = EngineSpec {
+            model: path(&self.model_dir),
+            compiled: path(&self.compiled),
+            backend: text(&self.backend),
+            qnn_backend: path(&self.backend_lib),
+            qnn_system: path(&self.system_lib),
+            update: text(&self.strategy),
+            kv_dtype: text(&self.kv_dtype),
+            weights: text(&self.weights),
+            context: match self.context {
+                0 => None,
+                n => Some(positive(n, "context")?),
             },
-            other => {
-                return Err(GlueError::bad_option(format!(
-                    "backend must be `reference` or `qnn`, got `{other}`"
-                )));
-            }
+            ar: (!self.ar.is_empty())
+                .then(|| {
+                    self.ar
+                        .iter()
+                        .map(|&n| positive(n, "an AR variant"))
+                        .collect()
+                })
+                .transpose()?,
+            speculate: self.speculation()?,
+            cache_dir: path(&self.cache_dir),
+            ..EngineSpec::default()
         };
-        options.strategy = match non_empty(&self.strategy) {
-            Some(name) => EngineOptions::parse_strategy(name)?,
-            None => EngineOptions::default_strategy(
-                &options.backend,
-                EngineOptions::model_is_windowed(options.model_dir.as_deref()),
-            ),
-        };
-        if let Some(name) = non_empty(&self.kv_dtype) {
-            options.kv_dtype = name.parse().map_err(|_| {
-                GlueError::bad_option(format!(
-                    "kv dtype must be u8, u16, f16 or f32, got `{name}`"
-                ))
-            })?;
-        }
-        if let Some(dir) = non_empty(&self.cache_dir) {
-            options.cache_dir = Some(PathBuf::from(dir));
-        }
-        if let Some(weights) = non_empty(&self.weights) {
-            options.weights = weights.to_string();
-        }
-        options.context = match self.context {
-            0 => None,
-            n => Some(positive(n, "context")?),
-        };
-        if !self.ar.is_empty() {
-            options.ar = self
-                .ar
-                .iter()
-                .map(|&n| positive(n, "an AR variant"))
-                .collect::<Result<_, _>>()?;
-        } else if let Some(kind) = self.speculation()? {
-            // As `--speculate` does: the verification variant joins the default ones.
-            options.ar = kind.with_verify_ar(options.ar);
-        }
-        Ok(options)
+        Ok(spec.resolve()?)
     }
 
     /// The speculative decoding asked for (`bad_option` naming the spelling when it does not parse).
@@ -228,6 +187,7 @@ fn positive(value: i32, what: &str) -> Result<usize, GlueError> {
 mod tests {
     use super::*;
     use crate::error::KIND_BAD_OPTION;
+    use htpkv::engine::BackendChoice;
     use htpkv::kv_manager::Strategy;
     use htpkv::quant::DataType;
 
@@ -317,17 +277,17 @@ mod tests {
             ),
             (
                 OpenArgs {
-                    backend: some("qnn"),
-                    ..Default::default()
-                },
-                "libQnnHtp.so",
-            ),
-            (
-                OpenArgs {
                     backend_lib: some("/x.so"),
                     ..Default::default()
                 },
-                "`qnn` backend",
+                "applies only to --backend qnn",
+            ),
+            (
+                OpenArgs {
+                    weights: some("i7"),
+                    ..Default::default()
+                },
+                "--weights",
             ),
             (
                 OpenArgs {

@@ -11,17 +11,6 @@ pub fn wanted(args: &GenerateArgs) -> bool {
     args.beams.is_some() || args.n.is_some()
 }
 
-/// The AR variants compiled when --ar is not given: the default ones plus B (or N), so that every
-/// beam steps in one graph run instead of padding a large prefill variant.
-pub fn default_ar(args: &GenerateArgs, mut ar: Vec<usize>) -> Vec<usize> {
-    if let Some(b) = args.beams.or(args.n).filter(|&b| b > 1) {
-        ar.push(b);
-        ar.sort_unstable();
-        ar.dedup();
-    }
-    ar
-}
-
 pub fn run(args: &GenerateArgs, checked: &Checked, engine: &mut Engine) -> anyhow::Result<()> {
     let prompt = engine
         .session()

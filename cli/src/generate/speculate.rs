@@ -15,15 +15,6 @@ pub fn kind(args: &GenerateArgs) -> anyhow::Result<Option<SpecKind>> {
         .map_err(anyhow::Error::from)
 }
 
-/// The AR variants compiled when --ar is not given: the default ones plus K + 1, so a
-/// verification step runs the next token and K proposed ones in one graph run.
-pub fn default_ar(args: &GenerateArgs, ar: Vec<usize>) -> Vec<usize> {
-    match kind(args) {
-        Ok(Some(kind)) => kind.with_verify_ar(ar),
-        _ => ar,
-    }
-}
-
 /// Sets the engine's speculation when --speculate is given (a draft model is opened with the
 /// target's `options`).
 pub fn attach(

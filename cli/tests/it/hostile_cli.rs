@@ -71,14 +71,14 @@ fn dev_zero_inputs_fail_fast() {
     );
     assert_eq!(
         failure(&o),
-        "error: loading the checkpoint: checkpoint /dev/zero is a character device, not a regular file"
+        "error: checkpoint /dev/zero is a character device, not a regular file"
     );
     let mut args = compile_args(&dir, &out, &[]);
     args[4] = "/dev/zero".into();
     let o = run(&args, &work);
     assert_eq!(
         failure(&o),
-        "error: loading the tokenizer: tokenizer /dev/zero is a character device, not a regular file"
+        "error: tokenizer /dev/zero is a character device, not a regular file"
     );
     let o = run(
         &compile_args(&dir, &out, &["--calibration-prompts", "/dev/zero"]),
@@ -152,7 +152,7 @@ fn a_failed_compile_keeps_the_existing_output() {
     let o = run(&args, &work);
     assert_eq!(
         failure(&o),
-        "error: compiling: invalid compile options: calibration_tokens 1048577 exceeds the maximum 1048576 (the file format's limit)"
+        "error: compiling the model: invalid compile options: calibration_tokens 1048577 exceeds the maximum 1048576 (the file format's limit)"
     );
     assert_eq!(std::fs::read(&out).unwrap(), b"the good file");
     assert_eq!(std::fs::read_dir(&work).unwrap().count(), 1, "no leftovers");

@@ -228,7 +228,10 @@ fn generate(extra: &[&str], env: &[(&str, &str)]) -> Value {
     let lib = built_library("libhtpkv_ref_qnn.so");
     let mut args = vec!["generate", "Once upon a time", "--steps", "40", "--json"];
     args.extend(["--compiled", compiled().to_str().unwrap()]);
-    args.extend(["--qnn-backend", lib.to_str().unwrap()]);
+    // QNN options are refused with the reference backend.
+    if extra.contains(&"qnn") {
+        args.extend(["--qnn-backend", lib.to_str().unwrap()]);
+    }
     args.extend(extra);
     ok_json(&htpkv(&args, env))
 }
