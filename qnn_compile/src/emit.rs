@@ -330,14 +330,29 @@ impl Emitter {
 
     /// `a[..., begin..end, ...]` along `axis`.
     pub fn slice(&mut self, a: &Val, axis: usize, begin: u32, end: u32) -> Result<Val, QnnError> {
+        self.slice_every(a, axis, begin..end, 1)
+    }
+
+    /// Every `step`-th element of `a[..., range, ...]` along `axis` (`step` > 0).
+    pub fn slice_every(
+        &mut self,
+        a: &Val,
+        axis: usize,
+        range: std::ops::Range<u32>,
+        step: u32,
+    ) -> Result<Val, QnnError> {
         let mut ranges = Vec::with_capacity(a.shape.len() * 3);
         for (i, &d) in a.shape.iter().enumerate() {
-            let (lo, hi) = if i == axis { (begin, end) } else { (0, d) };
-            ranges.extend([lo as i32, hi as i32, 1]);
+            let (lo, hi, st) = if i == axis {
+                (range.start, range.end, step)
+            } else {
+                (0, d, 1)
+            };
+            ranges.extend([lo as i32, hi as i32, st as i32]);
         }
         let r = self.i32_param(&[a.shape.len() as u32, 3], &ranges)?;
         let mut s = a.shape.clone();
-        s[axis] = end - begin;
+        s[axis] = range.len().div_ceil(step as usize) as u32;
         self.op(
             "StridedSlice",
             &[Param::Tensor("ranges", r)],

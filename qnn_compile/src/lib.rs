@@ -26,7 +26,7 @@ pub mod w8a16;
 
 use emit::Emitter;
 pub use encoding::Fixed;
-pub use llama::{KvEncodings, Naming, PartSpec};
+pub use llama::{KvEncodings, Naming, PartSpec, RopeTable, rope_table};
 use model::{LlamaConfig, WeightSource};
 pub use qnn_ffi::HtpTarget;
 use qnn_ffi::{
@@ -293,6 +293,69 @@ mod tests {
             ..GraphLayout::HTPKV
         };
         assert!(llama::layout_refusal(odd).is_some());
+    }
+
+    fn gemma_like(theta: f32, window_theta: f32) -> LlamaConfig {
+        LlamaConfig {
+            n_layers: 6,
+            dim: 64,
+            n_heads: 4,
+            n_kv_heads: 1,
+            head_dim: 32,
+            hidden_dim: 128,
+            vocab_size: 32,
+            context_length: 64,
+            rms_eps: 1e-6,
+            rope: model::RopeConfig {
+                theta,
+                window_theta: Some(window_theta),
+                ..model::RopeConfig::default()
+            },
+            tied_output: true,
+            block: model::Block::default(),
+            embed_scale: None,
+            final_softcap: None,
+            special: model::SpecialTokens::default(),
+            layer_windows: vec![Some(8); 6],
+        }
+    }
+
+    /// Gemma 3's two bases (1e6 global, 1e4 window) in one table: the columns each layer reads
+    /// hold, at every position, the angles `model::ops::Rope` (the forward's rotation) gives
+    /// that layer, under the frequencies Genie and htpkv's runtime compute for a table of
+    /// `rope-dim` columns and base `rope-theta` (`theta^(-k / dim)`).
+    #[test]
+    fn one_rope_table_carries_both_of_gemmas_bases() {
+        let c = gemma_like(1e6, 1e4);
+        let t = llama::rope_table(&c).unwrap();
+        assert_eq!((t.global_step, t.window_step, t.dim), (3, 2, 46));
+        let rope = model::ops::Rope::new(c.head_dim, &c.rope);
+        for (windowed, step) in [(false, t.global_step), (true, t.window_step)] {
+            for (i, &f) in rope.layer_frequencies(windowed).iter().enumerate() {
+                let k = (step * i) as f64;
+                let table = t.theta.powf(-k / t.dim as f64);
+                let rel = (table - f64::from(f)).abs() / f64::from(f);
+                assert!(rel < 1e-6, "windowed {windowed} pair {i}: {table} vs {f}");
+            }
+        }
+        assert_eq!(
+            llama::model_refusal(&c, Naming::AiHub.convention().layout),
+            None
+        );
+    }
+
+    /// Bases one table cannot carry are refused naming the property, not the family.
+    #[test]
+    fn bases_of_no_common_power_are_refused_by_property() {
+        let c = gemma_like(1e6, 12345.0);
+        let why = llama::model_refusal(&c, Naming::AiHub.convention().layout).unwrap();
+        assert!(why.contains("rope.window_theta 12345"), "{why}");
+        assert!(why.contains("not powers"), "{why}");
+        assert!(!why.to_lowercase().contains("gemma"), "{why}");
+        assert_eq!(
+            llama::model_refusal(&c, Naming::Htpkv.convention().layout),
+            None
+        );
     }
 
     #[test]

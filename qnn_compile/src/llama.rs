@@ -28,10 +28,11 @@ use std::ops::Range;
 
 /// The IO convention of the graphs (tensor names, K/V granularity and layout, positions):
 /// [`Preset::Htpkv`] (see the module docs: per-head K/V rows, position ids) or [`Preset::AiHub`]
-/// (what Genie runs: `position_ids_cos`/`position_ids_sin` `[1, 1, n, D/2]` inputs the runtime
-/// computes, per-layer K/V `past_key_{l}_in [H, 1, D, S-n]` (keys transposed),
-/// `past_value_{l}_in [H, 1, S-n, D]`, outputs `past_key_{l}_out [H, 1, D, n]`,
-/// `past_value_{l}_out [H, 1, n, D]`). ExecuTorch's is refused before lowering.
+/// (what Genie runs: `position_ids_cos`/`position_ids_sin` `[1, 1, n, W]` inputs the runtime
+/// computes, `W` the width of [`rope_table`], `D/2` for one base; per-layer K/V
+/// `past_key_{l}_in [H, 1, D, S-n]` (keys transposed), `past_value_{l}_in [H, 1, S-n, D]`,
+/// outputs `past_key_{l}_out [H, 1, D, n]`, `past_value_{l}_out [H, 1, n, D]`). ExecuTorch's is
+/// refused before lowering.
 pub use graph_io::Preset as Naming;
 
 /// The name of a K/V tensor (`head` per head) under `naming`, written by its convention.
@@ -101,31 +102,95 @@ pub type KvEncodings = Option<Vec<(Fixed, Fixed)>>;
 /// Why the lowering cannot build a model of description `c` in `layout` (`None`: it can). It
 /// builds every property of the description ([`model::Block`], RoPE factors, partial rotary,
 /// window layers with their own base and window-sized K/V, embedding scale, soft-cap) in
-/// htpkv's layout; what a convention's inputs cannot carry is refused by name.
+/// htpkv's layout; in a layout of RoPE tables it refuses, by name, what one table cannot carry
+/// ([`rope_table`]) and partial rotary embeddings.
 pub fn model_refusal(c: &LlamaConfig, layout: GraphLayout) -> Option<String> {
-    let tables = layout.positions == PositionInput::RopeTables;
-    let windows = c.layer_windows.iter().any(Option::is_some);
-    let unbuilt = [
-        (
-            tables && c.rope.window_theta.is_some(),
-            "window layers with a RoPE base of their own (rope.window_theta) under a convention \
-             whose RoPE tables give one base",
-        ),
-        (
-            tables && c.rope.rotated.is_some(),
-            "partial rotary embeddings (rope.rotated) under a convention of RoPE tables",
-        ),
-        (
-            windows && layout.kv == Granularity::PerLayer,
-            "per-layer attention windows in a layout of per-layer K/V tensors",
-        ),
-    ];
-    let missing: Vec<&str> = unbuilt
-        .iter()
-        .filter(|(has, _)| *has)
-        .map(|(_, w)| *w)
-        .collect();
+    if layout.positions != PositionInput::RopeTables {
+        return None;
+    }
+    let mut missing = Vec::new();
+    if let Err(why) = rope_table(c) {
+        missing.push(why);
+    }
+    if c.rope.rotated.is_some() {
+        missing.push(
+            "partial rotary embeddings (rope.rotated) under a convention of RoPE tables".into(),
+        );
+    }
     (!missing.is_empty()).then(|| missing.join(", "))
+}
+
+/// The one RoPE table a runtime computes for graphs of RoPE table inputs (Genie's
+/// `positional-encoding`: `dim` columns, column `k` holding `cos`/`sin` of
+/// `p * theta^(-k / dim)` at position `p`) and the columns each layer reads: every
+/// `global_step`-th from 0 for the global layers, every `window_step`-th for the window layers
+/// of a model whose window layers have a base of their own (`rope.window_theta`).
+///
+/// One table carries both bases when they are powers of one base `u` (`theta = u^a`,
+/// `window_theta = u^b`, small `a`, `b`: Gemma 3's 1e6 and 1e4 are 100^3 and 100^2): the table
+/// then holds the frequencies `u^(-2k / R)` (`R` the rotated width), the global layers' at
+/// `k = a * i`, the window layers' at `k = b * i`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeTable {
+    /// Columns (`rope-dim`).
+    pub dim: usize,
+    /// The base of the table's frequencies (`rope-theta`).
+    pub theta: f64,
+    /// The global layers' columns: `0, global_step, 2 * global_step, ...` (`R / 2` of them).
+    pub global_step: usize,
+    /// The window layers' columns (equal to `global_step` without a base of their own).
+    pub window_step: usize,
+}
+
+/// Largest power of the shared base [`rope_table`] looks for.
+const MAX_BASE_POWER: u32 = 8;
+
+/// The one table the RoPE of `c` reads under a convention of RoPE tables, or why one table
+/// cannot carry it: window layers with a base of their own that is not a small power of a base
+/// the global one is also a power of, or whose frequencies are rescaled (Llama 3 scaling,
+/// frequency factors: the rescaled frequencies are no longer powers of one base).
+pub fn rope_table(c: &LlamaConfig) -> Result<RopeTable, String> {
+    let half = c.rope.rotated_dims(c.head_dim) / 2;
+    let theta = f64::from(c.rope.theta);
+    let Some(window) = c.rope.window_theta.map(f64::from) else {
+        return Ok(RopeTable {
+            dim: half,
+            theta,
+            global_step: 1,
+            window_step: 1,
+        });
+    };
+    let refusal = |why: &str| {
+        format!(
+            "window layers with a RoPE base of their own (rope.window_theta {window}, global \
+             {theta}) under a convention of one RoPE table: {why}"
+        )
+    };
+    if c.rope.scaling.is_some() || c.rope.freq_factors.is_some() {
+        return Err(refusal("rescaled frequencies are not columns of one table"));
+    }
+    let (lt, lw) = (theta.ln(), window.ln());
+    let powers = (1..=MAX_BASE_POWER).flat_map(|a| (1..=MAX_BASE_POWER).map(move |b| (a, b)));
+    let Some((a, b)) = powers.filter(|&(a, b)| gcd(a, b) == 1).find(|&(a, b)| {
+        lt > 0.0 && lw > 0.0 && (lt * f64::from(b) - lw * f64::from(a)).abs() <= 1e-9 * lt
+    }) else {
+        return Err(refusal(&format!(
+            "the two bases are not powers (up to {MAX_BASE_POWER}) of one base"
+        )));
+    };
+    let (a, b) = (a as usize, b as usize);
+    let dim = a.max(b) * (half.max(1) - 1) + 1;
+    let rotated = (2 * half) as f64;
+    Ok(RopeTable {
+        dim,
+        theta: (lt * 2.0 * dim as f64 / (a as f64 * rotated)).exp(),
+        global_step: a,
+        window_step: b,
+    })
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// Why the lowering cannot build `layout`'s graphs (`None`: it can). It builds the two layouts
@@ -605,13 +670,36 @@ impl<'a> Lowering<'a> {
             }
             return Ok(rows);
         }
+        let table = rope_table(self.c).map_err(|reason| QnnError::InvalidTensor {
+            tensor: "position_ids_cos".into(),
+            reason,
+        })?;
+        let (n, width) = (self.n, u(table.dim));
         let shape = self.pair_shape();
         let f = b::QNN_DATATYPE_FLOAT_32;
-        let mut row = |name: &str| -> Result<Val, QnnError> {
-            let v = self.e.input(name, f, &[1, 1, self.n, half])?;
-            self.e.reshape(&v, &shape, None)
-        };
-        Ok(vec![(row("position_ids_cos")?, row("position_ids_sin")?)])
+        let mut inputs = Vec::with_capacity(2);
+        for name in ["position_ids_cos", "position_ids_sin"] {
+            let v = self.e.input(name, f, &[1, 1, n, width])?;
+            inputs.push(self.e.reshape(&v, &[n, width], None)?);
+        }
+        let mut steps = vec![table.global_step];
+        if self.c.rope.window_theta.is_some() {
+            steps.push(table.window_step);
+        }
+        let mut rows = Vec::with_capacity(steps.len());
+        for step in steps {
+            let end = u(step * (half as usize - 1) + 1);
+            let mut pick = |t: &Val| -> Result<Val, QnnError> {
+                let cols = if (step, end) == (1, width) {
+                    t.clone()
+                } else {
+                    self.e.slice_every(t, 1, 0..end, u(step))?
+                };
+                self.e.reshape(&cols, &shape, None)
+            };
+            rows.push((pick(&inputs[0])?, pick(&inputs[1])?));
+        }
+        Ok(rows)
     }
 
     /// `[n, 1, D/2, 1]` (adjacent pairs) or `[n, 1, 1, D/2]` (half-split): cos/sin rows that

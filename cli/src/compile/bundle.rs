@@ -101,8 +101,9 @@ pub fn write_bundle(
 
 /// `genie_config.json` with the fields `htpkv::bundle` reads: context size, vocabulary, BOS,
 /// the tokens that end generation (EOS, end of turn, and BOS, which ends a llama2.c story),
-/// tokenizer path, the binaries, and the RoPE settings (`rope-dim` is half the head dim: the
-/// width of the cos/sin tables).
+/// tokenizer path, the binaries, and the RoPE settings (`rope-dim` is the width of the cos/sin
+/// tables: half the head dim, or, for window layers with a RoPE base of their own, the one table
+/// holding both bases, `qnn_compile::RopeTable`).
 ///
 /// It also passes Genie 1.21's own schema (`GenieDialogConfig_createFromJson`; the test
 /// `genie_accepts_the_bundle_config` in cli/tests/genie_cli.rs checks it with the real
@@ -116,7 +117,13 @@ pub fn write_bundle(
 pub fn genie_config(c: &LlamaConfig, context: usize, bins: &[String]) -> Value {
     let s = &c.special;
     let eos: Vec<u32> = [s.eos, s.eot, s.bos].into_iter().flatten().collect();
-    let mut rope = json!({"type": "rope", "rope-dim": c.head_dim / 2, "rope-theta": c.rope.theta});
+    // Window layers with a base of their own read both bases from one table
+    // (`qnn_compile::RopeTable`; a model one table cannot carry was refused by the compiler).
+    let (dim, theta) = match qnn_compile::rope_table(c) {
+        Ok(t) if c.rope.window_theta.is_some() => (t.dim, json!(t.theta)),
+        _ => (c.head_dim / 2, json!(c.rope.theta)),
+    };
+    let mut rope = json!({"type": "rope", "rope-dim": dim, "rope-theta": theta});
     if let Some(sc) = &c.rope.scaling {
         rope["rope-scaling"] = json!({
             "rope-type": "llama3",

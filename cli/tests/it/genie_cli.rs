@@ -108,15 +108,22 @@ fn genie_refuses_reference_format_binaries_at_dialog_create() {
     else {
         return;
     };
-    let (o, doc) = from_bos(&libs, &dir, &config, "4");
+    refused_at_create(
+        &libs,
+        &dir,
+        &config,
+        "Failed to get context binary info for context index = 0",
+    );
+}
+
+/// `GenieDialog_create` refuses `config` (status −1, `genie-run` exit 4) saying `says`.
+fn refused_at_create(libs: &QnnLibs, dir: &Path, config: &Path, says: &str) {
+    let (o, doc) = from_bos(libs, dir, config, "4");
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(4), "{doc} {err}");
     assert_eq!(doc["refused_by"], "GenieDialog_create", "{doc}");
     assert_eq!(doc["status"], -1, "{doc}");
-    assert!(
-        err.contains("Failed to get context binary info for context index = 0"),
-        "{err}"
-    );
+    assert!(err.contains(says), "{err}");
 }
 
 /// The peer comparison on the same files: `htpkv compile --target htp --convention aihub` makes a
@@ -148,32 +155,38 @@ fn genie_and_htpkv_give_the_same_tokens_from_htpkvs_own_htp_bundle() {
     }
 }
 
-fn same_tokens_from_one_bundle(libs: &QnnLibs, (weights, kv): (&str, &str), extra: &[&str]) {
-    let dir = ScratchDir::new(&format!("genie_cli-peer-{weights}-{kv}"));
-    let tok = test_support::stories::stories_tokenizer_json(&dir);
-    let bundle = dir.join("bundle");
-    let cache = dir.join("cache");
-    let compile = [
+/// `htpkv compile --target htp --convention aihub --ar 1 --out BUNDLE ARGS…`.
+fn compile_htp_aihub(bundle: &Path, cache: &Path, args: &[&str]) -> Output {
+    let head = [
         "compile",
         "--target",
         "htp",
         "--convention",
         "aihub",
-        "--context",
-        "64",
         "--ar",
         "1",
+        "--out",
+        bundle.to_str().unwrap(),
+    ];
+    crate::htpkv(&[&head[..], args].concat(), cache)
+}
+
+fn same_tokens_from_one_bundle(libs: &QnnLibs, (weights, kv): (&str, &str), extra: &[&str]) {
+    let dir = ScratchDir::new(&format!("genie_cli-peer-{weights}-{kv}"));
+    let tok = test_support::stories::stories_tokenizer_json(&dir);
+    let bundle = dir.join("bundle");
+    let cache = dir.join("cache");
+    let shape = [
+        "--context",
+        "64",
         "--weights",
         weights,
         "--kv-dtype",
         kv,
         "--tokenizer-json",
         tok.to_str().unwrap(),
-        "--out",
-        bundle.to_str().unwrap(),
     ];
-    let compile: Vec<&str> = compile.iter().chain(extra).copied().collect();
-    let o = crate::htpkv(&compile, &cache);
+    let o = compile_htp_aihub(&bundle, &cache, &[&shape[..], extra].concat());
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // From BOS alone: a story. (With this test's byte-level tokenizer "Once upon a time" is 17
     // one-character tokens; from those the two runtimes part at the 8th generated token, see
@@ -264,4 +277,65 @@ fn genie_run_out_never_replaces_the_config() {
     assert!(!o.status.success(), "{err}");
     assert!(err.contains("it is one of this command's inputs"), "{err}");
     assert_eq!(std::fs::read(&config).unwrap(), b"{}");
+}
+
+/// Issue 37: Gemma 3 as an AI-Hub-shaped bundle under Genie 1.21. htpkv builds it: the toy
+/// gemma3 GGUF (`test_support::families`: window 8 on five layers of six, global base 1e6,
+/// window base 1e4) through `libQnnHtp.so` under AI Hub's names. Genie's one RoPE table carries
+/// both bases (`qnn_compile::RopeTable`: `rope-dim` 46 columns of base 100^(92/32), the global
+/// layers reading every third column, the window layers every second), which Genie's schema
+/// accepts. The window layers' past K/V hold the window's 7 rows, and Genie 1.21 refuses that at
+/// `GenieDialog_create`: its KV manager takes a past K/V of CL or CL - AR-n rows only. The exact
+/// refusal is kept here: a Genie that accepts the bundle fails this test, which must then become
+/// the token comparison of `genie_and_htpkv_give_the_same_tokens_from_htpkvs_own_htp_bundle`.
+#[test]
+fn genie_refuses_gemmas_window_sized_kv_exactly() {
+    let Some(libs) = test_support::fetched::qnn_libs("genie_refuses_gemmas_window_sized_kv") else {
+        return;
+    };
+    let dir = ScratchDir::new("genie_cli-gemma3");
+    let model = dir.join("gemma3.gguf");
+    std::fs::write(&model, test_support::families::toy_gguf("gemma3").unwrap()).unwrap();
+    let bundle = dir.join("bundle");
+    let shape = [
+        "--model",
+        model.to_str().unwrap(),
+        "--context",
+        "32",
+        "--weights",
+        "f32",
+        "--kv-dtype",
+        "f32",
+    ];
+    let o = compile_htp_aihub(&bundle, &dir.join("cache"), &shape);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let config = bundle.join("genie_config.json");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    let pe = &doc["dialog"]["engine"]["model"]["positional-encoding"];
+    let theta = pe["rope-theta"].as_f64().unwrap();
+    assert_eq!(pe["rope-dim"], 46, "{pe}");
+    // Column 3i holds the global frequency of pair i, column 2i the window layers' (head 32).
+    for i in 0..16 {
+        let k = i as f64;
+        let global = 1e6f64.powf(-2.0 * k / 32.0);
+        let window = 1e4f64.powf(-2.0 * k / 32.0);
+        assert!(
+            (theta.powf(-3.0 * k / 46.0) / global - 1.0).abs() < 1e-9,
+            "{pe}"
+        );
+        assert!(
+            (theta.powf(-2.0 * k / 46.0) / window - 1.0).abs() < 1e-9,
+            "{pe}"
+        );
+    }
+    let (o, doc) = genie_run(&libs, &dir, &["check-config", config.to_str().unwrap()]);
+    assert!(o.status.success(), "{doc}");
+
+    refused_at_create(
+        &libs,
+        &dir,
+        &config,
+        "Could not determine whether KV$ uses Scatter or Concat. KV$ has input dimension \
+         7.Expected CL=32 or CL - AR-n=31",
+    );
 }
