@@ -69,6 +69,7 @@ pub mod family;
 pub mod forward;
 pub mod fsio;
 pub mod gguf;
+mod gguf_file;
 pub mod hf;
 pub mod le;
 pub mod llama2c;

@@ -51,7 +51,7 @@ fn local_layers(m: &GgufMeta<'_>, n_layers: usize) -> Result<Vec<bool>, Error> {
                 return Ok(every(n));
             }
             let flags = match v.as_array() {
-                Some(crate::gguf::Array::Bool(f)) if f.len() == n_layers => Some(f.clone()),
+                Some(crate::gguf_file::Array::Bool(f)) if f.len() == n_layers => Some(f.clone()),
                 _ => None,
             };
             flags.ok_or_else(|| {

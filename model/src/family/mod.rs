@@ -23,7 +23,7 @@ mod toy;
 
 use std::ops::Range;
 
-use crate::gguf::{GgufFile, Value};
+use crate::gguf_file::{GgufFile, Value};
 use crate::{Error, LayerTensor, LlamaConfig, Tensor};
 
 /// Reads a tensor of the file being described into f32 values by name (`None`: no such tensor).

@@ -9,11 +9,14 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::GgufFile;
 use crate::family::{self, Family, GgufMeta};
 use crate::{Error, LlamaConfig, RopeConfig, SpecialTokens, Tensor, Weights};
 
 pub use crate::family::gguf_name;
+pub use crate::gguf_file::{
+    Array, DEFAULT_ALIGNMENT, GgmlType, GgufError, GgufFile, MAX_ARRAY_DEPTH, MAX_DIMS, TensorInfo,
+    Value, dequantize,
+};
 
 /// A model read from a GGUF file: its description, f32 weights and the parsed header (for the
 /// tokenizer and chat template).
