@@ -13,8 +13,8 @@ use serde_json::Value as Json;
 
 use crate::weights::HeldTensor;
 use crate::{
-    Block, Error, LayerTensor, Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens,
-    Tensor, Weights,
+    Block, Error, LayerTensor, Llama3Scaling, LlamaConfig, LongRope, RopeConfig, RopePairing,
+    SpecialTokens, Tensor, Weights,
 };
 
 /// A model read from a Hugging Face folder.
@@ -369,6 +369,7 @@ pub fn config_from_json(text: &str, origin: &str) -> Result<LlamaConfig, Error> 
         },
         layer_windows: layer_windows(&f)?,
     };
+    long_rope(&f, &mut config.rope, config.context_length)?;
     (family.hf)(&mut config, &json).map_err(|why| f.err(why))?;
     config.validate().map_err(|e| e.in_file(origin))?;
     Ok(config)
@@ -414,19 +415,66 @@ fn layer_windows(f: &Fields<'_>) -> Result<Vec<Option<usize>>, Error> {
         .collect()
 }
 
-/// `rope_scaling`: absent/null, or `llama3` (key `rope_type`, or `type` in older files).
+/// The `rope_scaling` types of Phi-3's LongRoPE (`su` in early configs).
+const LONG_ROPE: [&str; 2] = ["longrope", "su"];
+
+/// `rope_scaling` of type `longrope` into `rope`: its `short_factor` and `long_factor` lists,
+/// `original_max_position_embeddings` (in `rope_scaling` or at the top level) and the attention
+/// factor (`rope_scaling.attention_factor`, else `sqrt(1 + ln(s) / ln(original))` for
+/// `s = max_position_embeddings / original` above 1, else 1: the rule of Hugging Face's LongRoPE
+/// and of llama.cpp's converter). The description starts bound to the short set.
+fn long_rope(f: &Fields<'_>, rope: &mut RopeConfig, context: usize) -> Result<(), Error> {
+    let s = &f.json["rope_scaling"];
+    let ty = s["rope_type"].as_str().or(s["type"].as_str()).unwrap_or("");
+    if !LONG_ROPE.contains(&ty) {
+        return Ok(());
+    }
+    let sub = Fields {
+        json: s,
+        origin: f.origin,
+    };
+    let original = match sub.usize_opt("original_max_position_embeddings")? {
+        Some(o) => o,
+        None => f.usize("original_max_position_embeddings")?,
+    };
+    let factors = |key: &str| -> Result<Vec<f32>, Error> {
+        let list = s[key].as_array().and_then(|v| {
+            v.iter()
+                .map(|x| x.as_f64().map(|x| x as f32))
+                .collect::<Option<Vec<f32>>>()
+        });
+        list.ok_or_else(|| f.err(format!("rope_scaling.{key} is not a list of numbers")))
+    };
+    let (short, long) = (factors("short_factor")?, factors("long_factor")?);
+    let scale = context as f64 / original.max(1) as f64;
+    let computed = if scale > 1.0 {
+        (1.0 + scale.ln() / (original as f64).ln()).sqrt() as f32
+    } else {
+        1.0
+    };
+    rope.attn_factor = Some(sub.f32_or("attention_factor", computed)?);
+    rope.freq_factors = Some(short.clone());
+    rope.long_rope = Some(LongRope {
+        short,
+        long,
+        original_context: original,
+    });
+    Ok(())
+}
+
+/// `rope_scaling`: absent/null, `longrope` (read by [`long_rope`]), or `llama3` (key `rope_type`, or `type` in older files).
 fn rope_scaling(f: &Fields<'_>) -> Result<Option<Llama3Scaling>, Error> {
     let s = &f.json["rope_scaling"];
     if s.is_null() {
         return Ok(None);
     }
     let ty = s["rope_type"].as_str().or(s["type"].as_str()).unwrap_or("");
-    if ty == "default" {
+    if ty == "default" || LONG_ROPE.contains(&ty) {
         return Ok(None);
     }
     if ty != "llama3" {
         return Err(f.err(format!(
-            "rope_scaling type {ty:?} is not supported (llama3)"
+            "rope_scaling type {ty:?} is not supported (llama3, longrope)"
         )));
     }
     let sub = Fields {

@@ -80,8 +80,8 @@ mod weights;
 
 pub use chat::{ChatTemplate, Message};
 pub use config::{
-    Activation, Block, Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens,
-    full_rope_only, limits, valid_rotated,
+    Activation, Block, Llama3Scaling, LlamaConfig, LongRope, RopeConfig, RopePairing,
+    SpecialTokens, full_rope_only, limits, valid_rotated,
 };
 pub use error::Error;
 pub use forward::{FloatModel, NoTap, Site, Tap};

@@ -1,10 +1,13 @@
 //! Phi-3 and Phi-4-mini: the Llama block with Q, K and V fused in one `attn_qkv` tensor and the
 //! gate and up projections fused in one `ffn_up` (gate rows first), split at load; RoPE pairs
 //! half a head apart, rotating `rope.dimension_count` of each head's dimensions (Phi-4-mini:
-//! three quarters).
+//! three quarters). Long-context files (Phi-3-mini-128k, Phi-4-mini) carry LongRoPE: the
+//! `rope_factors_short` and `rope_factors_long` tensors, `rope.scaling.original_context_length`
+//! (the context past which the long set applies; the model's context when absent, as llama.cpp
+//! reads it) and `rope.scaling.attn_factor`, all read into [`crate::RopeConfig`].
 
 use super::{Family, GgufMeta, Stored, TensorReader, gguf_name, hf_nothing};
-use crate::{Error, LayerTensor, LlamaConfig, RopePairing, Tensor};
+use crate::{Error, LayerTensor, LlamaConfig, LongRope, RopePairing, Tensor};
 
 pub(super) static FAMILY: Family = Family {
     name: "phi3",
@@ -13,19 +16,32 @@ pub(super) static FAMILY: Family = Family {
     hf_types: &[],
     gguf,
     gguf_tensor,
-    gguf_config_tensors: &[],
+    gguf_config_tensors: &[SHORT, LONG],
     hf: hf_nothing,
 };
 
-fn gguf(c: &mut LlamaConfig, m: &GgufMeta<'_>, _: &mut TensorReader<'_>) -> Result<(), Error> {
+const SHORT: &str = "rope_factors_short.weight";
+const LONG: &str = "rope_factors_long.weight";
+
+fn gguf(c: &mut LlamaConfig, m: &GgufMeta<'_>, read: &mut TensorReader<'_>) -> Result<(), Error> {
     c.rope.pairing = RopePairing::HalfSplit;
     m.no_rope_scaling()?;
-    for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
-        if m.file.tensor(name).is_some() {
-            return Err(m.err(name, "LongRoPE factors are not supported yet"));
-        }
-    }
-    m.rotated_dims(c)
+    m.rotated_dims(c)?;
+    c.rope.attn_factor = m.f32("rope.scaling.attn_factor")?;
+    let (short, long) = match (read(SHORT)?, read(LONG)?) {
+        (None, None) => return Ok(()),
+        (Some(s), Some(l)) => (s, l),
+        (None, _) => return Err(m.err(SHORT, "missing while rope_factors_long is present")),
+        (_, None) => return Err(m.err(LONG, "missing while rope_factors_short is present")),
+    };
+    let original = m.usize("rope.scaling.original_context_length")?;
+    c.rope.freq_factors = Some(short.clone());
+    c.rope.long_rope = Some(LongRope {
+        short,
+        long,
+        original_context: original.unwrap_or(c.context_length),
+    });
+    Ok(())
 }
 
 fn gguf_tensor(t: Tensor, c: &LlamaConfig) -> Stored {

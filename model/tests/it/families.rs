@@ -3,7 +3,8 @@
 //! family, run by the one f32 forward, and its logits compared with llama.cpp's recorded on the
 //! same file and tokens (`model/tests/fixtures/llamacpp/`, made by
 //! `scripts/llamacpp-reference.py toys` at the commit each fixture names), with the perplexity
-//! over every position.
+//! over every position. The float model's context is llama.cpp's, so that LongRoPE picks the same
+//! factors (`phi3-long`: long, `phi3-short`: short).
 
 use std::sync::Arc;
 
@@ -35,7 +36,7 @@ fn every_family_matches_llama_cpp_on_its_toy() {
         std::fs::write(&path, toy_gguf(family).expect("a toy of every family")).unwrap();
         let m = GgufModel::load(&path).unwrap_or_else(|e| panic!("{family}: {e}"));
         let n = fx.tokens.len();
-        let mut fm = FloatModel::new(m.config.clone(), Arc::clone(&m.weights), n).unwrap();
+        let mut fm = FloatModel::new(m.config.clone(), Arc::clone(&m.weights), fx.context).unwrap();
         let (mut nll, mut checked) = (0.0, 0);
         for (p, &t) in fx.tokens.iter().enumerate() {
             let logits = fm.forward(t, p).unwrap().to_vec();
@@ -65,4 +66,32 @@ fn every_family_matches_llama_cpp_on_its_toy() {
             "{family}: ln perplexity {ln_ppl} against llama.cpp's {want}"
         );
     }
+}
+
+#[test]
+fn phi3_long_rope_is_read_into_the_description_and_a_lone_factor_set_is_refused() {
+    use test_support::families::{long_rope_attn_factor, long_rope_factors, toy_spec, toy_writer};
+    let dir = ScratchDir::new("longrope");
+    let path = dir.join("phi3-long.gguf");
+    std::fs::write(&path, toy_gguf("phi3-long").unwrap()).unwrap();
+    let c = GgufModel::describe(&path).unwrap().0;
+    let (short, long) = long_rope_factors(24);
+    let l = c.rope.long_rope.as_ref().unwrap();
+    assert_eq!((&l.short, &l.long, l.original_context), (&short, &long, 64));
+    assert_eq!(
+        c.rope.freq_factors.as_ref(),
+        Some(&short),
+        "loaded for short contexts"
+    );
+    assert_eq!(c.rope.attn_factor, Some(long_rope_attn_factor(256, 64)));
+    assert_eq!(c.clone().for_context(65).rope.freq_factors, Some(long));
+
+    let mut w = toy_writer(&toy_spec("phi3").unwrap());
+    w.tensor_f32("rope_factors_long.weight", &[12], &[1.0; 12]);
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    let err = GgufModel::describe(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("rope_factors_short.weight") && err.contains("phi3-long.gguf"),
+        "{err}"
+    );
 }
