@@ -5,8 +5,8 @@ use serde_json::json;
 use test_support::files::ScratchDir;
 
 use super::*;
-use crate::WeightSource;
 use crate::forward::tests::synthetic;
+use crate::{LayerTensor, Tensor, WeightSource};
 
 pub(crate) fn tiny_json() -> Json {
     json!({
@@ -247,7 +247,9 @@ mod fuzz {
             return;
         };
         let mut weights = Weights::with_layers(c.n_layers);
-        let _ = take_tensors(&st, c, Tensor::required(c), &mut weights, Path::new("fuzz"));
+        let fam = crate::family::by_hf_type("llama").unwrap();
+        let mut wanted = crate::family::layout(fam.hf_tensor, c);
+        let _ = take_tensors(&st, fam, &mut wanted, &mut weights, Path::new("fuzz"));
     }
 
     proptest! {

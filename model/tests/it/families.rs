@@ -95,3 +95,52 @@ fn phi3_long_rope_is_read_into_the_description_and_a_lone_factor_set_is_refused(
         "{err}"
     );
 }
+
+/// The logits of `tokens` at every position, with a context of `context`.
+fn logits_of(m: &model::LoadedModel, tokens: &[u32], context: usize) -> Vec<Vec<f32>> {
+    let mut fm = FloatModel::new(m.config.clone(), Arc::clone(&m.weights), context).unwrap();
+    (tokens.iter().enumerate())
+        .map(|(p, &t)| fm.forward(t, p).unwrap().to_vec())
+        .collect()
+}
+
+#[test]
+fn a_hugging_face_folder_gives_the_logits_of_the_same_weights_in_gguf() {
+    for family in ["gemma3", "phi3", "phi3-long", "phi3-short"] {
+        let fx = llamacpp_fixture(family);
+        let dir = ScratchDir::new("hf-folder");
+        let gguf = dir.join("model.gguf");
+        std::fs::write(&gguf, toy_gguf(family).unwrap()).unwrap();
+        let folder = dir.join("hf");
+        std::fs::create_dir(&folder).unwrap();
+        test_support::hf::write_toy_hf_folder(family, &folder).unwrap();
+        let (g, h) = (model::load(&gguf).unwrap(), model::load(&folder).unwrap());
+        assert_eq!(g.config.rope, h.config.rope, "{family}");
+        assert_eq!(g.config.layer_windows, h.config.layer_windows, "{family}");
+        assert_eq!(
+            g.weights, h.weights,
+            "{family}: the same weights after folding"
+        );
+        let text = "the capital of France is Paris";
+        assert_eq!(
+            g.tokenizer.encode(text, true).unwrap(),
+            h.tokenizer.encode(text, true).unwrap()
+        );
+        let (a, b) = (
+            logits_of(&g, &fx.tokens, fx.context),
+            logits_of(&h, &fx.tokens, fx.context),
+        );
+        for (p, (x, y)) in a.iter().zip(&b).enumerate() {
+            let scale = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let diff = x
+                .iter()
+                .zip(y)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            assert!(
+                diff <= 1e-6 * scale,
+                "{family} position {p}: {diff} of {scale}"
+            );
+        }
+    }
+}
