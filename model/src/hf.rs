@@ -102,7 +102,7 @@ fn shard_header(path: &Path) -> Result<Vec<(String, Vec<usize>)>, Error> {
 
 /// Checks the folder's shards against `config` from their headers: no tensor in two shards, and
 /// exactly the tensors the description needs, with their shapes
-/// ([`crate::weights::check_tensor_set`]). Returns the shards in name order.
+/// ([`family::check_held`], under the family's names). Returns the shards in name order.
 pub fn check_folder(dir: &Path, config: &LlamaConfig) -> Result<Vec<PathBuf>, Error> {
     let files = safetensors_files(dir)?;
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();

@@ -47,7 +47,7 @@ pub struct Family {
     pub gguf_config_tensors: &'static [&'static str],
     /// Fills what the family adds to a description read from a Hugging Face `config.json`.
     pub hf: fn(&mut LlamaConfig, &serde_json::Value) -> Result<(), String>,
-    /// Where the family's Hugging Face folders store tensor `t` ([`hf_standard`]: [`hf_name`]).
+    /// Where the family's Hugging Face folders store tensor `t` (most: whole, under [`hf_name`]).
     pub hf_tensor: Naming,
     /// Added to every norm weight read from the family's Hugging Face folders: Gemma's folders
     /// store `w` of its `1 + w` convention (its GGUF files store `1 + w`), folded at load.
