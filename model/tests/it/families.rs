@@ -20,6 +20,18 @@ fn tolerance(family: &str) -> f32 {
     if family == "gemma3" { 3e-4 } else { 2e-5 }
 }
 
+/// Asserts that `got` is within `tolerance` times `want`'s largest |logit| of `want` everywhere.
+fn assert_close(got: &[f32], want: &[f32], tolerance: f32, (family, p): (&str, usize)) {
+    let scale = want.iter().fold(0.0f32, |a, b| a.max(b.abs()));
+    let diff = (got.iter().zip(want))
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(
+        diff <= tolerance * scale,
+        "{family} position {p}: max |logit diff| {diff} of max |logit| {scale}"
+    );
+}
+
 /// The log-softmax of `logits` at `token`.
 fn log_prob(logits: &[f32], token: u32) -> f64 {
     let m = logits.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
@@ -41,17 +53,7 @@ fn every_family_matches_llama_cpp_on_its_toy() {
         for (p, &t) in fx.tokens.iter().enumerate() {
             let logits = fm.forward(t, p).unwrap().to_vec();
             if let Some(i) = fx.positions.iter().position(|&q| q == p) {
-                let want = &fx.logits[i];
-                let scale = want.iter().fold(0.0f32, |a, b| a.max(b.abs()));
-                let diff = logits
-                    .iter()
-                    .zip(want)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0, f32::max);
-                assert!(
-                    diff <= tolerance(family) * scale,
-                    "{family} position {p}: max |logit diff| {diff} of max |logit| {scale}"
-                );
+                assert_close(&logits, &fx.logits[i], tolerance(family), (family, p));
                 checked += 1;
             }
             if p + 1 < n {
@@ -131,16 +133,7 @@ fn a_hugging_face_folder_gives_the_logits_of_the_same_weights_in_gguf() {
             logits_of(&h, &fx.tokens, fx.context),
         );
         for (p, (x, y)) in a.iter().zip(&b).enumerate() {
-            let scale = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let diff = x
-                .iter()
-                .zip(y)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0, f32::max);
-            assert!(
-                diff <= 1e-6 * scale,
-                "{family} position {p}: {diff} of {scale}"
-            );
+            assert_close(y, x, 1e-6, (family, p));
         }
     }
 }
