@@ -2,8 +2,9 @@
 //! or shards) for the weights, as f32, f16 or bf16, converted to f32 on load.
 //!
 //! HF stores Q/K rows in the order its `rotate_half` RoPE expects, so the description's RoPE
-//! pairing is [`RopePairing::HalfSplit`]. Model types: `llama`, `mistral` (its `sliding_window` on every layer),
-//! `qwen2` (Q/K/V biases).
+//! pairing is [`RopePairing::HalfSplit`]. Model types: those of [`crate::family::REGISTRY`]
+//! (`llama`, `mistral`, `qwen2`, `qwen3`, `gemma3_text`, `phi3`), each family naming its tensors
+//! (fused ones split at load) and folding its norm convention.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -454,7 +455,8 @@ fn long_rope(f: &Fields<'_>, rope: &mut RopeConfig, context: usize) -> Result<()
     Ok(())
 }
 
-/// `rope_scaling`: absent/null, `longrope` (read by [`long_rope`]), or `llama3` (key `rope_type`, or `type` in older files).
+/// `rope_scaling`: absent/null, `longrope` (read by [`long_rope`]), or `llama3` (key `rope_type`,
+/// or `type` in older files).
 fn rope_scaling(f: &Fields<'_>) -> Result<Option<Llama3Scaling>, Error> {
     let s = &f.json["rope_scaling"];
     if s.is_null() {
