@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Writes the dequantization fixtures of model/src/gguf/types/tests.rs: random but valid blocks of
+"""Writes the dequantization fixtures of model/src/gguf_file/types/tests.rs: random but valid blocks of
 each quantized ggml type htpkv reads, dequantized by llama.cpp's own Python package `gguf`
 (`gguf.quants.dequantize`, numpy), the independent oracle for htpkv's Rust dequantizers.
 
 Usage: python3 scripts/gguf-dequant-fixtures.py [OUT_DIR]
-  (default OUT_DIR: model/src/gguf/types/fixtures next to this script's repository root)
+  (default OUT_DIR: model/src/gguf_file/types/fixtures next to this script's repository root)
 Needs: pip install gguf==0.19.0 numpy   (the committed fixtures were made with gguf 0.19.0 and
 numpy 2.4.6; SOURCE.txt in OUT_DIR records the versions used). The output is a function of the
 seed alone, so a rerun with the same versions reproduces the committed files byte for byte.
@@ -91,7 +91,7 @@ def blocks_for(qtype, rng):
 
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "model/src/gguf/types/fixtures")
+    out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "model/src/gguf_file/types/fixtures")
     os.makedirs(out_dir, exist_ok=True)
     rng = np.random.default_rng(SEED)
     for qtype in TYPES:

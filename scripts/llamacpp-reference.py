@@ -139,6 +139,7 @@ def toys(src, out):
             **oracle(),
             "gguf_sha256": sha256(path),
             "n_vocab": llm.n_vocab(),
+            "context": llm.n_ctx(),
             "tokens": tokens,
             "positions": POSITIONS,
             "logits": [f32s(logits[p]) for p in POSITIONS],

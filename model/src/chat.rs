@@ -18,7 +18,7 @@ use minijinja::{Environment, ErrorKind, context};
 use serde_json::Value as Json;
 
 use crate::Error;
-use crate::gguf::{GgufFile, Value};
+use crate::gguf_file::{GgufFile, Value};
 
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -153,7 +153,7 @@ impl ChatTemplate {
                 id,
                 file.get("tokenizer.ggml.tokens").and_then(Value::as_array),
             ) {
-                (Some(id), Some(crate::gguf::Array::String(t))) => {
+                (Some(id), Some(crate::gguf_file::Array::String(t))) => {
                     t.get(id as usize).cloned().unwrap_or_default()
                 }
                 _ => String::new(),

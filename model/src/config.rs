@@ -45,6 +45,35 @@ pub struct Llama3Scaling {
     pub original_context: usize,
 }
 
+/// Phi-3's LongRoPE (`rope_scaling` type `longrope`): two sets of per-pair frequency divisors,
+/// the short ones for contexts up to the pre-training context and the long ones beyond it.
+///
+/// A static graph's context picks the set, by llama.cpp's rule for its context size: the long
+/// factors when the context exceeds `original_context`, else the short ones, for every position
+/// of the graph. A loaded description holds the short set in [`RopeConfig::freq_factors`] (the
+/// choice of every graph up to `original_context` positions); [`LlamaConfig::for_context`]
+/// rebinds it for a given context.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LongRope {
+    /// Divisors for contexts up to `original_context` (`rotated / 2` values).
+    pub short: Vec<f32>,
+    /// Divisors for longer contexts (`rotated / 2` values).
+    pub long: Vec<f32>,
+    /// The context the model was pre-trained with (`original_max_position_embeddings`).
+    pub original_context: usize,
+}
+
+impl LongRope {
+    /// The divisors a graph of `context` positions rotates with.
+    pub fn factors_for(&self, context: usize) -> &[f32] {
+        if context > self.original_context {
+            &self.long
+        } else {
+            &self.short
+        }
+    }
+}
+
 /// Rotary position embedding parameters.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RopeConfig {
@@ -59,8 +88,15 @@ pub struct RopeConfig {
     /// Phi-4-mini rotates three quarters of each head; the rest passes through unchanged.
     pub rotated: Option<usize>,
     /// Per-pair divisors of the frequencies (`rotated / 2` values): GGUF's `rope_freqs` tensor,
-    /// Llama 3.1/3.2's scaling precomputed by the converter.
+    /// Llama 3.1/3.2's scaling precomputed by the converter, or the set of [`LongRope`] the
+    /// description is bound to.
     pub freq_factors: Option<Vec<f32>>,
+    /// Phi-3's two sets of divisors; [`RopeConfig::freq_factors`] holds the one in use.
+    pub long_rope: Option<LongRope>,
+    /// Multiplier of every rotated component of Q and K, so of the rotated part of each
+    /// attention score squared (llama.cpp's `rope.scaling.attn_factor`, Hugging Face's LongRoPE
+    /// `attention_factor`); `None` for 1. Dimensions a partial rotary leaves alone are not scaled.
+    pub attn_factor: Option<f32>,
     /// The base of sliding-window layers when it differs from `theta` (Gemma 3's local layers
     /// rotate with 10,000 and its global ones with 1,000,000).
     pub window_theta: Option<f32>,
@@ -75,6 +111,8 @@ impl Default for RopeConfig {
             pairing: RopePairing::Adjacent,
             rotated: None,
             freq_factors: None,
+            long_rope: None,
+            attn_factor: None,
             window_theta: None,
         }
     }
@@ -252,6 +290,22 @@ fn bounded(field: &'static str, value: usize, max: usize) -> Result<(), Error> {
     }
 }
 
+/// Checks one divisor per rotated pair, each finite and positive.
+fn pair_factors(field: &'static str, f: &[f32], rotated: usize) -> Result<(), Error> {
+    if f.len() != rotated / 2 {
+        let why = format!("must hold one factor per rotated pair ({})", rotated / 2);
+        return Err(Error::config(field, f.len(), why));
+    }
+    if let Some(bad) = f.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
+        return Err(Error::config(
+            field,
+            bad,
+            "every factor must be finite and positive",
+        ));
+    }
+    Ok(())
+}
+
 fn positive_finite(field: &'static str, value: f32) -> Result<(), Error> {
     if value.is_finite() && value > 0.0 {
         Ok(())
@@ -287,6 +341,15 @@ impl LlamaConfig {
     /// both size a sliding layer's K/V by it.
     pub fn graph_window(&self, layer: usize, context: usize) -> Option<usize> {
         self.layer_window(layer).filter(|&w| w < context)
+    }
+
+    /// The description as a static graph of `context` positions runs it: with LongRoPE, the
+    /// factors of that context ([`LongRope::factors_for`]); otherwise unchanged.
+    pub fn for_context(mut self, context: usize) -> LlamaConfig {
+        if let Some(l) = &self.rope.long_rope {
+            self.rope.freq_factors = Some(l.factors_for(context).to_vec());
+        }
+        self
     }
 
     /// Sets window `window` on `layers` (the others stay as they are, global by default).
@@ -344,15 +407,20 @@ impl LlamaConfig {
         let rotated = r.rotated_dims(self.head_dim);
         valid_rotated(rotated, self.head_dim)
             .map_err(|why| Error::config("rope.rotated", rotated, why))?;
+        if let Some(t) = r.attn_factor {
+            positive_finite("rope.attn_factor", t)?;
+        }
         if let Some(f) = &r.freq_factors {
-            if f.len() != rotated / 2 {
-                let why = format!("must hold one factor per rotated pair ({})", rotated / 2);
-                return Err(Error::config("rope.freq_factors", f.len(), why));
-            }
-            if let Some(bad) = f.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
-                let why = "every factor must be finite and positive";
-                return Err(Error::config("rope.freq_factors", bad, why));
-            }
+            pair_factors("rope.freq_factors", f, rotated)?;
+        }
+        if let Some(l) = &r.long_rope {
+            pair_factors("rope.long_rope.short", &l.short, rotated)?;
+            pair_factors("rope.long_rope.long", &l.long, rotated)?;
+            bounded(
+                "rope.long_rope.original_context",
+                l.original_context,
+                limits::MAX_CONTEXT,
+            )?;
         }
         Ok(())
     }
@@ -473,6 +541,31 @@ pub(crate) mod tests {
         c.validate().unwrap();
         assert_eq!((c.q_dim(), c.kv_dim(), c.kv_mul()), (16, 8, 2));
         assert_eq!(c.special.stop_tokens(), vec![2]);
+    }
+
+    #[test]
+    fn long_rope_picks_the_long_factors_past_the_original_context_only() {
+        let mut c = tiny();
+        c.rope.long_rope = Some(LongRope {
+            short: vec![1.0, 2.0],
+            long: vec![3.0, 4.0],
+            original_context: 8,
+        });
+        c.rope.freq_factors = Some(vec![1.0, 2.0]);
+        assert_eq!(
+            c.clone().for_context(8).rope.freq_factors,
+            Some(vec![1.0, 2.0])
+        );
+        assert_eq!(
+            c.clone().for_context(9).rope.freq_factors,
+            Some(vec![3.0, 4.0])
+        );
+        assert_eq!(tiny().for_context(9), tiny());
+        c.rope.long_rope.as_mut().unwrap().long.push(5.0);
+        assert_eq!(field_of(&c), "rope.long_rope.long");
+        c = tiny();
+        c.rope.attn_factor = Some(0.0);
+        assert_eq!(field_of(&c), "rope.attn_factor");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::gguf::GgufError;
+use crate::gguf_file::GgufError;
 
 /// Everything that can go wrong describing, loading or running a model.
 #[derive(Debug, thiserror::Error)]

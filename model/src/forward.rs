@@ -691,8 +691,10 @@ impl<W: WeightSource + ?Sized> FloatModel<W> {
     /// Validates `config`, checks that `weights` holds every tensor it needs with the right
     /// size, and allocates a KV cache of `context` positions (`1..=config.context_length`):
     /// `2 · n_layers · context · kv_dim` floats, so choose `context` for the memory at hand
-    /// (SmolLM2-135M: 46 KiB per position).
+    /// (SmolLM2-135M: 46 KiB per position). The description is bound to that context
+    /// ([`LlamaConfig::for_context`]: LongRoPE's factors).
     pub fn new(config: LlamaConfig, weights: Arc<W>, context: usize) -> Result<Self, Error> {
+        let config = config.for_context(context);
         config.validate()?;
         check_weights(&config, &*weights)?;
         if context == 0 || context > config.context_length {

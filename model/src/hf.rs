@@ -2,19 +2,22 @@
 //! or shards) for the weights, as f32, f16 or bf16, converted to f32 on load.
 //!
 //! HF stores Q/K rows in the order its `rotate_half` RoPE expects, so the description's RoPE
-//! pairing is [`RopePairing::HalfSplit`]. Model types: `llama`, `mistral` (its `sliding_window` on every layer),
-//! `qwen2` (Q/K/V biases).
+//! pairing is [`RopePairing::HalfSplit`]. Model types: those of [`crate::family::REGISTRY`]
+//! (`llama`, `mistral`, `qwen2`, `qwen3`, `gemma3_text`, `phi3`), each family naming its tensors
+//! (fused ones split at load) and folding its norm convention.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value as Json;
 
+use crate::family::{self, Entry, Family};
 use crate::weights::HeldTensor;
 use crate::{
-    Block, Error, LayerTensor, Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens,
-    Tensor, Weights,
+    Block, Error, Llama3Scaling, LlamaConfig, LongRope, RopeConfig, RopePairing, SpecialTokens,
+    Weights,
 };
 
 /// A model read from a Hugging Face folder.
@@ -26,57 +29,26 @@ pub struct HfModel {
     pub weights: Arc<Weights>,
 }
 
-/// Hugging Face's name of tensor `t`.
-pub fn hf_name(t: Tensor) -> String {
-    use LayerTensor as L;
-    match t {
-        Tensor::TokenEmbedding => "model.embed_tokens.weight".into(),
-        Tensor::OutputNorm => "model.norm.weight".into(),
-        Tensor::Output => "lm_head.weight".into(),
-        Tensor::Layer(l, lt) => {
-            let s = match lt {
-                L::AttnNorm => "input_layernorm.weight",
-                L::Q => "self_attn.q_proj.weight",
-                L::K => "self_attn.k_proj.weight",
-                L::V => "self_attn.v_proj.weight",
-                L::QBias => "self_attn.q_proj.bias",
-                L::KBias => "self_attn.k_proj.bias",
-                L::VBias => "self_attn.v_proj.bias",
-                L::O => "self_attn.o_proj.weight",
-                L::FfnNorm => "post_attention_layernorm.weight",
-                L::Gate => "mlp.gate_proj.weight",
-                L::Up => "mlp.up_proj.weight",
-                L::Down => "mlp.down_proj.weight",
-                L::QNorm => "self_attn.q_norm.weight",
-                L::KNorm => "self_attn.k_norm.weight",
-                // No Hugging Face family read here has post norms (Gemma's folders are not
-                // read yet); these are Gemma's names.
-                L::PostAttnNorm => "post_attention_norm.weight",
-                L::PostFfnNorm => "post_feedforward_layernorm.weight",
-            };
-            format!("model.layers.{l}.{s}")
-        }
-    }
-}
+pub use crate::family::hf_name;
 
 impl HfModel {
     /// Reads `dir/config.json` and every `dir/*.safetensors`, after checking the shards' headers
     /// against the description ([`check_folder`]); every weight must be finite.
     pub fn load(dir: &Path) -> Result<HfModel, Error> {
-        let config = config_from_file(&dir.join("config.json"))?;
+        let (config, fam) = described(&dir.join("config.json"))?;
         let files = check_folder(dir, &config)?;
         let mut weights = Weights::with_layers(config.n_layers);
-        let mut wanted = Tensor::required(&config);
+        let mut wanted = family::layout(fam.hf_tensor, &config);
         for path in &files {
             let bytes = crate::fsio::read_capped(path, crate::fsio::FileKind::SAFETENSORS)?;
             let st = SafeTensors::deserialize(&bytes).map_err(|e| Error::Safetensors {
                 origin: path.display().to_string(),
                 reason: e.to_string(),
             })?;
-            wanted = take_tensors(&st, &config, wanted, &mut weights, path)?;
+            take_tensors(&st, fam, &mut wanted, &mut weights, path)?;
         }
-        if let Some(t) = wanted.first() {
-            return Err(Error::MissingTensor { name: hf_name(*t) });
+        if let Some(name) = wanted.into_keys().next() {
+            return Err(Error::MissingTensor { name });
         }
         Ok(HfModel {
             config,
@@ -131,7 +103,7 @@ fn shard_header(path: &Path) -> Result<Vec<(String, Vec<usize>)>, Error> {
 
 /// Checks the folder's shards against `config` from their headers: no tensor in two shards, and
 /// exactly the tensors the description needs, with their shapes
-/// ([`crate::weights::check_tensor_set`]). Returns the shards in name order.
+/// ([`family::check_held`], under the family's names). Returns the shards in name order.
 pub fn check_folder(dir: &Path, config: &LlamaConfig) -> Result<Vec<PathBuf>, Error> {
     let files = safetensors_files(dir)?;
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
@@ -157,8 +129,10 @@ pub fn check_folder(dir: &Path, config: &LlamaConfig) -> Result<Vec<PathBuf>, Er
             });
         }
     }
-    let origin = dir.join("config.json").display().to_string();
-    crate::weights::check_tensor_set(config, &held, hf_name, &origin)?;
+    let path = dir.join("config.json");
+    let fam = described(&path)?.1;
+    let origin = path.display().to_string();
+    family::check_held(config, fam.hf_tensor, &held, &[], (fam.name, &origin))?;
     Ok(files)
 }
 
@@ -188,39 +162,48 @@ fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, Error> {
     Ok(files)
 }
 
-/// Converts the tensors of `wanted` that `st` holds into `weights`; returns those still missing.
+/// Converts the tensors of `wanted` that `st` holds into `weights` (fused ones split, norms
+/// shifted by the family's [`Family::hf_norm_offset`]) and removes them from `wanted`.
 fn take_tensors(
     st: &SafeTensors<'_>,
-    config: &LlamaConfig,
-    wanted: Vec<Tensor>,
+    fam: &Family,
+    wanted: &mut BTreeMap<String, Entry>,
     weights: &mut Weights,
     path: &Path,
-) -> Result<Vec<Tensor>, Error> {
-    let mut missing = Vec::new();
-    for t in wanted {
-        let name = hf_name(t);
-        let Ok(view) = st.tensor(&name) else {
-            missing.push(t);
+) -> Result<(), Error> {
+    let origin = path.display().to_string();
+    let held: Vec<String> = wanted
+        .keys()
+        .filter(|name| st.tensor(name).is_ok())
+        .cloned()
+        .collect();
+    for name in held {
+        let (Some(e), Ok(view)) = (wanted.remove(&name), st.tensor(&name)) else {
             continue;
         };
-        if view.shape() != t.shape(config) {
+        if view.shape() != e.shape {
             return Err(Error::TensorShape {
                 name,
-                expected: t.shape(config),
+                expected: e.shape,
                 found: view.shape().to_vec(),
             });
         }
         let data = to_f32(view.dtype(), view.data()).ok_or_else(|| Error::Safetensors {
-            origin: path.display().to_string(),
+            origin: origin.clone(),
             reason: format!(
                 "tensor {name} has dtype {:?} (f32, f16, bf16 are read)",
                 view.dtype()
             ),
         })?;
-        crate::weights::check_finite(&path.display().to_string(), &name, &data)?;
-        weights.set(t, data)?;
+        crate::weights::check_finite(&origin, &name, &data)?;
+        for (t, mut part) in e.split(data) {
+            if t.is_norm() {
+                part.iter_mut().for_each(|v| *v += fam.hf_norm_offset);
+            }
+            weights.set(t, part)?;
+        }
     }
-    Ok(missing)
+    Ok(())
 }
 
 fn to_f32(dtype: Dtype, b: &[u8]) -> Option<Vec<f32>> {
@@ -243,8 +226,13 @@ fn to_f32(dtype: Dtype, b: &[u8]) -> Option<Vec<f32>> {
 
 /// Reads a `config.json`.
 pub fn config_from_file(path: &Path) -> Result<LlamaConfig, Error> {
+    Ok(described(path)?.0)
+}
+
+/// The description of a `config.json` and the family of its `model_type`.
+fn described(path: &Path) -> Result<(LlamaConfig, &'static Family), Error> {
     let text = crate::fsio::read_text_capped(path, crate::fsio::FileKind::HF_JSON)?;
-    config_from_json(&text, &path.display().to_string())
+    parse(&text, &path.display().to_string())
 }
 
 /// Typed access to config.json fields with errors naming the field.
@@ -319,6 +307,11 @@ impl Fields<'_> {
 
 /// The description from the text of a `config.json`; `origin` labels errors.
 pub fn config_from_json(text: &str, origin: &str) -> Result<LlamaConfig, Error> {
+    Ok(parse(text, origin)?.0)
+}
+
+/// The description from the text of a `config.json` and the family of its `model_type`.
+fn parse(text: &str, origin: &str) -> Result<(LlamaConfig, &'static Family), Error> {
     let json: Json = serde_json::from_str(text).map_err(|e| Error::HfConfig {
         origin: origin.to_owned(),
         reason: e.to_string(),
@@ -369,9 +362,10 @@ pub fn config_from_json(text: &str, origin: &str) -> Result<LlamaConfig, Error> 
         },
         layer_windows: layer_windows(&f)?,
     };
+    long_rope(&f, &mut config.rope, config.context_length)?;
     (family.hf)(&mut config, &json).map_err(|why| f.err(why))?;
     config.validate().map_err(|e| e.in_file(origin))?;
-    Ok(config)
+    Ok((config, family))
 }
 
 /// `partial_rotary_factor` times the head width, checked; `None` when the whole head rotates.
@@ -414,19 +408,67 @@ fn layer_windows(f: &Fields<'_>) -> Result<Vec<Option<usize>>, Error> {
         .collect()
 }
 
-/// `rope_scaling`: absent/null, or `llama3` (key `rope_type`, or `type` in older files).
+/// The `rope_scaling` types of Phi-3's LongRoPE (`su` in early configs).
+const LONG_ROPE: [&str; 2] = ["longrope", "su"];
+
+/// `rope_scaling` of type `longrope` into `rope`: its `short_factor` and `long_factor` lists,
+/// `original_max_position_embeddings` (in `rope_scaling` or at the top level) and the attention
+/// factor (`rope_scaling.attention_factor`, else `sqrt(1 + ln(s) / ln(original))` for
+/// `s = max_position_embeddings / original` above 1, else 1: the rule of Hugging Face's LongRoPE
+/// and of llama.cpp's converter). The description starts bound to the short set.
+fn long_rope(f: &Fields<'_>, rope: &mut RopeConfig, context: usize) -> Result<(), Error> {
+    let s = &f.json["rope_scaling"];
+    let ty = s["rope_type"].as_str().or(s["type"].as_str()).unwrap_or("");
+    if !LONG_ROPE.contains(&ty) {
+        return Ok(());
+    }
+    let sub = Fields {
+        json: s,
+        origin: f.origin,
+    };
+    let original = match sub.usize_opt("original_max_position_embeddings")? {
+        Some(o) => o,
+        None => f.usize("original_max_position_embeddings")?,
+    };
+    let factors = |key: &str| -> Result<Vec<f32>, Error> {
+        let list = s[key].as_array().and_then(|v| {
+            v.iter()
+                .map(|x| x.as_f64().map(|x| x as f32))
+                .collect::<Option<Vec<f32>>>()
+        });
+        list.ok_or_else(|| f.err(format!("rope_scaling.{key} is not a list of numbers")))
+    };
+    let (short, long) = (factors("short_factor")?, factors("long_factor")?);
+    let scale = context as f64 / original.max(1) as f64;
+    let computed = if scale > 1.0 {
+        (1.0 + scale.ln() / (original as f64).ln()).sqrt() as f32
+    } else {
+        1.0
+    };
+    rope.attn_factor = Some(sub.f32_or("attention_factor", computed)?);
+    rope.freq_factors = Some(short.clone());
+    rope.long_rope = Some(LongRope {
+        short,
+        long,
+        original_context: original,
+    });
+    Ok(())
+}
+
+/// `rope_scaling`: absent/null, `longrope` (read by [`long_rope`]), or `llama3` (key `rope_type`,
+/// or `type` in older files).
 fn rope_scaling(f: &Fields<'_>) -> Result<Option<Llama3Scaling>, Error> {
     let s = &f.json["rope_scaling"];
     if s.is_null() {
         return Ok(None);
     }
     let ty = s["rope_type"].as_str().or(s["type"].as_str()).unwrap_or("");
-    if ty == "default" {
+    if ty == "default" || LONG_ROPE.contains(&ty) {
         return Ok(None);
     }
     if ty != "llama3" {
         return Err(f.err(format!(
-            "rope_scaling type {ty:?} is not supported (llama3)"
+            "rope_scaling type {ty:?} is not supported (llama3, longrope)"
         )));
     }
     let sub = Fields {

@@ -9,9 +9,10 @@
 //! - Weights: [`Tensor`] names each tensor and gives its shape from the description (one
 //!   place); the forward reads them through [`WeightSource`] (owned [`Weights`], or a
 //!   llama2.c checkpoint, [`llama2c::Checkpoint`], without a copy).
-//! - Loaders: [`gguf`] (GGUF v2/v3; `llama` and `qwen2`; F32, F16, BF16, Q4_0, Q4_1, Q8_0,
-//!   Q4_K, Q6_K dequantized to f32 on load) and [`hf`] (`config.json` + safetensors shards in
-//!   f32/f16/bf16). GGUF stores Q/K with adjacent RoPE pairs (llama.cpp's converter permutes
+//! - Loaders: [`gguf`] (GGUF v2/v3, the architectures of [`family::REGISTRY`]; F32, F16, BF16,
+//!   Q4_0, Q4_1, Q8_0, Q4_K, Q6_K dequantized to f32 on load) and [`hf`] (`config.json` +
+//!   safetensors shards in f32/f16/bf16, the families' `model_type`s), each through the file's
+//!   family ([`family`]). GGUF stores Q/K with adjacent RoPE pairs (llama.cpp's converter permutes
 //!   them), HF with half-split pairs; the description records which. [`llama2c`] reads llama2.c
 //!   checkpoints and tokenizers (the stories models of the tests).
 //! - [`forward`]: the Llama forward pass, written once ([`forward::run`]): a layer range, token
@@ -34,7 +35,8 @@
 //!   Hand-parsed formats (GGUF here, compiled models and saved sessions elsewhere) read their
 //!   fields through the one bounded little-endian reader, [`le::LeReader`].
 //! - Unsupported features are errors, never a silently different model: other architectures,
-//!   RoPE scaling other than `llama3` (GGUF's `rope_freqs` tensors included), tensor types
+//!   RoPE scaling other than `llama3` (GGUF's `rope_freqs` tensors included) and Phi's
+//!   `longrope`, tensor types
 //!   outside the list above, pre-tokenizers other than `gpt2`, `smollm`/`starcoder`,
 //!   `llama-bpe`/`llama3` and `qwen2`.
 //!
@@ -69,6 +71,7 @@ pub mod family;
 pub mod forward;
 pub mod fsio;
 pub mod gguf;
+mod gguf_file;
 pub mod hf;
 pub mod le;
 pub mod llama2c;
@@ -79,8 +82,8 @@ mod weights;
 
 pub use chat::{ChatTemplate, Message};
 pub use config::{
-    Activation, Block, Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens,
-    full_rope_only, limits, valid_rotated,
+    Activation, Block, Llama3Scaling, LlamaConfig, LongRope, RopeConfig, RopePairing,
+    SpecialTokens, full_rope_only, limits, valid_rotated,
 };
 pub use error::Error;
 pub use forward::{FloatModel, NoTap, Site, Tap};

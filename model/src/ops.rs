@@ -78,6 +78,8 @@ pub struct Rope {
     freqs: Vec<f32>,
     window_freqs: Option<Vec<f32>>,
     pairing: RopePairing,
+    /// Multiplier of the cosines and sines ([`RopeConfig::attn_factor`]).
+    scale: f32,
 }
 
 /// The frequencies of the `rotated / 2` pairs of base `theta` under `cfg`'s scaling and factors.
@@ -101,6 +103,7 @@ impl Rope {
             freqs: frequencies(cfg, cfg.theta, rotated),
             window_freqs: cfg.window_theta.map(|t| frequencies(cfg, t, rotated)),
             pairing: cfg.pairing,
+            scale: cfg.attn_factor.unwrap_or(1.0),
         }
     }
 
@@ -134,7 +137,9 @@ impl Rope {
     }
 
     /// The rotation of position `pos`: `cos`/`sin` of `pos · freq[k]` for each pair `k` of the
-    /// global layers ([`Rope::cos_sin_of`] for a layer's).
+    /// global layers ([`Rope::cos_sin_of`] for a layer's), times the model's
+    /// [`RopeConfig::attn_factor`] (a rotation and a scaling: a re-rotation by a position delta
+    /// uses [`Rope::frequencies`] alone).
     ///
     /// # Panics
     /// If `cos` or `sin` is not `rotated / 2` long.
@@ -154,7 +159,8 @@ impl Rope {
             freqs.len()
         );
         for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(freqs) {
-            (*s, *c) = (pos as f32 * f).sin_cos();
+            let (sn, cs) = (pos as f32 * f).sin_cos();
+            (*s, *c) = (sn * self.scale, cs * self.scale);
         }
     }
 

@@ -30,7 +30,7 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use crate::Error;
-use crate::gguf::{Array, GgufFile, Value};
+use crate::gguf_file::{Array, GgufFile, Value};
 
 /// GGUF `tokenizer.ggml.token_type` of control tokens (`<|im_start|>` and the like).
 const TOKEN_TYPE_CONTROL: i64 = 3;

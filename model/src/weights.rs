@@ -161,6 +161,15 @@ impl Tensor {
         }
     }
 
+    /// An RMSNorm weight vector (a layer's norms and the output norm).
+    pub fn is_norm(self) -> bool {
+        match self {
+            Tensor::OutputNorm => true,
+            Tensor::Layer(_, lt) => lt.is_norm(),
+            _ => false,
+        }
+    }
+
     /// Number of elements of [`shape`](Self::shape).
     pub fn len(self, c: &LlamaConfig) -> usize {
         self.shape(c).iter().product()
@@ -235,71 +244,6 @@ pub struct HeldTensor<'a> {
     pub shape: Vec<usize>,
     /// The file holding it (a GGUF file, one safetensors shard).
     pub file: &'a str,
-}
-
-/// Checks that the tensors a model holds ([`HeldTensor`]s) are exactly those `config` needs under the file's naming (`name_of`): none missing, none
-/// of another shape, none left over (a tensor the description has no place for means the
-/// metadata disagrees with the weights, e.g. a layer count below the file's layers). `origin`
-/// names the file in the error. Every loader and `describe` (budgets, plans) call this.
-pub fn check_tensor_set(
-    config: &LlamaConfig,
-    held: &[HeldTensor<'_>],
-    name_of: fn(Tensor) -> String,
-    origin: &str,
-) -> Result<(), Error> {
-    let bad_in = |file: &str, name: &str, reason: String| Error::BadTensor {
-        origin: file.to_owned(),
-        name: name.to_owned(),
-        reason,
-    };
-    let bad = |name: &str, reason: String| bad_in(origin, name, reason);
-    let required = Tensor::required(config);
-    let mut wanted: std::collections::HashMap<String, Tensor> =
-        required.iter().map(|&t| (name_of(t), t)).collect();
-    for &HeldTensor {
-        name,
-        ref shape,
-        file,
-    } in held
-    {
-        let Some(t) = wanted.remove(name) else {
-            return Err(bad_in(
-                file,
-                name,
-                format!(
-                    "is not part of the model the metadata describes ({} layers{}{}): the \
-                     description and the weights disagree",
-                    config.n_layers,
-                    if config.tied_output {
-                        ", output tied to the embedding"
-                    } else {
-                        ""
-                    },
-                    if config.block.qkv_bias {
-                        ", Q/K/V biases"
-                    } else {
-                        ""
-                    },
-                ),
-            ));
-        };
-        let expected = t.shape(config);
-        if *shape != expected {
-            return Err(bad_in(
-                file,
-                name,
-                format!("has shape {shape:?}, the description needs {expected:?}"),
-            ));
-        }
-    }
-    match required
-        .into_iter()
-        .map(name_of)
-        .find(|n| wanted.contains_key(n))
-    {
-        Some(name) => Err(bad(&name, "is missing".to_owned())),
-        None => Ok(()),
-    }
 }
 
 /// Checks that every value of tensor `name` read from `origin` is finite (a NaN or an infinity

@@ -12,7 +12,8 @@
 use std::collections::BTreeMap;
 
 use model::{
-    Activation, Block, Llama3Scaling, LlamaConfig, RopeConfig, RopePairing, SpecialTokens, limits,
+    Activation, Block, Llama3Scaling, LlamaConfig, LongRope, RopeConfig, RopePairing,
+    SpecialTokens, limits,
 };
 
 use crate::bytes::{Reader, Writer};
@@ -69,6 +70,20 @@ fn entries(c: &LlamaConfig) -> BTreeMap<&'static str, Val> {
     opt("rope.rotated", r.rotated.map(int));
     opt("rope.freq_factors", r.freq_factors.clone().map(Val::F32s));
     opt("rope.window_theta", r.window_theta.map(Val::F32));
+    opt("rope.attn_factor", r.attn_factor.map(Val::F32));
+    let long = r.long_rope.as_ref();
+    opt(
+        "rope.long_rope.short",
+        long.map(|l| Val::F32s(l.short.clone())),
+    );
+    opt(
+        "rope.long_rope.long",
+        long.map(|l| Val::F32s(l.long.clone())),
+    );
+    opt(
+        "rope.long_rope.original_context",
+        long.map(|l| int(l.original_context)),
+    );
     opt("rope.scaling.factor", r.scaling.map(|s| Val::F32(s.factor)));
     opt(
         "rope.scaling.low_freq_factor",
@@ -306,8 +321,29 @@ impl Desc<'_, '_> {
             pairing,
             rotated: self.int("rope.rotated")?,
             freq_factors,
+            long_rope: self.long_rope()?,
+            attn_factor: self.f32("rope.attn_factor")?,
             window_theta: self.f32("rope.window_theta")?,
         })
+    }
+
+    fn long_rope(&mut self) -> Result<Option<LongRope>, FormatError> {
+        let mut list = |k: &str| match self.take(k) {
+            None => Ok(None),
+            Some(Val::F32s(v)) => Ok(Some(v)),
+            Some(_) => Err(self.bad(k, "not an f32 list")),
+        };
+        let (short, long) = (list("rope.long_rope.short")?, list("rope.long_rope.long")?);
+        let (short, long) = match (short, long) {
+            (None, None) => return Ok(None),
+            (Some(s), Some(l)) => (s, l),
+            _ => return Err(self.bad("rope.long_rope", "needs both short and long")),
+        };
+        Ok(Some(LongRope {
+            short,
+            long,
+            original_context: self.size("rope.long_rope.original_context")?,
+        }))
     }
 
     fn scaling(&mut self) -> Result<Option<Llama3Scaling>, FormatError> {

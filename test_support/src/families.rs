@@ -21,12 +21,25 @@
 //! - `phi3`: fused `attn_qkv` (q, then k, then v rows), fused `ffn_up` (gate rows, then up rows; no
 //!   `ffn_gate`), partial rotary (`rope.dimension_count` 24 of head size 32, like Phi-4-mini's
 //!   0.75).
+//! - `phi3-long` and `phi3-short`: `phi3` with LongRoPE as the converter writes Phi-3-mini-128k
+//!   and Phi-4-mini (`rope_factors_short.weight`, `rope_factors_long.weight`,
+//!   `rope.scaling.original_context_length`, `rope.scaling.attn_factor` from the converter's
+//!   rule); llama.cpp runs the toys with a context of 256, past `phi3-long`'s original context of
+//!   64 (the long factors apply) and within `phi3-short`'s 256 (the short ones).
 
 use crate::gguf::GgufWriter;
 
 /// Every family [`toy_gguf`] makes.
-pub const FAMILIES: [&str; 7] = [
-    "llama", "llama3", "mistral", "qwen2", "qwen3", "gemma3", "phi3",
+pub const FAMILIES: [&str; 9] = [
+    "llama",
+    "llama3",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "phi3",
+    "phi3-long",
+    "phi3-short",
 ];
 
 /// Which vocabulary a toy carries.
@@ -73,6 +86,8 @@ pub struct ToySpec {
     /// Write `rope_freqs.weight` from Llama 3's frequency rule with these (factor, low-frequency
     /// factor, high-frequency factor, original context).
     pub llama3_rope: Option<(f32, f32, f32, f32)>,
+    /// Write LongRoPE's two factor sets ([`long_rope_factors`]) with this original context.
+    pub long_rope: Option<u32>,
 }
 
 const BASE: ToySpec = ToySpec {
@@ -96,6 +111,21 @@ const BASE: ToySpec = ToySpec {
     fused: false,
     sliding_window: None,
     llama3_rope: None,
+    long_rope: None,
+};
+
+const PHI3: ToySpec = ToySpec {
+    family: "phi3",
+    arch: "phi3",
+    n_layer: 2,
+    n_head: 2,
+    n_head_kv: 1,
+    head_dim: 32,
+    n_rot: 24,
+    n_ff: 128,
+    vocab: VocabKind::Phi3,
+    fused: true,
+    ..BASE
 };
 
 /// The spec of `family`, or `None` for a family this module does not make.
@@ -165,18 +195,16 @@ pub fn toy_spec(family: &str) -> Option<ToySpec> {
             sliding_window: Some(8),
             ..BASE
         },
-        "phi3" => ToySpec {
-            family: "phi3",
-            arch: "phi3",
-            n_layer: 2,
-            n_head: 2,
-            n_head_kv: 1,
-            head_dim: 32,
-            n_rot: 24,
-            n_ff: 128,
-            vocab: VocabKind::Phi3,
-            fused: true,
-            ..BASE
+        "phi3" => PHI3,
+        "phi3-long" => ToySpec {
+            family: "phi3-long",
+            long_rope: Some(64),
+            ..PHI3
+        },
+        "phi3-short" => ToySpec {
+            family: "phi3-short",
+            long_rope: Some(256),
+            ..PHI3
         },
         _ => return None,
     };
@@ -220,6 +248,36 @@ fn write_hparams(w: &mut GgufWriter, s: &ToySpec) {
     if let Some(window) = s.sliding_window {
         w.kv(&format!("{a}.attention.sliding_window"), window);
     }
+    if let Some(original) = s.long_rope {
+        w.kv(
+            &format!("{a}.rope.scaling.original_context_length"),
+            original,
+        )
+        .kv(
+            &format!("{a}.rope.scaling.attn_factor"),
+            long_rope_attn_factor(s.context, original),
+        );
+    }
+}
+
+/// LongRoPE's attention factor by the converter's rule: `sqrt(1 + ln(s) / ln(original))` for
+/// `s = context / original` above 1, else 1.
+pub fn long_rope_attn_factor(context: u32, original: u32) -> f32 {
+    let s = f64::from(context) / f64::from(original);
+    if s > 1.0 {
+        (1.0 + s.ln() / f64::from(original).ln()).sqrt() as f32
+    } else {
+        1.0
+    }
+}
+
+/// LongRoPE's (short, long) divisors of a toy, one per rotated pair: short ones near 1, long ones
+/// growing with the pair's wavelength as Phi-3's do (1 to about 1 + pairs / 2).
+pub fn long_rope_factors(n_rot: u32) -> (Vec<f32>, Vec<f32>) {
+    let pairs = n_rot / 2;
+    let short = (0..pairs).map(|i| 1.0 + 0.05 * i as f32).collect();
+    let long = (0..pairs).map(|i| 1.0 + 0.5 * i as f32).collect();
+    (short, long)
 }
 
 /// A vocabulary as GGUF stores it.
@@ -489,6 +547,11 @@ fn write_tensors(w: &mut GgufWriter, s: &ToySpec, n_vocab: u64, rng: &mut Rng) {
         let f = llama3_rope_factors(s.rope_base, s.n_rot, rule);
         w.tensor_f32("rope_freqs.weight", &[f.len() as u64], &f);
     }
+    if s.long_rope.is_some() {
+        let (short, long) = long_rope_factors(s.n_rot);
+        w.tensor_f32("rope_factors_long.weight", &[long.len() as u64], &long);
+        w.tensor_f32("rope_factors_short.weight", &[short.len() as u64], &short);
+    }
     for l in 0..s.n_layer {
         write_layer(w, s, rng, &format!("blk.{l}"));
     }
@@ -605,6 +668,9 @@ pub struct LlamacppFixture {
     /// SHA-256 (lower-case hex) of the toy GGUF file the values were computed on.
     pub gguf_sha256: String,
     pub n_vocab: usize,
+    /// The context llama.cpp ran with (its `n_ctx`, padded by llama.cpp to a multiple of 256):
+    /// the context htpkv binds the description to (LongRoPE picks its factors by it).
+    pub context: usize,
     /// The token ids fed at positions 0, 1, ... (BOS first).
     pub tokens: Vec<u32>,
     /// The positions whose logits were recorded.
@@ -648,6 +714,7 @@ pub fn llamacpp_fixture(family: &str) -> LlamacppFixture {
             llama_cpp_commit: string("llama_cpp_commit")?,
             gguf_sha256: string("gguf_sha256")?,
             n_vocab: field("n_vocab").as_u64()? as usize,
+            context: field("context").as_u64()? as usize,
             tokens: ints("tokens")?.into_iter().map(|t| t as u32).collect(),
             positions: ints("positions")?.into_iter().map(|p| p as usize).collect(),
             logits: field("logits")

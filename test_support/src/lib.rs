@@ -24,6 +24,7 @@ pub mod fetched;
 pub mod files;
 pub mod gguf;
 pub mod harness;
+pub mod hf;
 pub mod kv;
 pub mod runtime;
 pub mod stories;

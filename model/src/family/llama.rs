@@ -2,7 +2,7 @@
 //! is. GGUF files keep Q/K rows permuted so RoPE pairs are adjacent; Llama 3.1/3.2 files carry
 //! the converter's per-pair frequency divisors as the `rope_freqs` tensor.
 
-use super::{Family, GgufMeta, TensorReader, hf_nothing, standard};
+use super::{Family, GgufMeta, TensorReader, hf_nothing, hf_standard, standard};
 use crate::{Error, LlamaConfig, RopePairing};
 
 pub(super) static FAMILY: Family = Family {
@@ -13,6 +13,8 @@ pub(super) static FAMILY: Family = Family {
     gguf_tensor: standard,
     gguf_config_tensors: &[ROPE_FREQS],
     hf: hf_nothing,
+    hf_tensor: hf_standard,
+    hf_norm_offset: 0.0,
 };
 
 const ROPE_FREQS: &str = "rope_freqs.weight";

@@ -2,7 +2,7 @@
 //! window when the config sets `sliding_window`. llama.cpp converts Mistral 7B to the `llama`
 //! architecture, so GGUF files are read by [`super::llama`].
 
-use super::{Family, GgufMeta, TensorReader, standard};
+use super::{Family, GgufMeta, TensorReader, hf_standard, standard};
 use crate::{Error, LlamaConfig};
 
 pub(super) static FAMILY: Family = Family {
@@ -13,6 +13,8 @@ pub(super) static FAMILY: Family = Family {
     gguf_tensor: standard,
     gguf_config_tensors: &[],
     hf,
+    hf_tensor: hf_standard,
+    hf_norm_offset: 0.0,
 };
 
 fn no_gguf(_: &mut LlamaConfig, m: &GgufMeta<'_>, _: &mut TensorReader<'_>) -> Result<(), Error> {

@@ -18,12 +18,13 @@ mod mistral;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod stored;
 #[cfg(test)]
 mod toy;
 
-use std::ops::Range;
+pub use stored::{Entry, Naming, Stored, check_held, layout};
 
-use crate::gguf::{GgufFile, Value};
+use crate::gguf_file::{GgufFile, Value};
 use crate::{Error, LayerTensor, LlamaConfig, Tensor};
 
 /// Reads a tensor of the file being described into f32 values by name (`None`: no such tensor).
@@ -46,6 +47,11 @@ pub struct Family {
     pub gguf_config_tensors: &'static [&'static str],
     /// Fills what the family adds to a description read from a Hugging Face `config.json`.
     pub hf: fn(&mut LlamaConfig, &serde_json::Value) -> Result<(), String>,
+    /// Where the family's Hugging Face folders store tensor `t` (most: whole, under [`hf_name`]).
+    pub hf_tensor: Naming,
+    /// Added to every norm weight read from the family's Hugging Face folders: Gemma's folders
+    /// store `w` of its `1 + w` convention (its GGUF files store `1 + w`), folded at load.
+    pub hf_norm_offset: f32,
 }
 
 /// The families htpkv reads, one line each.
@@ -94,23 +100,6 @@ pub fn hf_types() -> String {
     v.join(", ")
 }
 
-/// Where a tensor is stored: a file tensor's name and, for a fused one, the rows (outermost
-/// dimension) that hold this tensor.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stored {
-    /// The tensor's name in the file.
-    pub name: String,
-    /// The rows of a fused tensor; `None` for a tensor stored whole.
-    pub rows: Option<Range<usize>>,
-}
-
-impl Stored {
-    /// A tensor stored whole under `name`.
-    pub fn whole(name: String) -> Stored {
-        Stored { name, rows: None }
-    }
-}
-
 /// llama.cpp's name of tensor `t` (the names every family shares).
 pub fn gguf_name(t: Tensor) -> String {
     use LayerTensor as L;
@@ -146,6 +135,43 @@ pub fn gguf_name(t: Tensor) -> String {
 /// The shared names, each tensor stored whole.
 fn standard(t: Tensor, _: &LlamaConfig) -> Stored {
     Stored::whole(gguf_name(t))
+}
+
+/// Hugging Face's names of tensor `t` shared by the Llama-like families.
+pub fn hf_name(t: Tensor) -> String {
+    use LayerTensor as L;
+    match t {
+        Tensor::TokenEmbedding => "model.embed_tokens.weight".into(),
+        Tensor::OutputNorm => "model.norm.weight".into(),
+        Tensor::Output => "lm_head.weight".into(),
+        Tensor::Layer(l, lt) => {
+            let s = match lt {
+                L::AttnNorm => "input_layernorm.weight",
+                L::Q => "self_attn.q_proj.weight",
+                L::K => "self_attn.k_proj.weight",
+                L::V => "self_attn.v_proj.weight",
+                L::QBias => "self_attn.q_proj.bias",
+                L::KBias => "self_attn.k_proj.bias",
+                L::VBias => "self_attn.v_proj.bias",
+                L::O => "self_attn.o_proj.weight",
+                L::FfnNorm => "post_attention_layernorm.weight",
+                L::Gate => "mlp.gate_proj.weight",
+                L::Up => "mlp.up_proj.weight",
+                L::Down => "mlp.down_proj.weight",
+                L::QNorm => "self_attn.q_norm.weight",
+                L::KNorm => "self_attn.k_norm.weight",
+                // Gemma's names (its family maps its own pre-FFN norm).
+                L::PostAttnNorm => "post_attention_norm.weight",
+                L::PostFfnNorm => "post_feedforward_layernorm.weight",
+            };
+            format!("model.layers.{l}.{s}")
+        }
+    }
+}
+
+/// Hugging Face's shared names, each tensor stored whole.
+fn hf_standard(t: Tensor, _: &LlamaConfig) -> Stored {
+    Stored::whole(hf_name(t))
 }
 
 /// Nothing beyond the common keys (a Hugging Face config).

@@ -1,6 +1,6 @@
 //! Qwen2 / Qwen2.5: the Llama block with Q/K/V biases, RoPE pairs half a head apart.
 
-use super::{Family, GgufMeta, TensorReader, standard};
+use super::{Family, GgufMeta, TensorReader, hf_standard, standard};
 use crate::{Error, LlamaConfig, RopePairing};
 
 pub(super) static FAMILY: Family = Family {
@@ -11,6 +11,8 @@ pub(super) static FAMILY: Family = Family {
     gguf_tensor: standard,
     gguf_config_tensors: &[],
     hf,
+    hf_tensor: hf_standard,
+    hf_norm_offset: 0.0,
 };
 
 fn gguf(c: &mut LlamaConfig, m: &GgufMeta<'_>, _: &mut TensorReader<'_>) -> Result<(), Error> {

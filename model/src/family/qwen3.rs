@@ -1,7 +1,7 @@
 //! Qwen3: the Llama block with each query and key head RMS-normalized before RoPE, heads whose
 //! width (`attention.key_length`) is not `dim / heads`, RoPE pairs half a head apart.
 
-use super::{Family, GgufMeta, TensorReader, standard};
+use super::{Family, GgufMeta, TensorReader, hf_standard, standard};
 use crate::{Error, LlamaConfig, RopePairing};
 
 pub(super) static FAMILY: Family = Family {
@@ -12,6 +12,8 @@ pub(super) static FAMILY: Family = Family {
     gguf_tensor: standard,
     gguf_config_tensors: &[],
     hf,
+    hf_tensor: hf_standard,
+    hf_norm_offset: 0.0,
 };
 
 fn gguf(c: &mut LlamaConfig, m: &GgufMeta<'_>, _: &mut TensorReader<'_>) -> Result<(), Error> {

@@ -3,7 +3,7 @@
 //! per-head q/k norms, a post-FFN norm stored as `blk.N.ffn_post_norm.weight` and the FFN's
 //! gate and up fused in one `ffn_gate_up` tensor (up rows first). Built in tests only.
 
-use super::{Family, GgufMeta, Stored, TensorReader, gguf_name, hf_nothing};
+use super::{Family, GgufMeta, Stored, TensorReader, gguf_name, hf_nothing, hf_standard};
 use crate::{Activation, Error, LayerTensor, LlamaConfig, RopePairing, Tensor};
 
 pub(super) static FAMILY: Family = Family {
@@ -14,6 +14,8 @@ pub(super) static FAMILY: Family = Family {
     gguf_tensor,
     gguf_config_tensors: &[],
     hf: hf_nothing,
+    hf_tensor: hf_standard,
+    hf_norm_offset: 0.0,
 };
 
 fn gguf(c: &mut LlamaConfig, m: &GgufMeta<'_>, _: &mut TensorReader<'_>) -> Result<(), Error> {

@@ -5,8 +5,8 @@ use serde_json::json;
 use test_support::files::ScratchDir;
 
 use super::*;
-use crate::WeightSource;
 use crate::forward::tests::synthetic;
+use crate::{LayerTensor, Tensor, WeightSource};
 
 pub(crate) fn tiny_json() -> Json {
     json!({
@@ -247,7 +247,9 @@ mod fuzz {
             return;
         };
         let mut weights = Weights::with_layers(c.n_layers);
-        let _ = take_tensors(&st, c, Tensor::required(c), &mut weights, Path::new("fuzz"));
+        let fam = crate::family::by_hf_type("llama").unwrap();
+        let mut wanted = crate::family::layout(fam.hf_tensor, c);
+        let _ = take_tensors(&st, fam, &mut wanted, &mut weights, Path::new("fuzz"));
     }
 
     proptest! {
@@ -404,4 +406,44 @@ fn a_shard_that_is_no_regular_file_is_refused_by_the_capped_reader() {
         matches!(err, Error::File(crate::fsio::FileError::IsDirectory { .. })),
         "{err:?}"
     );
+}
+
+#[test]
+fn gemma3_and_longrope_configs_are_read_or_refused_naming_the_field() {
+    let mut j = tiny_json();
+    j["model_type"] = json!("phi3");
+    j["max_position_embeddings"] = json!(64);
+    j["original_max_position_embeddings"] = json!(16);
+    j["rope_scaling"] = json!({"type": "longrope", "short_factor": [1.0, 1.5],
+        "long_factor": [2.0, 3.0]});
+    let c = config_from_json(&j.to_string(), "t").unwrap();
+    let l = c.rope.long_rope.as_ref().unwrap();
+    assert_eq!(
+        (l.short.as_slice(), l.long.as_slice()),
+        (&[1.0, 1.5][..], &[2.0, 3.0][..])
+    );
+    assert_eq!(c.rope.freq_factors, Some(vec![1.0, 1.5]));
+    let want = (1.0 + 4f64.ln() / 16f64.ln()).sqrt() as f32;
+    assert_eq!(c.rope.attn_factor, Some(want));
+    j["rope_scaling"]["short_factor"] = json!("no");
+    let err = config_from_json(&j.to_string(), "t")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rope_scaling.short_factor"), "{err}");
+
+    let mut j = tiny_json();
+    j["model_type"] = json!("gemma3_text");
+    j["sliding_window"] = json!(4);
+    let c = config_from_json(&j.to_string(), "t").unwrap();
+    assert_eq!(
+        c.layer_windows,
+        [Some(4), Some(4)],
+        "every sixth layer is global"
+    );
+    assert_eq!(c.embed_scale, Some(4.0));
+    j["hidden_activation"] = json!("relu");
+    let err = config_from_json(&j.to_string(), "t")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("hidden_activation relu"), "{err}");
 }

@@ -1,8 +1,8 @@
 use super::*;
 use crate::config::tests::tiny;
 use crate::forward::tests::synthetic;
-use crate::gguf::llama::tests::tiny_gguf;
-use crate::gguf::tests::Writer;
+use crate::gguf::tests::tiny_gguf;
+use crate::gguf_file::tests::Writer;
 use crate::hf::tests::{tiny_json, write_model};
 use crate::tokenizer::tests::vocab_gguf;
 use crate::{Message, WeightSource};

@@ -1,7 +1,7 @@
 use std::io::Cursor;
 
 use super::*;
-use crate::gguf::tests::Writer;
+use crate::gguf_file::tests::Writer;
 use test_support::files::ScratchDir;
 
 const TOKENS: [&str; 11] = [
@@ -95,7 +95,7 @@ fn reason(r: Result<HfTokenizer, Error>) -> String {
 fn bad_tokenizer_metadata_is_an_error() {
     assert!(reason(build(&vocab_gguf("mystery"))).contains("mystery"));
     let mut g = vocab_gguf("smollm");
-    g.kv[0].2 = crate::gguf::tests::gguf_str("llama-sp");
+    g.kv[0].2 = crate::gguf_file::tests::gguf_str("llama-sp");
     assert!(reason(build(&g)).contains("tokenizer.ggml.model"));
     let mut g = vocab_gguf("smollm");
     g.kv.retain(|kv| kv.0 != "tokenizer.ggml.merges");

@@ -1,8 +1,8 @@
 //! A model whose description holds every property a family adds to the Llama block (Gemma 3's
 //! four norms, q/k norms, GELU-tanh, scaled embedding, its own attention scale, window layers
-//! with a RoPE base of their own, plus partial rotary and a soft-cap): the executor's f32 graphs
-//! reproduce the float model, quantized graphs stay close to it, and the compiled file keeps the
-//! description (format version 6, key–value metadata).
+//! with a RoPE base of their own, plus partial rotary, LongRoPE and a soft-cap): the executor's
+//! f32 graphs reproduce the float model, quantized graphs stay close to it, and the compiled file
+//! keeps the description (format version 6, key–value metadata).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,6 +29,16 @@ fn described(ckpt: &Checkpoint) -> LlamaConfig {
     c.rope.rotated = Some(c.head_dim / 2);
     c.rope.theta = 1e6;
     c.rope.window_theta = Some(100.0);
+    // LongRoPE, bound to its short set: the graphs' context is within the original context.
+    let pairs = c.head_dim / 4;
+    let short: Vec<f32> = (0..pairs).map(|i| 1.0 + 0.25 * i as f32).collect();
+    c.rope.freq_factors = Some(short.clone());
+    c.rope.long_rope = Some(model::LongRope {
+        short,
+        long: vec![4.0; pairs],
+        original_context: CONTEXT,
+    });
+    c.rope.attn_factor = Some(1.2);
     c
 }
 

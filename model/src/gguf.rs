@@ -2,18 +2,20 @@
 //! file's family ([`crate::family`]), the weights by the family's tensor names (fused tensors
 //! split), dequantized to f32.
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufReader, Read, Seek};
-use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::GgufFile;
 use crate::family::{self, Family, GgufMeta};
+use crate::weights::HeldTensor;
 use crate::{Error, LlamaConfig, RopeConfig, SpecialTokens, Tensor, Weights};
 
 pub use crate::family::gguf_name;
+pub use crate::gguf_file::{
+    Array, DEFAULT_ALIGNMENT, GgmlType, GgufError, GgufFile, MAX_ARRAY_DEPTH, MAX_DIMS, TensorInfo,
+    Value, dequantize,
+};
 
 /// A model read from a GGUF file: its description, f32 weights and the parsed header (for the
 /// tokenizer and chat template).
@@ -90,74 +92,22 @@ fn family_of<'a>(
     Ok((fam, m))
 }
 
-/// One tensor of the file as the description needs it: its shape and the model tensors it
-/// holds (with their rows when it is fused).
-#[derive(Debug)]
-struct Entry {
-    shape: Vec<usize>,
-    parts: Vec<(Tensor, Option<Range<usize>>)>,
-}
-
-/// The file tensors a model of `config` needs under `fam`'s names, by name.
-fn layout(fam: &Family, config: &LlamaConfig) -> BTreeMap<String, Entry> {
-    let mut out: BTreeMap<String, Entry> = BTreeMap::new();
-    for t in Tensor::required(config) {
-        let stored = (fam.gguf_tensor)(t, config);
-        let mut shape = t.shape(config);
-        if let Some(rows) = &stored.rows {
-            shape[0] = rows.end;
-        }
-        let e = out.entry(stored.name).or_insert(Entry {
-            shape: shape.clone(),
-            parts: Vec::new(),
-        });
-        e.shape[0] = e.shape[0].max(shape[0]);
-        e.parts.push((t, stored.rows));
-    }
-    out
-}
-
 /// Checks that the file's tensors are exactly those `config` needs under its family's names,
 /// with their shapes (the family's description tensors, such as `rope_freqs`, aside): none
-/// missing, none of another shape, none left over.
+/// missing, none of another shape, none left over ([`family::check_held`]).
 pub fn check_tensors(file: &GgufFile, config: &LlamaConfig, origin: &str) -> Result<(), Error> {
     let (fam, _) = family_of(file, origin)?;
-    let mut wanted = layout(fam, config);
-    let bad = |name: &str, reason: String| Error::BadTensor {
-        origin: origin.to_owned(),
-        name: name.to_owned(),
-        reason,
-    };
-    for t in &file.tensors {
-        if fam.gguf_config_tensors.contains(&t.name.as_str()) {
-            continue;
-        }
-        let Some(e) = wanted.remove(&t.name) else {
-            let why = format!(
-                "is not part of the model the metadata describes ({}, {} layers): the \
-                 description and the weights disagree",
-                fam.name, config.n_layers
-            );
-            return Err(bad(&t.name, why));
-        };
-        if t.shape() != e.shape {
-            let why = format!(
-                "has shape {:?}, the description needs {:?}",
-                t.shape(),
-                e.shape
-            );
-            return Err(bad(&t.name, why));
-        }
-    }
-    // The first missing tensor in the model's order (layer 2 before layer 10).
-    let first_missing = Tensor::required(config)
-        .into_iter()
-        .map(|t| (fam.gguf_tensor)(t, config).name)
-        .find(|name| wanted.contains_key(name));
-    match first_missing {
-        Some(name) => Err(bad(&name, "is missing".to_owned())),
-        None => Ok(()),
-    }
+    let held: Vec<HeldTensor<'_>> = file
+        .tensors
+        .iter()
+        .map(|t| HeldTensor {
+            name: &t.name,
+            shape: t.shape(),
+            file: origin,
+        })
+        .collect();
+    let skip = fam.gguf_config_tensors;
+    family::check_held(config, fam.gguf_tensor, &held, skip, (fam.name, origin))
 }
 
 /// Reads every tensor `config` needs from `r`, after checking that the file holds exactly those
@@ -171,19 +121,12 @@ pub fn read_weights(
     check_tensors(file, config, origin)?;
     let (fam, _) = family_of(file, origin)?;
     let mut w = Weights::with_layers(config.n_layers);
-    for (name, e) in layout(fam, config) {
+    for (name, e) in family::layout(fam.gguf_tensor, config) {
         // Checked finite as it is read.
         let data = read_tensor(file, r, &name, origin)?
             .ok_or(Error::MissingTensor { name: name.clone() })?;
-        let cols: usize = e.shape[1..].iter().product();
-        match e.parts.as_slice() {
-            [(t, None)] => w.set(*t, data)?,
-            parts => {
-                for (t, rows) in parts {
-                    let rows = rows.clone().unwrap_or(0..e.shape[0]);
-                    w.set(*t, data[rows.start * cols..rows.end * cols].to_vec())?;
-                }
-            }
+        for (t, part) in e.split(data) {
+            w.set(t, part)?;
         }
     }
     Ok(w)

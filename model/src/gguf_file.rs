@@ -1,12 +1,13 @@
 //! GGUF (v2/v3, little-endian) reader: header, metadata, tensor infos and tensor data
-//! dequantized to f32.
+//! dequantized to f32. The model loader above it is [`crate::gguf`], which re-exports this
+//! module's items (the dependency goes one way: the loader and the families read files, the
+//! reader knows no model).
 //!
 //! Every count, length, dimension product, offset and size read from the file is checked
 //! against the bytes that remain before anything is allocated for it, so a hostile header gives
 //! a [`GgufError`], never a huge allocation or a panic. Metadata is held compactly (numeric
 //! arrays as typed vectors), so its memory is a small multiple of the bytes it was read from.
 
-pub(crate) mod llama;
 mod types;
 mod value;
 
@@ -16,7 +17,6 @@ use std::io::{Read, Seek, SeekFrom};
 
 use crate::le::{LeReader, ReadError};
 
-pub use llama::{GgufModel, gguf_name, llama_config, read_weights};
 pub use types::{GgmlType, dequantize};
 pub use value::{Array, Value};
 
