@@ -183,6 +183,9 @@ pub fn compile(
     o: &HtpOptions,
     progress: &mut dyn FnMut(&str, usize, usize),
 ) -> Result<Vec<Vec<u8>>, CompileError> {
+    // The description as a graph of this context runs it (LongRoPE's factors for the context).
+    let bound = c.clone().for_context(o.context);
+    let c = &bound;
     check(c, o)?;
     // The backend's messages through htpkv's log (errors and warnings on stderr, the rest
     // recorded), not printed by the library itself.

@@ -76,7 +76,9 @@ pub fn compile_with(
     fingerprint: [u8; 32],
     progress: &mut dyn FnMut(Progress),
 ) -> Result<CompiledModel, CompileError> {
-    let c = config;
+    // The description as a graph of this context runs it (LongRoPE's factors for the context).
+    let bound = config.clone().for_context(opts.context);
+    let c = &bound;
     c.validate()
         .and_then(|()| check_weights(c, weights))
         .map_err(|source| CompileError::Model { source })?;

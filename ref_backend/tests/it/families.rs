@@ -129,3 +129,26 @@ fn the_file_keeps_the_description_as_version_6() {
     );
     assert_ne!(m.to_bytes()[8..12], DESC_FORMAT_VERSION.to_le_bytes());
 }
+
+/// LongRoPE past its original context: a description loaded with its short factors, compiled for
+/// a longer context, runs the long ones in the graphs, as the float model of that context does.
+#[test]
+fn a_context_past_the_original_one_runs_the_long_factors() {
+    let ckpt: &'static Checkpoint = Box::leak(Box::new(test_support::stories::synthetic(true)));
+    let short = described(ckpt);
+    let mut c = short.clone();
+    if let Some(l) = c.rope.long_rope.as_mut() {
+        l.original_context = CONTEXT / 2;
+    }
+    let w = || Overlay::new(ckpt, with_norms(&c));
+    let tokens = tokens();
+    let want = oracle(&c, w(), &tokens);
+    let effect = worst(&oracle(&short, w(), &tokens), &want);
+    assert!(
+        effect > 0.1,
+        "long and short factors must differ ({effect})"
+    );
+    let f32_model = compile(&c, &w(), DataType::F32, WeightType::F32);
+    let d = worst(&logits_ar4_then_ar1(&f32_model, &tokens), &want);
+    assert!(d < 1e-4, "f32 graphs past the original context: {d}");
+}
