@@ -294,11 +294,9 @@ impl<B: Backend> Session<B> {
         })?;
         let len = self.cache.len();
         let tables = rope.tables(-(drop as f32));
-        Ok(self
-            .cache
-            .map_key_rows(from..len, |layer, _, _, row| {
-                rope.apply(row, &tables[layer])
-            })?)
+        Ok(self.cache.map_key_rows(from..len, |layer, _, _, row| {
+            rope.apply(row, &tables[layer])
+        })?)
     }
 }
 
