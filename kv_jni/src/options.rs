@@ -39,6 +39,9 @@ pub struct OpenArgs {
     /// Speculative decoding as `--speculate` spells it (`prompt-lookup[:K]`, `lookahead[:W,N,G]`,
     /// `draft:PATH[:K]`); None: plain decoding.
     pub speculate: Option<String>,
+    /// A chat template file (`--chat-template`) used instead of the model's own; None: the
+    /// model's.
+    pub chat_template: Option<String>,
 }
 
 impl OpenArgs {
@@ -96,6 +99,9 @@ impl OpenArgs {
         }
         if let Some(dir) = non_empty(&self.cache_dir) {
             options.cache_dir = Some(PathBuf::from(dir));
+        }
+        if let Some(file) = non_empty(&self.chat_template) {
+            options.chat_template = Some(PathBuf::from(file));
         }
         if let Some(weights) = non_empty(&self.weights) {
             options.weights = weights.to_string();
@@ -247,6 +253,7 @@ mod tests {
         assert_eq!(o.context, None);
         assert_eq!(o.model_dir, None);
         assert_eq!(o.cache_dir, None);
+        assert_eq!(o.chat_template, None);
     }
 
     #[test]
@@ -264,6 +271,7 @@ mod tests {
             ar: vec![1, 64],
             cache_dir: some("/cache"),
             speculate: None,
+            chat_template: some("/m/chat.jinja"),
         };
         let o = args.to_engine_options().unwrap();
         assert_eq!(o.model_dir, Some(PathBuf::from("/m")));
@@ -285,6 +293,7 @@ mod tests {
         assert_eq!(o.context, Some(256));
         assert_eq!(o.ar, vec![1, 64]);
         assert_eq!(o.cache_dir, Some(PathBuf::from("/cache")));
+        assert_eq!(o.chat_template, Some(PathBuf::from("/m/chat.jinja")));
     }
 
     #[test]

@@ -268,3 +268,32 @@ fn greedy_prompt_lookup_on_gemma_gives_plain_tokens() {
         assert!(st.verify_calls > 0 && st.accepted > 0, "{name}: {st:?}");
     }
 }
+
+/// A prompt sharing a prefix with a Gemma session whose window layers have moved past that prefix
+/// (a repeated chat question after its answer) is prefilled again, as a cold run, instead of
+/// failing on the rows those layers no longer hold; one they still hold is reused.
+#[test]
+fn a_gemma_prompt_reuses_what_the_window_layers_still_hold() {
+    let toy = toy("gemma3", 48, &[1, 4], DataType::U16, WeightType::I8);
+    let prompt: Vec<u32> = (0..12u32).map(|i| 4 + i * 5).collect();
+    for strategy in toy.strategies() {
+        let mut cold = toy.session(strategy, Overflow::Stop);
+        let want = bits(cold.prefill(&prompt).unwrap());
+        let mut warm = toy.session(strategy, Overflow::Stop);
+        warm.prefill(&prompt).unwrap();
+        for t in 30..50 {
+            warm.decode(t).unwrap();
+        }
+        assert_eq!(
+            bits(warm.prefill_reusing(&prompt).unwrap()),
+            want,
+            "{}",
+            strategy.name()
+        );
+        assert_eq!(warm.stats().reused_tokens, 0);
+        let longer = [&prompt[..], &[7, 8]].concat();
+        let want = bits(cold.prefill(&[7, 8]).unwrap());
+        assert_eq!(bits(warm.prefill_reusing(&longer).unwrap()), want);
+        assert_eq!(warm.stats().reused_tokens, prompt.len());
+    }
+}
