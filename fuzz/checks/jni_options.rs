@@ -41,7 +41,10 @@ pub fn check(data: &[u8]) {
         }
         assert!(options.ar.iter().all(|&n| n > 0));
         let given = args.chat_template.as_deref().filter(|t| !t.is_empty());
-        assert_eq!(options.chat_template.as_deref(), given.map(std::path::Path::new));
+        assert_eq!(
+            options.chat_template.as_deref(),
+            given.map(std::path::Path::new)
+        );
     }
     let f = |i: usize| numbers.get(i).copied().unwrap_or(0);
     let sampler = SamplerArgs {
