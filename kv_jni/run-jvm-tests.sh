@@ -2,7 +2,8 @@
 # Runs the Java API of htpkv in a real JVM: builds libkv_jni (and the htpkv CLI, the oracle for the
 # generated text) in the workspace's dev profile, compiles the Java sources and the test program
 # with javac, and runs it against stories260K through the reference backend and through the qnn
-# backend (by default with the reference backend's QNN library, libhtpkv_ref_qnn.so, built here).
+# backend (by default with the reference backend's QNN library, libhtpkv_ref_qnn.so, built here),
+# and against test_support's toy Gemma 3 GGUF (written by its write-toy-ggufs example).
 # The last line is "N passed, N failed, N skipped"; the exit code is non-zero on failure.
 #
 # Environment: HTPKV_MODEL_DIR (default: the embedded <workspace>/models/stories260K);
@@ -32,12 +33,16 @@ if [ -n "${CI:-}" ]; then
             and .profile.test == false) | .filenames[] | select(test("\\.(so|dylib)$"))' <<<"$built"
     }
     lib=$(artifact kv_jni)
+    toys=$(jq -r 'select(.reason == "compiler-artifact" and .target.name == "write-toy-ggufs")
+        | .executable // empty' <<<"$built")
     if [ -z "$qnn_backend" ]; then qnn_backend=$(artifact htpkv_ref_qnn); fi
 else
     packages=(-p kv_jni -p htpkv-cli)
     if [ -z "$qnn_backend" ]; then packages+=(-p ref_backend_qnn); fi
     echo "run-jvm-tests: cargo build ${packages[*]} (dev profile)"
     cargo build "${packages[@]}"
+    cargo build -p test_support --example write-toy-ggufs
+    toys="$target_dir/debug/examples/write-toy-ggufs"
     case "$(uname -s)" in
         Darwin) lib="$target_dir/debug/libkv_jni.dylib" ;;
         *) lib="$target_dir/debug/libkv_jni.so" ;;
@@ -58,7 +63,12 @@ echo "run-jvm-tests: javac"
 javac -Xlint:all -Werror -encoding UTF-8 -d "$classes" \
     "$here"/java/org/htpkv/*.java "$here"/java-test/org/htpkv/*.java
 
-args=(--model-dir "$model_dir" --cli "$target_dir/debug/htpkv" --config "$root/configs/stories260K.yaml")
+# The toy GGUF files of test_support (the toy Gemma 3 among them), written for this run.
+[ -x "$toys" ] || { echo "run-jvm-tests: write-toy-ggufs was not built" >&2; exit 1; }
+"$toys" "$classes/toys" >/dev/null
+
+args=(--model-dir "$model_dir" --cli "$target_dir/debug/htpkv" --config "$root/configs/stories260K.yaml"
+    --toy-dir "$classes/toys")
 if [ "$qnn_backend" != none ]; then
     args+=(--qnn-backend "$qnn_backend")
     if [ -n "${HTPKV_QNN_SYSTEM:-}" ]; then args+=(--qnn-system "$HTPKV_QNN_SYSTEM"); fi

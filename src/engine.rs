@@ -696,7 +696,9 @@ pub struct Model {
     vocab: usize,
     vocab_size: usize,
     strategy: Strategy,
-    rope: model::RopeConfig,
+    /// The description the graphs run (the compiled file's, or the model's for QNN): its RoPE and
+    /// layer windows re-rotate K rows after a slide.
+    config: LlamaConfig,
     /// The model's chat template, or the plain fallback ([`crate::text`]).
     chat: ChatFormat,
     compiled_path: PathBuf,
@@ -762,6 +764,7 @@ impl Model {
             }
         };
         let mut compiled_options = None;
+        let mut config = opened.config.clone();
         let loaded = match &options.backend {
             BackendChoice::Reference => {
                 let model = match model {
@@ -769,6 +772,7 @@ impl Model {
                     None => read_compiled(&compiled_path, &opened)?,
                 };
                 compiled_options = Some(model.options().clone());
+                config = model.config().clone();
                 Loaded::Reference(Arc::new(model))
             }
             BackendChoice::Qnn {
@@ -789,7 +793,7 @@ impl Model {
             vocab_size: opened.config.vocab_size,
             tokenizer: opened.codec,
             strategy: options.strategy,
-            rope: opened.config.rope,
+            config,
             chat: opened.chat,
             inputs: opened
                 .inputs
@@ -838,7 +842,7 @@ impl Model {
                 self.vocab
             )));
         }
-        session.set_rope(&self.rope);
+        session.set_rope(&self.config)?;
         Ok(session)
     }
 

@@ -19,7 +19,7 @@ pub fn check(data: &[u8]) {
         .split(',')
         .filter_map(|n| n.trim().parse().ok())
         .collect();
-    let speculate = text();
+    let (speculate, chat_template) = (text(), text());
     let args = OpenArgs {
         model_dir,
         compiled,
@@ -33,12 +33,18 @@ pub fn check(data: &[u8]) {
         ar: numbers.iter().skip(1).copied().collect(),
         cache_dir,
         speculate,
+        chat_template,
     };
     if let Ok(options) = args.to_engine_options() {
         if let Some(c) = options.context {
             assert_eq!(i32::try_from(c).ok(), Some(args.context));
         }
         assert!(options.ar.iter().all(|&n| n > 0));
+        let given = args.chat_template.as_deref().filter(|t| !t.is_empty());
+        assert_eq!(
+            options.chat_template.as_deref(),
+            given.map(std::path::Path::new)
+        );
     }
     let f = |i: usize| numbers.get(i).copied().unwrap_or(0);
     let sampler = SamplerArgs {

@@ -208,6 +208,7 @@ fn open_args(env: &mut Env<'_>, options: &JObject<'_>) -> Result<OpenArgs, GlueE
             ar: ar_values,
             cache_dir: string_field(env, options, jni_str!("cacheDir"))?,
             speculate: string_field(env, options, jni_str!("speculate"))?,
+            chat_template: string_field(env, options, jni_str!("chatTemplate"))?,
         };
         Ok(args)
     })

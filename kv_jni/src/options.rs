@@ -40,6 +40,9 @@ pub struct OpenArgs {
     /// Speculative decoding as `--speculate` spells it (`prompt-lookup[:K]`, `lookahead[:W,N,G]`,
     /// `draft:PATH[:K]`); None: plain decoding.
     pub speculate: Option<String>,
+    /// A chat template file (`--chat-template`) used instead of the model's own; None: the
+    /// model's.
+    pub chat_template: Option<String>,
 }
 
 impl OpenArgs {
@@ -71,6 +74,7 @@ impl OpenArgs {
                 .transpose()?,
             speculate: self.speculation()?,
             cache_dir: path(&self.cache_dir),
+            chat_template: path(&self.chat_template),
             ..EngineSpec::default()
         };
         Ok(spec.resolve()?)
@@ -207,6 +211,7 @@ mod tests {
         assert_eq!(o.context, None);
         assert_eq!(o.model_dir, None);
         assert_eq!(o.cache_dir, None);
+        assert_eq!(o.chat_template, None);
     }
 
     #[test]
@@ -224,6 +229,7 @@ mod tests {
             ar: vec![1, 64],
             cache_dir: some("/cache"),
             speculate: None,
+            chat_template: some("/m/chat.jinja"),
         };
         let o = args.to_engine_options().unwrap();
         assert_eq!(o.model_dir, Some(PathBuf::from("/m")));
@@ -245,6 +251,7 @@ mod tests {
         assert_eq!(o.context, Some(256));
         assert_eq!(o.ar, vec![1, 64]);
         assert_eq!(o.cache_dir, Some(PathBuf::from("/cache")));
+        assert_eq!(o.chat_template, Some(PathBuf::from("/m/chat.jinja")));
     }
 
     #[test]

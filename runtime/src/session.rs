@@ -1025,7 +1025,9 @@ impl<B: Backend> Session<B> {
     /// the cache already holds: it rolls back to the common prefix and prefills only the rest (at
     /// least the last token, whose logits are needed, unless the cache holds exactly `tokens` and
     /// their logits). The reused count is added to [`SessionStats::reused_tokens`]. Without slides in
-    /// between, the logits are bit-identical to a cold prefill of `tokens`.
+    /// between, the logits are bit-identical to a cold prefill of `tokens`. A sliding-window layer
+    /// holds only its window's rows, so a common prefix shorter than they reach back is not
+    /// reusable: then everything is prefilled again.
     pub fn prefill_reusing(&mut self, tokens: &[u32]) -> Result<&[f32], SessionError> {
         if tokens.is_empty() {
             return Err(SessionError::Input(
@@ -1042,8 +1044,15 @@ impl<B: Backend> Session<B> {
             self.stats.reused_tokens += common;
             return Ok(&self.last_logits);
         }
-        let keep = common.min(tokens.len() - 1);
-        self.rollback(keep)?;
+        let mut keep = common.min(tokens.len() - 1);
+        match self.rollback(keep) {
+            // A sliding layer no longer holds the rows that length needs: no prefix is reusable.
+            Err(SessionError::Kv(KvError::RollbackPastWindow { .. })) => {
+                keep = 0;
+                self.rollback(0)?;
+            }
+            other => other?,
+        }
         self.stats.reused_tokens += keep;
         self.prefill(&tokens[keep..])
     }

@@ -249,6 +249,15 @@ impl GgufWriter {
         self
     }
 
+    /// Removes the metadata entry `key` (a toy without a key its family writes, e.g. a base model
+    /// without `tokenizer.chat_template`). Removing a key that is not there is a bug in the caller.
+    pub fn remove(&mut self, key: &str) -> &mut Self {
+        let before = self.kv.len();
+        self.kv.retain(|(k, _)| k != key);
+        assert!(self.kv.len() < before, "GGUF key {key} is not there");
+        self
+    }
+
     /// Adds an array of strings.
     pub fn str_array<S: AsRef<str>>(&mut self, key: &str, v: &[S]) -> &mut Self {
         let v = v.iter().map(|s| s.as_ref().to_owned()).collect();

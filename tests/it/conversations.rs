@@ -43,7 +43,8 @@ fn session(
         &HostAllocator::default(),
     )
     .expect("session");
-    s.set_rope(&model::llama2c::llama_config(&ckpt.config).rope);
+    s.set_rope(&model::llama2c::llama_config(&ckpt.config))
+        .expect("the description fits the cache");
     s
 }
 

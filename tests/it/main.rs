@@ -8,6 +8,7 @@ mod chat;
 mod config_fuzz;
 mod conversations;
 mod encdec;
+mod families;
 mod parts;
 mod qnn_backend;
 mod runtime;

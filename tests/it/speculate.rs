@@ -37,7 +37,8 @@ fn session(
     strategy: Strategy,
 ) -> Session<ReferenceBackend> {
     let mut s = test_support::runtime::session(model, strategy);
-    s.set_rope(&model::llama2c::llama_config(&ckpt.config).rope);
+    s.set_rope(&model::llama2c::llama_config(&ckpt.config))
+        .expect("the description fits the cache");
     s
 }
 

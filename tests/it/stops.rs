@@ -28,7 +28,9 @@ fn session(
     s: Strategy,
 ) -> Session<ReferenceBackend> {
     let mut session = test_support::runtime::session(model, s);
-    session.set_rope(&model::llama2c::llama_config(&ckpt.config).rope);
+    session
+        .set_rope(&model::llama2c::llama_config(&ckpt.config))
+        .expect("the description fits the cache");
     session
 }
 

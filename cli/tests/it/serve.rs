@@ -413,14 +413,9 @@ fn serve_smollm2_openai_client_disconnect_and_ctrl_c() {
         return;
     };
     // Fetched like SmolLM2: missing, the test fails in CI and is skipped (saying why) elsewhere.
-    let openai = openai_dir();
-    if !openai.join(".complete").is_file() {
-        let why = format!(
-            "{} is missing: run scripts/fetch-openai.sh",
-            openai.display()
-        );
-        return test_support::fetched::missing(test, &why).unwrap_or(());
-    }
+    let Some(openai) = openai_client(test) else {
+        return;
+    };
     let cache = ScratchDir::new("serve-smollm2");
     let model = model.to_str().unwrap();
     let args = [
@@ -435,7 +430,8 @@ fn serve_smollm2_openai_client_disconnect_and_ctrl_c() {
         generated(&["Once upon a time", "--steps", "5"]),
     ];
     let mut server = Server::start(&args, &cache);
-    openai_client_script(&server, &openai, &expected);
+    let name = "SmolLM2-135M-Instruct.Q4_1";
+    openai_client_script(&server, &openai, name, &expected, true);
     client_disconnect_cancels(&server);
     ctrl_c_cancels_and_exits_cleanly(&mut server);
 }
@@ -443,15 +439,23 @@ fn serve_smollm2_openai_client_disconnect_and_ctrl_c() {
 /// The chat question of `openai_client.py` (its answer is checked against `htpkv generate`'s).
 const OPENAI_QUESTION: &str = "What is the capital of France?";
 
-/// Runs `openai_client.py` with the answers `htpkv generate` gives to its chat question and to its
-/// completion prompt.
-fn openai_client_script(server: &Server, openai: &Path, [chat, completion]: &[String; 2]) {
+/// Runs `openai_client.py` on the model served as `name` with the answers `htpkv generate` gives
+/// to its chat question and to its completion prompt (`structured`: the json_schema and tool
+/// checks too).
+fn openai_client_script(
+    server: &Server,
+    openai: &Path,
+    name: &str,
+    [chat, completion]: &[String; 2],
+    structured: bool,
+) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../serve/tests/openai_client.py");
     let out = Command::new("python3")
         .arg(&script)
         .arg(server.url("/v1"))
-        .arg("SmolLM2-135M-Instruct.Q4_1")
+        .arg(name)
         .args([OPENAI_QUESTION, chat, completion])
+        .args((!structured).then_some("--no-structured"))
         .env("PYTHONPATH", openai)
         .output()
         .expect("python3 is needed by the serve tests");
@@ -462,15 +466,100 @@ fn openai_client_script(server: &Server, openai: &Path, [chat, completion]: &[St
         String::from_utf8_lossy(&out.stderr)
     );
     println!("{stdout}");
-    for check in [
+    let checks = [
         "ok chat answer is htpkv generate's",
         "ok completion is htpkv generate's",
         "ok json_schema validates",
         "ok tool call arguments validate",
         "ok streamed tool call",
-    ] {
+    ];
+    for check in &checks[..if structured { 5 } else { 2 }] {
         assert!(stdout.contains(check), "{stdout}");
     }
+}
+
+/// The openai client installed by scripts/fetch-openai.sh, or why the test `test` skips.
+fn openai_client(test: &str) -> Option<PathBuf> {
+    let openai = openai_dir();
+    if openai.join(".complete").is_file() {
+        return Some(openai);
+    }
+    let why = format!(
+        "{} is missing: run scripts/fetch-openai.sh",
+        openai.display()
+    );
+    test_support::fetched::missing(test, &why)
+}
+
+/// The toy gemma3 GGUF with f32 weights and K/V at context 96, AR-1 and AR-8 (its window is 8):
+/// compiled in a second.
+const GEMMA_ARGS: [&str; 8] = [
+    "--context",
+    "96",
+    "--ar",
+    "1,8",
+    "--kv-dtype",
+    "f32",
+    "--weights",
+    "f32",
+];
+
+/// Gemma's turns around `question`, as the toy's template renders them (its `<bos>` aside:
+/// `generate` adds BOS itself).
+fn gemma_turn(question: &str) -> String {
+    format!("<start_of_turn>user\n{question}<end_of_turn>\n<start_of_turn>model\n")
+}
+
+/// Issue 37 on the toy gemma3 GGUF: with Gemma's own template in the file, the real `openai`
+/// client's chat answer is `htpkv generate`'s on the prompt Gemma's turns render, and its
+/// completion `generate`'s; the same model as a base model (no template) refuses chat with a 400
+/// that names the file, and answers the same given configs/chat-templates/gemma3.jinja with
+/// `--chat-template`.
+#[test]
+fn serve_gemma_toy_with_its_template_or_one_given() {
+    let Some(openai) = openai_client("serve_gemma_toy") else {
+        return;
+    };
+    let cache = ScratchDir::new("serve-gemma");
+    std::fs::create_dir_all(&cache).unwrap();
+    let spec = test_support::families::toy_spec("gemma3").unwrap();
+    let mut writer = test_support::families::toy_writer(&spec);
+    let with = cache.join("gemma.gguf");
+    std::fs::write(&with, writer.to_bytes()).unwrap();
+    let base = cache.join("gemma-base.gguf");
+    std::fs::write(&base, writer.remove("tokenizer.chat_template").to_bytes()).unwrap();
+    let template =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/chat-templates/gemma3.jinja");
+    let (with, base, template) = (
+        with.to_str().unwrap(),
+        base.to_str().unwrap(),
+        template.to_str().unwrap(),
+    );
+    let served = [
+        (with, vec![], "gemma"),
+        (base, vec!["--chat-template", template], "gemma-base"),
+    ];
+    for (model, extra, name) in served {
+        let args = [&GEMMA_ARGS[..], &extra].concat();
+        let generated = |what: &[&str]| generate_text(model, &[what, &args].concat(), &cache);
+        let expected = [
+            generated(&[&gemma_turn(OPENAI_QUESTION), "--steps", "24"]),
+            generated(&["Once upon a time", "--steps", "5"]),
+        ];
+        let server = Server::start(&[&["--model", model][..], &args].concat(), &cache);
+        openai_client_script(&server, &openai, name, &expected, false);
+    }
+    let server = Server::start(&[&["--model", base][..], &GEMMA_ARGS].concat(), &cache);
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4});
+    let (status, v) = server.post("/v1/chat/completions", &chat);
+    assert_eq!(status, 400, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("gemma-base.gguf has no chat template"),
+        "{v}"
+    );
+    let (status, v) = server.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
+    assert_eq!(status, 200, "a base model still completes: {v}");
 }
 
 fn client_disconnect_cancels(server: &Server) {

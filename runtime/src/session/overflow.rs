@@ -20,7 +20,7 @@
 use super::{Session, SessionError};
 use crate::backend::Backend;
 use kv_manager::{PositionMode, RequantError};
-use model::{RopeConfig, RopePairing};
+use model::{LlamaConfig, RopePairing};
 use std::time::Instant;
 
 /// How the K rows kept after a slide get their positions.
@@ -113,35 +113,44 @@ pub struct SlideEvent {
     pub requant: Option<RequantError>,
 }
 
-/// The model's RoPE, to re-rotate K rows: per-pair frequencies (of the rotated dimensions),
-/// the head width and the pair layout.
+/// The model's RoPE, to re-rotate K rows: per layer, the frequencies of its rotated pairs (a
+/// sliding-window layer with a base of its own has its own, as the forward rotates it), the head
+/// width and the pair layout.
 #[derive(Debug, Clone)]
 pub(crate) struct RopeShift {
-    freqs: Vec<f32>,
+    layers: Vec<Vec<f32>>,
     head_dim: usize,
     pairing: RopePairing,
-    /// The window layers rotate with a base of their own (not re-rotated yet).
-    two_bases: bool,
 }
 
 impl RopeShift {
-    pub(crate) fn new(head_dim: usize, cfg: &RopeConfig) -> RopeShift {
-        let rope = model::ops::Rope::new(head_dim, cfg);
+    /// The rotations of the layers `config` describes (base, scaling, partial rotary, frequency
+    /// factors, and each layer's window choosing its base).
+    pub(crate) fn new(config: &LlamaConfig) -> RopeShift {
+        let rope = model::ops::Rope::new(config.head_dim, &config.rope);
+        let layers = (0..config.n_layers)
+            .map(|l| {
+                let windowed = config.layer_window(l).is_some();
+                rope.layer_frequencies(windowed).to_vec()
+            })
+            .collect();
         RopeShift {
-            freqs: rope.frequencies().to_vec(),
-            head_dim,
-            pairing: cfg.pairing,
-            two_bases: rope.has_window_base(),
+            layers,
+            head_dim: config.head_dim,
+            pairing: config.rope.pairing,
         }
     }
 
-    /// The cos/sin tables of a rotation by `delta` positions (negative: back).
-    fn tables(&self, delta: f32) -> (Vec<f32>, Vec<f32>) {
-        self.freqs
-            .iter()
-            .map(|&f| (delta * f).sin_cos())
-            .map(|(s, c)| (c, s))
-            .unzip()
+    /// Per layer, the cos/sin tables of a rotation by `delta` positions (negative: back).
+    fn tables(&self, delta: f32) -> Vec<(Vec<f32>, Vec<f32>)> {
+        let one = |freqs: &[f32]| {
+            freqs
+                .iter()
+                .map(|&f| (delta * f).sin_cos())
+                .map(|(s, c)| (c, s))
+                .unzip()
+        };
+        self.layers.iter().map(|f| one(f)).collect()
     }
 
     /// Rotates one head's row by the rotation of `tables`.
@@ -187,9 +196,20 @@ impl<B: Backend> Session<B> {
         self.overflow
     }
 
-    /// Tells the session the model's RoPE (theta, scaling, pairing), for re-rotating K rows.
-    pub fn set_rope(&mut self, rope: &RopeConfig) {
-        self.rope = Some(RopeShift::new(self.cache.spec().geometry.head_dim, rope));
+    /// Tells the session the model's description, whose RoPE (bases, scaling, partial rotary,
+    /// frequency factors, pairing) and layer windows re-rotate K rows after a slide. Refused when
+    /// it does not describe the cache's layers and heads.
+    pub fn set_rope(&mut self, config: &LlamaConfig) -> Result<(), SessionError> {
+        let g = &self.cache.spec().geometry;
+        if (config.n_layers, config.head_dim) != (g.layers, g.head_dim) {
+            return Err(SessionError::Input(format!(
+                "the model's description has {} layers of heads {} wide but the graphs' K/V cache \
+                 {} layers of heads {} wide",
+                config.n_layers, config.head_dim, g.layers, g.head_dim
+            )));
+        }
+        self.rope = Some(RopeShift::new(config));
+        Ok(())
     }
 
     /// Every slide so far, in order.
@@ -266,53 +286,88 @@ impl<B: Backend> Session<B> {
         Ok(())
     }
 
-    /// Re-rotates the K rows of tokens `from..len` by `-drop` positions.
+    /// Re-rotates the K rows of tokens `from..len` by `-drop` positions, each layer with its own
+    /// frequencies.
     fn rerotate(&mut self, from: usize, drop: usize) -> Result<RequantError, SessionError> {
         let rope = self.rope.clone().ok_or_else(|| {
             SessionError::Input("re-rotation needs the model's RoPE configuration".into())
         })?;
-        if rope.two_bases {
-            return Err(SessionError::Input(
-                "re-rotation of a model whose window layers rotate with a RoPE base of their own \
-                 is not supported yet: slide with re-prefill (restart) instead"
-                    .into(),
-            ));
-        }
         let len = self.cache.len();
         let tables = rope.tables(-(drop as f32));
-        Ok(self
-            .cache
-            .map_key_rows(from..len, |_, _, _, row| rope.apply(row, &tables))?)
+        Ok(self.cache.map_key_rows(from..len, |layer, _, _, row| {
+            rope.apply(row, &tables[layer])
+        })?)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use model::RopeConfig;
+
+    /// Two layers of heads 8 wide, layer 0 sliding (window 4) with base `window_theta`.
+    fn config(rope: RopeConfig) -> LlamaConfig {
+        let c = model::llama2c::Config {
+            dim: 16,
+            hidden_dim: 32,
+            n_layers: 2,
+            n_heads: 2,
+            n_kv_heads: 2,
+            vocab_size: 32,
+            seq_len: 512,
+            shared_classifier: true,
+        };
+        let mut c = model::llama2c::llama_config(&c).with_layer_windows(&[0], 4);
+        c.rope = rope;
+        c
+    }
+
+    /// `raw` rotated to `pos` as layer `layer` of `c` rotates it in the forward.
+    fn rotated(c: &LlamaConfig, layer: usize, raw: &[f32], pos: usize) -> Vec<f32> {
+        let rope = model::ops::Rope::new(c.head_dim, &c.rope);
+        let half = c.rope.rotated_dims(c.head_dim) / 2;
+        let (mut cos, mut sin) = (vec![0.0; half], vec![0.0; half]);
+        let windowed = c.layer_window(layer).is_some();
+        rope.cos_sin_of(windowed, pos, &mut cos, &mut sin);
+        let mut out = raw.to_vec();
+        model::ops::rope_apply_heads(&mut out, c.head_dim, &cos, &sin, c.rope.pairing);
+        out
+    }
 
     #[test]
-    fn shifting_a_rotated_row_back_equals_rotating_it_to_the_earlier_position() {
-        for pairing in [RopePairing::Adjacent, RopePairing::HalfSplit] {
-            let cfg = RopeConfig {
-                theta: 10000.0,
-                scaling: None,
-                pairing,
+    fn shifting_a_rotated_row_back_equals_rotating_it_to_the_earlier_position_per_layer() {
+        let ropes = [
+            RopeConfig::default(),
+            RopeConfig {
+                pairing: RopePairing::HalfSplit,
+                theta: 1e6,
+                window_theta: Some(100.0),
                 ..RopeConfig::default()
-            };
-            let rope = model::ops::Rope::new(8, &cfg);
+            },
+            RopeConfig {
+                rotated: Some(4),
+                freq_factors: Some(vec![1.0, 8.0]),
+                window_theta: Some(50.0),
+                ..RopeConfig::default()
+            },
+        ];
+        for rope in ropes {
+            let c = config(rope);
+            let shift = RopeShift::new(&c);
+            let tables = shift.tables(-120.0);
             let raw: Vec<f32> = (0..8).map(|i| (i as f32 * 0.7).sin()).collect();
-            let (mut shifted, mut direct) = (raw.clone(), raw.clone());
-            rope.rotate(&mut shifted, 300);
-            let shift = RopeShift::new(8, &cfg);
-            shift.apply(&mut shifted, &shift.tables(-120.0));
-            rope.rotate(&mut direct, 180);
-            for (a, b) in shifted.iter().zip(&direct) {
-                assert!(
-                    (a - b).abs() < 1e-3,
-                    "{pairing:?}: {shifted:?} vs {direct:?}"
-                );
+            for (layer, table) in tables.iter().enumerate() {
+                let mut shifted = rotated(&c, layer, &raw, 300);
+                shift.apply(&mut shifted, table);
+                let direct = rotated(&c, layer, &raw, 180);
+                for (a, b) in shifted.iter().zip(&direct) {
+                    assert!((a - b).abs() < 1e-3, "{:?} layer {layer}", c.rope);
+                }
+                assert!(shifted.iter().zip(&raw).any(|(a, b)| (a - b).abs() > 0.1));
             }
-            assert!(shifted.iter().zip(&raw).any(|(a, b)| (a - b).abs() > 0.1));
+            // A window base of its own rotates the window layer differently.
+            let differs = rotated(&c, 0, &raw, 180) != rotated(&c, 1, &raw, 180);
+            assert_eq!(differs, c.rope.window_theta.is_some(), "{:?}", c.rope);
         }
     }
 }

@@ -132,11 +132,17 @@ fn toy_chat_templates_render_the_families_turn_formats() {
             .render_chat(&chat, true)
             .unwrap()
     };
-    assert_eq!(
-        render("gemma3"),
-        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n\
-         <start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+    let gemma = "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n\
+                 <start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n";
+    assert_eq!(render("gemma3"), gemma);
+    // The template file given to Gemma 3 base models (`--chat-template`) renders the same turns.
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../configs/chat-templates/gemma3.jinja"
     );
+    let source = std::fs::read_to_string(file).unwrap();
+    let given = ChatTemplate::new(&source, "<bos>", "<eos>").unwrap();
+    assert_eq!(given.render_chat(&chat, true).unwrap(), gemma);
     assert_eq!(
         render("qwen3"),
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\

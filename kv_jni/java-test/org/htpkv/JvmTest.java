@@ -45,6 +45,7 @@ public final class JvmTest {
     private static String qnnBackend;
     private static String qnnSystem;
     private static String config;
+    private static String toyDir;
 
     /** Thrown by the checks below. */
     static final class CheckFailed extends RuntimeException {
@@ -68,6 +69,7 @@ public final class JvmTest {
                 case "--qnn-backend": qnnBackend = emptyToNull(value); i++; break;
                 case "--qnn-system": qnnSystem = emptyToNull(value); i++; break;
                 case "--config": config = value; i++; break;
+                case "--toy-dir": toyDir = value; i++; break;
                 default:
                     System.err.println("unknown argument " + args[i]);
                     System.exit(2);
@@ -131,6 +133,11 @@ public final class JvmTest {
             }
         } else {
             skip("model tests", "no model");
+        }
+        if (toyDir != null && Files.exists(Paths.get(toyDir, "gemma3.gguf"))) {
+            test("gemma_chat_template_option", JvmTest::gemmaChatTemplate);
+        } else {
+            skip("gemma_chat_template_option", "no toy gemma3.gguf (--toy-dir)");
         }
         test("no_model_leaks", () -> check(HtpkvModel.nativeLiveModels() == 0,
                 "live models after closing all: " + HtpkvModel.nativeLiveModels()));
@@ -530,6 +537,44 @@ public final class JvmTest {
             check(false, "speculate(\"guess\") was accepted");
         } catch (HtpkvException e) {
             check("bad_option".equals(e.kind()), "kind " + e.kind() + ": " + e.getMessage());
+        }
+    }
+
+    /**
+     * On the toy Gemma 3 GGUF (Gemma's own template in the file): a chat turn through a template
+     * file given with {@code chatTemplate} answers as plain generation of the prompt that template
+     * renders, unlike the model's own template; a template file that cannot be read is an
+     * exception naming it.
+     */
+    static void gemmaChatTemplate() throws IOException {
+        String gemma = Paths.get(toyDir, "gemma3.gguf").toString();
+        Path template = Files.createTempFile("htpkv-jvm", ".jinja");
+        try {
+            Files.writeString(template, "{% for m in messages %}{{ m.role }} says: {{ m.content }}\n{% endfor %}"
+                    + "{% if add_generation_prompt %}model says:{% endif %}");
+            SessionOptions.Builder toy = SessionOptions.builder().modelDir(gemma).context(64).arVariants(1, 8);
+            String own;
+            try (HtpkvSession s = HtpkvSession.open(toy.build())) {
+                s.appendTurn("user", "Hi there");
+                own = s.generate("", 8).text();
+            }
+            String given;
+            try (HtpkvSession s = HtpkvSession.open(toy.chatTemplate(template.toString()).build())) {
+                s.appendTurn("user", "Hi there");
+                given = s.generate("", 8).text();
+            }
+            String plain;
+            try (HtpkvSession s = HtpkvSession.open(toy.chatTemplate(null).build())) {
+                plain = s.generate("user says: Hi there\nmodel says:", 8).text();
+            }
+            checkEquals(plain, given);
+            check(!own.equals(given), "the given template changed nothing: '" + own + "'");
+            String missing = template + ".missing";
+            HtpkvException e = expectThrows(HtpkvException.class,
+                    () -> HtpkvSession.open(toy.chatTemplate(missing).build()).close());
+            check(e.getMessage().contains(missing), "message: " + e.getMessage());
+        } finally {
+            Files.deleteIfExists(template);
         }
     }
 

@@ -22,6 +22,7 @@ public final class SessionOptions {
     final int[] arVariants;
     final String cacheDir;
     final String speculate;
+    final String chatTemplate;
 
     private SessionOptions(Builder b) {
         this.modelDir = b.modelDir;
@@ -36,6 +37,7 @@ public final class SessionOptions {
         this.arVariants = b.arVariants == null ? null : b.arVariants.clone();
         this.cacheDir = b.cacheDir;
         this.speculate = b.speculate;
+        this.chatTemplate = b.chatTemplate;
     }
 
     /** A builder with everything unset (the engine's defaults). */
@@ -49,7 +51,7 @@ public final class SessionOptions {
                 + ", qnnBackendLib=" + qnnBackendLib + ", qnnSystemLib=" + qnnSystemLib
                 + ", strategy=" + strategy + ", kvDtype=" + kvDtype + ", weights=" + weights
                 + ", context=" + context + ", arVariants=" + Arrays.toString(arVariants)
-                + ", cacheDir=" + cacheDir + ", speculate=" + speculate + "}";
+                + ", cacheDir=" + cacheDir + ", speculate=" + speculate + ", chatTemplate=" + chatTemplate + "}";
     }
 
     /** Builds {@link SessionOptions}. */
@@ -66,8 +68,20 @@ public final class SessionOptions {
         private int[] arVariants;
         private String cacheDir;
         private String speculate;
+        private String chatTemplate;
 
         private Builder() {}
+
+        /**
+         * A chat template file (Jinja, as Hugging Face's {@code chat_template}) used instead of the
+         * model's own, as the CLI's {@code --chat-template}: a base model without one (Gemma 3
+         * 270M) refuses chat turns until given one. A file that cannot be read or compiled gives
+         * an {@link HtpkvException} naming it when the session opens.
+         */
+        public Builder chatTemplate(String chatTemplate) {
+            this.chatTemplate = chatTemplate;
+            return this;
+        }
 
         /**
          * Speculative decoding, spelled as the CLI's {@code --speculate}: {@code prompt-lookup[:K]},
