@@ -582,9 +582,10 @@ pub fn compiled_model(
     let digest = model.fingerprint_hex();
     let windows = windows_key(&model.config);
     let path = cache_dir.join(format!(
-        "{stem}-{}-{}{windows}.htpkv",
+        "{stem}-{}-{}-c{}{windows}.htpkv",
         &digest[..16],
-        opts.fingerprint_hex()
+        opts.fingerprint_hex(),
+        calibration_key(calibration)
     ));
     if path.exists() {
         match CompiledModel::read(&path) {
@@ -623,6 +624,18 @@ pub fn compiled_model(
     compiled.write(&path, &inputs)?;
     status(&format!("compiled model cached at {}", path.display()));
     Ok((compiled, path))
+}
+
+/// 16 hex digits of the SHA-256 of the calibration sequences, in a cached file's name: they change
+/// the compiled model (a chat template adds conversations), so a model opened with and without
+/// `--chat-template` keeps two entries instead of recompiling over one.
+fn calibration_key(calibration: &[Vec<u32>]) -> String {
+    let mut bytes = Vec::new();
+    for sequence in calibration {
+        bytes.extend((sequence.len() as u64).to_le_bytes());
+        bytes.extend(sequence.iter().flat_map(|t| t.to_le_bytes()));
+    }
+    model::llama2c::hex(&model::llama2c::sha256(&bytes))[..16].to_owned()
 }
 
 /// The part of a cached file's name that keys its per-layer windows: empty without windows, else

@@ -214,12 +214,20 @@ fn a_model_without_a_template_refuses_chat_until_given_one() {
     ]
     .concat();
     let answered = ok_stdout(&htpkv(&chat, &cache));
-    let plain = ok_stdout(&htpkv(
-        &[&["generate", "user: hi\nassistant:"], &shape[..]].concat(),
-        &cache,
-    ));
+    let plain_args = [&["generate", "user: hi\nassistant:"], &shape[..]].concat();
+    let plain = ok_stdout(&htpkv(&plain_args, &cache));
     assert!(
         plain.trim_end().ends_with(answered.trim_end()),
         "{answered:?} vs {plain:?}"
     );
+    // The template adds calibration conversations, so the cache keeps both builds apart: running
+    // either again compiles nothing (they used to overwrite one entry in turn).
+    let entries = std::fs::read_dir(&cache).unwrap().flatten();
+    let compiled = entries.filter(|e| e.path().extension().is_some_and(|x| x == "htpkv"));
+    assert_eq!(compiled.count(), 2);
+    for args in [&chat, &plain_args] {
+        let o = htpkv(args, &cache);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success() && !err.contains("compil"), "{err}");
+    }
 }
