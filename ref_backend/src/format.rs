@@ -56,6 +56,7 @@ use crate::bytes::{Reader, Writer};
 use crate::compiled::CompiledModel;
 use crate::desc;
 use crate::error::FormatError;
+use crate::kernels;
 use crate::model::{LayerData, Matrix, ModelData, classifier_act_index};
 use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS, kv_code, kv_from_code};
 use crate::parts::{Part, Split, check_naming};
@@ -940,9 +941,7 @@ fn write_matrix(w: &mut Writer, m: &Matrix) {
             w.u8(1);
             w.len(*rows);
             w.len(*cols);
-            for v in data.iter() {
-                w.bytes(&v.to_le_bytes());
-            }
+            w.bytes(data.as_flattened());
         }
         Matrix::Float {
             rows,
@@ -1037,14 +1036,11 @@ fn read_matrix(
         1 => {
             let at = s.offset();
             let b = s.take(n * 2, name)?;
-            let w = stored(file, at, n * 2, || {
-                b.chunks_exact(2)
-                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
-                    .collect()
-            });
-            if let Some(i) = w.iter().position(|v| !v.is_finite()) {
+            let w = stored(file, at, n * 2, || b.as_chunks::<2>().0.to_vec());
+            let value = |i: usize| kernels::widen_f16(w[i]);
+            if let Some(i) = (0..w.len()).find(|&i| !value(i).is_finite()) {
                 let offset = at + i as u64 * 2;
-                return Err(non_finite(s, name, i, offset, w[i].to_f32()));
+                return Err(non_finite(s, name, i, offset, value(i)));
             }
             Matrix::Half { rows, cols, w }
         }

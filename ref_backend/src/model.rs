@@ -157,7 +157,7 @@ pub(crate) enum Matrix {
     Half {
         rows: usize,
         cols: usize,
-        w: Stored<half::f16>,
+        w: Stored<kernels::F16Le>,
     },
 }
 
@@ -247,7 +247,7 @@ impl Matrix {
         if half {
             let w = w
                 .iter()
-                .map(|&v| half::f16::from_f32(v))
+                .map(|&v| half::f16::from_f32(v).to_le_bytes())
                 .collect::<Vec<_>>();
             return Matrix::Half {
                 rows,
@@ -282,8 +282,8 @@ impl Matrix {
                 out.copy_from_slice(&w[r * cols..(r + 1) * cols]);
             }
             Matrix::Half { cols, w, .. } => {
-                for (o, v) in out.iter_mut().zip(&w[r * cols..(r + 1) * cols]) {
-                    *o = v.to_f32();
+                for (o, &v) in out.iter_mut().zip(&w[r * cols..(r + 1) * cols]) {
+                    *o = kernels::widen_f16(v);
                 }
             }
         }

@@ -4,8 +4,8 @@
 //! [`CompiledModel::read`](crate::CompiledModel::read) reads a file once, whole, into one buffer
 //! ([`FileBytes`]), checks it (checksum, every count, every value) and builds the matrices as
 //! views of that buffer instead of copying their values out of it: the file's bytes are the
-//! weights' one copy in memory. An i8 matrix can always be viewed in place; an f16 matrix only
-//! where its values start at an even address (the format does not align them), else it is copied.
+//! weights' one copy in memory. Both element types read in place have alignment 1: i8, and f16
+//! as its little-endian bytes ([`F16Le`]), so wherever the format puts them, nothing is copied.
 //!
 //! The buffer is an ordinary allocation, not a mapping of the file: a file truncated or
 //! rewritten on disk after it was read changes nothing in memory (no `SIGBUS`, no weights other
@@ -14,13 +14,14 @@
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
+use crate::kernels::F16Le;
+
 /// A compiled file's bytes, shared by every matrix that reads its values from them.
 pub(crate) type FileBytes = Arc<Vec<u8>>;
 
 /// An element type whose values can be read in place from a file's little-endian bytes.
 pub(crate) trait InPlace: Sized {
-    /// `bytes` as values; `None` when they cannot be read in place (misaligned, a length that is
-    /// not a whole number of values, or a host whose byte order differs from the file's).
+    /// `bytes` as values; `None` when they are not a whole number of values.
     fn view(bytes: &[u8]) -> Option<&[Self]>;
 }
 
@@ -30,14 +31,10 @@ impl InPlace for i8 {
     }
 }
 
-impl InPlace for half::f16 {
-    fn view(bytes: &[u8]) -> Option<&[half::f16]> {
-        use half::slice::HalfBitsSliceExt;
-        if cfg!(target_endian = "big") {
-            return None;
-        }
-        let bits: &[u16] = bytemuck::try_cast_slice(bytes).ok()?;
-        Some(bits.reinterpret_cast())
+impl InPlace for F16Le {
+    fn view(bytes: &[u8]) -> Option<&[F16Le]> {
+        let (values, rest) = bytes.as_chunks::<2>();
+        rest.is_empty().then_some(values)
     }
 }
 
@@ -117,22 +114,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn i8_values_are_read_in_place_and_f16_values_only_where_aligned() {
-        let file: FileBytes = Arc::new(vec![0x01, 0xff, 0x00, 0x3c, 0x00, 0xbc, 0x7f]);
+    fn i8_and_f16_values_are_read_in_place_wherever_they_start() {
+        let file: FileBytes = Arc::new(vec![0x01, 0xff, 0x00, 0x3c, 0x00, 0xbc, 0x40]);
         let q = Stored::<i8>::in_file(&file, 1..7).expect("i8 reads in place");
-        assert_eq!(&*q, &[-1i8, 0, 60, 0, -68, 127]);
+        assert_eq!(&*q, &[-1i8, 0, 60, 0, -68, 64]);
         assert_eq!(q.own_bytes(), 0);
         assert!(Stored::<i8>::in_file(&file, 5..9).is_none(), "past the end");
-        let even = (file.as_ptr() as usize).is_multiple_of(2);
-        let (aligned, odd) = if even { (2..6, 1..5) } else { (1..5, 2..6) };
-        let h = Stored::<half::f16>::in_file(&file, aligned).expect("aligned f16 reads in place");
-        assert_eq!(h.len(), 2);
-        if even {
-            assert_eq!([h[0].to_f32(), h[1].to_f32()], [1.0, -1.0]);
+        for (range, want) in [
+            (2..6, [1.0, -1.0]),
+            (3..7, [60.0 / 16_777_216.0, 2.3671875]),
+        ] {
+            let h = Stored::<F16Le>::in_file(&file, range).expect("f16 reads in place");
+            assert_eq!([h[0], h[1]].map(crate::kernels::widen_f16), want);
         }
-        assert!(Stored::<half::f16>::in_file(&file, odd).is_none());
         assert!(
-            Stored::<half::f16>::in_file(&file, 2..5).is_none(),
+            Stored::<F16Le>::in_file(&file, 2..5).is_none(),
             "half a value"
         );
         let own = Stored::from(vec![3i8, 4]);
