@@ -76,14 +76,14 @@ pub struct EngineOptions {
 }
 
 impl Default for EngineOptions {
-    /// The reference backend, model discovery, `shift` 2x, u16 KV with i8 weights (W8A16, the usual
+    /// The reference backend, model discovery, `conveyor`, u16 KV with i8 weights (W8A16, the usual
     /// HTP configuration), the model's context, AR [1, 32].
     fn default() -> Self {
         EngineOptions {
             model_dir: None,
             compiled: None,
             backend: BackendChoice::Reference,
-            strategy: Strategy::SHIFT_2X,
+            strategy: Strategy::Conveyor,
             kv_dtype: DataType::U16,
             weights: "i8".into(),
             context: None,
@@ -97,15 +97,17 @@ impl Default for EngineOptions {
 }
 
 impl EngineOptions {
-    /// The update strategy used when none is asked for: `shift` (2x) on the reference backend,
-    /// `smart_mask` through QNN, where every distinct window offset of a sliding strategy is a new
-    /// memory handle (see the handle budget in docs/design/qnn-memory.md), except for a model with
-    /// sliding-window layers (`windowed`, Gemma 3), whose left-padded windows `smart_mask` cannot
-    /// serve: `shift` there too.
+    /// The update strategy used when none is asked for: `conveyor` on the reference backend (no
+    /// copies, and a region of about one context per buffer, half of `shift` 2x's), `smart_mask`
+    /// through QNN, where every distinct window offset of a sliding strategy is a new memory handle
+    /// (see the handle budget in docs/design/qnn-memory.md), except for a model with sliding-window
+    /// layers (`windowed`, Gemma 3), whose left-padded windows `smart_mask` cannot serve: `shift`
+    /// there.
     pub fn default_strategy(backend: &BackendChoice, windowed: bool) -> Strategy {
         match backend {
             BackendChoice::Qnn { .. } if !windowed => Strategy::SmartMask,
-            _ => Strategy::SHIFT_2X,
+            BackendChoice::Qnn { .. } => Strategy::SHIFT_2X,
+            _ => Strategy::Conveyor,
         }
     }
 
@@ -1206,6 +1208,15 @@ impl Engine {
     pub fn weight_bytes(&self) -> Option<u64> {
         match &self.model.loaded {
             Loaded::Reference(c) => Some(c.weight_bytes()),
+            Loaded::Qnn { .. } => None,
+        }
+    }
+
+    /// Bytes of the reference executor's scratch: every graph's preallocated intermediate
+    /// activations (`None` on QNN).
+    pub fn scratch_bytes(&self) -> Option<u64> {
+        match &self.model.loaded {
+            Loaded::Reference(c) => Some(c.graphs().iter().map(|g| g.scratch_bytes() as u64).sum()),
             Loaded::Qnn { .. } => None,
         }
     }

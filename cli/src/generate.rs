@@ -55,7 +55,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub weights: Option<String>,
     /// KV update strategy: shift, conveyor, smart_mask, naive, or shift with its reservation and
-    /// staggering (shift-1.5x, shift-+64, shift-1.5x-staggered) (default: shift on the reference
+    /// staggering (shift-1.5x, shift-+64, shift-1.5x-staggered) (default: conveyor on the reference
     /// backend, smart_mask with --backend qnn, where sliding windows cost a memory handle per step).
     #[arg(long)]
     pub update: Option<String>,
@@ -565,6 +565,7 @@ fn finish(
                 "ar": ran.ar,
                 "peak_memory_bytes": peak_memory_bytes(),
                 "weight_bytes": engine.weight_bytes(),
+                "scratch_bytes": engine.scratch_bytes(),
                 "prefill_tokens_per_second": stats.prefill_tokens_per_second(),
                 "decode_tokens_per_second": stats.decode_tokens_per_second(),
                 "overflow": args.overflow,
@@ -658,26 +659,32 @@ pub fn print_stats(engine: &Engine, strategy: kv_manager::Strategy) {
         }
         eprintln!(
             "{}",
-            peak_memory_line(engine.weight_bytes(), kv.region_bytes)
+            peak_memory_line(
+                engine.weight_bytes(),
+                kv.region_bytes,
+                engine.scratch_bytes()
+            )
         );
     }
 }
 
-/// `peak memory: …` for `--stats`, with what it is made of: the weights (reference executor),
-/// the K/V region, and the rest: the compiled file's bytes while they are parsed (the file is
-/// read whole, then copied into the weights), graph inputs and outputs, the executor's
-/// scratch, the tokenizer and the program itself.
-fn peak_memory_line(weights: Option<u64>, kv_region: usize) -> String {
+/// `peak memory: …` for `--stats`, with what it is made of: the weights (reference executor;
+/// the compiled file's bytes, which its i8 matrices read in place, plus scales and norms), the
+/// K/V region, the executor's scratch (every graph's intermediate activations), and the rest:
+/// graph inputs and outputs, the tokenizer, the program itself, and while a model is compiled
+/// on first use, the model it is compiled from.
+fn peak_memory_line(weights: Option<u64>, kv_region: usize, scratch: Option<u64>) -> String {
     const MIB: f64 = 1024.0 * 1024.0;
     let peak = peak_memory_bytes();
     let mut line = format!("peak memory: {}", peak_memory_text());
-    if let (Some(peak), Some(w)) = (peak, weights) {
+    if let (Some(peak), Some(w), Some(scratch)) = (peak, weights, scratch) {
         let kv_region = kv_region as u64;
-        let rest = peak.saturating_sub(w + kv_region);
+        let rest = peak.saturating_sub(w + kv_region + scratch);
         line += &format!(
-            " = weights {:.1} MiB + K/V region {:.1} MiB + {:.1} MiB of the rest (the compiled file while it is parsed, graph IO, scratch, tokenizer, code)",
+            " = weights {:.1} MiB + K/V region {:.1} MiB + scratch {:.1} MiB + {:.1} MiB of the rest (graph IO, tokenizer, code; the source model while compiling)",
             w as f64 / MIB,
             kv_region as f64 / MIB,
+            scratch as f64 / MIB,
             rest as f64 / MIB
         );
     }

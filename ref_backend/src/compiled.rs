@@ -184,15 +184,28 @@ impl CompiledModel {
     }
 
     /// Bytes the weights take in memory: every matrix (its values, row scales and row sums)
-    /// and every norm and bias vector of this part.
+    /// and every norm and bias vector of this part. Values read in place from the compiled
+    /// file's bytes ([`CompiledModel::read`]) count as that file: its whole length, once.
     pub fn weight_bytes(&self) -> u64 {
+        let (own, file) = self.weight_memory();
+        own + file
+    }
+
+    /// The weights' memory in two: bytes of their own (copies, scales, row sums, norms) and the
+    /// length of the compiled file whose bytes hold the rest (0 when none does).
+    pub fn weight_memory(&self) -> (u64, u64) {
         let d = &self.data;
         let layers = d.layers.iter();
         let matrices = layers.clone().flat_map(|l| &l.matrices);
-        let matrices = matrices.chain(&d.embedding).chain(&d.classifier);
+        let matrices: Vec<&Matrix> = matrices.chain(&d.embedding).chain(&d.classifier).collect();
         let vectors = layers.flat_map(|l| &l.vectors).chain([&d.output_norm]);
         let floats: usize = vectors.map(Vec::len).sum();
-        (matrices.map(Matrix::bytes).sum::<usize>() + floats * 4) as u64
+        let own: usize = matrices.iter().map(|m| m.own_bytes()).sum::<usize>() + floats * 4;
+        let file = matrices
+            .iter()
+            .find_map(|m| m.file())
+            .map_or(0, |f| f.len());
+        (own as u64, file as u64)
     }
 
     /// The static i16 encoding of the classifier input (`None` for float weights).

@@ -56,13 +56,16 @@ use crate::bytes::{Reader, Writer};
 use crate::compiled::CompiledModel;
 use crate::desc;
 use crate::error::FormatError;
+use crate::kernels;
 use crate::model::{LayerData, Matrix, ModelData, classifier_act_index};
 use crate::options::{CompileOptions, MAX_CALIBRATION_TOKENS, kv_code, kv_from_code};
 use crate::parts::{Part, Split, check_naming};
+use crate::stored::{FileBytes, InPlace, Stored};
 use crate::types::{Granularity, KLayout, WeightType, role_code, role_from_code};
 use crate::validate::validate_options;
 use graph_io::{IoTensor, Preset};
 use model::checksum::crc32;
+use std::sync::Arc;
 
 /// Magic bytes at the start of every file.
 pub const MAGIC: [u8; 8] = *b"HTPKVREF";
@@ -196,11 +199,20 @@ impl CompiledModel {
             }
             file.read_rest(&mut bytes)?;
         }
-        CompiledModel::from_bytes(&bytes, &path.display().to_string())
+        CompiledModel::parse(&Arc::new(bytes), &path.display().to_string())
     }
 
-    /// Parses and validates a model from `bytes`; `origin` labels errors (e.g. a path).
+    /// Parses and validates a model from `bytes`; `origin` labels errors (e.g. a path). The
+    /// bytes are copied once, and the matrices read their values from that copy
+    /// ([`crate::stored`]).
     pub fn from_bytes(bytes: &[u8], origin: &str) -> Result<CompiledModel, FormatError> {
+        CompiledModel::parse(&Arc::new(bytes.to_vec()), origin)
+    }
+
+    /// [`CompiledModel::from_bytes`] over a file's bytes, which the matrices keep and read
+    /// their values from instead of copies ([`crate::stored`]).
+    fn parse(file: &FileBytes, origin: &str) -> Result<CompiledModel, FormatError> {
+        let bytes = file.as_slice();
         let mut r = Reader::new(bytes, 0, origin);
         let prefix = &bytes[..MAGIC.len().min(bytes.len())];
         if prefix == &MAGIC[..prefix.len()] {
@@ -296,7 +308,7 @@ impl CompiledModel {
             .unwrap_or_else(|| Part::whole(config.n_layers));
         let mut s = open_section(&mut p, b"WGTS")?;
         let (embedding, layers, output_norm, classifier) =
-            read_weights(&mut s, &config, options.weights, &held)?;
+            read_weights(&mut s, (&config, options.weights, file), &held)?;
         close_section(&s)?;
         let part = match v4_part {
             Some(part) => part,
@@ -517,21 +529,21 @@ fn read_part_section(
 /// [`Part::holds_embedding`], its layers, the final norm and classifier in the last part.
 fn read_weights(
     s: &mut Reader<'_>,
-    c: &LlamaConfig,
-    wt: WeightType,
+    m: MatrixSource<'_>,
     held: &Part,
 ) -> Result<PartWeights, FormatError> {
+    let c = m.0;
     let embedding = if held.holds_embedding(c.tied_output) {
-        Some(read_tensor_matrix(s, c, Tensor::TokenEmbedding, wt)?)
+        Some(read_tensor_matrix(s, m, Tensor::TokenEmbedding)?)
     } else {
         None
     };
     let mut layers = Vec::with_capacity(held.layers.len());
     for l in held.layers.clone() {
-        layers.push(read_layer(s, c, l, wt)?);
+        layers.push(read_layer(s, m, l)?);
     }
     let (output_norm, classifier) = if held.is_last() {
-        read_head(s, c, wt)?
+        read_head(s, m)?
     } else {
         (Vec::new(), None)
     };
@@ -541,12 +553,12 @@ fn read_weights(
 /// A part's weights as [`ModelData`] holds them: embedding, layers, final norm, classifier.
 type PartWeights = (Option<Matrix>, Vec<LayerData>, Vec<f32>, Option<Matrix>);
 
-fn read_layer(
-    s: &mut Reader<'_>,
-    c: &LlamaConfig,
-    l: usize,
-    wt: WeightType,
-) -> Result<LayerData, FormatError> {
+/// What reading a matrix needs: the description (its shape), the weight type (its kind) and
+/// the file's bytes (which its values stay in).
+type MatrixSource<'a> = (&'a LlamaConfig, WeightType, &'a FileBytes);
+
+fn read_layer(s: &mut Reader<'_>, m: MatrixSource<'_>, l: usize) -> Result<LayerData, FormatError> {
+    let c = m.0;
     let mut vectors = Vec::with_capacity(LayerData::VECTORS.len());
     for lt in LayerData::VECTORS {
         let t = Tensor::Layer(l, lt);
@@ -559,7 +571,7 @@ fn read_layer(
     }
     let mut matrices = Vec::with_capacity(LayerData::MATRICES.len());
     for t in LayerData::MATRICES {
-        matrices.push(read_tensor_matrix(s, c, Tensor::Layer(l, t), wt)?);
+        matrices.push(read_tensor_matrix(s, m, Tensor::Layer(l, t))?);
     }
     Ok(LayerData { matrices, vectors })
 }
@@ -567,14 +579,14 @@ fn read_layer(
 /// The final norm and the classifier (`None` when tied to the embedding).
 fn read_head(
     s: &mut Reader<'_>,
-    c: &LlamaConfig,
-    wt: WeightType,
+    m: MatrixSource<'_>,
 ) -> Result<(Vec<f32>, Option<Matrix>), FormatError> {
+    let c = m.0;
     let output_norm = read_norm(s, "output norm", c.dim)?;
     let at = s.offset();
     let classifier = match s.u8("classifier flag")? {
         0 if c.tied_output => None,
-        1 if !c.tied_output => Some(read_tensor_matrix(s, c, Tensor::Output, wt)?),
+        1 if !c.tied_output => Some(read_tensor_matrix(s, m, Tensor::Output)?),
         f => {
             return Err(s.corrupt_at(
                 at,
@@ -929,9 +941,7 @@ fn write_matrix(w: &mut Writer, m: &Matrix) {
             w.u8(1);
             w.len(*rows);
             w.len(*cols);
-            for v in data {
-                w.bytes(&v.to_le_bytes());
-            }
+            w.bytes(data.as_flattened());
         }
         Matrix::Float {
             rows,
@@ -951,18 +961,29 @@ fn write_matrix(w: &mut Writer, m: &Matrix) {
 /// The matrix of `t`, shaped as the description says.
 fn read_tensor_matrix(
     s: &mut Reader<'_>,
-    c: &LlamaConfig,
+    (c, wt, file): MatrixSource<'_>,
     t: Tensor,
-    wt: WeightType,
 ) -> Result<Matrix, FormatError> {
     let shape = t.shape(c);
-    read_matrix(s, &t.to_string(), wt.matrix_type(t), shape[0], shape[1])
+    let wt = wt.matrix_type(t);
+    read_matrix(s, (&t.to_string(), wt, file), shape[0], shape[1])
+}
+
+/// The values of `n` bytes just read at `at`: read in place from `file` where they can be
+/// ([`Stored::in_file`]), else `copy` of them.
+fn stored<T: InPlace>(
+    file: &FileBytes,
+    at: u64,
+    n: usize,
+    copy: impl FnOnce() -> Vec<T>,
+) -> Stored<T> {
+    let start = at as usize;
+    Stored::in_file(file, start..start + n).unwrap_or_else(|| copy().into())
 }
 
 fn read_matrix(
     s: &mut Reader<'_>,
-    name: &str,
-    wt: WeightType,
+    (name, wt, file): (&str, WeightType, &FileBytes),
     rows: usize,
     cols: usize,
 ) -> Result<Matrix, FormatError> {
@@ -1007,19 +1028,19 @@ fn read_matrix(
                 }
                 scales.push(v);
             }
-            let q = s.take(n, name)?.iter().map(|&b| b as i8).collect();
+            let at = s.offset();
+            let b = s.take(n, name)?;
+            let q = stored(file, at, n, || b.iter().map(|&v| v as i8).collect());
             Matrix::from_i8(rows, cols, scales, q)
         }
         1 => {
             let at = s.offset();
             let b = s.take(n * 2, name)?;
-            let w: Vec<half::f16> = b
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
-                .collect();
-            if let Some(i) = w.iter().position(|v| !v.is_finite()) {
+            let w = stored(file, at, n * 2, || b.as_chunks::<2>().0.to_vec());
+            let value = |i: usize| kernels::widen_f16(w[i]);
+            if let Some(i) = (0..w.len()).find(|&i| !value(i).is_finite()) {
                 let offset = at + i as u64 * 2;
-                return Err(non_finite(s, name, i, offset, w[i].to_f32()));
+                return Err(non_finite(s, name, i, offset, value(i)));
             }
             Matrix::Half { rows, cols, w }
         }

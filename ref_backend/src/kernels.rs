@@ -521,6 +521,16 @@ fn rescale_loop(sums: &[i64], shift: i64, (a, b): (f32, f32), out: &mut [f32]) {
     }
 }
 
+/// An f16 weight as a compiled file stores it: its two little-endian bytes. Its alignment is 1,
+/// so f16 matrices are read in place from a file's bytes wherever they start.
+pub type F16Le = [u8; 2];
+
+/// The value of an [`F16Le`], widened to f32 (exactly).
+#[inline(always)]
+pub fn widen_f16(h: F16Le) -> f32 {
+    half::f16::from_le_bytes(h).to_f32()
+}
+
 /// `Σ w[i] · x[i]` of an f16 weight row with f32 inputs: exactly `model::ops::dot` of the row
 /// widened to f32 (the widening is exact, and the sum has `ops::dot`'s order: eight lanes of
 /// a multiply then an add, the lanes added pairwise, then the tail), without keeping the
@@ -528,13 +538,13 @@ fn rescale_loop(sums: &[i64], shift: i64, (a, b): (f32, f32), out: &mut [f32]) {
 ///
 /// # Panics
 /// If the lengths differ.
-pub fn dot_f16(w: &[half::f16], x: &[f32]) -> f32 {
+pub fn dot_f16(w: &[F16Le], x: &[f32]) -> f32 {
     dot_f16_on(Isa::current(), w, x)
 }
 
 /// [`dot_f16`] for `isa` (one of [`Isa::available`]).
 #[inline(always)]
-fn dot_f16_on(isa: Isa, w: &[half::f16], x: &[f32]) -> f32 {
+fn dot_f16_on(isa: Isa, w: &[F16Le], x: &[f32]) -> f32 {
     assert_eq!(w.len(), x.len(), "dot_f16: lengths differ");
     match isa {
         // SAFETY: `avx2::dot_f16` enables AVX2/FMA/F16C; the CPU has them all (every kernel
@@ -546,13 +556,13 @@ fn dot_f16_on(isa: Isa, w: &[half::f16], x: &[f32]) -> f32 {
 }
 
 /// The plain form of [`dot_f16`].
-fn dot_f16_loop(w: &[half::f16], x: &[f32]) -> f32 {
+fn dot_f16_loop(w: &[F16Le], x: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (wc, xc) = (w.chunks_exact(8), x.chunks_exact(8));
     let (wr, xr) = (wc.remainder(), xc.remainder());
     for (a, b) in wc.zip(xc) {
         for k in 0..8 {
-            acc[k] += a[k].to_f32() * b[k];
+            acc[k] += widen_f16(a[k]) * b[k];
         }
     }
     f16_tail(lanes_sum(acc), wr, xr)
@@ -566,8 +576,8 @@ fn lanes_sum(a: [f32; 8]) -> f32 {
 
 /// `s` plus the tail products of [`dot_f16`], in order.
 #[inline(always)]
-fn f16_tail(s: f32, w: &[half::f16], x: &[f32]) -> f32 {
-    w.iter().zip(x).fold(s, |s, (a, &b)| s + a.to_f32() * b)
+fn f16_tail(s: f32, w: &[F16Le], x: &[f32]) -> f32 {
+    w.iter().zip(x).fold(s, |s, (&a, &b)| s + widen_f16(a) * b)
 }
 
 /// `out[t * rows + r] = dot_f16(w[r], x[t])` for every row `r` of the f16 matrix `w` (`rows x
@@ -579,7 +589,7 @@ fn f16_tail(s: f32, w: &[half::f16], x: &[f32]) -> f32 {
 /// # Panics
 /// If `cols == 0`, the lengths are not `rows x cols`, `n x cols`, `n x rows`, or `scratch` is
 /// short.
-pub fn matmul_f16(out: &mut [f32], x: &[f32], w: &[half::f16], cols: usize, scratch: &mut [f32]) {
+pub fn matmul_f16(out: &mut [f32], x: &[f32], w: &[F16Le], cols: usize, scratch: &mut [f32]) {
     let (rows, n) = (w.len() / cols.max(1), x.len() / cols.max(1));
     assert!(
         cols > 0 && w.len() == rows * cols && x.len() == n * cols && out.len() == n * rows,
@@ -601,7 +611,7 @@ pub fn matmul_f16(out: &mut [f32], x: &[f32], w: &[half::f16], cols: usize, scra
 }
 
 /// [`matmul_f16`] row-major (`t[r * n + i]`), over rayon's pool.
-fn rows_f16(t: &mut [f32], x: &[f32], w: &[half::f16], cols: usize) {
+fn rows_f16(t: &mut [f32], x: &[f32], w: &[F16Le], cols: usize) {
     let isa = Isa::current();
     let n = x.len() / cols;
     let per_task = (PARALLEL_MIN_MACS / (cols * n).max(1)).max(1);
@@ -1082,8 +1092,11 @@ mod tests {
         // Extremes of f16 (its largest finite and its smallest subnormal) among the weights.
         let mut wf = f(3, 37 * 45, 1.7e-7);
         wf[..4].copy_from_slice(&[65504.0, -65504.0, 6.0e-8, -6.0e-8]);
-        let w: Vec<half::f16> = wf.iter().map(|&v| half::f16::from_f32(v)).collect();
-        let wide: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+        let w: Vec<F16Le> = wf
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect();
+        let wide: Vec<f32> = w.iter().map(|&v| widen_f16(v)).collect();
         for isa in kernels_here() {
             for len in [0, 1, 7, 8, 9, 16, 45] {
                 let x = f(5 + len as u64, len, 3.1e-7);

@@ -96,6 +96,7 @@ mod options;
 mod parts;
 mod progress;
 mod smooth;
+mod stored;
 mod types;
 mod validate;
 

@@ -8,6 +8,7 @@ use crate::gptq::{Factor, RowGrid, round_rows};
 use crate::kernels;
 use crate::options::CompileOptions;
 use crate::parts::Part;
+use crate::stored::{FileBytes, Stored};
 use crate::types::{Granularity, KLayout};
 use rayon::prelude::*;
 
@@ -141,7 +142,7 @@ pub(crate) enum Matrix {
         rows: usize,
         cols: usize,
         scales: Vec<f32>,
-        q: Vec<i8>,
+        q: Stored<i8>,
         /// `Σ_c q[r][c]` per row, for the activation offset term.
         row_sums: Vec<i64>,
     },
@@ -156,7 +157,7 @@ pub(crate) enum Matrix {
     Half {
         rows: usize,
         cols: usize,
-        w: Vec<half::f16>,
+        w: Stored<kernels::F16Le>,
     },
 }
 
@@ -202,7 +203,13 @@ impl Matrix {
         Ok(Matrix::from_i8(rows, cols, scales, q))
     }
 
-    pub(crate) fn from_i8(rows: usize, cols: usize, scales: Vec<f32>, q: Vec<i8>) -> Matrix {
+    pub(crate) fn from_i8(
+        rows: usize,
+        cols: usize,
+        scales: Vec<f32>,
+        q: impl Into<Stored<i8>>,
+    ) -> Matrix {
+        let q = q.into();
         let row_sums = q
             .chunks_exact(cols.max(1))
             .map(|r| r.iter().map(|&v| i64::from(v)).sum())
@@ -238,8 +245,15 @@ impl Matrix {
     /// Float weights; with `half` they are rounded to f16.
     pub(crate) fn float(w: &[f32], rows: usize, cols: usize, half: bool) -> Matrix {
         if half {
-            let w = w.iter().map(|&v| half::f16::from_f32(v)).collect();
-            return Matrix::Half { rows, cols, w };
+            let w = w
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect::<Vec<_>>();
+            return Matrix::Half {
+                rows,
+                cols,
+                w: w.into(),
+            };
         }
         Matrix::Float {
             rows,
@@ -268,8 +282,8 @@ impl Matrix {
                 out.copy_from_slice(&w[r * cols..(r + 1) * cols]);
             }
             Matrix::Half { cols, w, .. } => {
-                for (o, v) in out.iter_mut().zip(&w[r * cols..(r + 1) * cols]) {
-                    *o = v.to_f32();
+                for (o, &v) in out.iter_mut().zip(&w[r * cols..(r + 1) * cols]) {
+                    *o = kernels::widen_f16(v);
                 }
             }
         }
@@ -355,12 +369,22 @@ impl Matrix {
         }
     }
 
-    /// Bytes the matrix takes in memory.
-    pub(crate) fn bytes(&self) -> usize {
+    /// Bytes the matrix takes in memory beyond the compiled file's bytes it reads its values
+    /// from ([`Matrix::file`]): its own values, row scales and row sums.
+    pub(crate) fn own_bytes(&self) -> usize {
         match self {
-            Matrix::I8 { q, scales, .. } => q.len() + scales.len() * (4 + 8),
+            Matrix::I8 { q, scales, .. } => q.own_bytes() + scales.len() * (4 + 8),
             Matrix::Float { w, .. } => w.len() * 4,
-            Matrix::Half { w, .. } => w.len() * 2,
+            Matrix::Half { w, .. } => w.own_bytes(),
+        }
+    }
+
+    /// The compiled file whose bytes hold the values (`None` for values of its own).
+    pub(crate) fn file(&self) -> Option<&FileBytes> {
+        match self {
+            Matrix::I8 { q, .. } => q.file(),
+            Matrix::Half { w, .. } => w.file(),
+            Matrix::Float { .. } => None,
         }
     }
 

@@ -244,29 +244,43 @@ fn generate_slides_past_the_context_and_resumes_across_slides() {
         args.extend_from_slice(extra);
         text(&htpkv(&args, &work))
     };
-    let doc: serde_json::Value = serde_json::from_str(&run(&[
-        "Once upon a time",
-        "--steps",
-        "200",
-        "--overflow",
-        "slide",
-        "--keep",
-        "4",
-        "--json",
-    ]))
-    .unwrap();
-    assert_eq!(doc["generated_tokens"], 200, "{doc}");
-    let slides = doc["slides"].as_array().unwrap();
-    assert!(slides.len() >= 9, "{doc}");
-    assert!(
-        slides
-            .iter()
-            .all(|s| s["rows_moved"] == 160 && s["dropped"] == 14)
-    );
-    assert!(
-        slides
-            .iter()
-            .all(|s| s["requant"]["elements"].as_u64() > Some(0))
+    // A slide at 63 tokens keeps 4, drops 14 and moves, in each of the 40 buffers, the 4 kept
+    // rows (`shift`, whose windows end at their last row) or the 45 rows after the dropped ones
+    // (`conveyor`, the default, whose rows stay where they were written); the text is the same.
+    let mut texts = Vec::new();
+    for (update, moved) in [("shift", 4 * 40), ("conveyor", 45 * 40)] {
+        let doc: serde_json::Value = serde_json::from_str(&run(&[
+            "Once upon a time",
+            "--steps",
+            "200",
+            "--overflow",
+            "slide",
+            "--keep",
+            "4",
+            "--json",
+            "--update",
+            update,
+        ]))
+        .unwrap();
+        assert_eq!(doc["generated_tokens"], 200, "{doc}");
+        let slides = doc["slides"].as_array().unwrap();
+        assert!(slides.len() >= 9, "{doc}");
+        assert!(
+            slides
+                .iter()
+                .all(|s| s["rows_moved"] == moved && s["dropped"] == 14),
+            "{update}: {doc}"
+        );
+        assert!(
+            slides
+                .iter()
+                .all(|s| s["requant"]["elements"].as_u64() > Some(0))
+        );
+        texts.push(doc["text"].clone());
+    }
+    assert_eq!(
+        texts[0], texts[1],
+        "shift and conveyor slide to the same text"
     );
     let stopped: serde_json::Value =
         serde_json::from_str(&run(&["Once upon a time", "--steps", "200", "--json"])).unwrap();

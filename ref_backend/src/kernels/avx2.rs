@@ -155,12 +155,13 @@ super::vector_loops!("avx2,fma,f16c");
 /// [`super::dot_f16`] with F16C: eight weights widened per `vcvtph2ps`, then a multiply and an
 /// add per lane (not fused), the lanes and the tail added as the plain loop adds them.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_f16(w: &[half::f16], x: &[f32]) -> f32 {
+pub(super) fn dot_f16(w: &[super::F16Le], x: &[f32]) -> f32 {
     let (wc, xc) = (w.chunks_exact(8), x.chunks_exact(8));
     let (wr, xr) = (wc.remainder(), xc.remainder());
     let mut acc = _mm256_setzero_ps();
     for (a, b) in wc.zip(xc) {
-        let bits: [u16; 8] = std::array::from_fn(|k| a[k].to_bits());
+        // Eight weights' little-endian bytes: the lanes' u16 bits on this (x86) host.
+        let bits = <[u8; 16]>::try_from(a.as_flattened()).expect("eight weights");
         let wv = _mm256_cvtph_ps(bytemuck::cast(bits));
         let xv: __m256 = bytemuck::cast(<[f32; 8]>::try_from(b).expect("eight inputs"));
         acc = _mm256_add_ps(acc, _mm256_mul_ps(wv, xv));

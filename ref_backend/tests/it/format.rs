@@ -341,3 +341,54 @@ fn compile_errors_name_the_cause_once() {
     let cause = std::error::Error::source(&e).expect("a source").to_string();
     assert_eq!(cause, "No such file or directory (os error 2)");
 }
+
+/// A read file's matrices keep their values in the file's bytes, which are held once: what the
+/// weights hold beyond them after reading is their row scales, row sums and norms (12 bytes a
+/// row of 256 or 512 i8 values here), where the model as compiled holds every value itself; f16
+/// matrices too, wherever the format puts them (odd or even offsets). A reader that copied the
+/// values out again fails this.
+#[test]
+fn a_read_file_is_the_weights_one_copy_in_memory() {
+    let config = model::llama2c::Config {
+        dim: 256,
+        hidden_dim: 512,
+        n_layers: 2,
+        n_heads: 4,
+        n_kv_heads: 2,
+        vocab_size: 256,
+        seq_len: 32,
+        shared_classifier: true,
+    };
+    let ckpt = model::llama2c::Checkpoint::synthetic(config, 7).expect("valid config");
+    let prompts = test_support::stories::synthetic_prompts(256);
+    let dir = ScratchDir::new("ref-format-in-place");
+    for weights in [WeightType::I8, WeightType::I8F16, WeightType::F16] {
+        let mut o = CompileOptions::new(32, vec![1]);
+        o.calibration_tokens = 16;
+        o.weights = weights;
+        let m = test_support::compile::compile_ckpt(&ckpt, &prompts, &o).expect("compile");
+        let path = dir.join(format!("{}.htpkv", weights.name()));
+        m.write(&path, &[]).expect("write");
+        let file_len = std::fs::metadata(&path).expect("written").len();
+
+        let (compiled_own, compiled_file) = m.weight_memory();
+        assert_eq!(compiled_file, 0, "a compiled model reads no file");
+        assert!(
+            compiled_own > file_len * 9 / 10,
+            "{compiled_own} of {file_len}"
+        );
+        for read in [
+            CompiledModel::read(&path).expect("read"),
+            CompiledModel::from_bytes(&std::fs::read(&path).unwrap(), "mem").expect("parse"),
+        ] {
+            assert!(read == m, "{weights:?}: differs after reading");
+            let (own, file) = read.weight_memory();
+            assert_eq!(file, file_len, "the file's bytes are held once, whole");
+            assert!(
+                own * 8 < file_len,
+                "{weights:?}: {own} bytes copied out of {file_len}"
+            );
+            assert_eq!(read.weight_bytes(), own + file);
+        }
+    }
+}
