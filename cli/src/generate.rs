@@ -65,6 +65,10 @@ pub struct RunArgs {
     /// the file; given, they must match the file.
     #[arg(long, value_delimiter = ',')]
     pub ar: Option<Vec<usize>>,
+    /// Compile no last-row prefill graphs: prefill runs graphs that return every row's logits
+    /// (by default each AR-n variant above 1 also gets one returning only the last row's).
+    #[arg(long, conflicts_with = "compiled")]
+    pub all_row_prefill: bool,
     /// Backend: reference (in process) or qnn (a QNN backend library).
     #[arg(long, default_value = "reference")]
     pub backend: String,
@@ -310,6 +314,7 @@ pub fn check_run(
         ar: run.ar.clone().unwrap_or_else(|| {
             ar_default(run.context.map_or(defaults.ar, htpkv::config::default_ar))
         }),
+        last_row: !run.all_row_prefill,
         cache_dir: None,
         layer_windows: run.layer_window.clone(),
         chat_template: run.chat_template.clone(),

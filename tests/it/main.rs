@@ -8,6 +8,7 @@ mod chat;
 mod config_fuzz;
 mod conversations;
 mod encdec;
+mod last_row;
 mod parts;
 mod qnn_backend;
 mod runtime;
