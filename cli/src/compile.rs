@@ -126,7 +126,7 @@ pub struct CompileArgs {
 impl CompileArgs {
     /// Whether to compile last-row prefill graphs: unless `--all-row-prefill`, where the
     /// naming's convention allows them (its `last_row_graphs`).
-    fn last_row(&self) -> bool {
+    pub(crate) fn last_row(&self) -> bool {
         let naming = self.naming().unwrap_or(self.convention);
         !self.all_row_prefill && naming.convention().last_row_graphs
     }

@@ -88,11 +88,20 @@ impl LogitRows {
         }
     }
 
-    /// Short name for messages and graph names (`all`, `last`).
+    /// Short name for messages (`all`, `last`).
     pub fn name(self) -> &'static str {
         match self {
             LogitRows::All => "all",
             LogitRows::Last => "last",
+        }
+    }
+
+    /// The name of the graph returning these rows, from its all-row graph's `name` (a last-row
+    /// graph's is `{name}_last`; the runtime reads the rows from the shapes, never the name).
+    pub fn graph_name(self, name: String) -> String {
+        match self {
+            LogitRows::All => name,
+            LogitRows::Last => format!("{name}_last"),
         }
     }
 }

@@ -51,7 +51,7 @@ impl CompiledModel {
     }
 
     /// The graphs of `part` of `data` (a part that fits the model): its options' graph set
-    /// ([`CompileOptions::graph_set`]), a last-row graph named as its all-row one plus `_last`.
+    /// ([`CompileOptions::graph_set`]), a last-row graph named by [`LogitRows::graph_name`].
     pub(crate) fn with_part(data: Arc<ModelData>, part: Part) -> CompiledModel {
         let context = data.options.context;
         let graphs = data
@@ -59,11 +59,7 @@ impl CompiledModel {
             .graph_set()
             .into_iter()
             .map(|(n, rows)| {
-                let name = part.graph_name(n, context);
-                let name = match rows {
-                    LogitRows::All => name,
-                    LogitRows::Last => format!("{name}_last"),
-                };
+                let name = rows.graph_name(part.graph_name(n, context));
                 Graph::new(name, (n, rows), Arc::clone(&data), part.clone())
             })
             .collect();
