@@ -26,8 +26,8 @@ pub mod w8a16;
 
 use emit::Emitter;
 pub use encoding::Fixed;
-pub use llama::{KvEncodings, Naming, PartSpec};
 use graph_io::LogitRows;
+pub use llama::{KvEncodings, Naming, PartSpec};
 use model::{LlamaConfig, WeightSource};
 pub use qnn_ffi::HtpTarget;
 use qnn_ffi::{

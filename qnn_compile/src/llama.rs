@@ -20,9 +20,7 @@
 use crate::emit::{Emitter, Val};
 use crate::encoding::Fixed;
 use crate::w8a16::W8A16;
-use graph_io::{
-    Granularity, GraphLayout, KvIo, KvTensor, LogitRows, PositionInput, TensorKind,
-};
+use graph_io::{Granularity, GraphLayout, KvIo, KvTensor, LogitRows, PositionInput, TensorKind};
 use model::ops::Rope;
 use model::{LayerTensor as L, LlamaConfig, RopePairing, Tensor, WeightSource};
 use qnn_ffi::QnnError;

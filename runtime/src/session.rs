@@ -237,9 +237,10 @@ fn last_row_graphs(
     graphs: &[GraphDesc],
     context: usize,
 ) -> Result<Vec<(usize, usize)>, SessionError> {
-    let last = graphs.iter().enumerate().filter(|(_, g)| {
-        steps_in(g, context) && g.logit_rows() == Some(LogitRows::Last)
-    });
+    let last = graphs
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| steps_in(g, context) && g.logit_rows() == Some(LogitRows::Last));
     last.map(|(i, g)| match (g.ar(), g.part.count) {
         (Some(ar), 1) => Ok((ar, i)),
         _ => Err(SessionError::Graphs(format!(
@@ -920,7 +921,11 @@ impl<B: Backend> Session<B> {
     ) -> Result<(), SessionError> {
         self.check_step(slot, tokens)?;
         let ar = self.slots[slot].ar;
-        let rows = if tokens.len() == ar { rows } else { LogitRows::All };
+        let rows = if tokens.len() == ar {
+            rows
+        } else {
+            LogitRows::All
+        };
         self.cache.plan(ar)?;
         let written = self.execute_rows(slot, rows, tokens, None)?;
         self.cache.commit(tokens.len())?;

@@ -37,7 +37,8 @@ impl Backend for Recording {
         outputs: &[OutputBuffer],
     ) -> Result<(), BackendError> {
         let rows = self.inner.graphs()[graph].logit_rows();
-        self.ran.push(rows.expect("a whole model's graph has logits"));
+        self.ran
+            .push(rows.expect("a whole model's graph has logits"));
         // SAFETY: forwarded with the session's guarantees.
         unsafe { self.inner.execute(graph, inputs, outputs) }
     }
@@ -86,7 +87,10 @@ fn check(last: &Arc<CompiledModel>, all: &Arc<CompiledModel>, prompt: &[u32], wh
         };
         served += 1;
         let want = bits(b.prefill(prompt).unwrap());
-        assert!(bits(a.prefill(prompt).unwrap()) == want, "{what} {strategy:?}: prefill");
+        assert!(
+            bits(a.prefill(prompt).unwrap()) == want,
+            "{what} {strategy:?}: prefill"
+        );
         let ran = &a.backend().ran;
         let last_rows = ran.iter().filter(|&&r| r == LogitRows::Last).count();
         assert_eq!(last_rows, full, "{what} {strategy:?}: {ran:?}");
@@ -94,7 +98,10 @@ fn check(last: &Arc<CompiledModel>, all: &Arc<CompiledModel>, prompt: &[u32], wh
         for _ in 0..6 {
             let t = model::ops::argmax(b.last_logits()) as u32;
             let want = bits(b.decode(t).unwrap());
-            assert!(bits(a.decode(t).unwrap()) == want, "{what} {strategy:?}: decode");
+            assert!(
+                bits(a.decode(t).unwrap()) == want,
+                "{what} {strategy:?}: decode"
+            );
         }
         let ran = &a.backend().ran;
         assert_eq!(ran.iter().filter(|&&r| r == LogitRows::Last).count(), full);
@@ -114,10 +121,18 @@ fn last_row_prefill_equals_all_row_prefill_on_stories260k() {
     let (ckpt, _) = test_support::stories::stories260k_loaded();
     let c = model::llama2c::llama_config(&ckpt.config);
     let setup = (128, DataType::U8);
-    let (last, all) = (compile(&c, &ckpt, setup, true), compile(&c, &ckpt, setup, false));
+    let (last, all) = (
+        compile(&c, &ckpt, setup, true),
+        compile(&c, &ckpt, setup, false),
+    );
     // Full chunks only, then a padded last chunk (which returns every row).
     check(&last, &all, &prompt(3 * AR, c.vocab_size), "stories260K 24");
-    check(&last, &all, &prompt(3 * AR + 5, c.vocab_size), "stories260K 29");
+    check(
+        &last,
+        &all,
+        &prompt(3 * AR + 5, c.vocab_size),
+        "stories260K 29",
+    );
 }
 
 #[test]

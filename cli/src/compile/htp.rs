@@ -10,9 +10,7 @@ use model::fsio::AtomicDir;
 use model::fsio::{FileKind, check_output, read_capped, write_atomic_verified};
 use model::{LlamaConfig, Tensor, WeightSource};
 use qnn_compile::w8a16::{BlockMultipliers, output_encoding, u16_from_i16};
-use qnn_compile::{
-    Fixed, HtpOptions, HtpTarget, KvEncodings, Naming, PartSpec, W8A16, W8Matrix,
-};
+use qnn_compile::{Fixed, HtpOptions, HtpTarget, KvEncodings, Naming, PartSpec, W8A16, W8Matrix};
 use qnn_ffi::dtype_to_qnn;
 use qnn_ffi::{QnnLibrary, QnnSystemLibrary, SystemContext};
 use quant::DataType;

@@ -149,7 +149,10 @@ fn prompt_of(count: usize) -> String {
                  in the park with her big red ball and her small brown dog.";
     let ends = story.char_indices().map(|(i, _)| i).skip(1);
     let fits = |&i: &usize| tok.encode(&story[..i], true, false).len() == count;
-    let end = ends.filter(fits).last().expect("a prefix of that many tokens");
+    let end = ends
+        .filter(fits)
+        .last()
+        .expect("a prefix of that many tokens");
     story[..end].to_string()
 }
 
@@ -166,34 +169,88 @@ fn the_last_row_prefill_graph_returns_one_row_on_the_real_backend() {
     let (h, s) = (htp.to_str().unwrap(), system.to_str().unwrap());
     let last = binary(&htp, "f32", "f32");
     let all = dir.join("all-rows.bin");
-    let shape = ["--context", "64", "--ar", "1,8", "--weights", "f32", "--kv-dtype", "f32"];
-    let compile = ["compile", "--target", "htp", "--qnn-backend", h, "--all-row-prefill"];
+    let shape = [
+        "--context",
+        "64",
+        "--ar",
+        "1,8",
+        "--weights",
+        "f32",
+        "--kv-dtype",
+        "f32",
+    ];
+    let compile = [
+        "compile",
+        "--target",
+        "htp",
+        "--qnn-backend",
+        h,
+        "--all-row-prefill",
+    ];
     let out = ["--out", all.to_str().unwrap()];
     let text = ok(htpkv(&[&compile[..], &shape[..], &out[..]].concat(), &dir));
-    assert!(text.trim_end().ends_with("graphs ar1_cl64, ar8_cl64"), "{text}");
-    let inspect = ok(htpkv(&["inspect", last.to_str().unwrap(), "--qnn-system", s, "--json"], &dir));
+    assert!(
+        text.trim_end().ends_with("graphs ar1_cl64, ar8_cl64"),
+        "{text}"
+    );
+    let inspect = ok(htpkv(
+        &[
+            "inspect",
+            last.to_str().unwrap(),
+            "--qnn-system",
+            s,
+            "--json",
+        ],
+        &dir,
+    ));
     let doc: Value = serde_json::from_str(&inspect).unwrap();
     let graph = |name: &str| {
         let graphs = doc["graphs"].as_array().unwrap();
-        graphs.iter().find(|g| g["name"] == name).cloned().unwrap_or_else(|| panic!("{doc}"))
+        graphs
+            .iter()
+            .find(|g| g["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{doc}"))
     };
     let logits = |g: &Value| {
         let outputs = g["outputs"].as_array().unwrap();
         outputs.iter().find(|t| t["name"] == "logits").unwrap()["dims"].clone()
     };
-    assert_eq!(logits(&graph("ar8_cl64_last")), serde_json::json!([1, 1, 512]), "{doc}");
-    assert_eq!(logits(&graph("ar8_cl64")), serde_json::json!([1, 8, 512]), "{doc}");
+    assert_eq!(
+        logits(&graph("ar8_cl64_last")),
+        serde_json::json!([1, 1, 512]),
+        "{doc}"
+    );
+    assert_eq!(
+        logits(&graph("ar8_cl64")),
+        serde_json::json!([1, 8, 512]),
+        "{doc}"
+    );
     let prompt = prompt_of(16);
     let run = |bin: &Path| -> Value {
         let args = [
-            "generate", &prompt, "--steps", "12", "--json", "--backend", "qnn", "--qnn-backend",
-            h, "--qnn-system", s, "--compiled", bin.to_str().unwrap(),
+            "generate",
+            &prompt,
+            "--steps",
+            "12",
+            "--json",
+            "--backend",
+            "qnn",
+            "--qnn-backend",
+            h,
+            "--qnn-system",
+            s,
+            "--compiled",
+            bin.to_str().unwrap(),
         ];
         serde_json::from_str(&ok(htpkv(&args, &dir))).unwrap()
     };
     let (with_last, all_rows) = (run(&last), run(&all));
     assert_eq!(with_last["prompt_tokens"], 16, "{with_last}");
-    assert_eq!(with_last["tokens"], all_rows["tokens"], "{with_last}\n{all_rows}");
+    assert_eq!(
+        with_last["tokens"], all_rows["tokens"],
+        "{with_last}\n{all_rows}"
+    );
 }
 
 /// The four KV strategies feed the real backend the same windows: the same tokens, and the greedy

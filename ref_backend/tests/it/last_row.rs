@@ -45,10 +45,16 @@ fn check_last_row_equals_all_rows(model: &CompiledModel, tokens: &[u32], what: &
     let all = model.graph_for(AR, LogitRows::All).unwrap();
     let last = model.graph_for(AR, LogitRows::Last).unwrap();
     let v = model.config().vocab_size;
-    let logits = last.outputs().iter().find(|t| t.role == ref_backend::IoRole::Logits);
+    let logits = last
+        .outputs()
+        .iter()
+        .find(|t| t.role == ref_backend::IoRole::Logits);
     assert_eq!(logits.unwrap().shape, [1, 1, v], "{what}");
     assert_eq!(last.logit_rows(), LogitRows::Last);
-    assert!(model.graph_for(1, LogitRows::Last).is_none(), "AR-1's one row is its last");
+    assert!(
+        model.graph_for(1, LogitRows::Last).is_none(),
+        "AR-1's one row is its last"
+    );
     let (mut ha, mut hl) = (Harness::for_model(model), Harness::for_model(model));
     for (i, chunk) in tokens.chunks_exact(AR).enumerate() {
         let rows = ha.step(all, chunk);
@@ -63,7 +69,9 @@ fn check_last_row_equals_all_rows(model: &CompiledModel, tokens: &[u32], what: &
 }
 
 fn prompt(vocab: usize) -> Vec<u32> {
-    (0..24u32).map(|i| 1 + (i * 37 + 5) % (vocab as u32 - 1)).collect()
+    (0..24u32)
+        .map(|i| 1 + (i * 37 + 5) % (vocab as u32 - 1))
+        .collect()
 }
 
 #[test]
@@ -134,7 +142,12 @@ fn the_file_records_the_graph_set_by_its_version() {
     let plain = stories(DataType::U8, WeightType::I8, false).to_bytes();
     let old = u32::from_le_bytes(plain[8..12].try_into().unwrap());
     assert!(old < DESC_FORMAT_VERSION + 1, "version {old}");
-    assert!(!CompiledModel::from_bytes(&plain, "plain.bin").unwrap().options().last_row);
+    assert!(
+        !CompiledModel::from_bytes(&plain, "plain.bin")
+            .unwrap()
+            .options()
+            .last_row
+    );
 
     // A damaged flag is named.
     let mut bad = bytes.clone();
@@ -152,7 +165,10 @@ fn the_file_records_the_graph_set_by_its_version() {
     let mut newer = bytes;
     newer[8..12].copy_from_slice(&(LAST_ROW_FORMAT_VERSION + 1).to_le_bytes());
     let e = CompiledModel::from_bytes(&reseal(newer), "newer.bin").unwrap_err();
-    assert!(matches!(e, FormatError::UnsupportedVersion { found: 8, .. }), "{e}");
+    assert!(
+        matches!(e, FormatError::UnsupportedVersion { found: 8, .. }),
+        "{e}"
+    );
     assert!(e.to_string().contains("versions 3 to 7"), "{e}");
 }
 
@@ -164,7 +180,10 @@ fn conventions_that_declare_their_graphs_keep_them() {
     let model = stories(DataType::U8, WeightType::I8, true);
     for preset in [Preset::AiHub, Preset::ExecuTorch] {
         let e = model.with_naming(preset).unwrap_err();
-        assert!(e.to_string().contains("compile without last-row"), "{preset}: {e}");
+        assert!(
+            e.to_string().contains("compile without last-row"),
+            "{preset}: {e}"
+        );
     }
     let parts = model.split(2, true).unwrap();
     for p in &parts {
