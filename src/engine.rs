@@ -61,6 +61,10 @@ pub struct EngineOptions {
     pub context: Option<usize>,
     /// AR variants of the compiled graphs (prefill and decode).
     pub ar: Vec<usize>,
+    /// Whether compiling adds, beside each AR-n graph (n > 1), a prefill graph returning only
+    /// the last row's logits ([`ref_backend::CompileOptions::last_row`]), which plain prefill
+    /// runs; `false` compiles all-row graphs only (`--all-row-prefill`). Only when compiling.
+    pub last_row: bool,
     /// Where compiled models are cached; `None` uses `$HTPKV_CACHE_DIR`, `$XDG_CACHE_HOME/htpkv`,
     /// `$HOME/.cache/htpkv`, then `./.htpkv-cache`.
     pub cache_dir: Option<PathBuf>,
@@ -88,6 +92,7 @@ impl Default for EngineOptions {
             weights: "i8".into(),
             context: None,
             ar: crate::config::default_ar(usize::MAX),
+            last_row: true,
             cache_dir: None,
             layer_windows: Vec::new(),
             chat_template: None,
@@ -241,6 +246,7 @@ pub fn compile_options(
         .unwrap_or(config.context_length.min(DEFAULT_MAX_CONTEXT));
     check_geometry(config, context, &options.ar, options.kv_dtype)?;
     let mut opts = CompileOptions::new(context, options.ar.clone());
+    opts.last_row = options.last_row;
     opts.kv_dtype = options.kv_dtype;
     opts.weights = options
         .weights

@@ -435,9 +435,12 @@ fn print_config(out: &mut dyn Write, config: &Config, reports: &[BudgetReport]) 
         }
     }
     for io in &first.graph_io {
+        let last_row = io.last_row_logits_bytes.map_or(String::new(), |b| {
+            format!(" (last-row prefill graph: logits {} B)", thousands(b))
+        });
         writeln!(
             out,
-            "  graph IO AR-{}: input_ids {} + positions {} + mask {} + logits {} = {} B",
+            "  graph IO AR-{}: input_ids {} + positions {} + mask {} + logits {} = {} B{last_row}",
             io.ar,
             thousands(io.input_ids_bytes),
             thousands(io.positions_bytes),

@@ -116,9 +116,22 @@ pub struct CompileArgs {
     /// used as they are). A window of the context or more is a global layer.
     #[arg(long, value_name = "LAYERS:W", value_parser = parse_from_str::<LayerWindows>)]
     layer_window: Vec<LayerWindows>,
+    /// Compile no last-row prefill graphs: every graph returns every row's logits. By default
+    /// each AR-n variant above 1 also gets a prefill graph returning only the last row's, where
+    /// the convention allows it (htpkv's; AI Hub's, Genie's and ExecuTorch's keep the graphs
+    /// they declare).
+    #[arg(long)]
+    all_row_prefill: bool,
 }
 
 impl CompileArgs {
+    /// Whether to compile last-row prefill graphs: unless `--all-row-prefill`, where the
+    /// naming's convention allows them (its `last_row_graphs`).
+    pub(crate) fn last_row(&self) -> bool {
+        let naming = self.naming().unwrap_or(self.convention);
+        !self.all_row_prefill && naming.convention().last_row_graphs
+    }
+
     /// The KV dtype asked for, u8 when none was.
     fn kv_dtype(&self) -> DataType {
         self.kv_dtype.unwrap_or(DataType::U8)
@@ -440,6 +453,7 @@ fn compile_options(args: &CompileArgs, context: usize) -> CompileOptions {
     // The convention's layout unless asked for another (a fixed one is checked early).
     (opts.k_layout, opts.granularity) = (args.k_layout(), args.granularity());
     opts.calibration_tokens = args.calibration_tokens;
+    opts.last_row = args.last_row();
     opts
 }
 

@@ -67,6 +67,10 @@ pub struct RunArgs {
     /// the file; given, they must match the file.
     #[arg(long, value_delimiter = ',')]
     pub ar: Option<Vec<usize>>,
+    /// Compile no last-row prefill graphs: prefill runs graphs that return every row's logits
+    /// (by default each AR-n variant above 1 also gets one returning only the last row's).
+    #[arg(long, conflicts_with = "compiled")]
+    pub all_row_prefill: bool,
     /// Backend: reference (in process) or qnn (a QNN backend library).
     #[arg(long, default_value = "reference")]
     pub backend: String,
@@ -272,6 +276,7 @@ pub fn check_run(
         speculate,
         beams,
         layer_windows: run.layer_window.clone(),
+        all_row_prefill: run.all_row_prefill,
         cache_dir: None,
     };
     Ok(RunChecked {

@@ -120,6 +120,18 @@ impl Convention {
         None
     }
 
+    /// Why graphs under this convention cannot include prefill graphs that return only the
+    /// last row's logits (`None`: they can, [`Convention::last_row_graphs`]).
+    pub fn last_row_refusal(&self) -> Option<String> {
+        (!self.last_row_graphs).then(|| {
+            format!(
+                "the {} convention's graphs are the ones it declares, each returning every row's \
+                 logits: compile without last-row prefill graphs",
+                self.name
+            )
+        })
+    }
+
     /// Why K/V tensors `kv` with keys `keys` cannot be written under this convention (`None`:
     /// they can; only a convention whose layout is fixed refuses).
     pub fn layout_refusal(&self, kv: Granularity, keys: KLayout) -> Option<String> {

@@ -199,6 +199,13 @@ pub struct Convention {
     /// runtime reads the layout from the shapes). Not part of a YAML file.
     #[serde(skip)]
     pub layout_fixed: bool,
+    /// Whether a compiler may add, beside each AR-n graph (n > 1), a prefill graph returning
+    /// only the last row's logits ([`crate::LogitRows::Last`]; htpkv's runtime reads the rows a
+    /// graph returns from its logits shape), or the convention's graphs are exactly the ones it
+    /// declares, each returning every row (a foreign runtime's: AI Hub's, Genie's,
+    /// ExecuTorch's). Not part of a YAML file: a YAML convention keeps what it declares.
+    #[serde(skip)]
+    pub last_row_graphs: bool,
     /// How a compiled model is packaged (not part of a YAML file).
     #[serde(skip)]
     pub packaging: crate::Packaging,

@@ -45,4 +45,4 @@ pub use kv::{
 pub use layout::{Granularity, GraphLayout, HeadAxis, KLayout, PositionInput};
 pub use packaging::{Packaging, Split};
 pub use role::IoRole;
-pub use tensor::{GraphDesc, IoTensor, MaskEncoding, PartOf};
+pub use tensor::{GraphDesc, IoTensor, LogitRows, MaskEncoding, PartOf, graph_set};

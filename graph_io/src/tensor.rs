@@ -71,6 +71,52 @@ pub struct GraphDesc {
     pub mask: MaskEncoding,
 }
 
+/// Which rows of a step a graph's logits output holds: every row (`[1, n, vocab]`), or only the
+/// last one (`[1, 1, vocab]`: a prefill graph, where no row but the last is consumed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LogitRows {
+    All,
+    Last,
+}
+
+impl LogitRows {
+    /// Rows of the logits output of an AR-`n` graph.
+    pub fn count(self, n: usize) -> usize {
+        match self {
+            LogitRows::All => n,
+            LogitRows::Last => 1,
+        }
+    }
+
+    /// Short name for messages (`all`, `last`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LogitRows::All => "all",
+            LogitRows::Last => "last",
+        }
+    }
+
+    /// The name of the graph returning these rows, from its all-row graph's `name` (a last-row
+    /// graph's is `{name}_last`; the runtime reads the rows from the shapes, never the name).
+    pub fn graph_name(self, name: String) -> String {
+        match self {
+            LogitRows::All => name,
+            LogitRows::Last => format!("{name}_last"),
+        }
+    }
+}
+
+/// The graphs of a model with AR variants `ar`, in order: one returning every row's logits per
+/// variant, then, with `last_row`, one returning only the last row's per variant n > 1 (a
+/// prefill graph: plain prefill consumes no other row; AR-1's one row is its last already).
+/// The one rule the compilers (the reference executor's and the HTP lowering) and the budget
+/// read.
+pub fn graph_set(ar: &[usize], last_row: bool) -> Vec<(usize, LogitRows)> {
+    let all = ar.iter().map(|&n| (n, LogitRows::All));
+    let last = ar.iter().filter(|&&n| last_row && n > 1);
+    all.chain(last.map(|&n| (n, LogitRows::Last))).collect()
+}
+
 /// Part `index` (0-based) of a model split into `count` parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PartOf {
@@ -96,6 +142,20 @@ impl GraphDesc {
         find(IoRole::Embeddings)
             .or_else(|| find(IoRole::Mask))
             .and_then(rows)
+    }
+
+    /// The rows its logits output holds, read from the output's shape (`[.., rows, vocab]`):
+    /// [`LogitRows::Last`] when an AR-n graph (n > 1) returns one row; `None` without logits
+    /// (a part before the last) or without a token count.
+    pub fn logit_rows(&self) -> Option<LogitRows> {
+        let logits = self.outputs.iter().find(|t| t.role == IoRole::Logits)?;
+        let rows = logits.shape.len().checked_sub(2).map(|i| logits.shape[i])?;
+        let n = self.ar()?;
+        Some(if n > 1 && rows == 1 {
+            LogitRows::Last
+        } else {
+            LogitRows::All
+        })
     }
 
     /// True for an encoder graph: it writes cross-attention K/V.

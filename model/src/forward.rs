@@ -88,6 +88,9 @@ pub enum Output {
     Hidden,
     /// Final RMSNorm and classifier; each row's logits go to [`Kernels::logits`].
     Logits,
+    /// Final RMSNorm and classifier of the last row only (a prefill that consumes no other
+    /// row's logits): its logits go to [`Kernels::logits`] as row 0.
+    LastLogits,
 }
 
 /// One forward pass over `n` rows.
@@ -204,6 +207,9 @@ pub trait Kernels {
 #[derive(Debug, Clone)]
 pub struct Activations {
     capacity: usize,
+    /// Rows the logits buffer holds: `capacity`, or 1 for passes that end with
+    /// [`Output::LastLogits`] ([`Activations::last_row`]).
+    logit_rows: usize,
     rows: usize,
     x: Vec<f32>,
     xb: Vec<f32>,
@@ -225,6 +231,16 @@ pub struct Activations {
 impl Activations {
     /// Buffers for `capacity` rows of model `c`.
     pub fn new(c: &LlamaConfig, capacity: usize) -> Activations {
+        Activations::with_logit_rows(c, capacity, capacity)
+    }
+
+    /// Buffers for `capacity` rows of model `c` with logits for one row: passes ending with
+    /// [`Output::Hidden`] or [`Output::LastLogits`].
+    pub fn last_row(c: &LlamaConfig, capacity: usize) -> Activations {
+        Activations::with_logit_rows(c, capacity, 1)
+    }
+
+    fn with_logit_rows(c: &LlamaConfig, capacity: usize, logit_rows: usize) -> Activations {
         let z = |w: usize| vec![0.0; capacity * w];
         let half = c.rope.rotated_dims(c.head_dim) / 2;
         let half_w = if c.rope.window_theta.is_some() {
@@ -234,6 +250,7 @@ impl Activations {
         };
         Activations {
             capacity,
+            logit_rows,
             rows: 0,
             x: z(c.dim),
             xb: z(c.dim),
@@ -248,7 +265,7 @@ impl Activations {
             sin: z(half),
             cos_w: z(half_w),
             sin_w: z(half_w),
-            logits: z(c.vocab_size),
+            logits: vec![0.0; logit_rows * c.vocab_size],
         }
     }
 
@@ -295,6 +312,14 @@ pub fn run(
     tap: &mut dyn Tap,
 ) -> Result<(), Error> {
     let n = pass.check(c, a.capacity)?;
+    if pass.output == Output::Logits && n > a.logit_rows {
+        return Err(Error::InvalidPass {
+            reason: format!(
+                "{n} rows of logits, and the activations hold {}",
+                a.logit_rows
+            ),
+        });
+    }
     a.rows = n;
     embed_rows(c, k, a, pass.input, n);
     rope_tables(rope, a, pass.positions, n);
@@ -304,8 +329,10 @@ pub fn run(
         ffn_block(c, l, n, k, a, tap);
         observe_rows(tap, l, Site::Residual, &a.x[..n * c.dim], c.dim);
     }
-    if pass.output == Output::Logits {
-        classify(c, n, k, a, tap);
+    match pass.output {
+        Output::Hidden => {}
+        Output::Logits => classify(c, 0..n, k, a, tap),
+        Output::LastLogits => classify(c, n - 1..n, k, a, tap),
     }
     Ok(())
 }
@@ -517,18 +544,21 @@ fn ffn_block(
     add_residual(c, k, post, &mut a.x[..n * dim], xb);
 }
 
-/// Final RMSNorm and classifier (the embedding when tied), all rows in one matmul.
+/// Final RMSNorm and classifier (the embedding when tied) of `rows`, in one matmul; their
+/// logits go to [`Kernels::logits`] as rows `0..rows.len()`.
 fn classify(
     c: &LlamaConfig,
-    n: usize,
+    rows: Range<usize>,
     k: &mut dyn Kernels,
     a: &mut Activations,
     tap: &mut dyn Tap,
 ) {
     let (dim, last) = (c.dim, c.n_layers);
     let cls = Tensor::classifier(c);
+    let n = rows.len();
     let xb = &mut a.xb[..n * dim];
-    norm_rows(xb, &a.x[..n * dim], k.vector(Tensor::OutputNorm), c.rms_eps);
+    let x = &a.x[rows.start * dim..rows.end * dim];
+    norm_rows(xb, x, k.vector(Tensor::OutputNorm), c.rms_eps);
     observe_rows(tap, last, Site::FinalNorm, xb, dim);
     let v = c.vocab_size;
     let logits = &mut a.logits[..n * v];

@@ -47,8 +47,11 @@ pub struct GraphIo {
     /// `attention_mask [1, 1, n, S]`, plus `attention_mask_w{W} [1, 1, n, W - 1 + n]` per distinct
     /// sliding window: u16 (2 bytes) for a fixed-point cache, f32 (4 bytes) for f16/f32 caches.
     pub mask_bytes: usize,
-    /// `logits [1, n, vocab]` f32: n x vocab x 4 bytes.
+    /// `logits [1, n, vocab]` f32 of the graph returning every row: n x vocab x 4 bytes.
     pub logits_bytes: usize,
+    /// `logits [1, 1, vocab]` f32 of the variant's last-row prefill graph, what plain prefill
+    /// writes (`graph_io::graph_set`: variants n > 1): vocab x 4 bytes; `None` for AR-1.
+    pub last_row_logits_bytes: Option<usize>,
     pub total_bytes: usize,
 }
 
@@ -59,10 +62,13 @@ pub fn graph_io(geometry: &Geometry, vocab: usize) -> Result<Vec<GraphIo>, KvErr
     } else {
         4
     };
+    let last_row = graph_io::graph_set(&geometry.ar_variants, true);
     geometry
         .ar_variants
         .iter()
         .map(|&n| {
+            let prefill = last_row.contains(&(n, graph_io::LogitRows::Last));
+            let last_row_logits = Size::new("logits bytes", vocab).times(4).get()?;
             let ids = Size::new("input_ids bytes", n).times(4).get()?;
             // The global mask [n, S] and one [n, W - 1 + n] per distinct sliding window.
             let mask = geometry
@@ -81,6 +87,7 @@ pub fn graph_io(geometry: &Geometry, vocab: usize) -> Result<Vec<GraphIo>, KvErr
                 positions_bytes: ids,
                 mask_bytes: mask,
                 logits_bytes: logits,
+                last_row_logits_bytes: prefill.then_some(last_row_logits),
                 total_bytes: Size::new("graph IO bytes", ids)
                     .times(2)
                     .plus(mask)

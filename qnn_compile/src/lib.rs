@@ -26,6 +26,7 @@ pub mod w8a16;
 
 use emit::Emitter;
 pub use encoding::Fixed;
+use graph_io::LogitRows;
 pub use llama::{KvEncodings, Naming, PartSpec, RopeTable, rope_table};
 use model::{LlamaConfig, WeightSource};
 pub use qnn_ffi::HtpTarget;
@@ -64,8 +65,11 @@ pub enum CompileError {
 pub struct HtpOptions {
     /// Context length S.
     pub context: usize,
-    /// AR variants (tokens per step), one graph each.
+    /// AR variants (tokens per step), one graph each returning every row's logits.
     pub ar: Vec<usize>,
+    /// Whether each AR variant n > 1 also gets a prefill graph returning only the last row's
+    /// logits (the graph set is [`graph_io::graph_set`]'s), where the convention allows it.
+    pub last_row: bool,
     /// SoC model and HTP architecture to prepare for.
     pub target: HtpTarget,
     /// The graphs' IO convention.
@@ -86,6 +90,17 @@ pub fn graph_name(naming: Naming, n: usize, s: usize, part: &PartSpec) -> String
         count: part.count,
     };
     naming.graph_name(n, s, part)
+}
+
+/// The graphs `o` compiles for `part`, in order: AR, logit rows and name (the graph set is
+/// [`graph_io::graph_set`]'s; a last-row graph is named by [`LogitRows::graph_name`]).
+pub fn graphs(o: &HtpOptions, part: &PartSpec) -> Vec<(usize, LogitRows, String)> {
+    let set = graph_io::graph_set(&o.ar, o.last_row).into_iter();
+    set.map(|(n, rows)| {
+        let name = rows.graph_name(graph_name(o.naming, n, o.context, part));
+        (n, rows, name)
+    })
+    .collect()
 }
 
 /// Why `parts` cannot be the parts of a model of `n_layers` layers in `naming` (`None`: they can).
@@ -136,6 +151,9 @@ fn check(c: &LlamaConfig, o: &HtpOptions) -> Result<(), CompileError> {
         ));
     }
     let convention = o.naming.convention();
+    if let Some(why) = o.last_row.then(|| convention.last_row_refusal()).flatten() {
+        return bad(why);
+    }
     if let graph_io::IoRules::ByIndex(_) = convention.io {
         return bad(format!(
             "the {} convention finds its IO by position and is not lowered to QNN operations",
@@ -192,14 +210,14 @@ pub fn compile(
     let log = Log::new(lib, LogLevel::Warn).map_err(qnn_error(lib, ""))?;
     let backend = Backend::new(lib, Some(&log)).map_err(qnn_error(lib, ""))?;
     let device = Device::with_htp_target(&backend, o.target).map_err(qnn_error(lib, ""))?;
-    let total = o.parts.len() * o.ar.len();
+    let per_part = graph_io::graph_set(&o.ar, o.last_row).len();
+    let total = o.parts.len() * per_part;
     let mut binaries = Vec::with_capacity(o.parts.len());
     for part in &o.parts {
         let context = Context::create(&backend, device.as_ref()).map_err(qnn_error(lib, ""))?;
-        for (i, &n) in o.ar.iter().enumerate() {
-            let name = graph_name(o.naming, n, o.context, part);
-            compile_graph(&context, c, w, o, (n, part), &name)?;
-            progress(&name, binaries.len() * o.ar.len() + i + 1, total);
+        for (i, (n, rows, name)) in graphs(o, part).into_iter().enumerate() {
+            compile_graph(&context, c, w, o, (n, rows, part), &name)?;
+            progress(&name, binaries.len() * per_part + i + 1, total);
         }
         binaries.push(context.binary().map_err(qnn_error(lib, ""))?);
     }
@@ -212,7 +230,7 @@ fn compile_graph(
     c: &LlamaConfig,
     w: &dyn WeightSource,
     o: &HtpOptions,
-    (n, part): (usize, &PartSpec),
+    (n, rows, part): (usize, LogitRows, &PartSpec),
     name: &str,
 ) -> Result<(), CompileError> {
     let lib = context.backend().library();
@@ -223,6 +241,7 @@ fn compile_graph(
     let g = GraphBuilder::new(context, name, options).map_err(qnn_error(lib, name))?;
     let step = llama::Step {
         n,
+        rows,
         context: o.context,
         naming: o.naming,
         part,

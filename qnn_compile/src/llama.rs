@@ -3,7 +3,8 @@
 //!
 //! inputs `input_ids [1, n]` i32, `positions [1, n]` i32, `attention_mask [1, 1, n, S]` (additive,
 //! column `j < S-n` = past row `j`, `S-n+i` = new token `i`), per layer `l` and KV head `h`
-//! `past_key_{l}_{h}` and `past_value_{l}_{h}` `[1, 1, S-n, D]`; outputs `logits [1, n, V]` and
+//! `past_key_{l}_{h}` and `past_value_{l}_{h}` `[1, 1, S-n, D]`; outputs `logits [1, n, V]` (`[1, 1, V]`
+//! for a last-row prefill graph, `LogitRows::Last`) and
 //! `new_key_{l}_{h}`, `new_value_{l}_{h}` `[1, 1, n, D]` (keys after RoPE).
 //!
 //! The block structure is the one forward's (`model::forward`), read from the model's description
@@ -19,7 +20,7 @@
 use crate::emit::{Emitter, Val};
 use crate::encoding::Fixed;
 use crate::w8a16::W8A16;
-use graph_io::{Granularity, GraphLayout, KvIo, KvTensor, PositionInput, TensorKind};
+use graph_io::{Granularity, GraphLayout, KvIo, KvTensor, LogitRows, PositionInput, TensorKind};
 use model::ops::Rope;
 use model::{LayerTensor as L, LlamaConfig, RopePairing, Tensor, WeightSource};
 use qnn_ffi::QnnError;
@@ -86,6 +87,8 @@ impl PartSpec {
 pub struct Step<'a> {
     /// Tokens per step.
     pub n: usize,
+    /// The rows of the logits output: every row, or the last only (a prefill graph).
+    pub rows: LogitRows,
     /// Context length (columns of the mask).
     pub context: usize,
     /// The IO convention.
@@ -239,6 +242,8 @@ struct Lowering<'a> {
     w: &'a dyn WeightSource,
     e: Emitter,
     n: u32,
+    /// The rows of the logits output.
+    rows: LogitRows,
     /// Context length S.
     context: usize,
     naming: Naming,
@@ -817,10 +822,16 @@ impl<'a> Lowering<'a> {
         }
     }
 
-    /// The final RMSNorm and the classifier (the embedding when tied): output `logits`.
+    /// The final RMSNorm and the classifier (the embedding when tied) of the step's rows, or of
+    /// its last row only ([`LogitRows::Last`]): output `logits [1, rows, vocab]`.
     fn logits(&mut self, x: &Val) -> Result<Val, QnnError> {
         let c = self.c;
-        let xn = self.rmsnorm(x, Tensor::OutputNorm)?;
+        let rows = u(self.rows.count(self.n as usize));
+        let x = match self.rows {
+            LogitRows::All => x.clone(),
+            LogitRows::Last => self.e.slice(x, 0, self.n - 1, self.n)?,
+        };
+        let xn = self.rmsnorm(&x, Tensor::OutputNorm)?;
         let cls = Tensor::classifier(c);
         let logits = self.linear(&xn, cls, None)?;
         let logits = match c.final_softcap {
@@ -828,7 +839,7 @@ impl<'a> Lowering<'a> {
             None => logits,
         };
         self.e
-            .reshape(&logits, &[1, self.n, u(c.vocab_size)], Some("logits"))
+            .reshape(&logits, &[1, rows, u(c.vocab_size)], Some("logits"))
     }
 
     /// `cap * tanh(x / cap)`, written as `cap * (2 sigmoid(2x / cap) - 1)`.
@@ -858,6 +869,7 @@ pub fn emit_step(
         w,
         e,
         n: u(step.n),
+        rows: step.rows,
         context: step.context,
         naming: step.naming,
         layout: step.naming.convention().layout,

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use graph_io::Preset;
+use graph_io::{LogitRows, Preset};
 use model::{LlamaConfig, Tensor};
 use quant::{DataType, Encoding, QuantSpec, ScaleOffset, Symmetry};
 
@@ -50,20 +50,17 @@ impl CompiledModel {
         CompiledModel::with_part(Arc::new(data), part)
     }
 
-    /// The graphs of `part` of `data` (a part that fits the model), one per AR variant.
+    /// The graphs of `part` of `data` (a part that fits the model): its options' graph set
+    /// ([`CompileOptions::graph_set`]), a last-row graph named by [`LogitRows::graph_name`].
     pub(crate) fn with_part(data: Arc<ModelData>, part: Part) -> CompiledModel {
         let context = data.options.context;
         let graphs = data
             .options
-            .ar
-            .iter()
-            .map(|&n| {
-                Graph::new(
-                    part.graph_name(n, context),
-                    n,
-                    Arc::clone(&data),
-                    part.clone(),
-                )
+            .graph_set()
+            .into_iter()
+            .map(|(n, rows)| {
+                let name = rows.graph_name(part.graph_name(n, context));
+                Graph::new(name, (n, rows), Arc::clone(&data), part.clone())
             })
             .collect();
         CompiledModel { data, part, graphs }
@@ -110,7 +107,8 @@ impl CompiledModel {
         self.data.options.fingerprint()
     }
 
-    /// All graphs, in the order of `options().ar`.
+    /// All graphs, in the order of [`CompileOptions::graph_set`]: the all-row ones in the order
+    /// of `options().ar`, then the last-row ones.
     pub fn graphs(&self) -> &[Graph] {
         &self.graphs
     }
@@ -120,9 +118,16 @@ impl CompiledModel {
         self.graphs.iter().find(|g| g.name() == name)
     }
 
-    /// The graph that processes `n` tokens per step.
+    /// The graph that processes `n` tokens per step and returns every row's logits.
     pub fn graph_for_ar(&self, n: usize) -> Option<&Graph> {
-        self.graphs.iter().find(|g| g.ar() == n)
+        self.graph_for(n, LogitRows::All)
+    }
+
+    /// The graph that processes `n` tokens per step and returns the logits of `rows`.
+    pub fn graph_for(&self, n: usize, rows: LogitRows) -> Option<&Graph> {
+        self.graphs
+            .iter()
+            .find(|g| g.ar() == n && g.logit_rows() == rows)
     }
 
     /// The KV encoding of (layer, KV head), keys (`value = false`) or values; shared by the
@@ -240,9 +245,15 @@ impl CompiledModel {
         let parts = parts_naming(self.part.naming)
             .and_then(|naming| Part::split_as(n, count, rope_tables, naming, split))
             .map_err(|reason| CompileError::InvalidOptions { reason })?;
+        // Parts are named by a convention that declares its graphs (AI Hub's): all-row ones.
+        let part_data = |p: &Part| {
+            let mut d = self.data.for_part(p);
+            d.options.last_row = false;
+            Arc::new(d)
+        };
         Ok(parts
             .into_iter()
-            .map(|p| CompiledModel::with_part(Arc::new(self.data.for_part(&p)), p))
+            .map(|p| CompiledModel::with_part(part_data(&p), p))
             .collect())
     }
 

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use graph_io::{IoTensor, KvIo, KvTensor, TensorKind};
+use graph_io::{IoTensor, KvIo, KvTensor, LogitRows, TensorKind};
 use model::forward::{self, Activations, Input, Kernels, Output, Pass, Positions};
 use model::ops::Rope;
 use model::{NoTap, Tensor};
@@ -175,6 +175,8 @@ struct Scratch {
 pub struct Graph {
     name: String,
     ar: usize,
+    /// The rows its logits output holds (on the last part).
+    rows: LogitRows,
     context: usize,
     inputs: Vec<IoTensor>,
     outputs: Vec<IoTensor>,
@@ -252,8 +254,13 @@ impl Io for RawIo<'_> {
 }
 
 impl Graph {
-    pub(crate) fn new(name: String, ar: usize, model: Arc<ModelData>, part: Part) -> Graph {
-        let (inputs, outputs) = model.describe(ar, &part);
+    pub(crate) fn new(
+        name: String,
+        (ar, rows): (usize, LogitRows),
+        model: Arc<ModelData>,
+        part: Part,
+    ) -> Graph {
+        let (inputs, outputs) = model.describe(ar, rows, &part);
         let windows = model.part_windows(&part);
         let leading = leading_inputs(&part) + windows.len();
         let c = &model.config;
@@ -306,7 +313,7 @@ impl Graph {
         // part, or Q/K/V's or gate/up's together (one fused job, `linear_many`).
         let widest = c.dim.max(c.hidden_dim).max(c.q_dim());
         let fused = (c.q_dim() + 2 * c.kv_dim()).max(2 * c.hidden_dim);
-        let widest_out = if part.is_last() {
+        let widest_out = if part.is_last() && rows.count(n) > 1 {
             widest.max(fused).max(c.vocab_size)
         } else {
             widest.max(fused)
@@ -323,7 +330,10 @@ impl Graph {
             hidden: vec![0.0; if part.is_first() { 0 } else { n * c.dim }],
             cos: vec![0.0; table],
             sin: vec![0.0; table],
-            acts: Activations::new(c, n),
+            acts: match rows {
+                LogitRows::All => Activations::new(c, n),
+                LogitRows::Last => Activations::last_row(c, n),
+            },
             attn: AttnScratch::new(c, n, w, masks),
             qbuf: vec![0; n * widest],
             tbuf: vec![0.0; if n > 1 { n * widest_out } else { 0 }],
@@ -331,6 +341,7 @@ impl Graph {
         Graph {
             name,
             ar,
+            rows,
             context: s,
             inputs,
             outputs,
@@ -370,6 +381,11 @@ impl Graph {
     /// Tokens per step (n).
     pub fn ar(&self) -> usize {
         self.ar
+    }
+
+    /// The rows its logits output holds: every row, or only the last (a prefill graph).
+    pub fn logit_rows(&self) -> LogitRows {
+        self.rows
     }
 
     /// Context length S.
@@ -558,7 +574,11 @@ impl Graph {
             layers: self.part.layers.clone(),
             input,
             positions,
-            output: if last { Output::Logits } else { Output::Hidden },
+            output: match (last, self.rows) {
+                (false, _) => Output::Hidden,
+                (true, LogitRows::All) => Output::Logits,
+                (true, LogitRows::Last) => Output::LastLogits,
+            },
         };
         let c = &self.model.config;
         let mut k = ExecKernels {

@@ -41,7 +41,11 @@
 //! `CONF` for a model with per-layer attention windows (window count u64, which must equal the
 //! layer count, then one u64 per layer: 0 for a global layer, else its window W; at least one
 //! non-zero, each within the description's limits and the options' window rule). A model
-//! without windows is still written as version 4, so builds without windows read it. Version 3
+//! without windows is still written as version 4, so builds without windows read it; 6
+//! ([`DESC_FORMAT_VERSION`]) holds the description as key–value metadata in a `DESC` section in
+//! place of `CONF` and `WNDS`; 7 ([`LAST_ROW_FORMAT_VERSION`]) is 6 whose `OPTS` ends with a
+//! flag byte 1: its graph set has a last-row prefill graph per AR variant above 1, after the
+//! all-row graphs in `GRPH`. A file is written with the lowest version that holds it. Version 3
 //! (whole-model weights in every file; `PART`, without the naming byte and meaning AI Hub's
 //! names, after `WGTS` in part files only) is still read; older files are refused with
 //! [`FormatError::UnsupportedVersion`], which says to recompile.
@@ -70,7 +74,8 @@ use std::sync::Arc;
 /// Magic bytes at the start of every file.
 pub const MAGIC: [u8; 8] = *b"HTPKVREF";
 pub use crate::types::{
-    DESC_FORMAT_VERSION, FORMAT_VERSION, OLDEST_FORMAT_VERSION, WINDOWS_FORMAT_VERSION,
+    DESC_FORMAT_VERSION, FORMAT_VERSION, LAST_ROW_FORMAT_VERSION, OLDEST_FORMAT_VERSION,
+    WINDOWS_FORMAT_VERSION,
 };
 /// Size of the fixed header before the payload.
 pub const HEADER_LEN: usize = 28;
@@ -84,8 +89,10 @@ impl CompiledModel {
         let mut payload = Writer::default();
         section(&mut payload, b"OPTS", |w| d.options.encode(w));
         section(&mut payload, b"MSHA", |w| w.bytes(&d.model_sha256));
-        match file_version(&d.config) {
-            DESC_FORMAT_VERSION => section(&mut payload, b"DESC", |w| desc::write(w, &d.config)),
+        match file_version(d) {
+            DESC_FORMAT_VERSION | LAST_ROW_FORMAT_VERSION => {
+                section(&mut payload, b"DESC", |w| desc::write(w, &d.config));
+            }
             version => {
                 section(&mut payload, b"CONF", |w| write_config(w, &d.config));
                 if version == WINDOWS_FORMAT_VERSION {
@@ -156,7 +163,7 @@ impl CompiledModel {
         let payload = payload.buf;
         let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
         out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&file_version(&d.config).to_le_bytes());
+        out.extend_from_slice(&file_version(d).to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
         out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
         out.extend_from_slice(&crc32(&payload).to_le_bytes());
@@ -227,11 +234,11 @@ impl CompiledModel {
             });
         }
         let version = r.u32("format version")?;
-        if !(OLDEST_FORMAT_VERSION..=DESC_FORMAT_VERSION).contains(&version) {
+        if !(OLDEST_FORMAT_VERSION..=LAST_ROW_FORMAT_VERSION).contains(&version) {
             return Err(FormatError::UnsupportedVersion {
                 origin: origin.into(),
                 found: version,
-                supported: DESC_FORMAT_VERSION,
+                supported: LAST_ROW_FORMAT_VERSION,
             });
         }
         let flags_at = r.offset();
@@ -273,7 +280,7 @@ impl CompiledModel {
         let mut p = Reader::new(payload, HEADER_LEN as u64, origin);
 
         let mut s = open_section(&mut p, b"OPTS")?;
-        let options = read_options(&mut s)?;
+        let options = read_options(&mut s, version)?;
         close_section(&s)?;
 
         let mut s = open_section(&mut p, b"MSHA")?;
@@ -332,12 +339,18 @@ impl CompiledModel {
         let mut s = open_section(&mut p, b"GRPH")?;
         let at = s.offset();
         let count = s.len("graph count", MAX_COUNT)?;
-        if count != data.options.ar.len() {
+        let declared = data.options.graph_set().len();
+        if count != declared {
             return Err(s.corrupt_at(
                 at,
                 format!(
-                    "{count} graph(s), but the options list {} AR variant(s)",
-                    data.options.ar.len()
+                    "{count} graph(s), but the options declare {declared} ({} AR variant(s){})",
+                    data.options.ar.len(),
+                    if data.options.last_row {
+                        " and their last-row prefill graphs"
+                    } else {
+                        ""
+                    }
                 ),
             ));
         }
@@ -396,13 +409,13 @@ impl CompiledModel {
     }
 }
 
-/// The description of a file of `version`: its `DESC` section (version 6), or its `CONF` section
-/// and, in version 5, its `WNDS` section. Returns the last section read, for later errors.
+/// The description of a file of `version`: its `DESC` section (versions 6 and 7), or its `CONF`
+/// section and, in version 5, its `WNDS` section. Returns the last section read, for later errors.
 fn read_description<'a>(
     p: &mut Reader<'a>,
     version: u32,
 ) -> Result<(LlamaConfig, Reader<'a>), FormatError> {
-    if version == DESC_FORMAT_VERSION {
+    if version >= DESC_FORMAT_VERSION {
         let mut s = open_section(p, b"DESC")?;
         let config = desc::read(&mut s)?;
         close_section(&s)?;
@@ -420,11 +433,15 @@ fn read_description<'a>(
     Ok((config, s))
 }
 
-/// The version a model's file carries: [`DESC_FORMAT_VERSION`] when its description holds more
-/// than versions 4 and 5 can ([`desc::needs_desc`]), [`WINDOWS_FORMAT_VERSION`] when a layer
-/// has a window, else [`FORMAT_VERSION`].
-fn file_version(c: &LlamaConfig) -> u32 {
-    if desc::needs_desc(c) {
+/// The version a model's file carries: [`LAST_ROW_FORMAT_VERSION`] when its graph set holds
+/// last-row prefill graphs, [`DESC_FORMAT_VERSION`] when its description holds more than
+/// versions 4 and 5 can ([`desc::needs_desc`]), [`WINDOWS_FORMAT_VERSION`] when a layer has a
+/// window, else [`FORMAT_VERSION`].
+fn file_version(d: &ModelData) -> u32 {
+    let c = &d.config;
+    if d.options.last_row {
+        LAST_ROW_FORMAT_VERSION
+    } else if desc::needs_desc(c) {
         DESC_FORMAT_VERSION
     } else if c.layer_windows.iter().any(Option::is_some) {
         WINDOWS_FORMAT_VERSION
@@ -638,7 +655,9 @@ fn close_section(s: &Reader<'_>) -> Result<(), FormatError> {
     Ok(())
 }
 
-fn read_options(s: &mut Reader<'_>) -> Result<CompileOptions, FormatError> {
+/// The `OPTS` section of a file of `version` (the last-row flag only in version 7, where it
+/// must be 1: the version says the graph set has last-row graphs).
+fn read_options(s: &mut Reader<'_>, version: u32) -> Result<CompileOptions, FormatError> {
     let context = s.len("context", limits::MAX_CONTEXT)?;
     let n = s.count("AR variant count", 8)?;
     let mut ar = Vec::with_capacity(n);
@@ -670,9 +689,21 @@ fn read_options(s: &mut Reader<'_>) -> Result<CompileOptions, FormatError> {
         c => return Err(s.corrupt_at(at, format!("unknown granularity code {c}"))),
     };
     let calibration_tokens = s.len("calibration tokens", MAX_CALIBRATION_TOKENS)?;
+    let last_row = version == LAST_ROW_FORMAT_VERSION;
+    if last_row {
+        let at = s.offset();
+        let flag = s.u8("last-row graphs flag")?;
+        if flag != 1 {
+            return Err(s.corrupt_at(
+                at,
+                format!("last-row graphs flag is {flag}, expected 1 in a version-7 file"),
+            ));
+        }
+    }
     Ok(CompileOptions {
         context,
         ar,
+        last_row,
         kv_dtype,
         weights,
         k_layout,

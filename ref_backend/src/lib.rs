@@ -107,7 +107,9 @@ pub use compile::{compile, compile_with};
 pub use compiled::CompiledModel;
 pub use error::{CompileError, ExecError, FormatError};
 pub use exec::{Graph, mask_value_bytes};
-pub use format::{DESC_FORMAT_VERSION, FORMAT_VERSION, WINDOWS_FORMAT_VERSION};
+pub use format::{
+    DESC_FORMAT_VERSION, FORMAT_VERSION, LAST_ROW_FORMAT_VERSION, WINDOWS_FORMAT_VERSION,
+};
 pub use gptq::{GPTQ_DAMPING, Rounding};
 /// Graph tensors are described in the IO vocabulary's terms, and a compiled file names its graphs
 /// and tensors after one of its conventions.

@@ -1,6 +1,6 @@
 //! The compiled model's data: weights (quantized or float), encodings, graph descriptions.
 
-use graph_io::{IoRole, IoTensor, KvIo, KvTensor, TensorKind};
+use graph_io::{IoRole, IoTensor, KvIo, KvTensor, LogitRows, TensorKind};
 use model::{LayerTensor, LlamaConfig, Tensor};
 use quant::{DataType, Encoding, QuantError, QuantSpec, ScaleOffset, Symmetry};
 
@@ -795,13 +795,18 @@ impl ModelData {
         w
     }
 
-    /// The input and output descriptions of the AR-`n` graph of `part`.
-    pub(crate) fn describe(&self, n: usize, part: &Part) -> (Vec<IoTensor>, Vec<IoTensor>) {
+    /// The input and output descriptions of the AR-`n` graph of `part` whose logits hold `rows`.
+    pub(crate) fn describe(
+        &self,
+        n: usize,
+        rows: LogitRows,
+        part: &Part,
+    ) -> (Vec<IoTensor>, Vec<IoTensor>) {
         let c = &self.config;
         let o = &self.options;
         let d = c.head_dim;
         let hk = c.n_kv_heads;
-        let (mut inputs, mut outputs) = self.describe_leading(n, part);
+        let (mut inputs, mut outputs) = self.describe_leading(n, rows, part);
         let dtype = o.kv_dtype;
         let kshape = |rows: usize, lead: usize| match o.k_layout {
             KLayout::Rows => vec![lead, 1, rows, d],
@@ -848,7 +853,12 @@ impl ModelData {
     }
     /// The tensors before the K/V ones: token ids or the hidden state, positions or RoPE
     /// tables, the mask; logits or the hidden state.
-    fn describe_leading(&self, n: usize, part: &Part) -> (Vec<IoTensor>, Vec<IoTensor>) {
+    fn describe_leading(
+        &self,
+        n: usize,
+        rows: LogitRows,
+        part: &Part,
+    ) -> (Vec<IoTensor>, Vec<IoTensor>) {
         let c = &self.config;
         let s = self.options.context;
         let hidden = |name: &str, role| plain(name, vec![1, n, c.dim], DataType::F32, role);
@@ -908,7 +918,7 @@ impl ModelData {
         let output = if part.is_last() {
             plain(
                 "logits",
-                vec![1, n, c.vocab_size],
+                vec![1, rows.count(n), c.vocab_size],
                 DataType::F32,
                 IoRole::Logits,
             )

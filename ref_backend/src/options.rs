@@ -1,5 +1,6 @@
 //! Compile options and their stable fingerprint.
 
+use graph_io::LogitRows;
 use quant::DataType;
 
 use crate::bytes::{Fnv64, Writer};
@@ -84,8 +85,12 @@ pub const CALIBRATION_VERSION: u32 = 5;
 pub struct CompileOptions {
     /// Context length S (past window S-n plus n new tokens).
     pub context: usize,
-    /// The AR variants (tokens per step), one graph each.
+    /// The AR variants (tokens per step), one graph each returning every row's logits.
     pub ar: Vec<usize>,
+    /// Whether each AR variant n > 1 also gets a prefill graph returning only the last row's
+    /// logits ([`graph_io::LogitRows::Last`]; [`CompileOptions::graph_set`]). Only under a
+    /// naming whose convention allows it ([`graph_io::Convention::last_row_graphs`]).
+    pub last_row: bool,
     /// KV cache element type: `u8`/`u16` (asymmetric fixed point, one encoding per
     /// (layer, KV head, K|V)), `f16` or `f32`.
     pub kv_dtype: DataType,
@@ -107,12 +112,19 @@ impl CompileOptions {
         CompileOptions {
             context,
             ar,
+            last_row: false,
             kv_dtype: DataType::U8,
             weights: WeightType::I8,
             k_layout: KLayout::Rows,
             granularity: Granularity::PerHead,
             calibration_tokens: DEFAULT_CALIBRATION_TOKENS,
         }
+    }
+
+    /// The graphs compiled, in file order: the one declaration of the graph set, which the
+    /// executor, the file and the HTP lowering read ([`graph_io::graph_set`]).
+    pub fn graph_set(&self) -> Vec<(usize, LogitRows)> {
+        graph_io::graph_set(&self.ar, self.last_row)
     }
 
     /// True when compiling needs calibration (fixed-point KV or i8 weights).
@@ -144,6 +156,11 @@ impl CompileOptions {
             Granularity::PerLayer => 1,
         });
         w.len(self.calibration_tokens);
+        // Only files with last-row graphs ([`crate::LAST_ROW_FORMAT_VERSION`]) carry the flag,
+        // so the options of every other file encode (and fingerprint) as before.
+        if self.last_row {
+            w.u8(1);
+        }
     }
 
     /// A stable 64-bit fingerprint of these options together with the file-format and
@@ -210,6 +227,9 @@ mod tests {
         let mut d = a.clone();
         d.ar = vec![32, 1];
         assert_ne!(a.fingerprint(), d.fingerprint());
+        let mut e = a.clone();
+        e.last_row = true;
+        assert_ne!(a.fingerprint(), e.fingerprint());
         assert_eq!(a.fingerprint_hex().len(), 16);
     }
 

@@ -248,6 +248,9 @@ pub(crate) fn check_naming(part: &Part, o: &CompileOptions) -> Result<(), String
     if let Some(reason) = convention.refusal(part.count, part.rope_tables, &o.ar) {
         return Err(reason);
     }
+    if let Some(reason) = o.last_row.then(|| convention.last_row_refusal()).flatten() {
+        return Err(reason);
+    }
     match convention.layout_refusal(o.granularity, o.k_layout) {
         Some(reason) => Err(reason),
         None => Ok(()),

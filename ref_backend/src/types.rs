@@ -167,6 +167,12 @@ pub const WINDOWS_FORMAT_VERSION: u32 = 5;
 /// norms, activation, RoPE bases or factors, scales): the whole description as key–value
 /// metadata in a `DESC` section in place of `CONF` and `WNDS` ([`crate::desc`]).
 pub const DESC_FORMAT_VERSION: u32 = 6;
+/// The format version of a model whose graph set holds last-row prefill graphs
+/// ([`crate::CompileOptions::last_row`]): version 6 whose `OPTS` section ends with the flag
+/// byte 1 (its `GRPH` section then lists those graphs, `logits [1, 1, vocab]`). Only such files
+/// carry it, so every other file keeps versions 4 to 6; a build that does not know last-row
+/// graphs refuses it by its version rather than mis-reading it.
+pub const LAST_ROW_FORMAT_VERSION: u32 = 7;
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,7 @@
 
 /// The graph and tensor descriptions are the IO vocabulary's ([`graph_io`]): one role enum and one
 /// tensor description for the backends, the compiler and the runtime.
-pub use graph_io::{GraphDesc, IoRole, IoTensor, PartOf};
+pub use graph_io::{GraphDesc, IoRole, IoTensor, LogitRows, PartOf};
 
 /// A raw input buffer of one execution.
 #[derive(Debug, Clone, Copy)]

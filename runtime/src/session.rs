@@ -2,7 +2,7 @@
 //! descriptions, a tokenizer and a sampler.
 
 use crate::backend::{
-    Backend, BackendError, GraphDesc, InputBuffer, IoRole, IoTensor, OutputBuffer,
+    Backend, BackendError, GraphDesc, InputBuffer, IoRole, IoTensor, LogitRows, OutputBuffer,
 };
 use crate::convention::{self, MaskEncoding};
 use crate::sampler::{Sampler, SamplerError};
@@ -129,6 +129,91 @@ struct PartSlot {
 struct GraphSlot {
     ar: usize,
     parts: Vec<PartSlot>,
+    /// The variant's graph returning only the last row's logits, when the model has one (a
+    /// whole model's prefill graph, [`LogitRows::Last`]): run where no other row is consumed.
+    last: Option<PartSlot>,
+}
+
+impl GraphSlot {
+    /// The graphs a step returning the logits of `rows` runs, and how many rows they return.
+    fn graphs(&self, rows: LogitRows) -> (&[PartSlot], usize) {
+        match (rows, &self.last) {
+            (LogitRows::Last, Some(last)) => (std::slice::from_ref(last), 1),
+            _ => (&self.parts, self.ar),
+        }
+    }
+}
+
+/// What binding one graph of a step needs besides the graph: the cache geometry, the RoPE
+/// configuration of table inputs, the boundary (index, bytes) of the hidden state the part
+/// before it wrote, and the boundary it writes (when a part follows).
+struct Binding<'a> {
+    geometry: &'a Geometry,
+    rope: Option<&'a RopeConfig>,
+    into: Option<(usize, usize)>,
+    out_of: Option<usize>,
+}
+
+/// What the graphs bound so far need: the vocabulary (the logits' last dimension) and the byte
+/// size of each hidden-state boundary.
+#[derive(Default)]
+struct SlotSizes {
+    vocab: usize,
+    hidden: Vec<usize>,
+}
+
+/// How the session binds graph `index`; also returns the boundary it writes (index, bytes).
+fn part_slot(
+    graphs: &[GraphDesc],
+    index: usize,
+    bind: &Binding<'_>,
+    sizes: &mut SlotSizes,
+) -> Result<(PartSlot, Option<(usize, usize)>), SessionError> {
+    let g = &graphs[index];
+    let geometry = bind.geometry;
+    let feeds = (g.inputs.iter())
+        .map(|t| feed_of(g, t, geometry, bind.rope, bind.into))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut wrote = None;
+    let mut sinks = Vec::new();
+    for t in &g.outputs {
+        sinks.push(match t.role {
+            IoRole::Logits => {
+                sizes.vocab = *t.shape.last().unwrap_or(&0);
+                let raw = t.quant.clone().filter(|q| q.dtype != quant::DataType::F32);
+                Sink::Logits(raw)
+            }
+            IoRole::HiddenOut => {
+                let b = bind.out_of.ok_or_else(|| {
+                    SessionError::Graphs(format!(
+                        "`{}` of graph `{}` names no role, and the last part has no next part to \
+                         pass it to",
+                        t.name, g.name
+                    ))
+                })?;
+                if sizes.hidden.len() <= b {
+                    sizes.hidden.resize(b + 1, 0);
+                }
+                sizes.hidden[b] = sizes.hidden[b].max(t.byte_size());
+                wrote = Some((b, t.byte_size()));
+                Sink::Hidden(b, t.byte_size())
+            }
+            IoRole::NewKey => Sink::New(kv_index(geometry, t, TensorKind::Key)?),
+            IoRole::NewValue => Sink::New(kv_index(geometry, t, TensorKind::Value)?),
+            other => {
+                return Err(SessionError::Graphs(format!(
+                    "output `{}` has input role {other:?}",
+                    t.name
+                )));
+            }
+        });
+    }
+    let part = PartSlot {
+        index,
+        feeds,
+        sinks,
+    };
+    Ok((part, wrote))
 }
 
 /// The bindings of every graph of one context length.
@@ -139,14 +224,43 @@ struct Slots {
     hidden: Vec<usize>,
 }
 
-/// The graphs of each AR variant of context length `context`, parts in order.
+/// Whether graph `g` runs the steps of context length `context`: a part without a mask (one that
+/// only embeds, say) goes with every context length; an encoder graph is run once per request,
+/// not per step.
+fn steps_in(g: &GraphDesc, context: usize) -> bool {
+    !g.is_encoder() && g.context().is_none_or(|c| c == context)
+}
+
+/// The graphs returning only the last row's logits ([`GraphDesc::logit_rows`]) of context length
+/// `context`, with their AR: each a whole model's (one part).
+fn last_row_graphs(
+    graphs: &[GraphDesc],
+    context: usize,
+) -> Result<Vec<(usize, usize)>, SessionError> {
+    let last = graphs
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| steps_in(g, context) && g.logit_rows() == Some(LogitRows::Last));
+    last.map(|(i, g)| match (g.ar(), g.part.count) {
+        (Some(ar), 1) => Ok((ar, i)),
+        _ => Err(SessionError::Graphs(format!(
+            "graph `{}` returns the last row's logits and is part {} of {}: only a whole \
+             model's graph can",
+            g.name,
+            g.part.index + 1,
+            g.part.count
+        ))),
+    })
+    .collect()
+}
+
+/// The graphs of each AR variant of context length `context`, parts in order (those returning
+/// every row's logits: a last-row graph goes with its variant, [`last_row_graphs`]).
 fn variant_groups(graphs: &[GraphDesc], context: usize) -> Result<Vec<Vec<usize>>, SessionError> {
     let bad = |m: String| SessionError::Graphs(m);
     let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
     for (i, g) in graphs.iter().enumerate() {
-        // A part without a mask (one that only embeds, say) goes with every context length; an
-        // encoder graph is run once per request, not per step.
-        if g.is_encoder() || g.context().is_some_and(|c| c != context) {
+        if !steps_in(g, context) || g.logit_rows() == Some(LogitRows::Last) {
             continue;
         }
         let ar = g
@@ -659,71 +773,56 @@ impl<B: Backend> Session<B> {
         rope: Option<&RopeConfig>,
     ) -> Result<Slots, SessionError> {
         let geometry = &cache.spec().geometry;
+        let mut sizes = SlotSizes::default();
         let mut slots = Vec::new();
-        let mut vocab = 0;
-        let mut hidden_sizes: Vec<usize> = Vec::new();
         let groups = variant_groups(graphs, geometry.context)?;
         for (group, &ar) in groups.iter().zip(&geometry.ar_variants) {
             let mut parts = Vec::new();
             // The boundary the previous part wrote, with its byte size.
             let mut into: Option<(usize, usize)> = None;
             for (p, &index) in group.iter().enumerate() {
-                let g = &graphs[index];
                 // Part p writes boundary p (when a part follows).
                 let out_of = (p + 1 < group.len()).then_some(p);
-                let mut feeds = Vec::new();
-                for t in &g.inputs {
-                    feeds.push(feed_of(g, t, geometry, rope, into)?);
-                }
-                into = None;
-                let mut sinks = Vec::new();
-                for t in &g.outputs {
-                    sinks.push(match t.role {
-                        IoRole::Logits => {
-                            vocab = *t.shape.last().unwrap_or(&0);
-                            let raw = t.quant.clone().filter(|q| q.dtype != quant::DataType::F32);
-                            Sink::Logits(raw)
-                        }
-                        IoRole::HiddenOut => {
-                            let b = out_of.ok_or_else(|| {
-                                SessionError::Graphs(format!(
-                                    "`{}` of graph `{}` names no role, and the last part has no \
-                                     next part to pass it to",
-                                    t.name, g.name
-                                ))
-                            })?;
-                            if hidden_sizes.len() <= b {
-                                hidden_sizes.resize(b + 1, 0);
-                            }
-                            hidden_sizes[b] = hidden_sizes[b].max(t.byte_size());
-                            into = Some((b, t.byte_size()));
-                            Sink::Hidden(b, t.byte_size())
-                        }
-                        IoRole::NewKey => Sink::New(kv_index(geometry, t, TensorKind::Key)?),
-                        IoRole::NewValue => Sink::New(kv_index(geometry, t, TensorKind::Value)?),
-                        other => {
-                            return Err(SessionError::Graphs(format!(
-                                "output `{}` has input role {other:?}",
-                                t.name
-                            )));
-                        }
-                    });
-                }
-                parts.push(PartSlot {
-                    index,
-                    feeds,
-                    sinks,
-                });
+                let bind = Binding {
+                    geometry,
+                    rope,
+                    into,
+                    out_of,
+                };
+                let (part, wrote) = part_slot(graphs, index, &bind, &mut sizes)?;
+                parts.push(part);
+                into = wrote;
             }
-            slots.push(GraphSlot { ar, parts });
+            slots.push(GraphSlot {
+                ar,
+                parts,
+                last: None,
+            });
         }
-        if vocab == 0 {
+        for (ar, index) in last_row_graphs(graphs, geometry.context)? {
+            let bind = Binding {
+                geometry,
+                rope,
+                into: None,
+                out_of: None,
+            };
+            let (part, _) = part_slot(graphs, index, &bind, &mut sizes)?;
+            let slot = slots.iter_mut().find(|s| s.ar == ar).ok_or_else(|| {
+                SessionError::Graphs(format!(
+                    "graph `{}` returns the last row of AR-{ar} steps, and no graph returns \
+                     every row of them",
+                    graphs[index].name
+                ))
+            })?;
+            slot.last = Some(part);
+        }
+        if sizes.vocab == 0 {
             return Err(SessionError::Graphs("no graph has a logits output".into()));
         }
         Ok(Slots {
             slots,
-            vocab,
-            hidden: hidden_sizes,
+            vocab: sizes.vocab,
+            hidden: sizes.hidden,
         })
     }
 
@@ -812,14 +911,27 @@ impl<B: Backend> Session<B> {
 
     /// Runs `tokens` (1..=n) through the AR-n graphs of `slot` (every part in order, the hidden
     /// state passed between them) and commits them; keeps the logits of every token in
-    /// `self.logits` (`[n, vocab]`).
-    fn run_step(&mut self, slot: usize, tokens: &[u32]) -> Result<(), SessionError> {
+    /// `self.logits` (`[n, vocab]`), or with `rows` [`LogitRows::Last`] (and `n` tokens) those of
+    /// the last one (`[1, vocab]`) when the variant has a last-row graph.
+    fn run_step(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        rows: LogitRows,
+    ) -> Result<(), SessionError> {
         self.check_step(slot, tokens)?;
-        self.cache.plan(self.slots[slot].ar)?;
-        self.execute(slot, tokens, None)?;
+        let ar = self.slots[slot].ar;
+        let rows = if tokens.len() == ar {
+            rows
+        } else {
+            LogitRows::All
+        };
+        self.cache.plan(ar)?;
+        let written = self.execute_rows(slot, rows, tokens, None)?;
         self.cache.commit(tokens.len())?;
         self.tokens.extend_from_slice(tokens);
-        let last = tokens.len() - 1;
+        // The last token's row: the last row written, less the padding after the tokens.
+        let last = written - 1 - (ar - tokens.len());
         self.last_logits.clear();
         self.last_logits
             .extend_from_slice(&self.logits[last * self.vocab..(last + 1) * self.vocab]);
@@ -853,6 +965,20 @@ impl<B: Backend> Session<B> {
         tokens: &[u32],
         plan: Option<&kv_manager::Plan>,
     ) -> Result<(), SessionError> {
+        self.execute_rows(slot, LogitRows::All, tokens, plan)
+            .map(|_| ())
+    }
+
+    /// [`Session::execute`] on the graphs of `slot` returning the logits of `rows` (every row
+    /// when the variant has no last-row graph); returns the rows `self.logits` then holds (the
+    /// step's last ones).
+    fn execute_rows(
+        &mut self,
+        slot: usize,
+        rows: LogitRows,
+        tokens: &[u32],
+        plan: Option<&kv_manager::Plan>,
+    ) -> Result<usize, SessionError> {
         let ar = self.slots[slot].ar;
         let plan = match plan {
             Some(p) => p,
@@ -867,9 +993,10 @@ impl<B: Backend> Session<B> {
         for p in &plan.positions {
             self.positions.extend_from_slice(&p.to_le_bytes());
         }
-        self.logits.resize(ar * self.vocab, 0.0);
+        let (parts, logit_rows) = self.slots[slot].graphs(rows);
+        self.logits.resize(logit_rows * self.vocab, 0.0);
         let base = self.cache.region().as_ptr();
-        for part in &self.slots[slot].parts {
+        for part in parts {
             // Runtime-made inputs first (each feed its own buffer), then the bindings.
             self.made.resize_with(part.feeds.len(), Vec::new);
             for (feed, buf) in part.feeds.iter().zip(&mut self.made) {
@@ -972,7 +1099,7 @@ impl<B: Backend> Session<B> {
                     .map_err(SessionError::Encode)?;
             }
         }
-        Ok(())
+        Ok(logit_rows)
     }
 
     fn slot_for(&self, ar: usize) -> usize {
@@ -984,6 +1111,11 @@ impl<B: Backend> Session<B> {
 
     /// Runs prompt tokens through the cache: chunks of the largest AR variant (the last chunk padded
     /// and masked), then the smallest variant for what no longer fits. Returns the last token's logits.
+    ///
+    /// Only the last token's logits are consumed, so a chunk that fills its step runs the
+    /// variant's last-row graph when the model has one ([`LogitRows::Last`]: no classifier work
+    /// for the other rows); a padded chunk, whose last token is not its last row, returns every
+    /// row.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], SessionError> {
         if tokens.is_empty() {
             return Err(SessionError::Input(
@@ -1001,7 +1133,7 @@ impl<B: Backend> Session<B> {
             let use_big = big > small && rest.len() > small && len + big <= capacity;
             let ar = if use_big { big } else { small };
             let take = rest.len().min(ar);
-            self.run_step(self.slot_for(ar), &rest[..take])?;
+            self.run_step(self.slot_for(ar), &rest[..take], LogitRows::Last)?;
             rest = &rest[take..];
         }
         self.stats.prefill_tokens += tokens.len();
@@ -1015,7 +1147,7 @@ impl<B: Backend> Session<B> {
         let started = Instant::now();
         let small = self.cache.spec().geometry.min_ar();
         self.make_room(small)?;
-        self.run_step(self.slot_for(small), &[token])?;
+        self.run_step(self.slot_for(small), &[token], LogitRows::All)?;
         self.stats.decode_tokens += 1;
         self.stats.decode_seconds += started.elapsed().as_secs_f64();
         Ok(&self.last_logits)

@@ -45,6 +45,8 @@ pub struct EngineSpec {
     pub beams: Option<usize>,
     /// `--layer-window` overrides.
     pub layer_windows: Vec<super::LayerWindows>,
+    /// `--all-row-prefill`: compile no last-row prefill graphs ([`EngineOptions::last_row`]).
+    pub all_row_prefill: bool,
     /// Where compiled models are cached.
     pub cache_dir: Option<PathBuf>,
 }
@@ -74,6 +76,7 @@ impl EngineSpec {
             ar: self.ar()?,
             cache_dir: self.cache_dir.clone(),
             layer_windows: self.layer_windows.clone(),
+            last_row: !self.all_row_prefill,
             chat_template: self.chat_template.clone(),
             tokenizer: self.tokenizer.clone(),
         })

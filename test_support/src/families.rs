@@ -216,6 +216,15 @@ pub fn toy_gguf(family: &str) -> Option<Vec<u8>> {
     toy_spec(family).map(|s| toy_writer(&s).to_bytes())
 }
 
+/// The toy GGUF of `family` ([`toy_gguf`]) loaded: its description and weights, read from a
+/// scratch file that is removed again.
+pub fn toy_model(family: &str) -> Option<model::gguf::GgufModel> {
+    let dir = crate::files::ScratchDir::new(&format!("toy-{family}"));
+    let path = dir.join(format!("{family}.gguf"));
+    std::fs::write(&path, toy_gguf(family)?).expect("a scratch file");
+    Some(model::gguf::GgufModel::load(&path).expect("a toy GGUF loads"))
+}
+
 /// The toy of `spec` as a writer, for tests that add or change entries before writing.
 pub fn toy_writer(spec: &ToySpec) -> GgufWriter {
     let mut w = GgufWriter::new();

@@ -45,7 +45,8 @@ impl Harness {
 
     /// Runs one step of `graph` over `tokens` (at most n; the rest of the step is filled
     /// with copies of the last token and not committed) at positions `len..`, commits the
-    /// real tokens' K/V and returns the logits of the real tokens (`tokens.len() * V`).
+    /// real tokens' K/V and returns the logits of the real tokens (`tokens.len() * V`; a
+    /// last-row graph's one row, `V`).
     ///
     /// Every past tensor holds the last rows of its layer's history, as many as its shape has
     /// (`S - n`, or `W - 1` on a sliding layer), left-padded; a mask named
@@ -137,8 +138,10 @@ impl Harness {
         for (desc, buf) in graph.outputs().iter().zip(&outputs) {
             match desc.role {
                 IoRole::Logits => {
-                    let v = desc.shape[2];
-                    logits = buf[..k * v * 4]
+                    // A last-row graph's one row, else the real tokens' rows.
+                    let (rows, v) = (desc.shape[1], desc.shape[2]);
+                    let keep = if rows == n { k } else { rows };
+                    logits = buf[..keep * v * 4]
                         .chunks_exact(4)
                         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                         .collect();

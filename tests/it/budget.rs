@@ -85,6 +85,10 @@ fn gqa_model_budgets_kv_heads_not_heads() {
     let io128 = r.graph_io.iter().find(|io| io.ar == 128).unwrap();
     assert_eq!(io128.mask_bytes, 128 * 4096 * 2);
     assert_eq!(io128.logits_bytes, 128 * 128_256 * 4);
+    // Its last-row prefill graph writes one row; AR-1 has none (its one row is its last).
+    assert_eq!(io128.last_row_logits_bytes, Some(128_256 * 4));
+    let io1 = r.graph_io.iter().find(|io| io.ar == 1).unwrap();
+    assert_eq!(io1.last_row_logits_bytes, None);
 }
 
 #[test]

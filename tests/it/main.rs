@@ -9,6 +9,7 @@ mod config_fuzz;
 mod conversations;
 mod encdec;
 mod families;
+mod last_row;
 mod parts;
 mod qnn_backend;
 mod runtime;

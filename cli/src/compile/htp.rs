@@ -10,9 +10,7 @@ use model::fsio::AtomicDir;
 use model::fsio::{FileKind, check_output, read_capped, write_atomic_verified};
 use model::{LlamaConfig, Tensor, WeightSource};
 use qnn_compile::w8a16::{BlockMultipliers, output_encoding, u16_from_i16};
-use qnn_compile::{
-    Fixed, HtpOptions, HtpTarget, KvEncodings, Naming, PartSpec, W8A16, W8Matrix, graph_name,
-};
+use qnn_compile::{Fixed, HtpOptions, HtpTarget, KvEncodings, Naming, PartSpec, W8A16, W8Matrix};
 use qnn_ffi::dtype_to_qnn;
 use qnn_ffi::{QnnLibrary, QnnSystemLibrary, SystemContext};
 use quant::DataType;
@@ -118,6 +116,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let opts = HtpOptions {
         context,
         ar: args.ar.clone(),
+        last_row: args.last_row(),
         target: HtpTarget {
             soc_model: args.soc_model,
             arch: args.htp_arch,
@@ -148,8 +147,8 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         Ok(binaries)
     })??;
     let names = |p: &PartSpec| -> Vec<String> {
-        (args.ar.iter())
-            .map(|&n| graph_name(naming, n, context, p))
+        (qnn_compile::graphs(&opts, p).into_iter())
+            .map(|(_, _, name)| name)
             .collect()
     };
     let written = match &tokenizer {

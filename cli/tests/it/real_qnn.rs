@@ -139,11 +139,123 @@ fn the_real_system_library_lists_every_graph_htpkv_compiled() {
     let doc: Value = serde_json::from_str(&ok(out)).unwrap();
     let graphs = doc["graphs"].as_array().unwrap();
     let names: Vec<&str> = graphs.iter().map(|g| g["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["ar1_cl64", "ar8_cl64"]);
+    assert_eq!(names, ["ar1_cl64", "ar8_cl64", "ar8_cl64_last"]);
     let inputs = graphs[0]["inputs"].as_array().unwrap();
     // ids, positions, mask, then K and V for 5 layers x 4 KV heads.
     assert_eq!(inputs.len(), 3 + 5 * 4 * 2, "{doc}");
     assert_eq!(doc["backend_id"], 6, "HTP's backend id: {doc}");
+}
+
+/// A prefix of a story whose stories260K tokens (with BOS) are `count`: a prefill that ends
+/// with a full AR-8 chunk.
+fn prompt_of(count: usize) -> String {
+    let (_, tok) = test_support::stories::stories260k_loaded();
+    let story = "Once upon a time, there was a little girl named Lily who loved to play outside \
+                 in the park with her big red ball and her small brown dog.";
+    let ends = story.char_indices().map(|(i, _)| i).skip(1);
+    let fits = |&i: &usize| tok.encode(&story[..i], true, false).len() == count;
+    let end = ends
+        .filter(fits)
+        .last()
+        .expect("a prefix of that many tokens");
+    story[..end].to_string()
+}
+
+/// The last-row prefill graph on the real HTP (issue 37): `compile --target htp` adds
+/// `ar8_cl64_last`, whose `logits` output the real system library lists with one row, and a
+/// 16-token prompt (two full AR-8 chunks, so prefill runs it) gives the same greedy tokens as a
+/// binary compiled with all-row graphs only (`--all-row-prefill`).
+#[test]
+fn the_last_row_prefill_graph_returns_one_row_on_the_real_backend() {
+    let Some((htp, system)) = libs("real_qnn::last_row") else {
+        return;
+    };
+    let dir = ScratchDir::new("real_qnn-last-row");
+    let (h, s) = (htp.to_str().unwrap(), system.to_str().unwrap());
+    let last = binary(&htp, "f32", "f32");
+    let all = dir.join("all-rows.bin");
+    let shape = [
+        "--context",
+        "64",
+        "--ar",
+        "1,8",
+        "--weights",
+        "f32",
+        "--kv-dtype",
+        "f32",
+    ];
+    let compile = [
+        "compile",
+        "--target",
+        "htp",
+        "--qnn-backend",
+        h,
+        "--all-row-prefill",
+    ];
+    let out = ["--out", all.to_str().unwrap()];
+    let text = ok(htpkv(&[&compile[..], &shape[..], &out[..]].concat(), &dir));
+    assert!(
+        text.trim_end().ends_with("graphs ar1_cl64, ar8_cl64"),
+        "{text}"
+    );
+    let inspect = ok(htpkv(
+        &[
+            "inspect",
+            last.to_str().unwrap(),
+            "--qnn-system",
+            s,
+            "--json",
+        ],
+        &dir,
+    ));
+    let doc: Value = serde_json::from_str(&inspect).unwrap();
+    let graph = |name: &str| {
+        let graphs = doc["graphs"].as_array().unwrap();
+        graphs
+            .iter()
+            .find(|g| g["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{doc}"))
+    };
+    let logits = |g: &Value| {
+        let outputs = g["outputs"].as_array().unwrap();
+        outputs.iter().find(|t| t["name"] == "logits").unwrap()["dims"].clone()
+    };
+    assert_eq!(
+        logits(&graph("ar8_cl64_last")),
+        serde_json::json!([1, 1, 512]),
+        "{doc}"
+    );
+    assert_eq!(
+        logits(&graph("ar8_cl64")),
+        serde_json::json!([1, 8, 512]),
+        "{doc}"
+    );
+    let prompt = prompt_of(16);
+    let run = |bin: &Path| -> Value {
+        let args = [
+            "generate",
+            &prompt,
+            "--steps",
+            "12",
+            "--json",
+            "--backend",
+            "qnn",
+            "--qnn-backend",
+            h,
+            "--qnn-system",
+            s,
+            "--compiled",
+            bin.to_str().unwrap(),
+        ];
+        serde_json::from_str(&ok(htpkv(&args, &dir))).unwrap()
+    };
+    let (with_last, all_rows) = (run(&last), run(&all));
+    assert_eq!(with_last["prompt_tokens"], 16, "{with_last}");
+    assert_eq!(
+        with_last["tokens"], all_rows["tokens"],
+        "{with_last}\n{all_rows}"
+    );
 }
 
 /// The four KV strategies feed the real backend the same windows: the same tokens, and the greedy

@@ -72,7 +72,10 @@ fn check_counters(doc: &serde_json::Value) {
     assert_eq!(n("rolled_back_rows"), n("proposed") - n("accepted"), "{s}");
     // serde_json parses a float up to one ulp off what was printed.
     let want = tokens as f64 / calls as f64;
-    assert!((f("tokens_per_call") - want).abs() <= 1e-12 * want, "{want}: {s}");
+    assert!(
+        (f("tokens_per_call") - want).abs() <= 1e-12 * want,
+        "{want}: {s}"
+    );
     let variants = s["variants"].as_array().unwrap();
     let rows: u64 = (variants.iter())
         .map(|v| v["ar"].as_u64().unwrap() * v["calls"].as_u64().unwrap())

@@ -29,6 +29,7 @@ pub(crate) fn convention() -> Convention {
         graph_naming: GraphNaming::default(),
         layout: crate::GraphLayout::AIHUB,
         layout_fixed: false,
+        last_row_graphs: false,
         packaging: Packaging::GenieBundle,
         split: Split::AiHub,
     }

@@ -31,6 +31,7 @@ pub(crate) fn convention() -> Convention {
         },
         layout: crate::GraphLayout::EXECUTORCH,
         layout_fixed: true,
+        last_row_graphs: false,
         packaging: Packaging::FileOnly,
         split: Split::Balanced,
     }

@@ -37,6 +37,7 @@ pub(crate) fn convention() -> Convention {
         },
         layout: crate::GraphLayout::HTPKV,
         layout_fixed: false,
+        last_row_graphs: true,
         packaging: Packaging::File,
         split: Split::Balanced,
     }

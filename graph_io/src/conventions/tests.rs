@@ -359,6 +359,7 @@ fn a_new_convention_is_one_file_and_one_arm() {
             heads: HeadAxis::Second,
         },
         layout_fixed: true,
+        last_row_graphs: false,
         packaging: Packaging::FileOnly,
         split: Split::AiHub,
     };

@@ -1,7 +1,7 @@
 //! The compiled-model file: round trips and typed errors for damaged files.
 
 use quant::DataType;
-use ref_backend::format::{DESC_FORMAT_VERSION, HEADER_LEN, MAGIC};
+use ref_backend::format::{HEADER_LEN, LAST_ROW_FORMAT_VERSION, MAGIC};
 use ref_backend::{
     CompileOptions, CompiledModel, FormatError, Granularity, KLayout, WeightType, compile,
 };
@@ -170,13 +170,13 @@ fn damaged_files_are_typed_errors() {
     ));
     // Wrong version.
     let mut b = bytes.clone();
-    b[8..12].copy_from_slice(&(DESC_FORMAT_VERSION + 1).to_le_bytes());
+    b[8..12].copy_from_slice(&(LAST_ROW_FORMAT_VERSION + 1).to_le_bytes());
     match CompiledModel::from_bytes(&b, "x") {
         Err(FormatError::UnsupportedVersion {
             found, supported, ..
         }) => assert_eq!(
             (found, supported),
-            (DESC_FORMAT_VERSION + 1, DESC_FORMAT_VERSION)
+            (LAST_ROW_FORMAT_VERSION + 1, LAST_ROW_FORMAT_VERSION)
         ),
         other => panic!("{other:?}"),
     }

@@ -11,6 +11,7 @@ mod format;
 mod fuzz_replay;
 mod gptq;
 mod i8f16;
+mod last_row;
 mod lpbq;
 mod part_graphs;
 mod quantized;
