@@ -8,13 +8,14 @@
 #                 llama.cpp's Q8_0 requantization of the model:
 #                 llama-quantize --allow-requantize model.Q4_1.gguf model.Q8_0.gguf Q8_0
 # Environment: THREADS (2), KV (u16), WEIGHTS (i8), PROMPT (128), TOKENS (128), CONTEXT (2048),
-# HTPKV_ISA (htpkv's kernel: avx512, avxvnni, avx2, sse41 or portable; default the CPU's best).
+# HTPKV_ISA (htpkv's kernel: avx512, avxvnni, avx2, sse41 or portable; default the CPU's best),
+# DECODE_BENCH (a decode_bench binary to run; default: this tree's, built with cargo --release).
 # The JSON records the CPU model, the load average before the run, the kernel htpkv ran and the
 # x86 options llama.cpp was built with (read from the CMakeCache.txt of its build directory, so
 # a like-for-like pair is visible: e.g. HTPKV_ISA=avx2 against a build with GGML_AVX512=OFF).
 # llama.cpp must be built outside this repository (see docs/measurements/speed.md).
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,/^set -e/{/^#/p}' "$0" >&2; exit 2; }
 peer_bin=$1 model=$2 peer_model=${3:-$2}
 threads=${THREADS:-2} kv=${KV:-u16} weights=${WEIGHTS:-i8}
 prompt=${PROMPT:-128} tokens=${TOKENS:-128} context=${CONTEXT:-2048}
@@ -31,8 +32,14 @@ peer_isa=$( [ -f "$cache" ] &&
     sed 's/:BOOL=/=/' | paste -sd' ' || echo unknown)
 
 cd "$(dirname "$0")/.."
-cargo build --release --example decode_bench >&2
-ours=$(RAYON_NUM_THREADS=$threads cargo run -q --release --example decode_bench -- \
+if [ -n "${DECODE_BENCH:-}" ]; then
+    [ -x "$DECODE_BENCH" ] || { echo "not an executable: DECODE_BENCH=$DECODE_BENCH" >&2; exit 2; }
+    bench() { "$DECODE_BENCH" "$@"; }
+else
+    cargo build --release --example decode_bench >&2
+    bench() { cargo run -q --release --example decode_bench -- "$@"; }
+fi
+ours=$(RAYON_NUM_THREADS=$threads bench \
     --model "$model" --json --kv-dtype "$kv" --weights "$weights" \
     --context "$context" --prompt "$prompt" --tokens "$tokens")
 # The same work as decode_bench: prefill of the prompt from an empty context, then decode with
