@@ -5,6 +5,7 @@
 mod aihub_split_cli;
 mod budget_cli;
 mod chat_cli;
+mod default_weights;
 mod generate_cli;
 mod genie_cli;
 mod hostile_budget_cli;
