@@ -35,12 +35,9 @@ done
 for f in "$model" "$text"; do [ -f "$f" ] || { echo "no such file: $f" >&2; exit 2; }; done
 model=$(realpath "$model") text=$(realpath "$text")
 
-cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//' || true)
-load=$(cut -d' ' -f1-3 /proc/loadavg)
-cache=$(dirname "$(realpath "$bin")")/CMakeCache.txt
-peer_isa=$( [ -f "$cache" ] &&
-    grep -E '^GGML_(NATIVE|AVX|AVX2|AVX_VNNI|FMA|F16C|AVX512|AVX512_VNNI|AVX512_VBMI|AVX512_BF16):BOOL=' "$cache" |
-    sed 's/:BOOL=/=/' | paste -sd' ' || echo unknown)
+# shellcheck source=scripts/machine-facts.sh
+. "$(dirname "$0")/machine-facts.sh"
+machine_facts "$bin"
 size() { stat -c %s "$1"; }
 quantize() { [ -s "$2" ] || "$bin/llama-quantize" --allow-requantize "$1" "$2" "$3" >/dev/null 2>&1; }
 ppl() { "$bin/llama-perplexity" -t "$threads" -c 512 -b 512 --chunks 1 -f "$text" "$@" 2>&1; }

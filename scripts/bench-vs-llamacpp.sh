@@ -24,13 +24,9 @@ prompt=${PROMPT:-128} tokens=${TOKENS:-128} context=${CONTEXT:-2048} reps=${REPS
 for f in "$model" "$peer_model"; do [ -e "$f" ] || { echo "no such model: $f" >&2; exit 2; }; done
 
 peer_bin=$(realpath "$peer_bin")
-cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//' || true)
-load=$(cut -d' ' -f1-3 /proc/loadavg)
-# The build directory holds CMakeCache.txt (the binary is in <build>/bin).
-cache=$(dirname "$(dirname "$peer_bin")")/CMakeCache.txt
-peer_isa=$( [ -f "$cache" ] &&
-    grep -E '^GGML_(NATIVE|AVX|AVX2|AVX_VNNI|FMA|F16C|AVX512|AVX512_VNNI|AVX512_VBMI|AVX512_BF16):BOOL=' "$cache" |
-    sed 's/:BOOL=/=/' | paste -sd' ' || echo unknown)
+# shellcheck source=scripts/machine-facts.sh
+. "$(dirname "$0")/machine-facts.sh"
+machine_facts "$(dirname "$peer_bin")"
 
 cd "$(dirname "$0")/.."
 if [ -n "${DECODE_BENCH:-}" ]; then

@@ -5,7 +5,7 @@
 //! shade of blue"), and llama.cpp Q8_0's mean KL and top-1 on the held-out text at the positions
 //! `llama-perplexity --kl-divergence` scores.
 
-use crate::htpkv;
+use crate::{htpkv, ok_stdout};
 use test_support::files::ScratchDir;
 
 /// The question whose float answer `--weights i8` loses.
@@ -16,15 +16,6 @@ const SKY: &str = "What color is the sky on a clear day?";
 /// The default must be at least as near its own f32 model.
 const Q8_0_MEAN_KL: f64 = 0.014392;
 const Q8_0_TOP1: f64 = 242.0 / 255.0;
-
-fn stdout_of(o: &std::process::Output) -> String {
-    assert!(
-        o.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout.clone()).unwrap()
-}
 
 #[test]
 fn the_default_weights_keep_smollm2s_float_answer_and_q8_0s_quality() {
@@ -43,7 +34,7 @@ fn the_default_weights_keep_smollm2s_float_answer_and_q8_0s_quality() {
             extra,
         ]
         .concat();
-        stdout_of(&htpkv(&args, &cache))
+        ok_stdout(&htpkv(&args, &cache))
     };
     let float = answer(&["--weights", "f32", "--kv-dtype", "f32"]);
     let blue = float.find(" blue").map(|i| i + " blue".len());
@@ -66,7 +57,7 @@ fn the_default_weights_keep_smollm2s_float_answer_and_q8_0s_quality() {
         ],
         &base[..],
     ];
-    let doc: serde_json::Value = serde_json::from_str(&stdout_of(&htpkv(&eval.concat(), &cache)))
+    let doc: serde_json::Value = serde_json::from_str(&ok_stdout(&htpkv(&eval.concat(), &cache)))
         .expect("eval --json prints JSON");
     let (kl, top1) = (
         doc["mean_kl"].as_f64().unwrap(),

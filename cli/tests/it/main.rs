@@ -35,6 +35,16 @@ pub fn htpkv_command(args: &[&str], cache: &Path) -> Command {
     command
 }
 
+/// The standard output of a successful run (the run's stderr when it failed).
+pub fn ok_stdout(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
 /// The JSON document a successful run printed (the run's stderr when it failed).
 pub fn ok_json(o: &Output) -> serde_json::Value {
     assert!(
