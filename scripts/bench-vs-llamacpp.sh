@@ -8,41 +8,45 @@
 #                 llama.cpp's Q8_0 requantization of the model:
 #                 llama-quantize --allow-requantize model.Q4_1.gguf model.Q8_0.gguf Q8_0
 # Environment: THREADS (2), KV (u16), WEIGHTS (i8), PROMPT (128), TOKENS (128), CONTEXT (2048),
-# HTPKV_ISA (htpkv's kernel: avx512, avxvnni, avx2, sse41 or portable; default the CPU's best).
+# REPS (3: decode_bench's runs, whose medians it reports, and llama-bench's repetitions),
+# HTPKV_ISA (htpkv's kernel: avx512, avxvnni, avx2, sse41 or portable; default the CPU's best),
+# DECODE_BENCH (a decode_bench binary to run; default: this tree's, built with cargo --release).
 # The JSON records the CPU model, the load average before the run, the kernel htpkv ran and the
 # x86 options llama.cpp was built with (read from the CMakeCache.txt of its build directory, so
 # a like-for-like pair is visible: e.g. HTPKV_ISA=avx2 against a build with GGML_AVX512=OFF).
 # llama.cpp must be built outside this repository (see docs/measurements/speed.md).
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,/^set -e/{/^#/p}' "$0" >&2; exit 2; }
 peer_bin=$1 model=$2 peer_model=${3:-$2}
 threads=${THREADS:-2} kv=${KV:-u16} weights=${WEIGHTS:-i8}
-prompt=${PROMPT:-128} tokens=${TOKENS:-128} context=${CONTEXT:-2048}
+prompt=${PROMPT:-128} tokens=${TOKENS:-128} context=${CONTEXT:-2048} reps=${REPS:-3}
 [ -x "$peer_bin" ] || { echo "not an executable: $peer_bin" >&2; exit 2; }
 for f in "$model" "$peer_model"; do [ -e "$f" ] || { echo "no such model: $f" >&2; exit 2; }; done
 
 peer_bin=$(realpath "$peer_bin")
-cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//' || true)
-load=$(cut -d' ' -f1-3 /proc/loadavg)
-# The build directory holds CMakeCache.txt (the binary is in <build>/bin).
-cache=$(dirname "$(dirname "$peer_bin")")/CMakeCache.txt
-peer_isa=$( [ -f "$cache" ] &&
-    grep -E '^GGML_(NATIVE|AVX|AVX2|AVX_VNNI|FMA|F16C|AVX512|AVX512_VNNI|AVX512_VBMI|AVX512_BF16):BOOL=' "$cache" |
-    sed 's/:BOOL=/=/' | paste -sd' ' || echo unknown)
+# shellcheck source=scripts/machine-facts.sh
+. "$(dirname "$0")/machine-facts.sh"
+machine_facts "$(dirname "$peer_bin")"
 
 cd "$(dirname "$0")/.."
-cargo build --release --example decode_bench >&2
-ours=$(RAYON_NUM_THREADS=$threads cargo run -q --release --example decode_bench -- \
+if [ -n "${DECODE_BENCH:-}" ]; then
+    [ -x "$DECODE_BENCH" ] || { echo "not an executable: DECODE_BENCH=$DECODE_BENCH" >&2; exit 2; }
+    bench() { "$DECODE_BENCH" "$@"; }
+else
+    cargo build --release --example decode_bench >&2
+    bench() { cargo run -q --release --example decode_bench -- "$@"; }
+fi
+ours=$(RAYON_NUM_THREADS=$threads bench \
     --model "$model" --json --kv-dtype "$kv" --weights "$weights" \
-    --context "$context" --prompt "$prompt" --tokens "$tokens")
+    --context "$context" --prompt "$prompt" --tokens "$tokens" --runs "$reps")
 # The same work as decode_bench: prefill of the prompt from an empty context, then decode with
 # the prompt already in the cache (llama-bench's --n-depth; without it llama.cpp would decode
 # from an empty context, which is faster).
-peer_pp=$("$peer_bin" -m "$peer_model" -t "$threads" -p "$prompt" -n 0 -o json)
+peer_pp=$("$peer_bin" -m "$peer_model" -t "$threads" -r "$reps" -p "$prompt" -n 0 -o json)
 # llama-bench builds before --n-depth (early 2025) refuse -d: they decode from an empty context
 # (reported as decode_depth 0), which favours llama.cpp.
-peer_tg=$("$peer_bin" -m "$peer_model" -t "$threads" -p 0 -n "$tokens" -d "$prompt" -o json 2>/dev/null) ||
-    peer_tg=$("$peer_bin" -m "$peer_model" -t "$threads" -p 0 -n "$tokens" -o json)
+peer_tg=$("$peer_bin" -m "$peer_model" -t "$threads" -r "$reps" -p 0 -n "$tokens" -d "$prompt" -o json 2>/dev/null) ||
+    peer_tg=$("$peer_bin" -m "$peer_model" -t "$threads" -r "$reps" -p 0 -n "$tokens" -o json)
 peer=$(PP=$peer_pp TG=$peer_tg python3 -c 'import json, os; print(json.dumps(json.loads(os.environ["PP"]) + json.loads(os.environ["TG"])))')
 
 OURS=$ours PEER=$peer PEER_MODEL=$peer_model CPU=$cpu LOAD=$load PEER_ISA=$peer_isa python3 - <<'PY'

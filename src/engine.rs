@@ -80,8 +80,8 @@ pub struct EngineOptions {
 }
 
 impl Default for EngineOptions {
-    /// The reference backend, model discovery, `conveyor`, u16 KV with i8 weights (W8A16, the usual
-    /// HTP configuration), the model's context, AR [1, 32].
+    /// The reference backend, model discovery, `conveyor`, u16 KV with
+    /// [`WeightType::DEFAULT`] weights, the model's context, AR [1, 32].
     fn default() -> Self {
         EngineOptions {
             model_dir: None,
@@ -89,7 +89,7 @@ impl Default for EngineOptions {
             backend: BackendChoice::Reference,
             strategy: Strategy::Conveyor,
             kv_dtype: DataType::U16,
-            weights: "i8".into(),
+            weights: WeightType::DEFAULT.name().into(),
             context: None,
             ar: crate::config::default_ar(usize::MAX),
             last_row: true,

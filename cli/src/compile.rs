@@ -54,8 +54,8 @@ pub struct CompileArgs {
     #[arg(long, value_name = "128", value_parser = parse_kv_zero_point)]
     kv_zero_point: Option<u32>,
     /// Weight type: i8 (W8A16), i4 (W4A16: 4-bit LPBQ layer matrices, V and down at 8 bits),
-    /// f16 or f32.
-    /// [default: i8; with --target htp f32 (run in fp16), i8 for W8A16 or i4 for W4A16 on HTP]
+    /// i8f16 (i8 with V and down in f16), f16 or f32.
+    /// [default: i8f16 (chosen by measurement); with --target htp f32 (run in fp16), i8 for W8A16 or i4 for W4A16 on HTP]
     #[arg(long, value_parser = parse_from_str::<WeightType>)]
     weights: Option<WeightType>,
     /// Key layout: rows or transposed [default: the convention's: rows for htpkv, transposed for
@@ -449,7 +449,7 @@ fn calibration_texts(args: &CompileArgs) -> anyhow::Result<Vec<String>> {
 fn compile_options(args: &CompileArgs, context: usize) -> CompileOptions {
     let mut opts = CompileOptions::new(context, args.ar.clone());
     opts.kv_dtype = args.kv_dtype();
-    opts.weights = args.weights.unwrap_or(WeightType::I8);
+    opts.weights = args.weights.unwrap_or(WeightType::DEFAULT);
     // The convention's layout unless asked for another (a fixed one is checked early).
     (opts.k_layout, opts.granularity) = (args.k_layout(), args.granularity());
     opts.calibration_tokens = args.calibration_tokens;

@@ -50,7 +50,7 @@ pub struct RunArgs {
     /// file; given, it must match the file.
     #[arg(long)]
     pub kv_dtype: Option<String>,
-    /// Weight type: i8, i4 (4-bit LPBQ, W4A16), i8f16 (i8 with V and down in f16), f16, f32 [default: i8]. With --compiled: taken from the file; given, it
+    /// Weight type: i8, i4 (4-bit LPBQ, W4A16), i8f16 (i8 with V and down in f16), f16, f32 [default: i8f16, chosen by measurement]. With --compiled: taken from the file; given, it
     /// must match the file.
     #[arg(long)]
     pub weights: Option<String>,

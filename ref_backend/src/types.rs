@@ -102,6 +102,16 @@ pub enum WeightType {
 }
 
 impl WeightType {
+    /// The weights a user's build gets when none is asked for: the one place the engine
+    /// (`generate`, `chat`, `eval`, `serve`, the Java API) and `htpkv compile` read it
+    /// ([`crate::CompileOptions::new`] is the library's plain i8 constructor). Chosen by
+    /// measurement beside llama.cpp's Q8_0 on the same held-out text and positions
+    /// (docs/measurements/quality-and-speed-2026-11-28.md): on SmolLM2-135M `i8f16` is the only
+    /// type as near the f32 model as Q8_0 (mean KL and top-1), and it keeps the float answers to
+    /// the sky questions that `i8` changes; on Gemma 3 270M it is nearer than `i8` (both behind
+    /// Q8_0 there). Its file is 1.14x Q8_0's on SmolLM2, 1.02x on Gemma 3.
+    pub const DEFAULT: WeightType = WeightType::I8F16;
+
     /// True for the integer weights (i8, i4, i8f16), whose integer matmuls take i16 inputs with
     /// static encodings.
     pub const fn is_integer(self) -> bool {

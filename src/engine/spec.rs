@@ -33,7 +33,7 @@ pub struct EngineSpec {
     pub update: Option<String>,
     /// `--kv-dtype`: `u8`, `u16` (default), `f16` or `f32`.
     pub kv_dtype: Option<String>,
-    /// `--weights`: `i8` (default), `i4`, `i8f16`, `f16` or `f32`.
+    /// `--weights`: `i8`, `i4`, `i8f16`, `f16` or `f32` (default [`WeightType::DEFAULT`]).
     pub weights: Option<String>,
     /// `--context`: the context length (default: the model's, at most the engine's maximum).
     pub context: Option<usize>,

@@ -4,18 +4,9 @@
 use std::path::Path;
 use std::process::Output;
 
-use crate::htpkv;
+use crate::{htpkv, ok_stdout};
 use test_support::files::ScratchDir;
 use test_support::stories::stories260k_dir;
-
-fn ok_stdout(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout.clone()).unwrap()
-}
 
 fn chat(args: &[&str], stdin: &str, cache: &Path) -> Output {
     crate::htpkv_with_stdin(&[&["chat"], args].concat(), cache, stdin)

@@ -1,19 +1,9 @@
 //! `htpkv generate` and `htpkv compile` as a user runs them.
 
-use std::process::Output;
-
 use crate::htpkv;
+use crate::ok_stdout as text;
 use test_support::files::ScratchDir;
 use test_support::stories::stories260k_dir;
-
-fn text(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout.clone()).unwrap()
-}
 
 #[test]
 fn generate_streams_the_known_story_and_every_strategy_agrees() {

@@ -164,7 +164,10 @@ fn a_compiled_file_decides_and_must_match_its_checkpoint() {
     let dir = stories260k_dir();
     let work = ScratchDir::new("hostile-compiled");
     let out = work.join("u8.htpkv");
-    let o = run(&compile_args(&dir, &out, &["--kv-dtype", "u8"]), &work);
+    let o = run(
+        &compile_args(&dir, &out, &["--kv-dtype", "u8", "--weights", "i8"]),
+        &work,
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let gen_args = |extra: &[&str]| -> Vec<String> {
         let mut v: Vec<String> = [

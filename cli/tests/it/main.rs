@@ -5,6 +5,7 @@
 mod aihub_split_cli;
 mod budget_cli;
 mod chat_cli;
+mod default_weights;
 mod generate_cli;
 mod genie_cli;
 mod hostile_budget_cli;
@@ -32,6 +33,16 @@ pub fn htpkv_command(args: &[&str], cache: &Path) -> Command {
         .env("HTPKV_CACHE_DIR", cache)
         .env_remove("HTPKV_MODEL_DIR");
     command
+}
+
+/// The standard output of a successful run (the run's stderr when it failed).
+pub fn ok_stdout(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).unwrap()
 }
 
 /// The JSON document a successful run printed (the run's stderr when it failed).
