@@ -278,8 +278,9 @@ fn a_cache_entry_from_another_checkpoint_is_recompiled() {
         .unwrap()
         .to_string_lossy()
         .into_owned();
-    let fingerprint = name.rsplit('-').next().unwrap();
-    let forged = cache.join(format!("stories260K-{}-{fingerprint}", &digest[..16]));
+    // `stories260K-{checkpoint}-{options}-c{calibration}.htpkv`: all but the checkpoint's digest.
+    let keys = name.splitn(3, '-').nth(2).unwrap();
+    let forged = cache.join(format!("stories260K-{}-{keys}", &digest[..16]));
     std::fs::copy(&entries[0], &forged).unwrap();
     let o = run(&args(&other), &cache);
     assert!(o.status.success(), "{}", stderr(&o));
