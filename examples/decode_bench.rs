@@ -8,7 +8,8 @@
 //!
 //! With `--model <gguf file | safetensors folder>` it measures a real model instead: compile
 //! (with calibration) at context `--context` (2048), then prefill a `--prompt`-token prompt
-//! (128) through one AR-`prompt` step and decode `--tokens` (128) greedy tokens one AR-1 step
+//! (128) through one AR-`prompt` step (its last-row graph, as the engine compiles it; the
+//! all-row graph with `--all-row-prefill`) and decode `--tokens` (128) greedy tokens one AR-1 step
 //! each; it reports prefill and decode tokens/s, the medians of `--runs` (3) repetitions from an
 //! empty cache (each run's figures are in `prefill_runs` / `decode_runs`). Threads: rayon's pool, one per core
 //! (`RAYON_NUM_THREADS` overrides).
@@ -29,6 +30,9 @@ struct ModelRun {
     tokens: usize,
     /// Prefill + decode repetitions (the session reset between them); the median is reported.
     runs: usize,
+    /// Prefill through the all-row AR graph (`--all-row-prefill`) instead of the last-row one
+    /// the engine compiles by default.
+    all_row_prefill: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,6 +41,7 @@ fn main() -> anyhow::Result<()> {
     let (mut json, mut tokens, mut kv, mut weights) =
         (false, None, "u16".to_string(), "i8".to_string());
     let (mut model, mut context, mut prompt, mut runs) = (None, 2048usize, 128usize, 3usize);
+    let mut all_row_prefill = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |what: &str| args.next().with_context(|| format!("{a} {what}"));
@@ -49,6 +54,7 @@ fn main() -> anyhow::Result<()> {
             "--context" => context = value("S")?.parse()?,
             "--prompt" => prompt = value("N")?.parse()?,
             "--runs" => runs = value("N")?.parse()?,
+            "--all-row-prefill" => all_row_prefill = true,
             other => bail!("unknown argument `{other}`"),
         }
     }
@@ -60,6 +66,7 @@ fn main() -> anyhow::Result<()> {
                 prompt,
                 tokens: tokens.unwrap_or(128),
                 runs: runs.max(1),
+                all_row_prefill,
             };
             model_bench(&run, &kv, &weights)?
         }
@@ -102,6 +109,8 @@ fn model_bench(run: &ModelRun, kv: &str, weights: &str) -> anyhow::Result<serde_
         [0; 32]
     };
     let mut opts = ref_backend::CompileOptions::new(run.context, vec![1, run.prompt]);
+    // As the engine compiles: plain prefill runs a graph returning only the last row's logits.
+    opts.last_row = !run.all_row_prefill;
     opts.kv_dtype = kv.parse().map_err(|e| anyhow::anyhow!("--kv-dtype: {e}"))?;
     opts.weights = weights
         .parse()
@@ -170,6 +179,7 @@ fn model_bench(run: &ModelRun, kv: &str, weights: &str) -> anyhow::Result<serde_
         "kv_dtype": kv,
         "weights": weights,
         "threads": threads(),
+        "prefill_graph": if run.all_row_prefill { "all rows" } else { "last row" },
         "isa": ref_backend::kernels::isa()?.name(),
         "compile_seconds": compile_s,
         "compile_stage_seconds": stage_seconds,
