@@ -51,6 +51,13 @@ impl OpenArgs {
     pub fn to_engine_options(&self) -> Result<EngineOptions, GlueError> {
         let path = |v: &Option<String>| non_empty(v).map(PathBuf::from);
         let text = |v: &Option<String>| non_empty(v).map(str::to_owned);
+        // An app names its libraries: on a device there is no fetched copy or environment to
+        // fall back on, as the CLI has.
+        if non_empty(&self.backend) == Some("qnn") && non_empty(&self.backend_lib).is_none() {
+            return Err(GlueError::bad_option(
+                "the `qnn` backend needs the path of a QNN backend library (e.g. libQnnHtp.so)",
+            ));
+        }
         let spec = EngineSpec {
             model: path(&self.model_dir),
             compiled: path(&self.compiled),
@@ -275,6 +282,13 @@ mod tests {
     #[test]
     fn bad_arguments_are_bad_options_naming_what_was_expected() {
         let cases: Vec<(OpenArgs, &str)> = vec![
+            (
+                OpenArgs {
+                    backend: some("qnn"),
+                    ..Default::default()
+                },
+                "libQnnHtp.so",
+            ),
             (
                 OpenArgs {
                     backend: some("gpu"),
