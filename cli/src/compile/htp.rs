@@ -94,9 +94,9 @@ fn verify(backend: &Path, file: &Path, names: &[String]) -> Result<(), String> {
 pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     refuse_reference_only(args)?;
     let opened = OpenedModel::open(args.model.as_deref(), args.tokenizer.as_deref())?;
-    // Every file of the model (a Hugging Face folder's files, not the folder).
+    // Every file of the model (a Hugging Face folder's files, not the folder; a llama2.c
+    // checkpoint's tokenizer, `--tokenizer` or found beside it).
     let mut inputs: Vec<&Path> = opened.inputs.iter().map(PathBuf::as_path).collect();
-    inputs.extend(args.tokenizer.as_deref());
     inputs.extend(args.tokenizer_json.as_deref());
     let naming = args.convention;
     // Refused before any work; checked again when written.
